@@ -1,0 +1,35 @@
+//! `synapse-cli`: the command-line adapter. Glue only: every command calls into a ring.
+//!
+//! Each subcommand lives in its own module under `cmd/`.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+/// Synapse: an LLM inference engine for CPUs.
+#[derive(Parser, Debug)]
+#[command(name = "synapse-cli", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Show a model file's format, metadata and tensor table.
+    Types(cmd::types::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SYNAPSE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Types(a) => cmd::types::run(a),
+    }
+}
