@@ -28,6 +28,7 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
+#[allow(dead_code)] // used by the fixture generators as they land
 /// The venv's python interpreter; errors with the command to run if it is missing.
 pub fn python() -> Result<PathBuf> {
     let py = venv_dir().join("bin/python");

@@ -5,6 +5,8 @@
 //! kernels, scheduling, codecs or the network.
 #![deny(missing_docs)]
 
+pub mod error;
 pub mod types;
 
+pub use error::{FormatError, Result};
 pub use types::{ALL_TYPES, GgmlType, QK_K};
