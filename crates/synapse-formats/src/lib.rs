@@ -6,6 +6,8 @@
 #![deny(missing_docs)]
 
 pub mod error;
+pub mod gguf;
+pub mod safetensors;
 pub mod types;
 
 pub use error::{FormatError, Result};
