@@ -1,0 +1,153 @@
+//! Activation formats: activations are quantized once per matmul to 8-bit blocks that carry
+//! their sums, so a weight block's offset or minimum costs one multiply per block instead of
+//! one per element.
+//!
+//! - [`BlockQ8x32`]: 32 values, f32 scale, i32 sum of the quants (for Q4_0…Q8_0, IQ4_NL, MXFP4).
+//! - [`BlockQ8K`]: 256 values, f32 scale, i16 sums of each 16 quants (for the k-quants).
+//!
+//! Both use the symmetric scale `d = max|x| / 127` and round half to even, on every path.
+
+use bytemuck::{Pod, Zeroable};
+
+/// 32 activations quantized to i8 with one f32 scale and the sum of the quants.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub(crate) struct BlockQ8x32 {
+    pub d: f32,
+    pub sum: i32,
+    pub qs: [i8; 32],
+}
+
+/// 256 activations quantized to i8 with one f32 scale and the sum of each 16 quants.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Debug)]
+pub(crate) struct BlockQ8K {
+    pub d: f32,
+    pub qs: [i8; 256],
+    pub bsums: [i16; 16],
+}
+
+/// Which activation format a weight encoding's kernel consumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ActKind {
+    /// Plain f32 (float weights and the decode-then-dot paths).
+    F32,
+    /// [`BlockQ8x32`] blocks.
+    Q8x32,
+    /// [`BlockQ8K`] blocks.
+    Q8K,
+}
+
+impl ActKind {
+    /// Bytes one activation row of `cols` values takes in this format.
+    pub(crate) fn row_bytes(self, cols: usize) -> usize {
+        match self {
+            ActKind::F32 => cols * 4,
+            ActKind::Q8x32 => cols / 32 * std::mem::size_of::<BlockQ8x32>(),
+            ActKind::Q8K => cols / 256 * std::mem::size_of::<BlockQ8K>(),
+        }
+    }
+}
+
+#[inline]
+fn quant_scale(amax: f32) -> (f32, f32) {
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    (d, id)
+}
+
+#[inline]
+fn q(v: f32, id: f32) -> i8 {
+    (v * id).round_ties_even().clamp(-127.0, 127.0) as i8
+}
+
+/// Quantizes `x` (a multiple of 32 long) into `out` (`x.len() / 32` blocks).
+pub(crate) fn quantize_q8x32(x: &[f32], out: &mut [BlockQ8x32]) {
+    debug_assert_eq!(x.len(), out.len() * 32);
+    for (xb, b) in x.chunks_exact(32).zip(out.iter_mut()) {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let (d, id) = quant_scale(amax);
+        b.d = d;
+        let mut s = 0i32;
+        for (o, v) in b.qs.iter_mut().zip(xb) {
+            *o = q(*v, id);
+            s += *o as i32;
+        }
+        b.sum = s;
+    }
+}
+
+/// Quantizes `x` (a multiple of 256 long) into `out` (`x.len() / 256` blocks).
+pub(crate) fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
+    debug_assert_eq!(x.len(), out.len() * 256);
+    for (xb, b) in x.chunks_exact(256).zip(out.iter_mut()) {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let (d, id) = quant_scale(amax);
+        b.d = d;
+        for (o, v) in b.qs.iter_mut().zip(xb) {
+            *o = q(*v, id);
+        }
+        for (g, s) in b.bsums.iter_mut().enumerate() {
+            *s = b.qs[g * 16..g * 16 + 16].iter().map(|&v| v as i16).sum();
+        }
+    }
+}
+
+/// Quantizes `n` rows of `cols` activations into `out` in format `kind` (rows back to back).
+pub(crate) fn quantize_rows(kind: ActKind, x: &[f32], cols: usize, out: &mut [u8]) {
+    let rb = kind.row_bytes(cols);
+    for (xr, or) in x.chunks_exact(cols).zip(out.chunks_exact_mut(rb)) {
+        match kind {
+            ActKind::F32 => or.copy_from_slice(bytemuck::cast_slice(xr)),
+            ActKind::Q8x32 => quantize_q8x32(xr, bytemuck::cast_slice_mut(or)),
+            ActKind::Q8K => quantize_q8k(xr, bytemuck::cast_slice_mut(or)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ggml's `generate_data` from tests/test-quantize-fns.cpp.
+    fn generate(offset: f32, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| 0.1 + 2.0 * (i as f32 + offset).cos())
+            .collect()
+    }
+
+    fn rmse_over_n(a: &[f32], b: &[f32]) -> f32 {
+        let s: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+        (s.sqrt() / a.len() as f64) as f32
+    }
+
+    #[test]
+    fn q8_activation_error_within_ggml_total_quantization_error() {
+        let x = generate(0.0, 32 * 128);
+        let mut b32 = vec![BlockQ8x32::zeroed(); x.len() / 32];
+        quantize_q8x32(&x, &mut b32);
+        let y: Vec<f32> = b32
+            .iter()
+            .flat_map(|b| b.qs.map(|q| q as f32 * b.d))
+            .collect();
+        assert!(rmse_over_n(&x, &y) < 0.002);
+        for b in &b32 {
+            assert_eq!(b.sum, b.qs.iter().map(|&q| q as i32).sum::<i32>());
+        }
+        let mut bk = vec![BlockQ8K::zeroed(); x.len() / 256];
+        quantize_q8k(&x, &mut bk);
+        let y: Vec<f32> = bk
+            .iter()
+            .flat_map(|b| b.qs.map(|q| q as f32 * b.d))
+            .collect();
+        assert!(rmse_over_n(&x, &y) < 0.002);
+    }
+
+    #[test]
+    fn zero_block_quantizes_to_zero() {
+        let mut b = [BlockQ8x32::zeroed()];
+        quantize_q8x32(&[0.0; 32], &mut b);
+        assert_eq!(b[0].d, 0.0);
+        assert_eq!(b[0].qs, [0; 32]);
+    }
+}

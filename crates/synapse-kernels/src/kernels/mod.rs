@@ -1,0 +1,34 @@
+//! Per-encoding dot kernels and their selection by [`KernelPath`].
+//!
+//! A kernel is a pair (activation format, dot function). The dot function computes one weight
+//! row against one activation row; the matrix drivers in [`crate::matrix`] quantize the
+//! activations once per call and tile rows × activation rows around it.
+
+pub(crate) mod decode;
+pub(crate) mod scalar;
+
+use crate::act::ActKind;
+use crate::dispatch::KernelPath;
+use synapse_formats::GgmlType;
+
+/// One weight row · one activation row.
+///
+/// # Safety
+/// `w` points to `nb` weight blocks of the kernel's encoding (for float encodings `nb` is the
+/// element count), `a` to the matching activation row in the kernel's [`ActKind`] (4-byte
+/// aligned), and the CPU supports the path the function was selected for.
+pub(crate) type DotFn = unsafe fn(w: *const u8, a: *const u8, nb: usize) -> f32;
+
+/// A selected kernel.
+#[derive(Clone, Copy)]
+pub(crate) struct Kernel {
+    pub act: ActKind,
+    pub dot: DotFn,
+}
+
+/// The kernel for `ty` on `path` (falling back to lower paths when a type has no kernel on the
+/// requested one). The caller guarantees `path.is_supported()`.
+pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
+    let _ = path;
+    scalar::select(ty)
+}

@@ -1,0 +1,31 @@
+//! `synapse-kernels`: Synapse's compute ring.
+//!
+//! Quantized matrix-vector and matrix-matrix products for every weight encoding the engine
+//! runs, with runtime CPU-feature dispatch, plus the elementwise ops and attention the executor
+//! needs.
+//!
+//! # Design
+//! - **One port**: [`QuantMatrix`] (encoding, bytes, rows, cols) with [`QuantMatrix::matvec`]
+//!   and [`QuantMatrix::matmul`]; a [`KernelCtx`] holds the path, threads and scratch.
+//! - **ggml's technique**: activations are quantized once per call to 8-bit blocks carrying
+//!   their sums (32-blocks for the legacy quants, 256-blocks with 16-sums for k-quants); inner
+//!   loops are integer (`maddubs`/`madd`, VNNI `dpbusd`), with one float multiply-add per block.
+//! - **Dispatch**: [`KernelPath`] is detected at run time; every SIMD function is compiled with
+//!   `#[target_feature]`, so one binary runs everywhere. `SYNAPSE_KERNEL_PATH` caps the path.
+//! - **Invariant**: every SIMD path is tested against the scalar path and against f32
+//!   decode-then-dot with ggml's published tolerances (tests/parity.rs).
+#![deny(missing_docs)]
+
+mod act;
+mod blocks;
+mod buf;
+mod ctx;
+pub mod dispatch;
+pub mod error;
+mod kernels;
+mod matrix;
+
+pub use ctx::KernelCtx;
+pub use dispatch::KernelPath;
+pub use error::{KernelError, Result};
+pub use matrix::QuantMatrix;

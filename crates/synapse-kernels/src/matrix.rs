@@ -1,0 +1,204 @@
+//! [`QuantMatrix`]: a weight matrix in any supported encoding, and the GEMV/GEMM drivers.
+
+use crate::act::{ActKind, quantize_rows};
+use crate::buf::AlignedBuf;
+use crate::ctx::KernelCtx;
+use crate::error::{KernelError, Result};
+use crate::kernels::{self, Kernel};
+use synapse_formats::GgmlType;
+
+/// A `rows × cols` weight matrix (row-major, each row `cols` elements in the encoding: a GGUF
+/// tensor with `ne0 = cols`, `ne1 = rows`), owned in a 64-byte-aligned buffer.
+///
+/// `y = W·x`: [`QuantMatrix::matvec`] for one activation row, [`QuantMatrix::matmul`] for many.
+#[derive(Clone)]
+pub struct QuantMatrix {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+    data: AlignedBuf,
+}
+
+impl std::fmt::Debug for QuantMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuantMatrix")
+            .field("ty", &self.ty)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish()
+    }
+}
+
+impl QuantMatrix {
+    /// Builds a matrix from the raw bytes of a ggml-encoded tensor (copied).
+    pub fn from_ggml(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Result<Self> {
+        if kernels::scalar::select(ty).is_none() {
+            return Err(KernelError::UnsupportedEncoding(ty.name().to_string()));
+        }
+        let block = ty.block_size();
+        if cols == 0 || !cols.is_multiple_of(block) {
+            return Err(KernelError::ColsNotBlockMultiple { ty, cols, block });
+        }
+        let row_bytes = cols / block * ty.type_size();
+        let expected = row_bytes
+            .checked_mul(rows)
+            .ok_or(KernelError::ShapeOverflow { rows, cols })?;
+        if bytes.len() != expected {
+            return Err(KernelError::WeightBytes {
+                ty,
+                rows,
+                cols,
+                expected,
+                got: bytes.len(),
+            });
+        }
+        Ok(Self {
+            ty,
+            rows,
+            cols,
+            row_bytes,
+            data: AlignedBuf::from_bytes(bytes),
+        })
+    }
+
+    /// Builds an f32 matrix from values (row-major `rows × cols`).
+    pub fn from_f32(values: &[f32], rows: usize, cols: usize) -> Result<Self> {
+        Self::from_ggml(GgmlType::F32, bytemuck::cast_slice(values), rows, cols)
+    }
+
+    /// The encoding.
+    pub fn ggml_type(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// Output features (rows).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features (columns, the dot-product length K).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes of the encoded weights.
+    pub fn weight_bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// The encoded bytes of row `r`.
+    pub fn row_bytes(&self, r: usize) -> Option<&[u8]> {
+        (r < self.rows).then(|| &self.data.as_bytes()[r * self.row_bytes..(r + 1) * self.row_bytes])
+    }
+
+    /// Decodes row `r` to f32 (an embedding lookup). `out.len()` must be `cols`.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<()> {
+        check_len("dequantize_row", "out", self.cols, out.len())?;
+        let row = self.row_bytes(r).ok_or(KernelError::Shape {
+            op: "dequantize_row",
+            what: "row index",
+            expected: self.rows,
+            got: r,
+        })?;
+        if kernels::decode::decode_row(self.ty, row, out) {
+            Ok(())
+        } else {
+            Err(KernelError::UnsupportedEncoding(self.ty.name().to_string()))
+        }
+    }
+
+    /// `y = W·x` for one activation row: `x.len() == cols`, `y.len() == rows`.
+    pub fn matvec(&self, x: &[f32], y: &mut [f32], ctx: &mut KernelCtx) -> Result<()> {
+        self.matmul(x, 1, y, ctx)
+    }
+
+    /// `Y = X·Wᵀ` for `n` activation rows: `x` is `n × cols` row-major, `y` is `n × rows`
+    /// row-major (`y[t·rows + r] = W[r]·x[t]`).
+    pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32], ctx: &mut KernelCtx) -> Result<()> {
+        check_len("matmul", "x", n * self.cols, x.len())?;
+        check_len("matmul", "y", n * self.rows, y.len())?;
+        if n == 0 || self.rows == 0 {
+            return Ok(());
+        }
+        let k = kernels::select(self.ty, ctx.path())
+            .ok_or_else(|| KernelError::UnsupportedEncoding(self.ty.name().to_string()))?;
+        let (act_scratch, pool) = ctx.parts();
+        let act: &[u8] = if k.act == ActKind::F32 {
+            bytemuck::cast_slice(x)
+        } else {
+            let arb = k.act.row_bytes(self.cols);
+            act_scratch.set_len(n * arb);
+            quantize_rows(k.act, x, self.cols, act_scratch.as_bytes_mut());
+            act_scratch.as_bytes()
+        };
+        let job = Job {
+            m: self,
+            k,
+            act,
+            arb: k.act.row_bytes(self.cols),
+            n,
+            y: SyncPtr(y.as_mut_ptr()),
+        };
+        let flops = 2 * self.rows * self.cols * n;
+        pool.run_rows(self.rows, flops, &|r0, r1| job.rows(r0, r1));
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: workers write disjoint output elements (each output row index belongs to one chunk).
+unsafe impl Send for SyncPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SyncPtr {}
+
+struct Job<'a> {
+    m: &'a QuantMatrix,
+    k: Kernel,
+    act: &'a [u8],
+    arb: usize,
+    n: usize,
+    y: SyncPtr,
+}
+
+impl Job<'_> {
+    /// Output rows `r0..r1` for every activation row.
+    fn rows(&self, r0: usize, r1: usize) {
+        let m = self.m;
+        let nb = m.cols / m.ty.block_size();
+        let w = m.data.as_bytes();
+        debug_assert!(r1 <= m.rows && self.act.len() >= self.n * self.arb);
+        for r in r0..r1 {
+            let wr = &w[r * m.row_bytes..(r + 1) * m.row_bytes];
+            for t in 0..self.n {
+                let a = &self.act[t * self.arb..(t + 1) * self.arb];
+                // SAFETY: `wr` holds `nb` blocks, `a` one activation row of the kernel's
+                // format, the kernel was selected for a path this CPU supports (KernelCtx
+                // only holds supported paths), and `t·rows + r` < n·rows is written by this
+                // chunk only.
+                unsafe {
+                    *self.y.0.add(t * m.rows + r) = (self.k.dot)(wr.as_ptr(), a.as_ptr(), nb);
+                }
+            }
+        }
+    }
+}
+
+pub(crate) fn check_len(
+    op: &'static str,
+    what: &'static str,
+    expected: usize,
+    got: usize,
+) -> Result<()> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(KernelError::Shape {
+            op,
+            what,
+            expected,
+            got,
+        })
+    }
+}

@@ -1,0 +1,129 @@
+//! Every kernel path against the scalar path and against f32 decode-then-dot, on random data of
+//! every encoding, at odd shapes, with ggml's published tolerances.
+
+mod common;
+
+use common::*;
+use synapse_formats::GgmlType;
+use synapse_kernels::{KernelCtx, KernelPath, QuantMatrix};
+
+/// Encodings with a kernel, and the column counts tested for each (block-size multiples).
+fn encodings() -> Vec<GgmlType> {
+    use GgmlType as T;
+    vec![
+        T::F32,
+        T::F16,
+        T::BF16,
+        T::Q8_0,
+        T::Q4_0,
+        T::Q4_1,
+        T::Q5_0,
+        T::Q5_1,
+        T::Q4_K,
+        T::Q5_K,
+        T::Q6_K,
+    ]
+}
+
+fn shapes(ty: GgmlType) -> Vec<(usize, usize, usize)> {
+    let b = ty.block_size().max(32);
+    // (rows, cols, n activation rows): K at one block, odd row counts, tile remainders, larger K.
+    vec![
+        (1, b, 1),
+        (3, b, 2),
+        (13, 2 * b, 5),
+        (67, 640usize.next_multiple_of(b), 9),
+        (16, 2048, 1),
+        (9, 4 * b, 17),
+    ]
+}
+
+fn run(m: &QuantMatrix, x: &[f32], n: usize, path: KernelPath, threads: usize) -> Vec<f32> {
+    let mut ctx = KernelCtx::with_path_and_threads(path, threads).unwrap();
+    let mut y = vec![f32::NAN; n * m.rows()];
+    m.matmul(x, n, &mut y, &mut ctx).unwrap();
+    y
+}
+
+#[test]
+fn scalar_path_matches_f32_decode_then_dot_within_ggml_tolerance() {
+    for ty in encodings() {
+        for (rows, cols, n) in shapes(ty) {
+            let w = random_weights(ty, rows, cols, 7 + rows as u64);
+            let m = QuantMatrix::from_ggml(ty, &w, rows, cols).unwrap();
+            let x: Vec<f32> = (0..n)
+                .flat_map(|t| generate_data(1.0 + t as f32, cols, 2.0))
+                .collect();
+            let y = run(&m, &x, n, KernelPath::Scalar, 1);
+            let mut wr = vec![0f32; cols];
+            for r in 0..rows {
+                m.dequantize_row(r, &mut wr).unwrap();
+                for t in 0..n {
+                    let reference = dot64(&wr, &x[t * cols..(t + 1) * cols]);
+                    let err = (y[t * rows + r] as f64 - reference).abs() / cols as f64;
+                    assert!(
+                        err < dot_tolerance(ty) as f64,
+                        "{ty} {rows}x{cols} n={n} r={r} t={t}: got {} want {reference} (err {err})",
+                        y[t * rows + r]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_supported_path_matches_scalar() {
+    for path in KernelPath::supported() {
+        for ty in encodings() {
+            for (rows, cols, n) in shapes(ty) {
+                let w = random_weights(ty, rows, cols, 11 + cols as u64);
+                let m = QuantMatrix::from_ggml(ty, &w, rows, cols).unwrap();
+                let x: Vec<f32> = (0..n)
+                    .flat_map(|t| generate_data(0.5 + t as f32, cols, 1.5))
+                    .collect();
+                let want = run(&m, &x, n, KernelPath::Scalar, 1);
+                for threads in [1, 2] {
+                    let got = run(&m, &x, n, path, threads);
+                    let mut wr = vec![0f32; cols];
+                    for r in 0..rows {
+                        m.dequantize_row(r, &mut wr).unwrap();
+                        for t in 0..n {
+                            let scale = abs_dot(&wr, &x[t * cols..(t + 1) * cols]) + 1e-6;
+                            let (g, e) = (got[t * rows + r], want[t * rows + r]);
+                            assert!(
+                                ((g - e) as f64).abs() <= 2e-5 * scale,
+                                "{path} {ty} {rows}x{cols} n={n} threads={threads} r={r} t={t}: {g} vs scalar {e}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn large_matrix_threads_cover_every_row() {
+    let (rows, cols) = (1000, 256);
+    let w = random_weights(GgmlType::Q8_0, rows, cols, 3);
+    let m = QuantMatrix::from_ggml(GgmlType::Q8_0, &w, rows, cols).unwrap();
+    let x = generate_data(0.0, cols, 1.0);
+    let a = run(&m, &x, 1, KernelPath::best_supported(), 1);
+    let b = run(&m, &x, 1, KernelPath::best_supported(), 2);
+    assert_eq!(a, b);
+    assert!(a.iter().all(|v| v.is_finite()));
+}
+
+#[test]
+fn shape_errors_are_typed() {
+    let w = random_weights(GgmlType::Q8_0, 2, 64, 1);
+    assert!(QuantMatrix::from_ggml(GgmlType::Q8_0, &w, 2, 63).is_err());
+    assert!(QuantMatrix::from_ggml(GgmlType::Q8_0, &w[1..], 2, 64).is_err());
+    assert!(QuantMatrix::from_ggml(GgmlType::I32, &w, 2, 64).is_err());
+    let m = QuantMatrix::from_ggml(GgmlType::Q8_0, &w, 2, 64).unwrap();
+    let mut ctx = KernelCtx::with_path_and_threads(KernelPath::Scalar, 1).unwrap();
+    let mut y = vec![0f32; 2];
+    assert!(m.matvec(&[0.0; 63], &mut y, &mut ctx).is_err());
+    assert!(m.matvec(&[0.0; 64], &mut y[..1], &mut ctx).is_err());
+}
