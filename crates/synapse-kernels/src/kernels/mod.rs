@@ -6,6 +6,8 @@
 
 pub(crate) mod decode;
 pub(crate) mod scalar;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86;
 
 use crate::act::ActKind;
 use crate::dispatch::KernelPath;
@@ -29,6 +31,12 @@ pub(crate) struct Kernel {
 /// The kernel for `ty` on `path` (falling back to lower paths when a type has no kernel on the
 /// requested one). The caller guarantees `path.is_supported()`.
 pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
+    #[cfg(target_arch = "x86_64")]
+    if path >= KernelPath::Avx2
+        && let Some(k) = x86::select(ty, path)
+    {
+        return Some(k);
+    }
     let _ = path;
     scalar::select(ty)
 }
