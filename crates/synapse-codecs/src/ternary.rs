@@ -1,0 +1,280 @@
+//! BitNet b1.58 ternary codecs: `syn.ternary.absmean.g{group}.v1` and
+//! `syn.ternary.absmean.tensor.v1`.
+//!
+//! Both use BitNet b1.58's absmean rule (Ma et al. 2024, eq. 1–3, as in the reference
+//! `weight_quant`): `γ = max(mean|W|, 1e-5)`, `q = clamp(round(W/γ), −1, 1)`, `Ŵ = q·γ`. The codes
+//! are the 2-bit biased codes of the symmetric family with `bits = 2`: `u = q + 2`, so
+//! `01 = −1`, `10 = 0`, `11 = +1`, and `00` is reserved ([`CodecError::ReservedCode`]). Four
+//! codes per byte, LSB-first.
+//!
+//! * **Per group** (`g64` is the BitNet member): the group layout is exactly that of
+//!   `syn.q2.symmetric.g{group}.v1` (2-byte FP16 `γ` then `group/4` bytes of codes); only the
+//!   encoder's scale rule differs. γ is the mean over the group's real elements, rounded to FP16,
+//!   and the FP16 value is the one used to quantize. For g64: 64·2 bits of codes + 16 bits of
+//!   scale = 144 bits per 64 weights = **2.25 bits/weight**. Partial groups are padded with
+//!   `u = 10` (value 0).
+//! * **Per tensor** (BitNet's training quantizer, for importing BF16 masters): a 4-byte
+//!   little-endian f32 `γ` over the whole tensor, then the codes of all `rows·cols` elements
+//!   flat and row-major (rows are *not* padded), the final byte padded with `u = 10`.
+//!
+//! `linear`/`dot` are addition-only: per weight they add or subtract `x_i` (or skip it); the
+//! scale is applied once per group (once per row for the tensor codec).
+
+use half::f16;
+
+use crate::codec::{self, Codec, GroupRule, check_finite, check_len, elements};
+use crate::error::{CodecError, Result};
+use crate::id::EncodingId;
+use crate::pack;
+use crate::scale;
+
+/// BitNet's lower clamp on the absmean scale.
+pub const ABSMEAN_EPS: f64 = 1e-5;
+
+const ZERO_CODE: u8 = 0b10;
+
+fn absmean(xs: &[f32]) -> f64 {
+    if xs.is_empty() {
+        return ABSMEAN_EPS;
+    }
+    let s: f64 = xs.iter().map(|v| f64::from(v.abs())).sum();
+    (s / xs.len() as f64).max(ABSMEAN_EPS)
+}
+
+#[inline]
+fn ternary_code(x: f32, inv: f64) -> u8 {
+    ((f64::from(x) * inv).round().clamp(-1.0, 1.0) as i32 + 2) as u8
+}
+
+/// Addition-only `Σ q_i x_i` for ternary codes (`01 = −1`, `10 = 0`, `11 = +1`).
+#[inline]
+fn add_only(codes: &[u8], xs: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut cc = codes.chunks_exact(8);
+    let mut xc = xs.chunks_exact(8);
+    for (c, x) in (&mut cc).zip(&mut xc) {
+        for l in 0..8 {
+            let v = if c[l] == 3 { x[l] } else { 0.0 };
+            let w = if c[l] == 1 { x[l] } else { 0.0 };
+            acc[l] = acc[l] + v - w;
+        }
+    }
+    let mut tail = 0.0f32;
+    for (&c, &x) in cc.remainder().iter().zip(xc.remainder()) {
+        if c == 3 {
+            tail += x;
+        } else if c == 1 {
+            tail -= x;
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+fn check_codes(codes: &[u8], base: usize) -> Result<()> {
+    match codes.iter().position(|&u| u == 0) {
+        Some(i) => Err(CodecError::ReservedCode { index: base + i }),
+        None => Ok(()),
+    }
+}
+
+/// Ternary absmean with one FP16 scale per group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TernaryGroup {
+    group: usize,
+}
+
+impl TernaryGroup {
+    /// Builds from parameters already validated by [`EncodingId::parse`].
+    pub(crate) fn from_parts(group: usize) -> Self {
+        TernaryGroup { group }
+    }
+
+    /// Builds the codec (group validated as the ID grammar does; 64 is BitNet's).
+    pub fn new(group: usize) -> Result<Self> {
+        EncodingId::parse(&EncodingId::TernaryGroup { group }.to_string())?;
+        Ok(TernaryGroup { group })
+    }
+
+    fn scale_at(&self, bytes: &[u8], group_index: usize) -> Result<f32> {
+        let d = scale::read_f16(bytes);
+        if !d.is_finite() || d.is_sign_negative() {
+            return Err(CodecError::InvalidScale { group: group_index });
+        }
+        Ok(d.to_f32())
+    }
+}
+
+impl GroupRule for TernaryGroup {
+    fn group(&self) -> usize {
+        self.group
+    }
+
+    fn group_bytes(&self) -> usize {
+        2 + self.group / 4
+    }
+
+    fn encode_group(&self, xs: &[f32], group_index: usize, out: &mut Vec<u8>) -> Result<()> {
+        let gamma = absmean(xs);
+        let d = f16::from_f64(gamma);
+        if !d.is_finite() {
+            return Err(CodecError::ScaleOutOfRange {
+                group: group_index,
+                needed: gamma,
+            });
+        }
+        let inv = 1.0 / d.to_f64();
+        let mut codes = [ZERO_CODE; 1024];
+        for (c, &x) in codes.iter_mut().zip(xs) {
+            *c = ternary_code(x, inv);
+        }
+        out.extend_from_slice(&d.to_le_bytes());
+        pack::pack(&codes[..self.group], 2, out);
+        Ok(())
+    }
+
+    fn decode_group(
+        &self,
+        bytes: &[u8],
+        out: &mut [f32],
+        base: usize,
+        group_index: usize,
+    ) -> Result<()> {
+        let d = self.scale_at(bytes, group_index)?;
+        let mut codes = [0u8; 1024];
+        pack::unpack(&bytes[2..], 2, &mut codes[..self.group]);
+        check_codes(&codes[..out.len()], base)?;
+        for (o, &u) in out.iter_mut().zip(&codes[..]) {
+            *o = (i32::from(u) - 2) as f32 * d;
+        }
+        Ok(())
+    }
+
+    fn dot_group(&self, bytes: &[u8], xs: &[f32], base: usize, group_index: usize) -> Result<f32> {
+        let d = self.scale_at(bytes, group_index)?;
+        let mut codes = [0u8; 1024];
+        pack::unpack(&bytes[2..], 2, &mut codes[..self.group]);
+        let live = &codes[..xs.len()];
+        check_codes(live, base)?;
+        Ok(d * add_only(live, xs))
+    }
+}
+
+impl Codec for TernaryGroup {
+    fn id(&self) -> EncodingId {
+        EncodingId::TernaryGroup { group: self.group }
+    }
+
+    fn matrix_size(&self, rows: usize, cols: usize) -> Result<usize> {
+        codec::grouped_size(self, rows, cols)
+    }
+
+    fn encode_matrix(&self, w: &[f32], rows: usize, cols: usize) -> Result<Vec<u8>> {
+        codec::grouped_encode(self, w, rows, cols)
+    }
+
+    fn decode_matrix(&self, bytes: &[u8], rows: usize, cols: usize) -> Result<Vec<f32>> {
+        codec::grouped_decode(self, bytes, rows, cols)
+    }
+
+    fn linear(&self, bytes: &[u8], rows: usize, x: &[f32], y: &mut [f32]) -> Result<()> {
+        codec::grouped_linear(self, bytes, rows, x, y)
+    }
+}
+
+/// Ternary absmean with one f32 scale for the whole tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TernaryTensor;
+
+impl TernaryTensor {
+    fn gamma(bytes: &[u8]) -> Result<f32> {
+        let g = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        if !g.is_finite() || g.is_sign_negative() {
+            return Err(CodecError::InvalidScale { group: 0 });
+        }
+        Ok(g)
+    }
+
+    /// Code of flat element `k` in the code area.
+    #[inline]
+    fn code(codes: &[u8], k: usize) -> u8 {
+        (codes[k / 4] >> (2 * (k % 4))) & 3
+    }
+
+    fn unpack_range(codes: &[u8], start: usize, out: &mut [u8]) -> Result<()> {
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = Self::code(codes, start + j);
+        }
+        check_codes(out, start)
+    }
+}
+
+impl Codec for TernaryTensor {
+    fn id(&self) -> EncodingId {
+        EncodingId::TernaryTensor
+    }
+
+    fn matrix_size(&self, rows: usize, cols: usize) -> Result<usize> {
+        let n = elements(rows, cols)?;
+        Ok(4 + n.div_ceil(4))
+    }
+
+    fn encode_matrix(&self, w: &[f32], rows: usize, cols: usize) -> Result<Vec<u8>> {
+        check_len("matrix elements", elements(rows, cols)?, w.len())?;
+        check_finite(w)?;
+        let gamma = absmean(w) as f32;
+        if !gamma.is_finite() {
+            return Err(CodecError::ScaleOutOfRange {
+                group: 0,
+                needed: absmean(w),
+            });
+        }
+        let inv = 1.0 / f64::from(gamma);
+        let mut out = Vec::with_capacity(self.matrix_size(rows, cols)?);
+        out.extend_from_slice(&gamma.to_le_bytes());
+        for chunk in w.chunks(4) {
+            let mut byte = 0u8;
+            for j in 0..4 {
+                let c = chunk.get(j).map_or(ZERO_CODE, |&x| ternary_code(x, inv));
+                byte |= c << (2 * j);
+            }
+            out.push(byte);
+        }
+        Ok(out)
+    }
+
+    fn decode_matrix(&self, bytes: &[u8], rows: usize, cols: usize) -> Result<Vec<f32>> {
+        check_len("encoded bytes", self.matrix_size(rows, cols)?, bytes.len())?;
+        let gamma = Self::gamma(bytes)?;
+        let codes = &bytes[4..];
+        let n = elements(rows, cols)?;
+        let mut out = Vec::with_capacity(n);
+        for k in 0..n {
+            let u = Self::code(codes, k);
+            if u == 0 {
+                return Err(CodecError::ReservedCode { index: k });
+            }
+            out.push((i32::from(u) - 2) as f32 * gamma);
+        }
+        Ok(out)
+    }
+
+    fn linear(&self, bytes: &[u8], rows: usize, x: &[f32], y: &mut [f32]) -> Result<()> {
+        let cols = x.len();
+        check_len("output rows", rows, y.len())?;
+        check_len("encoded bytes", self.matrix_size(rows, cols)?, bytes.len())?;
+        let gamma = Self::gamma(bytes)?;
+        let codes = &bytes[4..];
+        let mut buf = [0u8; 1024];
+        for (r, yr) in y.iter_mut().enumerate() {
+            let mut acc = 0.0f32;
+            for (c, xs) in x.chunks(1024).enumerate() {
+                let start = r * cols + c * 1024;
+                let live = &mut buf[..xs.len()];
+                Self::unpack_range(codes, start, live)?;
+                acc += add_only(live, xs);
+            }
+            *yr = gamma * acc;
+        }
+        Ok(())
+    }
+}

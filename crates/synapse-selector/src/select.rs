@@ -1,0 +1,304 @@
+//! The budget-independent demotion order and budget selection.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use synapse_sensitivity::ImportanceMap;
+
+use crate::error::{Result, SelectorError};
+use crate::profile::{Assignment, Profile};
+
+/// What limits the choice, besides the budget.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Constraints {
+    /// Encodings the target device has kernels for (`None`: every encoding). The source
+    /// encoding is an option only if it is listed here too.
+    pub supported: Option<BTreeSet<String>>,
+    /// Tensors kept at their most precise supported option (norms, embeddings …).
+    pub pinned: BTreeSet<String>,
+    /// Largest per-tensor distortion accepted without opting into approximation.
+    pub quality_floor: Option<f64>,
+    /// Opt-in to go below the quality floor when the budget requires it.
+    pub allow_approximation: bool,
+    /// Tensors that must share one encoding (e.g. q/k/v, gate/up), each group a joint item.
+    pub fused: Vec<Vec<String>>,
+}
+
+/// One option of one item: an encoding applied to every member.
+#[derive(Debug, Clone)]
+struct Opt {
+    encoding: String,
+    bytes: u64,
+    distortion: f64,
+    /// Per member (same order as the item's members): (bytes, distortion).
+    members: Vec<(u64, f64)>,
+}
+
+#[derive(Debug, Clone)]
+struct Item {
+    name: String,
+    members: Vec<String>,
+    /// Most precise first; bytes strictly decreasing, marginal cost strictly increasing.
+    ladder: Vec<Opt>,
+}
+
+/// One step of the demotion order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DemotionStep {
+    /// The item demoted (a tensor name, or the members of a fused group joined by `+`).
+    pub item: String,
+    /// Encoding before the step.
+    pub from: String,
+    /// Encoding after the step.
+    pub to: String,
+    /// Bytes saved by the step.
+    pub saved_bytes: u64,
+    /// Distortion added by the step.
+    pub added_distortion: f64,
+}
+
+/// A selector: items with convex ladders and the budget-independent demotion order.
+#[derive(Debug, Clone)]
+pub struct Selector {
+    items: Vec<Item>,
+    /// (item index, level reached), ascending Δdistortion per saved byte.
+    order: Vec<(usize, usize)>,
+    /// Smallest total achievable ignoring the quality floor (for error reports).
+    unfloored_minimum: u64,
+}
+
+/// Keeps the Pareto front, then its lower convex hull, most precise first.
+fn convex_ladder(mut opts: Vec<Opt>) -> Vec<Opt> {
+    // Ascending distortion, then ascending bytes, then ID: the first is the most precise.
+    opts.sort_by(|a, b| {
+        a.distortion
+            .total_cmp(&b.distortion)
+            .then(a.bytes.cmp(&b.bytes))
+            .then_with(|| a.encoding.cmp(&b.encoding))
+    });
+    // Pareto front: each kept option is strictly smaller than every more precise kept one.
+    let mut front: Vec<Opt> = Vec::new();
+    for o in opts {
+        if front.last().is_none_or(|l| o.bytes < l.bytes) {
+            front.push(o);
+        }
+    }
+    // Lower convex hull: marginal cost (Δd / Δbytes) strictly increasing along the ladder.
+    let slope = |a: &Opt, b: &Opt| (b.distortion - a.distortion) / (a.bytes - b.bytes) as f64;
+    let mut hull: Vec<Opt> = Vec::new();
+    for o in front {
+        while hull.len() >= 2 {
+            let n = hull.len();
+            if slope(&hull[n - 2], &hull[n - 1]) >= slope(&hull[n - 1], &o) {
+                hull.pop();
+            } else {
+                break;
+            }
+        }
+        hull.push(o);
+    }
+    hull
+}
+
+impl Selector {
+    /// Builds items and the demotion order from a map and constraints (no budget involved).
+    pub fn new(map: &ImportanceMap, c: &Constraints) -> Result<Self> {
+        let unknown = |name: &String| SelectorError::UnknownTensor { name: name.clone() };
+        for name in &c.pinned {
+            if !map.tensors.contains_key(name) {
+                return Err(unknown(name));
+            }
+        }
+        let mut grouped: BTreeMap<String, usize> = BTreeMap::new();
+        let mut groups: Vec<Vec<String>> = Vec::new();
+        for g in &c.fused {
+            let mut members = g.clone();
+            members.sort();
+            members.dedup();
+            for m in &members {
+                if !map.tensors.contains_key(m) {
+                    return Err(unknown(m));
+                }
+                if grouped.insert(m.clone(), groups.len()).is_some() {
+                    return Err(SelectorError::TensorInTwoGroups { name: m.clone() });
+                }
+            }
+            groups.push(members);
+        }
+        for name in map.tensors.keys() {
+            if !grouped.contains_key(name) {
+                groups.push(vec![name.clone()]);
+            }
+        }
+        groups.sort();
+
+        let supported = |e: &str| c.supported.as_ref().is_none_or(|s| s.contains(e));
+        let floor = if c.allow_approximation {
+            None
+        } else {
+            c.quality_floor
+        };
+        let mut items = Vec::with_capacity(groups.len());
+        let mut unfloored_minimum = 0u64;
+        for members in groups {
+            let name = members.join("+");
+            // candidate encodings: per member, encoding → (bytes, distortion)
+            let per: Vec<BTreeMap<&str, (u64, f64)>> = members
+                .iter()
+                .map(|m| {
+                    let t = &map.tensors[m];
+                    let mut e: BTreeMap<&str, (u64, f64)> = t
+                        .options
+                        .iter()
+                        .map(|o| (o.encoding.as_str(), (o.bytes, o.distortion)))
+                        .collect();
+                    e.insert(t.source_encoding.as_str(), (t.source_bytes, 0.0));
+                    e
+                })
+                .collect();
+            let mut all = Vec::new();
+            for (&enc, _) in per[0].iter() {
+                if !supported(enc) {
+                    continue;
+                }
+                let Some(ms) = per
+                    .iter()
+                    .map(|p| p.get(enc).copied())
+                    .collect::<Option<Vec<_>>>()
+                else {
+                    continue;
+                };
+                all.push(Opt {
+                    encoding: enc.to_owned(),
+                    bytes: ms.iter().map(|m| m.0).sum(),
+                    distortion: ms.iter().map(|m| m.1).sum(),
+                    members: ms,
+                });
+            }
+            if all.is_empty() {
+                return Err(SelectorError::NoSupportedEncoding { item: name });
+            }
+            let pinned = members.iter().any(|m| c.pinned.contains(m));
+            let unfloored = convex_ladder(all.clone());
+            unfloored_minimum += if pinned {
+                unfloored[0].bytes
+            } else {
+                unfloored[unfloored.len() - 1].bytes
+            };
+            if let Some(f) = floor {
+                all.retain(|o| o.members.iter().all(|m| m.1 <= f));
+                if all.is_empty() {
+                    return Err(SelectorError::FloorUnreachable { item: name });
+                }
+            }
+            let mut ladder = convex_ladder(all);
+            if pinned {
+                ladder.truncate(1);
+            }
+            items.push(Item {
+                name,
+                members,
+                ladder,
+            });
+        }
+
+        let mut steps: Vec<(f64, usize, usize)> = Vec::new();
+        for (i, it) in items.iter().enumerate() {
+            for l in 1..it.ladder.len() {
+                let (a, b) = (&it.ladder[l - 1], &it.ladder[l]);
+                let ratio = (b.distortion - a.distortion) / (a.bytes - b.bytes) as f64;
+                steps.push((ratio, i, l));
+            }
+        }
+        steps.sort_by(|x, y| {
+            x.0.total_cmp(&y.0)
+                .then_with(|| items[x.1].name.cmp(&items[y.1].name))
+                .then(x.2.cmp(&y.2))
+        });
+        Ok(Selector {
+            order: steps.into_iter().map(|(_, i, l)| (i, l)).collect(),
+            items,
+            unfloored_minimum,
+        })
+    }
+
+    /// The demotion order, cheapest (least distortion per saved byte) first. A budget applies
+    /// the shortest prefix that fits; promotion undoes it from the end.
+    pub fn demotion_order(&self) -> Vec<DemotionStep> {
+        self.order
+            .iter()
+            .map(|&(i, l)| {
+                let it = &self.items[i];
+                let (a, b) = (&it.ladder[l - 1], &it.ladder[l]);
+                DemotionStep {
+                    item: it.name.clone(),
+                    from: a.encoding.clone(),
+                    to: b.encoding.clone(),
+                    saved_bytes: a.bytes - b.bytes,
+                    added_distortion: b.distortion - a.distortion,
+                }
+            })
+            .collect()
+    }
+
+    /// Total bytes with every item at its most precise allowed option.
+    pub fn maximum_bytes(&self) -> u64 {
+        self.items.iter().map(|it| it.ladder[0].bytes).sum()
+    }
+
+    /// Total bytes with every item at its cheapest allowed option.
+    pub fn minimum_bytes(&self) -> u64 {
+        self.items
+            .iter()
+            .map(|it| it.ladder[it.ladder.len() - 1].bytes)
+            .sum()
+    }
+
+    /// The profile for `budget` bytes: the shortest prefix of the demotion order that fits.
+    pub fn select(&self, budget: u64) -> Result<Profile> {
+        let mut level = vec![0usize; self.items.len()];
+        let mut total = self.maximum_bytes();
+        let mut steps = self.order.iter();
+        while total > budget {
+            let Some(&(i, l)) = steps.next() else {
+                let minimum = total;
+                return Err(
+                    if self.unfloored_minimum < minimum && self.unfloored_minimum <= budget {
+                        SelectorError::ApproximationNotAllowed {
+                            budget,
+                            min_within_floor: minimum,
+                        }
+                    } else {
+                        SelectorError::BudgetTooSmall {
+                            budget,
+                            minimum: self.unfloored_minimum.min(minimum),
+                        }
+                    },
+                );
+            };
+            let it = &self.items[i];
+            total -= it.ladder[l - 1].bytes - it.ladder[l].bytes;
+            level[i] = l;
+        }
+        let mut assignments = BTreeMap::new();
+        let mut total_distortion = 0.0;
+        for (it, &l) in self.items.iter().zip(&level) {
+            let o = &it.ladder[l];
+            total_distortion += o.distortion;
+            for (m, &(bytes, distortion)) in it.members.iter().zip(&o.members) {
+                assignments.insert(
+                    m.clone(),
+                    Assignment {
+                        encoding: o.encoding.clone(),
+                        bytes,
+                        distortion,
+                    },
+                );
+            }
+        }
+        Ok(Profile {
+            assignments,
+            total_bytes: total,
+            total_distortion,
+        })
+    }
+}
