@@ -88,8 +88,15 @@ impl Pool {
         Ok(Self { threads, rayon })
     }
 
-    /// Runs `f(r0, r1)` over chunks covering `0..rows`, in parallel when the work is worth it.
-    pub(crate) fn run_rows(&self, rows: usize, flops: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+    /// Runs `f(r0, r1)` over chunks covering `0..rows` (chunk sizes multiples of `granule`),
+    /// in parallel when the work is worth it.
+    pub(crate) fn run_rows(
+        &self,
+        rows: usize,
+        granule: usize,
+        flops: usize,
+        f: &(dyn Fn(usize, usize) + Sync),
+    ) {
         let Some(pool) = self
             .rayon
             .as_ref()
@@ -98,10 +105,10 @@ impl Pool {
             f(0, rows);
             return;
         };
-        // A few chunks per thread so a thread slowed by a neighbour does not hold the others up;
-        // chunk sizes are multiples of 8 rows (the widest row tile).
-        let chunks = (self.threads * 4).min(rows.div_ceil(8)).max(1);
-        let per = rows.div_ceil(chunks).next_multiple_of(8);
+        // A few chunks per thread so a thread slowed by a neighbour does not hold the others up.
+        let g = granule.max(1);
+        let chunks = (self.threads * 4).min(rows.div_ceil(g)).max(1);
+        let per = rows.div_ceil(chunks).next_multiple_of(g);
         pool.scope(|s| {
             let mut r0 = 0;
             while r0 < rows {

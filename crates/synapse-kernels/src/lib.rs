@@ -17,6 +17,7 @@
 #![deny(missing_docs)]
 
 mod act;
+pub mod attention;
 mod blocks;
 mod buf;
 mod ctx;
@@ -24,8 +25,11 @@ pub mod dispatch;
 pub mod error;
 mod kernels;
 mod matrix;
+pub mod ops;
 
+pub use attention::{AttentionParams, KvView, attention};
 pub use ctx::KernelCtx;
 pub use dispatch::KernelPath;
 pub use error::{KernelError, Result};
 pub use matrix::QuantMatrix;
+pub use ops::{Activation, Rope, RopeMode};

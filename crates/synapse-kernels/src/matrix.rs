@@ -141,7 +141,7 @@ impl QuantMatrix {
             y: SyncPtr(y.as_mut_ptr()),
         };
         let flops = 2 * self.rows * self.cols * n;
-        pool.run_rows(self.rows, flops, &|r0, r1| job.rows(r0, r1));
+        pool.run_rows(self.rows, 8, flops, &|r0, r1| job.rows(r0, r1));
         Ok(())
     }
 }
