@@ -109,6 +109,36 @@ impl FileDigest {
         }
     }
 
+    /// Digests a byte slice in chunks, calling `progress` with each chunk's length.
+    pub fn of_with_progress(bytes: &[u8], mut progress: impl FnMut(u64)) -> FileDigest {
+        use sha2::Digest as _;
+        const CHUNK: usize = 8 << 20;
+        let mut b3 = blake3::Hasher::new();
+        let mut sha = sha2::Sha256::new();
+        for chunk in bytes.chunks(CHUNK) {
+            b3.update_rayon(chunk);
+            sha.update(chunk);
+            progress(chunk.len() as u64);
+        }
+        FileDigest {
+            size: bytes.len() as u64,
+            blake3: ObjectId(*b3.finalize().as_bytes()),
+            sha256: hex::encode(sha.finalize()),
+        }
+    }
+
+    /// Digests a file through a read-only memory map, reporting progress in bytes.
+    pub fn of_file_with_progress(path: &Path, progress: impl FnMut(u64)) -> Result<FileDigest> {
+        let file = std::fs::File::open(path).map_err(CasError::io(path))?;
+        let len = file.metadata().map_err(CasError::io(path))?.len();
+        if len == 0 {
+            return Ok(FileDigest::of(&[]));
+        }
+        // SAFETY: as in `of_file`.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(CasError::io(path))?;
+        Ok(FileDigest::of_with_progress(&map, progress))
+    }
+
     /// Digests a file through a read-only memory map.
     pub fn of_file(path: &Path) -> Result<FileDigest> {
         let file = std::fs::File::open(path).map_err(CasError::io(path))?;
@@ -171,6 +201,15 @@ mod tests {
             .map(|i| (i * 31 % 251) as u8)
             .collect();
         assert_eq!(ObjectId::of(&big).as_bytes(), blake3::hash(&big).as_bytes());
+    }
+
+    #[test]
+    fn chunked_digest_matches_one_shot() {
+        let big: Vec<u8> = (0..(20 << 20) + 5).map(|i| (i % 253) as u8).collect();
+        let mut seen = 0;
+        let d = FileDigest::of_with_progress(&big, |n| seen += n);
+        assert_eq!(seen, big.len() as u64);
+        assert_eq!(d, FileDigest::of(&big));
     }
 
     #[test]

@@ -137,6 +137,9 @@ pub struct TokenizerInfo {
     /// The tokenizer file (e.g. `tokenizer.json`) when it is not in the metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<Blob>,
+    /// The tokenizer's configuration file (e.g. `tokenizer_config.json`), when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<Blob>,
     /// The chat template (Jinja), when the source has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template: Option<String>,
@@ -519,6 +522,11 @@ impl PackageBuilder {
             size: out.size,
         });
         Ok(out)
+    }
+
+    /// True if a tensor (not an alias) named `name` was added.
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.tensors.iter().any(|t| t.name == name)
     }
 
     /// Declares `name` as sharing the stored tensor `target` (tied weights).

@@ -31,6 +31,7 @@ fn build(root: &Path, target: ManifestTarget) -> synapse_cas::BuiltPackage {
         model: "llama".into(),
         source: "metadata".into(),
         file: None,
+        config: None,
         chat_template: Some("{% for m in messages %}{{ m.content }}\n{% endfor %}".into()),
     });
     b.graph(&s, br#"{"layers":2}"#, "application/json").unwrap();
