@@ -64,23 +64,29 @@ impl GroupRule for Asymmetric {
         4 + self.group * self.bits as usize / 8
     }
 
-    fn encode_group(&self, xs: &[f32], group_index: usize, out: &mut Vec<u8>) -> Result<()> {
+    fn encode_group(
+        &self,
+        xs: &[f32],
+        gi: usize,
+        codes: &mut [u8],
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
         let (mn, mx) = xs
             .iter()
             .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
                 (a.min(v), b.max(v))
             });
-        let mut codes = [0u8; 1024];
+        codes.fill(0);
         let (d, m) = if xs.is_empty() {
             (f16::ZERO, f16::ZERO)
         } else {
-            let m = scale::floor_f16(f64::from(mn), group_index)?;
+            let m = scale::floor_f16(f64::from(mn), gi)?;
             let span = f64::from(mx) - m.to_f64();
             let umax = f64::from(self.umax());
             let d = if span == 0.0 {
                 f16::ZERO
             } else {
-                scale::smallest_covering(span, umax, group_index)?
+                scale::smallest_covering(span, umax, gi)?
             };
             if d.to_f64() > 0.0 {
                 let inv = 1.0 / d.to_f64();
@@ -93,7 +99,7 @@ impl GroupRule for Asymmetric {
         };
         out.extend_from_slice(&d.to_le_bytes());
         out.extend_from_slice(&m.to_le_bytes());
-        pack::pack(&codes[..self.group], self.bits, out);
+        pack::pack(codes, self.bits, out);
         Ok(())
     }
 
@@ -102,21 +108,27 @@ impl GroupRule for Asymmetric {
         bytes: &[u8],
         out: &mut [f32],
         _base: usize,
-        group_index: usize,
+        gi: usize,
+        codes: &mut [u8],
     ) -> Result<()> {
-        let (d, m) = self.header(bytes, group_index)?;
-        let mut codes = [0u8; 1024];
-        pack::unpack(&bytes[4..], self.bits, &mut codes[..self.group]);
-        for (o, &u) in out.iter_mut().zip(&codes[..]) {
+        let (d, m) = self.header(bytes, gi)?;
+        pack::unpack(&bytes[4..], self.bits, codes);
+        for (o, &u) in out.iter_mut().zip(codes.iter()) {
             *o = f32::from(u) * d + m;
         }
         Ok(())
     }
 
-    fn dot_group(&self, bytes: &[u8], xs: &[f32], _base: usize, group_index: usize) -> Result<f32> {
-        let (d, m) = self.header(bytes, group_index)?;
-        let mut codes = [0u8; 1024];
-        pack::unpack(&bytes[4..], self.bits, &mut codes[..self.group]);
+    fn dot_group(
+        &self,
+        bytes: &[u8],
+        xs: &[f32],
+        _base: usize,
+        gi: usize,
+        codes: &mut [u8],
+    ) -> Result<f32> {
+        let (d, m) = self.header(bytes, gi)?;
+        pack::unpack(&bytes[4..], self.bits, codes);
         let sum_x: f32 = xs.iter().sum();
         Ok(d * dot_codes(&codes[..xs.len()], 0.0, xs) + m * sum_x)
     }

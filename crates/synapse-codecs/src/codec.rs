@@ -87,19 +87,34 @@ pub(crate) trait GroupRule: Send + Sync {
     fn group(&self) -> usize;
     /// Bytes per group (header plus codes).
     fn group_bytes(&self) -> usize;
-    /// Appends the encoding of one group; `xs.len() ≤ group()`, the rest is padding.
-    fn encode_group(&self, xs: &[f32], group_index: usize, out: &mut Vec<u8>) -> Result<()>;
+    /// Appends the encoding of one group; `xs.len() ≤ group()`, the rest is padding. `codes` is
+    /// scratch space of `group()` bytes.
+    fn encode_group(
+        &self,
+        xs: &[f32],
+        gi: usize,
+        codes: &mut [u8],
+        out: &mut Vec<u8>,
+    ) -> Result<()>;
     /// Decodes the first `out.len()` elements of one group. `base` is the flat index of the
-    /// group's first element (for error reports).
+    /// group's first element (for error reports); `codes` is scratch of `group()` bytes.
     fn decode_group(
         &self,
         bytes: &[u8],
         out: &mut [f32],
         base: usize,
-        group_index: usize,
+        gi: usize,
+        codes: &mut [u8],
     ) -> Result<()>;
-    /// `Σ x̂_i · xs_i` over the first `xs.len()` elements of one group.
-    fn dot_group(&self, bytes: &[u8], xs: &[f32], base: usize, group_index: usize) -> Result<f32>;
+    /// `Σ x̂_i · xs_i` over the first `xs.len()` elements of one group (`codes`: scratch).
+    fn dot_group(
+        &self,
+        bytes: &[u8],
+        xs: &[f32],
+        base: usize,
+        gi: usize,
+        codes: &mut [u8],
+    ) -> Result<f32>;
 }
 
 /// Bytes of one row of `cols` elements.
@@ -129,9 +144,10 @@ pub(crate) fn grouped_encode<R: GroupRule>(
     if cols == 0 {
         return Ok(out);
     }
+    let mut scratch = vec![0u8; rule.group()];
     for row in w.chunks_exact(cols) {
         for (g, xs) in row.chunks(rule.group()).enumerate() {
-            rule.encode_group(xs, g, &mut out)?;
+            rule.encode_group(xs, g, &mut scratch, &mut out)?;
         }
     }
     Ok(out)
@@ -155,6 +171,7 @@ pub(crate) fn grouped_decode<R: GroupRule>(
     }
     let rb = row_bytes(rule, cols)?;
     let groups_per_row = cols.div_ceil(rule.group());
+    let mut scratch = vec![0u8; rule.group()];
     for (r, (orow, brow)) in out
         .chunks_exact_mut(cols)
         .zip(bytes.chunks_exact(rb))
@@ -165,7 +182,13 @@ pub(crate) fn grouped_decode<R: GroupRule>(
             .zip(brow.chunks_exact(rule.group_bytes()))
             .enumerate()
         {
-            rule.decode_group(b, o, r * cols + g * rule.group(), r * groups_per_row + g)?;
+            rule.decode_group(
+                b,
+                o,
+                r * cols + g * rule.group(),
+                r * groups_per_row + g,
+                &mut scratch,
+            )?;
         }
     }
     Ok(out)
@@ -191,6 +214,7 @@ pub(crate) fn grouped_linear<R: GroupRule>(
     }
     let rb = row_bytes(rule, cols)?;
     let groups_per_row = cols.div_ceil(rule.group());
+    let mut scratch = vec![0u8; rule.group()];
     for (r, (yr, brow)) in y.iter_mut().zip(bytes.chunks_exact(rb)).enumerate() {
         let mut acc = 0.0f32;
         for (g, (xs, b)) in x
@@ -198,7 +222,13 @@ pub(crate) fn grouped_linear<R: GroupRule>(
             .zip(brow.chunks_exact(rule.group_bytes()))
             .enumerate()
         {
-            acc += rule.dot_group(b, xs, r * cols + g * rule.group(), r * groups_per_row + g)?;
+            acc += rule.dot_group(
+                b,
+                xs,
+                r * cols + g * rule.group(),
+                r * groups_per_row + g,
+                &mut scratch,
+            )?;
         }
         *yr = acc;
     }

@@ -62,15 +62,16 @@ impl Symmetric {
         Ok(d.to_f32())
     }
 
-    fn codes<'a>(
+    /// Unpacks a group's codes into `codes` and returns the first `n`, refusing reserved ones.
+    fn live_codes<'a>(
         &self,
         bytes: &[u8],
-        buf: &'a mut [u8; 1024],
+        codes: &'a mut [u8],
         n: usize,
         base: usize,
     ) -> Result<&'a [u8]> {
-        let codes = &mut buf[..self.group];
         pack::unpack(&bytes[2..], self.bits, codes);
+        let codes: &'a [u8] = codes;
         let live = &codes[..n];
         if let Some(i) = live.iter().position(|&u| u == 0) {
             return Err(CodecError::ReservedCode { index: base + i });
@@ -88,14 +89,20 @@ impl GroupRule for Symmetric {
         2 + self.group * self.bits as usize / 8
     }
 
-    fn encode_group(&self, xs: &[f32], group_index: usize, out: &mut Vec<u8>) -> Result<()> {
+    fn encode_group(
+        &self,
+        xs: &[f32],
+        gi: usize,
+        codes: &mut [u8],
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
         let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let qmax = self.qmax();
-        let mut codes = [self.bias(); 1024];
+        codes.fill(self.bias());
         let d = if amax == 0.0 {
             f16::ZERO
         } else {
-            let d = scale::smallest_covering(f64::from(amax), f64::from(qmax), group_index)?;
+            let d = scale::smallest_covering(f64::from(amax), f64::from(qmax), gi)?;
             let inv = 1.0 / d.to_f64();
             let bias = i32::from(self.bias());
             for (c, &x) in codes.iter_mut().zip(xs) {
@@ -107,7 +114,7 @@ impl GroupRule for Symmetric {
             d
         };
         out.extend_from_slice(&d.to_le_bytes());
-        pack::pack(&codes[..self.group], self.bits, out);
+        pack::pack(codes, self.bits, out);
         Ok(())
     }
 
@@ -116,23 +123,29 @@ impl GroupRule for Symmetric {
         bytes: &[u8],
         out: &mut [f32],
         base: usize,
-        group_index: usize,
+        gi: usize,
+        codes: &mut [u8],
     ) -> Result<()> {
-        let d = self.scale_at(bytes, group_index)?;
-        let mut buf = [0u8; 1024];
-        let codes = self.codes(bytes, &mut buf, out.len(), base)?;
+        let d = self.scale_at(bytes, gi)?;
+        let live = self.live_codes(bytes, codes, out.len(), base)?;
         let bias = i32::from(self.bias());
-        for (o, &u) in out.iter_mut().zip(codes) {
+        for (o, &u) in out.iter_mut().zip(live) {
             *o = (i32::from(u) - bias) as f32 * d;
         }
         Ok(())
     }
 
-    fn dot_group(&self, bytes: &[u8], xs: &[f32], base: usize, group_index: usize) -> Result<f32> {
-        let d = self.scale_at(bytes, group_index)?;
-        let mut buf = [0u8; 1024];
-        let codes = self.codes(bytes, &mut buf, xs.len(), base)?;
-        Ok(d * dot_codes(codes, f32::from(self.bias()), xs))
+    fn dot_group(
+        &self,
+        bytes: &[u8],
+        xs: &[f32],
+        base: usize,
+        gi: usize,
+        codes: &mut [u8],
+    ) -> Result<f32> {
+        let d = self.scale_at(bytes, gi)?;
+        let live = self.live_codes(bytes, codes, xs.len(), base)?;
+        Ok(d * dot_codes(live, f32::from(self.bias()), xs))
     }
 }
 

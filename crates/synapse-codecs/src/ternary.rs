@@ -46,26 +46,27 @@ fn ternary_code(x: f32, inv: f64) -> u8 {
     ((f64::from(x) * inv).round().clamp(-1.0, 1.0) as i32 + 2) as u8
 }
 
-/// Addition-only `Σ q_i x_i` for ternary codes (`01 = −1`, `10 = 0`, `11 = +1`).
+/// Addition-only `Σ q_i x_i` for ternary codes (`01 = −1`, `10 = 0`, `11 = +1`): each `x_i` is
+/// added with its sign bit flipped for −1 and masked to +0 for 0 — no multiplications.
 #[inline]
 fn add_only(codes: &[u8], xs: &[f32]) -> f32 {
+    #[inline(always)]
+    fn signed(c: u8, x: f32) -> f32 {
+        let neg = u32::from(c == 1) << 31;
+        let keep = 0u32.wrapping_sub(u32::from(c != 2));
+        f32::from_bits((x.to_bits() ^ neg) & keep)
+    }
     let mut acc = [0.0f32; 8];
     let mut cc = codes.chunks_exact(8);
     let mut xc = xs.chunks_exact(8);
     for (c, x) in (&mut cc).zip(&mut xc) {
         for l in 0..8 {
-            let v = if c[l] == 3 { x[l] } else { 0.0 };
-            let w = if c[l] == 1 { x[l] } else { 0.0 };
-            acc[l] = acc[l] + v - w;
+            acc[l] += signed(c[l], x[l]);
         }
     }
     let mut tail = 0.0f32;
     for (&c, &x) in cc.remainder().iter().zip(xc.remainder()) {
-        if c == 3 {
-            tail += x;
-        } else if c == 1 {
-            tail -= x;
-        }
+        tail += signed(c, x);
     }
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
@@ -113,22 +114,28 @@ impl GroupRule for TernaryGroup {
         2 + self.group / 4
     }
 
-    fn encode_group(&self, xs: &[f32], group_index: usize, out: &mut Vec<u8>) -> Result<()> {
+    fn encode_group(
+        &self,
+        xs: &[f32],
+        gi: usize,
+        codes: &mut [u8],
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
         let gamma = absmean(xs);
         let d = f16::from_f64(gamma);
         if !d.is_finite() {
             return Err(CodecError::ScaleOutOfRange {
-                group: group_index,
+                group: gi,
                 needed: gamma,
             });
         }
         let inv = 1.0 / d.to_f64();
-        let mut codes = [ZERO_CODE; 1024];
+        codes.fill(ZERO_CODE);
         for (c, &x) in codes.iter_mut().zip(xs) {
             *c = ternary_code(x, inv);
         }
         out.extend_from_slice(&d.to_le_bytes());
-        pack::pack(&codes[..self.group], 2, out);
+        pack::pack(codes, 2, out);
         Ok(())
     }
 
@@ -137,22 +144,28 @@ impl GroupRule for TernaryGroup {
         bytes: &[u8],
         out: &mut [f32],
         base: usize,
-        group_index: usize,
+        gi: usize,
+        codes: &mut [u8],
     ) -> Result<()> {
-        let d = self.scale_at(bytes, group_index)?;
-        let mut codes = [0u8; 1024];
-        pack::unpack(&bytes[2..], 2, &mut codes[..self.group]);
+        let d = self.scale_at(bytes, gi)?;
+        pack::unpack(&bytes[2..], 2, codes);
         check_codes(&codes[..out.len()], base)?;
-        for (o, &u) in out.iter_mut().zip(&codes[..]) {
+        for (o, &u) in out.iter_mut().zip(codes.iter()) {
             *o = (i32::from(u) - 2) as f32 * d;
         }
         Ok(())
     }
 
-    fn dot_group(&self, bytes: &[u8], xs: &[f32], base: usize, group_index: usize) -> Result<f32> {
-        let d = self.scale_at(bytes, group_index)?;
-        let mut codes = [0u8; 1024];
-        pack::unpack(&bytes[2..], 2, &mut codes[..self.group]);
+    fn dot_group(
+        &self,
+        bytes: &[u8],
+        xs: &[f32],
+        base: usize,
+        gi: usize,
+        codes: &mut [u8],
+    ) -> Result<f32> {
+        let d = self.scale_at(bytes, gi)?;
+        pack::unpack(&bytes[2..], 2, codes);
         let live = &codes[..xs.len()];
         check_codes(live, base)?;
         Ok(d * add_only(live, xs))
@@ -201,7 +214,16 @@ impl TernaryTensor {
     }
 
     fn unpack_range(codes: &[u8], start: usize, out: &mut [u8]) -> Result<()> {
-        for (j, o) in out.iter_mut().enumerate() {
+        // Whole bytes through the packed fast path when the range starts on a byte boundary.
+        let fast = if start.is_multiple_of(4) {
+            let quads = out.len() / 4 * 4;
+            let first = start / 4;
+            pack::unpack(&codes[first..first + quads / 4], 2, &mut out[..quads]);
+            quads
+        } else {
+            0
+        };
+        for (j, o) in out.iter_mut().enumerate().skip(fast) {
             *o = Self::code(codes, start + j);
         }
         check_codes(out, start)
@@ -264,7 +286,7 @@ impl Codec for TernaryTensor {
         check_len("encoded bytes", self.matrix_size(rows, cols)?, bytes.len())?;
         let gamma = Self::gamma(bytes)?;
         let codes = &bytes[4..];
-        let mut buf = [0u8; 1024];
+        let mut buf = vec![0u8; cols.min(1024)];
         for (r, yr) in y.iter_mut().enumerate() {
             let mut acc = 0.0f32;
             for (c, xs) in x.chunks(1024).enumerate() {

@@ -96,8 +96,9 @@ fn arb_constraints() -> impl Strategy<Value = Constraints> {
         prop::option::of(0.05f64..1.0),
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(sup, pins, floor, allow, source_ok)| {
+        .prop_map(|(sup, pins, floor, allow, source_ok, fuse)| {
             let supported = sup.map(|s| {
                 let mut set: BTreeSet<String> =
                     s.into_iter().map(|e| ENCODINGS[e].to_owned()).collect();
@@ -111,14 +112,23 @@ fn arb_constraints() -> impl Strategy<Value = Constraints> {
                 pinned: pins.into_iter().map(|i| format!("blk.{i}.w")).collect(),
                 quality_floor: floor,
                 allow_approximation: allow,
-                fused: vec![],
+                // q/k/v-style joint item over the first two tensors, when asked
+                fused: if fuse {
+                    vec![vec!["blk.0.w".into(), "blk.1.w".into()]]
+                } else {
+                    vec![]
+                },
             }
         })
 }
 
+/// Drops pins of tensors the map lacks, and (when `fused` names tensors the map lacks) the
+/// fused group, then builds the selector; `None` when the constraints leave an item empty.
 fn selector(map: &ImportanceMap, c: &Constraints) -> Option<Selector> {
     let mut c = c.clone();
     c.pinned.retain(|p| map.tensors.contains_key(p));
+    c.fused
+        .retain(|g| g.iter().all(|t| map.tensors.contains_key(t)));
     Selector::new(map, &c).ok()
 }
 
@@ -150,6 +160,11 @@ proptest! {
                 prop_assert!(p.total_bytes <= budget);
                 prop_assert_eq!(p.total_bytes, p.assignments.values().map(|a| a.bytes).sum::<u64>());
                 prop_assert_eq!(p.assignments.len(), map.tensors.len());
+                for g in &c.fused {
+                    if g.iter().all(|t| p.assignments.contains_key(t)) {
+                        prop_assert_eq!(&p.assignments[&g[0]].encoding, &p.assignments[&g[1]].encoding);
+                    }
+                }
                 for (name, a) in &p.assignments {
                     if let Some(sup) = &c.supported { prop_assert!(sup.contains(&a.encoding)); }
                     if let (Some(f), false) = (c.quality_floor, c.allow_approximation) {
