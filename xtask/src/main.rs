@@ -1,6 +1,9 @@
 //! `cargo xtask`: project automation. One module per task; each documents what it regenerates.
 
+mod bench_vs_llama;
 mod oracle_env;
+mod parity_fixtures;
+mod tiny_models;
 
 use clap::{Parser, Subcommand};
 
@@ -15,10 +18,19 @@ struct Cli {
 enum Command {
     /// Create (or reuse) the oracle Python venv with gguf, numpy and llama-cpp-python.
     OracleEnv(oracle_env::Args),
+    /// Regenerate fixtures/parity: llama.cpp's greedy outputs on the default real model.
+    ParityFixtures(parity_fixtures::Args),
+    /// Regenerate fixtures/tiny: tiny random-weight models of every family with oracle logits.
+    TinyModels(tiny_models::Args),
+    /// Benchmark Synapse against llama.cpp side by side (prefill, decode, load time, peak RSS).
+    BenchVsLlama(bench_vs_llama::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::OracleEnv(a) => oracle_env::run(a),
+        Command::ParityFixtures(a) => parity_fixtures::run(a),
+        Command::TinyModels(a) => tiny_models::run(a),
+        Command::BenchVsLlama(a) => bench_vs_llama::run(a),
     }
 }
