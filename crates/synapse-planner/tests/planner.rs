@@ -333,3 +333,46 @@ proptest! {
         }
     }
 }
+
+/// A 32-layer model (7 tensors a layer, three encodings each) on the largest exact cluster and
+/// on a cluster past it: both searches finish and place every layer once.
+#[test]
+fn realistic_sizes_finish() {
+    let options = [
+        opt("bf16", 4_000_000, 0.0),
+        opt("q8", 2_100_000, 0.001),
+        opt("q4", 1_100_000, 0.02),
+    ];
+    let layers: Vec<Layer> = (0..32)
+        .map(|i| Layer {
+            tensors: (0..7)
+                .map(|t| TensorSpec {
+                    name: format!("blk.{i}.t{t}"),
+                    options: options.to_vec(),
+                })
+                .collect(),
+            activation_bytes: 8192,
+            kv_bytes_per_token: 1_024,
+        })
+        .collect();
+    for n in [synapse_planner::EXACT_MAX_DEVICES, 12] {
+        let devices: Vec<Device> = (0..n)
+            .map(|i| {
+                let r = 1e9 * (1.0 + i as f64 * 0.5);
+                dev(
+                    &format!("d{i}"),
+                    150_000_000 + 20_000_000 * i as u64,
+                    &[("bf16", r), ("q8", r * 1.8), ("q4", r * 3.0)],
+                    2e-4,
+                )
+            })
+            .collect();
+        let mut req = request(devices, layers.clone(), Objective::Throughput);
+        req.context_length = 4096;
+        let p = plan(&req).unwrap();
+        assert_eq!(p.exact, n <= synapse_planner::EXACT_MAX_DEVICES);
+        let covered: usize = p.pipelines[0].stages.iter().map(|s| s.layers.len()).sum();
+        assert_eq!(covered, 32);
+        assert!(p.tokens_per_s > 0.0);
+    }
+}

@@ -4,6 +4,9 @@
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SelectorError {
+    /// The importance map does not belong to this model or codec set.
+    #[error(transparent)]
+    Map(#[from] synapse_sensitivity::SensitivityError),
     /// A constraint names a tensor the importance map does not have.
     #[error("tensor `{name}` is not in the importance map")]
     UnknownTensor {

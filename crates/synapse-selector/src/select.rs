@@ -100,6 +100,17 @@ fn convex_ladder(mut opts: Vec<Opt>) -> Vec<Opt> {
 }
 
 impl Selector {
+    /// Checks that `map` was measured on the model with `model_fingerprint` (and with codec
+    /// versions this build implements), then builds the selector.
+    pub fn for_model(
+        map: &ImportanceMap,
+        model_fingerprint: &str,
+        c: &Constraints,
+    ) -> Result<Self> {
+        map.check_applies_to(model_fingerprint)?;
+        Self::new(map, c)
+    }
+
     /// Builds items and the demotion order from a map and constraints (no budget involved).
     pub fn new(map: &ImportanceMap, c: &Constraints) -> Result<Self> {
         let unknown = |name: &String| SelectorError::UnknownTensor { name: name.clone() };

@@ -328,6 +328,18 @@ fn quality_floor_needs_explicit_opt_in() {
 }
 
 #[test]
+fn a_map_from_another_model_is_refused() {
+    let map = three();
+    assert!(Selector::for_model(&map, "m", &Constraints::default()).is_ok());
+    assert!(matches!(
+        Selector::for_model(&map, "other-model", &Constraints::default()),
+        Err(SelectorError::Map(
+            synapse_sensitivity::SensitivityError::ProvenanceMismatch { .. }
+        ))
+    ));
+}
+
+#[test]
 fn diff_lists_exact_changes_and_hash_is_stable() {
     let s = Selector::new(&three(), &Constraints::default()).unwrap();
     let lo = s.select(750).unwrap();
