@@ -3,6 +3,7 @@
 use crate::buf::AlignedBuf;
 use crate::dispatch::KernelPath;
 use crate::error::{KernelError, Result};
+use crate::pool::SpinPool;
 
 /// Below this many flops a matmul runs on the calling thread (waking a worker costs more).
 const PARALLEL_MIN_FLOPS: usize = 1 << 18;
@@ -23,28 +24,34 @@ impl std::fmt::Debug for KernelCtx {
         f.debug_struct("KernelCtx")
             .field("path", &self.path)
             .field("threads", &self.pool.threads)
+            .field("pool", &self.pool.kind)
             .finish()
     }
 }
 
 impl KernelCtx {
-    /// The best path this CPU supports (capped by `SYNAPSE_KERNEL_PATH`) and one worker per
+    /// The best path this CPU supports (capped by `SYNAPSE_KERNEL_PATH`) and one thread per
     /// available core.
     pub fn new() -> Result<Self> {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self::with_path_and_threads(KernelPath::from_env()?, threads)
     }
 
-    /// A context forced onto `path` (an error if the CPU cannot run it) with `threads` workers
-    /// (at least 1; 1 means the calling thread only).
+    /// A context forced onto `path` (an error if the CPU cannot run it) with `threads` threads
+    /// (at least 1; 1 means the calling thread only) in the default pool kind.
     pub fn with_path_and_threads(path: KernelPath, threads: usize) -> Result<Self> {
+        Self::with_options(path, threads, PoolKind::from_env())
+    }
+
+    /// A context with every option explicit.
+    pub fn with_options(path: KernelPath, threads: usize, pool: PoolKind) -> Result<Self> {
         if !path.is_supported() {
             return Err(KernelError::PathUnsupported(path));
         }
         Ok(Self {
             path,
             act: AlignedBuf::default(),
-            pool: Pool::new(threads.max(1))?,
+            pool: Pool::new(threads.max(1), pool)?,
         })
     }
 
@@ -58,34 +65,76 @@ impl KernelCtx {
         self.pool.threads
     }
 
+    /// The thread pool kind in use.
+    pub fn pool_kind(&self) -> PoolKind {
+        self.pool.kind
+    }
+
     pub(crate) fn parts(&mut self) -> (&mut AlignedBuf, &Pool) {
         (&mut self.act, &self.pool)
     }
 }
 
+/// Which thread pool runs the row chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolKind {
+    /// Persistent workers that spin ~200 µs, then park (the default: the cheapest wake-up for
+    /// decode-sized work).
+    Spin,
+    /// A dedicated rayon pool (`scope` + `spawn` per chunk).
+    Rayon,
+}
+
+/// The environment variable choosing the pool kind (`spin` or `rayon`).
+pub const POOL_ENV: &str = "SYNAPSE_KERNEL_POOL";
+
+impl PoolKind {
+    /// `SYNAPSE_KERNEL_POOL` if set to `rayon`, else [`PoolKind::Spin`].
+    pub fn from_env() -> Self {
+        match std::env::var(POOL_ENV) {
+            Ok(v) if v.trim().eq_ignore_ascii_case("rayon") => PoolKind::Rayon,
+            _ => PoolKind::Spin,
+        }
+    }
+}
+
+enum Backend {
+    Inline,
+    Rayon(rayon::ThreadPool),
+    Spin(SpinPool),
+}
+
 /// Row-chunked parallel execution.
 pub(crate) struct Pool {
     threads: usize,
-    rayon: Option<rayon::ThreadPool>,
+    kind: PoolKind,
+    backend: Backend,
 }
 
 impl Pool {
-    fn new(threads: usize) -> Result<Self> {
-        let rayon = if threads > 1 {
-            Some(
+    fn new(threads: usize, kind: PoolKind) -> Result<Self> {
+        let err = |e: String| KernelError::BadArgument {
+            op: "thread pool",
+            msg: e,
+        };
+        let backend = match (threads, kind) {
+            (1, _) => Backend::Inline,
+            (_, PoolKind::Rayon) => Backend::Rayon(
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
-                    .thread_name(|i| format!("synapse-kernels-{i}"))
+                    .thread_name(|i| format!("synapse-kernels-rayon-{i}"))
                     .build()
-                    .map_err(|e| KernelError::BadArgument {
-                        op: "thread pool",
-                        msg: e.to_string(),
-                    })?,
-            )
-        } else {
-            None
+                    .map_err(|e| err(e.to_string()))?,
+            ),
+            (_, PoolKind::Spin) => {
+                Backend::Spin(SpinPool::new(threads - 1).map_err(|e| err(e.to_string()))?)
+            }
         };
-        Ok(Self { threads, rayon })
+        Ok(Self {
+            threads,
+            kind,
+            backend,
+        })
     }
 
     /// Runs `f(r0, r1)` over chunks covering `0..rows` (chunk sizes multiples of `granule`),
@@ -97,25 +146,25 @@ impl Pool {
         flops: usize,
         f: &(dyn Fn(usize, usize) + Sync),
     ) {
-        let Some(pool) = self
-            .rayon
-            .as_ref()
-            .filter(|_| flops >= PARALLEL_MIN_FLOPS && rows > 1)
-        else {
+        if matches!(self.backend, Backend::Inline) || flops < PARALLEL_MIN_FLOPS || rows <= 1 {
             f(0, rows);
             return;
-        };
+        }
         // A few chunks per thread so a thread slowed by a neighbour does not hold the others up.
         let g = granule.max(1);
         let chunks = (self.threads * 4).min(rows.div_ceil(g)).max(1);
         let per = rows.div_ceil(chunks).next_multiple_of(g);
-        pool.scope(|s| {
-            let mut r0 = 0;
-            while r0 < rows {
-                let r1 = (r0 + per).min(rows);
-                s.spawn(move |_| f(r0, r1));
-                r0 = r1;
-            }
-        });
+        let chunks = rows.div_ceil(per);
+        match &self.backend {
+            Backend::Inline => f(0, rows),
+            Backend::Spin(p) => p.run(rows, per, chunks, f),
+            Backend::Rayon(pool) => pool.scope(|s| {
+                for c in 0..chunks {
+                    let r0 = c * per;
+                    let r1 = (r0 + per).min(rows);
+                    s.spawn(move |_| f(r0, r1));
+                }
+            }),
+        }
     }
 }

@@ -26,9 +26,10 @@ pub mod error;
 mod kernels;
 mod matrix;
 pub mod ops;
+mod pool;
 
 pub use attention::{AttentionParams, KvView, attention};
-pub use ctx::KernelCtx;
+pub use ctx::{KernelCtx, POOL_ENV, PoolKind};
 pub use dispatch::KernelPath;
 pub use error::{KernelError, Result};
 pub use matrix::QuantMatrix;

@@ -34,9 +34,9 @@ macro_rules! x86_kernels {
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn f16(p: *const u8) -> f32 {
-                unsafe {
-                    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(rd(p.cast::<u16>()) as i32)))
-                }
+                // Broadcast (not insert) the bits: an insert merges into whatever register LLVM
+                // picks, which was the loop's accumulator and serialised the loop on it.
+                unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(rd(p.cast::<u16>()) as i16))) }
             }
 
             #[inline]
@@ -97,7 +97,7 @@ macro_rules! x86_kernels {
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_q8_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
                 unsafe {
-                    let mut acc = _mm256_setzero_ps();
+                    let mut acc = [_mm256_setzero_ps(); 2];
                     for i in 0..nb {
                         let (wb, ab) = (w.add(i * 34), a.add(i * A32));
                         let q = ld(wb.add(2));
@@ -108,9 +108,9 @@ macro_rules! x86_kernels {
                             _mm256_sign_epi8(y, q),
                         );
                         let d = _mm256_set1_ps(f16(wb) * rd(ab.cast::<f32>()));
-                        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
+                        acc[i & 1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[i & 1]);
                     }
-                    hsum_ps(acc)
+                    hsum_ps(_mm256_add_ps(acc[0], acc[1]))
                 }
             }
 
@@ -127,17 +127,21 @@ macro_rules! x86_kernels {
                 dm: impl Fn(*const u8) -> (f32, f32),
             ) -> f32 {
                 unsafe {
-                    let mut acc = _mm256_setzero_ps();
-                    let mut corr = 0f32;
+                    let mut acc = [_mm256_setzero_ps(); 2];
+                    let mut corr = [0f32; 2];
                     for i in 0..nb {
                         let (wb, ab) = (w.add(i * ts), a.add(i * A32));
                         let p = mul_sum(_mm256_setzero_si256(), codes(wb), ld(ab.add(8)));
                         let da = rd(ab.cast::<f32>());
                         let (d, c) = dm(wb);
-                        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * da), _mm256_cvtepi32_ps(p), acc);
-                        corr += c * da * rd(ab.add(4).cast::<i32>()) as f32;
+                        acc[i & 1] = _mm256_fmadd_ps(
+                            _mm256_set1_ps(d * da),
+                            _mm256_cvtepi32_ps(p),
+                            acc[i & 1],
+                        );
+                        corr[i & 1] += c * da * rd(ab.add(4).cast::<i32>()) as f32;
                     }
-                    hsum_ps(acc) + corr
+                    hsum_ps(_mm256_add_ps(acc[0], acc[1])) + corr[0] + corr[1]
                 }
             }
 

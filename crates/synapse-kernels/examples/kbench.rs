@@ -1,0 +1,123 @@
+//! Kernel timing that survives a shared, oversubscribed machine: each call is timed alone and
+//! the *minimum* over many calls is reported (a call that was not preempted), with the median
+//! beside it; with one thread, the on-CPU time of the calling thread (`CLOCK_THREAD_CPUTIME_ID`)
+//! is reported too, which stays meaningful for calls longer than a scheduler time slice. `cargo run --release -p synapse-kernels --example kbench -- [path] [threads] [filter]`.
+//! Reports weight GB/s and GFLOP/s at Gemma 3 270M's shapes (rows × K).
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::time::Instant;
+use synapse_formats::GgmlType;
+use synapse_kernels::{KernelCtx, KernelPath, QuantMatrix};
+
+/// Nanoseconds the calling thread has run (`clock_gettime(CLOCK_THREAD_CPUTIME_ID)`).
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn thread_cpu_ns() -> f64 {
+    let mut ts = [0i64; 2];
+    // SAFETY: the clock_gettime syscall (228) writes one `struct timespec` to `ts`.
+    unsafe {
+        std::arch::asm!("syscall", inlateout("rax") 228i64 => _, in("rdi") 3i64, in("rsi") ts.as_mut_ptr(),
+            lateout("rcx") _, lateout("r11") _, options(nostack));
+    }
+    ts[0] as f64 * 1e9 + ts[1] as f64
+}
+
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+fn thread_cpu_ns() -> f64 {
+    f64::NAN
+}
+
+fn weights(ty: GgmlType, rows: usize, k: usize) -> Vec<u8> {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let (ts, bs) = (ty.type_size(), ty.block_size());
+    let mut out = vec![0u8; rows * k / bs * ts];
+    rng.fill(&mut out[..]);
+    let scales: &[usize] = match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => &[],
+        _ => &[0],
+    };
+    for b in out.chunks_exact_mut(ts) {
+        for &o in scales {
+            b[o..o + 2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+        }
+    }
+    if ty == GgmlType::F16 {
+        for c in out.chunks_exact_mut(2) {
+            c.copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+        }
+    }
+    out
+}
+
+fn main() {
+    let path = std::env::args()
+        .nth(1)
+        .map(|p| KernelPath::from_name(&p).expect("path"))
+        .unwrap_or_else(KernelPath::best_supported);
+    let threads: usize = std::env::args()
+        .nth(2)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(1);
+    let filter = std::env::args().nth(3).unwrap_or_default();
+    let mut ctx = KernelCtx::with_path_and_threads(path, threads).expect("ctx");
+    println!(
+        "path {path}, threads {threads}, pool {:?}; best-of-N call times",
+        ctx.pool_kind()
+    );
+    let types = [
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::F16,
+    ];
+    let shapes = [
+        (1024, 640),
+        (640, 1024),
+        (2048, 640),
+        (640, 2048),
+        (256, 640),
+    ];
+    for ty in types {
+        for &(rows, k) in &shapes {
+            let (rows, k): (usize, usize) = (rows, k);
+            if !k.is_multiple_of(ty.block_size())
+                || !format!("{}/{rows}x{k}", ty.name()).contains(&filter)
+            {
+                continue;
+            }
+            let m = QuantMatrix::from_ggml(ty, &weights(ty, rows, k), rows, k).expect("m");
+            let mut line = format!("{:>5} {rows:>5}x{k:<5}", ty.name());
+            for n in [1usize, 4, 8, 128] {
+                let x: Vec<f32> = (0..n * k)
+                    .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+                    .collect();
+                let mut y = vec![0f32; n * rows];
+                let trials = (2_000_000_000 / (rows * k * n)).clamp(5, 3000);
+                m.matmul(&x, n, &mut y, &mut ctx).expect("warm");
+                let c0 = thread_cpu_ns();
+                let mut ts: Vec<f64> = (0..trials)
+                    .map(|_| {
+                        let t0 = Instant::now();
+                        m.matmul(&x, n, &mut y, &mut ctx).expect("matmul");
+                        t0.elapsed().as_nanos() as f64
+                    })
+                    .collect();
+                let cpu = (thread_cpu_ns() - c0) / trials as f64;
+                ts.sort_by(f64::total_cmp);
+                let (best, med) = (ts[0], ts[ts.len() / 2]);
+                let gbs = m.weight_bytes() as f64 / best;
+                let gflops = (2 * rows * k * n) as f64 / best;
+                line += &format!(
+                    " | n{n}: {:7.1}us {gbs:6.2} GB/s {gflops:6.1} GF/s (med/min {:.1}, cpu {:6.1} GF/s)",
+                    best / 1e3,
+                    med / best,
+                    (2 * rows * k * n) as f64 / cpu
+                );
+            }
+            println!("{line}");
+        }
+    }
+}
