@@ -1,7 +1,9 @@
 //! `cargo xtask`: project automation. One module per task; each documents what it regenerates.
 
 mod bench_vs_llama;
+mod iq_tables;
 mod oracle_env;
+mod oracle_fixtures;
 mod parity_fixtures;
 mod tiny_models;
 
@@ -18,6 +20,10 @@ struct Cli {
 enum Command {
     /// Create (or reuse) the oracle Python venv with gguf, numpy and llama-cpp-python.
     OracleEnv(oracle_env::Args),
+    /// Generate crates/synapse-formats/src/decode/iq_tables.rs from ggml-common.h.
+    IqTables(iq_tables::Args),
+    /// Regenerate fixtures/decode/ (decoder oracle: ggml's own to_float) with the oracle venv.
+    OracleFixtures(oracle_fixtures::Args),
     /// Regenerate fixtures/parity: llama.cpp's greedy outputs on the default real model.
     ParityFixtures(parity_fixtures::Args),
     /// Regenerate fixtures/tiny: tiny random-weight models of every family with oracle logits.
@@ -29,6 +35,8 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::OracleEnv(a) => oracle_env::run(a),
+        Command::IqTables(a) => iq_tables::run(a),
+        Command::OracleFixtures(a) => oracle_fixtures::run(a),
         Command::ParityFixtures(a) => parity_fixtures::run(a),
         Command::TinyModels(a) => tiny_models::run(a),
         Command::BenchVsLlama(a) => bench_vs_llama::run(a),

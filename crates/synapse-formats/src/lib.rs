@@ -5,6 +5,8 @@
 //! kernels, scheduling, codecs or the network.
 #![deny(missing_docs)]
 
+pub mod blocks;
+pub mod decode;
 pub mod error;
 pub mod gguf;
 pub mod safetensors;
