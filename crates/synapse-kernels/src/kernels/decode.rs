@@ -67,9 +67,140 @@ pub(crate) fn decode_block(ty: GgmlType, b: &[u8], out: &mut [f32]) -> bool {
                 }
             }
         }
+        T::Q2_K => {
+            // scales[16] (low nibble scale, high nibble min), qs[64], d, dmin.
+            let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
+            let mut y = 0;
+            for n in 0..2 {
+                let q = &b[16 + 32 * n..16 + 32 * n + 32];
+                for j in 0..4 {
+                    for half in 0..2 {
+                        let sc = b[n * 8 + 2 * j + half];
+                        let (dl, ml) = (d * (sc & 0xF) as f32, dmin * (sc >> 4) as f32);
+                        for l in 0..16 {
+                            out[y] = dl * ((q[16 * half + l] >> (2 * j)) & 3) as f32 - ml;
+                            y += 1;
+                        }
+                    }
+                }
+            }
+        }
+        T::Q3_K => {
+            // hmask[32], qs[64], scales[12] (6-bit, offset 32), d.
+            let d = f16_at(b, 108);
+            let sc = q3k_scales(&b[96..108]);
+            let (hm, mut y) = (&b[..32], 0);
+            for n in 0..2 {
+                let q = &b[32 + 32 * n..64 + 32 * n];
+                for j in 0..4 {
+                    let m = 1u8 << (4 * n + j);
+                    for half in 0..2 {
+                        let dl = d * (sc[n * 8 + 2 * j + half] as i32 - 32) as f32;
+                        for l in 0..16 {
+                            let i = 16 * half + l;
+                            let lo = ((q[i] >> (2 * j)) & 3) as i32;
+                            let hi = if hm[i] & m != 0 { 0 } else { 4 };
+                            out[y] = dl * (lo - hi) as f32;
+                            y += 1;
+                        }
+                    }
+                }
+            }
+        }
+        T::IQ4_NL => {
+            let d = f16_at(b, 0);
+            for (o, q) in out.iter_mut().zip(unpack_nibbles32(&b[2..18])) {
+                *o = d * KVALUES_IQ4NL[q as usize] as f32;
+            }
+        }
+        T::IQ4_XS => {
+            // d, scales_h (u16), scales_l[4], qs[128]
+            let d = f16_at(b, 0);
+            let sh = u16::from_le_bytes([b[2], b[3]]);
+            for ib in 0..8 {
+                let ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) as i32
+                    | ((((sh >> (2 * ib)) & 3) as i32) << 4);
+                let dl = d * (ls - 32) as f32;
+                let codes = unpack_nibbles32(&b[8 + 16 * ib..8 + 16 * ib + 16]);
+                for (o, q) in out[32 * ib..32 * ib + 32].iter_mut().zip(codes) {
+                    *o = dl * KVALUES_IQ4NL[q as usize] as f32;
+                }
+            }
+        }
+        T::MXFP4 => {
+            let d = e8m0_half(b[0]);
+            for (o, q) in out.iter_mut().zip(unpack_nibbles32(&b[1..17])) {
+                *o = d * KVALUES_FP4[q as usize] as f32;
+            }
+        }
+        T::TQ1_0 => {
+            // qs[48] (5 trits a byte, base-3 fixed point), qh[4] (4 trits a byte), d.
+            let d = f16_at(b, 52);
+            let trit = |byte: u8, n: usize| -> f32 {
+                let q = byte.wrapping_mul(POW3[n]);
+                (((q as u16 * 3) >> 8) as i32 - 1) as f32
+            };
+            let mut y = 0;
+            for (start, width) in [(0usize, 32usize), (32, 16)] {
+                for n in 0..5 {
+                    for m in 0..width {
+                        out[y] = d * trit(b[start + m], n);
+                        y += 1;
+                    }
+                }
+            }
+            for n in 0..4 {
+                for j in 0..4 {
+                    out[y] = d * trit(b[48 + j], n);
+                    y += 1;
+                }
+            }
+        }
+        T::TQ2_0 => {
+            let d = f16_at(b, 64);
+            let mut y = 0;
+            for j in [0usize, 32] {
+                for l in 0..4 {
+                    for m in 0..32 {
+                        out[y] = d * (((b[j + m] >> (2 * l)) & 3) as i32 - 1) as f32;
+                        y += 1;
+                    }
+                }
+            }
+        }
         _ => return false,
     }
     true
+}
+
+/// ggml's `kvalues_iq4nl`: the IQ4_NL / IQ4_XS non-linear 4-bit grid.
+const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+/// E2M1 values doubled (ggml's `kvalues_mxfp4`); the E8M0 scale is halved to match.
+const KVALUES_FP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+const POW3: [u8; 6] = [1, 3, 9, 27, 81, 243];
+
+/// `0.5 · 2^(e − 127)` as ggml's `ggml_e8m0_to_fp32_half` computes it.
+fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        ((e as u32) - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+/// Q3_K's 16 six-bit scales (before the −32 offset) from their 12 packed bytes: low nibbles
+/// from bytes 0..8, high two bits from bytes 8..12.
+fn q3k_scales(s: &[u8]) -> [u8; 16] {
+    let mut o = [0u8; 16];
+    for (j, v) in o.iter_mut().enumerate() {
+        let lo = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
+        let hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        *v = lo | (hi << 4);
+    }
+    o
 }
 
 /// Whether [`decode_block`] knows `ty`.
