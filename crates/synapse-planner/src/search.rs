@@ -16,6 +16,9 @@
 //! or the best plan whose stages follow speed order, since those are among the plans it
 //! searches. Property-tested against the exact search on small clusters.
 //!
+//! **Tie-break** (`Throughput`): many plans share the optimal bottleneck `b`; a second pass runs
+//! the latency DP over stages and links no slower than `b` and returns the lowest-latency one.
+//!
 //! **Replicas** (`Throughput`, `max_replicas > 1`, exact regime): the devices are partitioned
 //! into up to `max_replicas` disjoint pipelines each running the whole model, maximising
 //! `Σ 1/bottleneck` (a DP over subsets).
@@ -245,19 +248,30 @@ impl<'a> Problem<'a> {
         }
     }
 
-    fn combine(&self, acc: f64, link: f64, stage: f64) -> f64 {
-        match self.req.objective {
+    fn combine(mode: Objective, acc: f64, link: f64, stage: f64) -> f64 {
+        match mode {
             Objective::Latency => acc + link + stage,
             Objective::Throughput => acc.max(link).max(stage),
         }
     }
 
     fn solve(&self, exact: bool) -> Option<Plan> {
-        let pipelines: Vec<Vec<(usize, usize, usize)>> = if exact {
-            self.solve_exact()?
-        } else {
-            vec![self.solve_heuristic()?]
+        let run = |mode: Objective, cap: f64| {
+            if exact {
+                self.solve_exact(mode, cap)
+            } else {
+                self.solve_heuristic(mode, cap).map(|p| vec![p])
+            }
         };
+        let mut pipelines: Vec<Vec<(usize, usize, usize)>> = run(self.req.objective, INF)?;
+        if self.req.objective == Objective::Throughput && pipelines.len() == 1 {
+            // Many plans share the optimal bottleneck b; among them take the lowest latency: the
+            // latency DP over stages and links no slower than b (the b-optimal plan is one).
+            let b = self.materialise(&pipelines[0])?.bottleneck_s;
+            if let Some(p) = run(Objective::Latency, b) {
+                pipelines = p;
+            }
+        }
         let pipelines: Vec<Pipeline> = pipelines
             .iter()
             .map(|p| self.materialise(p))
@@ -302,8 +316,10 @@ impl<'a> Problem<'a> {
         })
     }
 
-    /// Subset DP. Returns one pipeline, or several replicas for `Throughput`.
-    fn solve_exact(&self) -> Option<Vec<Vec<(usize, usize, usize)>>> {
+    /// Subset DP under `mode`, ignoring stages and links slower than `cap`. Returns one
+    /// pipeline, or several replicas for `Throughput`.
+    fn solve_exact(&self, mode: Objective, cap: f64) -> Option<Vec<Vec<(usize, usize, usize)>>> {
+        let capped = |t: f64| if t > cap { INF } else { t };
         let (n, l) = (self.n, self.l);
         let states = (1usize << n) * n * (l + 1);
         let idx = |mask: usize, last: usize, j: usize| (mask * n + last) * (l + 1) + j;
@@ -311,7 +327,7 @@ impl<'a> Problem<'a> {
         let mut back = vec![usize::MAX; states];
         for d in 0..n {
             for j in 1..=l {
-                g[idx(1 << d, d, j)] = self.stage_time(d, 0, j);
+                g[idx(1 << d, d, j)] = capped(self.stage_time(d, 0, j));
             }
         }
         for mask in 1usize..(1 << n) {
@@ -322,16 +338,16 @@ impl<'a> Problem<'a> {
                         continue;
                     }
                     for nd in (0..n).filter(|&d| mask & (1 << d) == 0) {
-                        let lt = self.link_time(last, nd, j);
+                        let lt = capped(self.link_time(last, nd, j));
                         if lt == INF {
                             continue;
                         }
                         for j2 in j + 1..=l {
-                            let st = self.stage_time(nd, j, j2);
+                            let st = capped(self.stage_time(nd, j, j2));
                             if st == INF {
                                 continue;
                             }
-                            let c = self.combine(cur, lt, st);
+                            let c = Self::combine(mode, cur, lt, st);
                             let t = idx(mask | (1 << nd), nd, j2);
                             if c < g[t] {
                                 g[t] = c;
@@ -369,7 +385,7 @@ impl<'a> Problem<'a> {
             stages.reverse();
             stages
         };
-        let replicas = if self.req.objective == Objective::Throughput {
+        let replicas = if mode == Objective::Throughput {
             self.req.max_replicas.min(n)
         } else {
             1
@@ -440,7 +456,8 @@ impl<'a> Problem<'a> {
     }
 
     /// Fixed order (fastest first), DP over positions with skipping.
-    fn solve_heuristic(&self) -> Option<Vec<(usize, usize, usize)>> {
+    fn solve_heuristic(&self, mode: Objective, cap: f64) -> Option<Vec<(usize, usize, usize)>> {
+        let capped = |t: f64| if t > cap { INF } else { t };
         let (n, l) = (self.n, self.l);
         let speed = |d: &Device| d.stream_rate.values().copied().fold(0.0f64, f64::max);
         let mut order: Vec<usize> = (0..n).collect();
@@ -455,7 +472,7 @@ impl<'a> Problem<'a> {
         let mut back = vec![usize::MAX; n * (l + 1)];
         for (k, &d) in order.iter().enumerate() {
             for j in 1..=l {
-                let mut bestv = self.stage_time(d, 0, j);
+                let mut bestv = capped(self.stage_time(d, 0, j));
                 let mut bestp = usize::MAX;
                 for (kp, &dp) in order.iter().enumerate().take(k) {
                     for i in 1..j {
@@ -463,12 +480,12 @@ impl<'a> Problem<'a> {
                         if prev == INF {
                             continue;
                         }
-                        let lt = self.link_time(dp, d, i);
-                        let st = self.stage_time(d, i, j);
+                        let lt = capped(self.link_time(dp, d, i));
+                        let st = capped(self.stage_time(d, i, j));
                         if lt == INF || st == INF {
                             continue;
                         }
-                        let c = self.combine(prev, lt, st);
+                        let c = Self::combine(mode, prev, lt, st);
                         if c < bestv {
                             bestv = c;
                             bestp = idx(kp, i);

@@ -376,3 +376,24 @@ fn realistic_sizes_finish() {
         assert!(p.tokens_per_s > 0.0);
     }
 }
+
+/// One unsplittable heavy layer on the fast device sets the bottleneck; the two small layers
+/// can follow on the slow or the medium device without changing it. The planner returns the
+/// lower-latency plan (medium), not merely the first plan that reaches the bottleneck (the slow
+/// device comes first in the search order).
+#[test]
+fn throughput_ties_are_broken_by_latency() {
+    let devices = vec![
+        dev("fast", 1_000_000, &[("q8", 1e3)], 0.001),
+        dev("slow", 1_000_000, &[("q8", 250.0)], 0.001),
+        dev("medium", 1_000_000, &[("q8", 900.0)], 0.001),
+    ];
+    let mut layers = uniform_layers(3, &[opt("q8", 100, 0.0)], 16, 0);
+    layers[0].tensors[0].options = vec![opt("q8", 1000, 0.0)];
+    let p = plan(&request(devices, layers, Objective::Throughput)).unwrap();
+    let q = &p.pipelines[0];
+    assert!((q.bottleneck_s - 1.001).abs() < 1e-12);
+    let names: Vec<&str> = q.stages.iter().map(|s| s.device.as_str()).collect();
+    assert_eq!(names, ["fast", "medium"]);
+    assert!((q.latency_s - (1.001 + (200.0 / 900.0 + 0.001) + 1e-3 + 16e-9)).abs() < 1e-9);
+}
