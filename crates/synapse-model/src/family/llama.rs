@@ -1,0 +1,261 @@
+//! Llama 2/3 (and SmolLM2 and relatives): RMSNorm, SiLU-gated FFN, GQA, optional biases,
+//! RoPE with linear or Llama-3 frequency scaling, tied or untied head.
+//!
+//! Facts: llama.cpp's GGUF converter permutes the rows of `q`/`k` so that ggml's interleaved
+//! ("normal") RoPE reproduces HF's `rotate_half`; so a GGUF Llama uses [`RopeStyle::Interleaved`]
+//! and an HF checkpoint [`RopeStyle::Neox`]. Llama 3 scaling is a stored `rope_freqs.weight`
+//! in GGUF and `rope_scaling: {rope_type: llama3, …}` in `config.json`.
+
+use crate::error::Result;
+use crate::family::{
+    Builder, HfRopeScaling, gguf_rope_freq_scale, hf_rope_scaling, llama3_freq_factors,
+};
+use crate::ir::*;
+use crate::source::SourceDesc;
+
+/// Options that distinguish llama-like families sharing this graph.
+pub(crate) struct LlamaLike {
+    pub family: Family,
+    pub name: &'static str,
+    /// q/k/v biases are required (Qwen2).
+    pub qkv_bias_required: bool,
+    /// RoPE style for GGUF sources.
+    pub gguf_rope: RopeStyle,
+    /// Default for `tie_word_embeddings` when `config.json` does not say.
+    pub hf_tie_default: bool,
+}
+
+/// Builds the IR of a Llama model.
+pub fn build(src: &SourceDesc) -> Result<ModelIr> {
+    build_llama_like(
+        src,
+        LlamaLike {
+            family: Family::Llama,
+            name: "llama",
+            qkv_bias_required: false,
+            gguf_rope: RopeStyle::Interleaved,
+            hf_tie_default: false,
+        },
+    )
+}
+
+pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr> {
+    let mut b = Builder::new(o.name, src);
+    let gguf = b.is_gguf();
+    let n_layers = b.dim("block_count", "num_hidden_layers")?;
+    let hidden = b.dim("embedding_length", "hidden_size")?;
+    let ffn = b.dim("feed_forward_length", "intermediate_size")?;
+    let n_heads = b.dim("attention.head_count", "num_attention_heads")?;
+    let n_kv_heads = b
+        .opt_u32("attention.head_count_kv", "num_key_value_heads")?
+        .unwrap_or(n_heads);
+    if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+        return Err(b.invalid(
+            "head_count_kv",
+            format!("{n_kv_heads} does not divide {n_heads}"),
+        ));
+    }
+    let head_dim = b
+        .opt_u32("attention.key_length", "head_dim")?
+        .unwrap_or(hidden / n_heads);
+    let eps = b
+        .opt_f32("attention.layer_norm_rms_epsilon", "rms_norm_eps")?
+        .unwrap_or(1e-6);
+    let ctx = b
+        .opt_u32("context_length", "max_position_embeddings")?
+        .unwrap_or(4096);
+    let base = b
+        .opt_f32("rope.freq_base", "rope_theta")?
+        .unwrap_or(10_000.0);
+    let n_rot = if gguf {
+        b.opt_u32("rope.dimension_count", "")?.unwrap_or(head_dim)
+    } else {
+        head_dim
+    };
+    if n_rot > head_dim || n_rot % 2 != 0 {
+        return Err(b.invalid(
+            "rope.dimension_count",
+            format!("{n_rot} for head dim {head_dim}"),
+        ));
+    }
+    if !gguf {
+        if let Some(act) = b.opt("", "hidden_act").and_then(|v| v.as_str())
+            && act != "silu"
+        {
+            return Err(b.unsupported(format!("hidden_act {act:?}")));
+        }
+        if b.src.get("use_sliding_window").and_then(|v| v.as_bool()) == Some(true) {
+            return Err(b.unsupported("use_sliding_window = true"));
+        }
+    }
+
+    let (embd_name, head_name, final_norm_name) = if gguf {
+        ("token_embd.weight", "output.weight", "output_norm.weight")
+    } else {
+        (
+            "model.embed_tokens.weight",
+            "lm_head.weight",
+            "model.norm.weight",
+        )
+    };
+    let vocab = match (
+        b.opt_u32("vocab_size", "vocab_size")?,
+        src.tensor(embd_name),
+    ) {
+        (Some(v), _) => v as u64,
+        (None, Some(t)) => t.shape.first().copied().unwrap_or(0),
+        (None, None) => 0,
+    };
+    let embd = b.weight(embd_name, &[vocab, hidden as u64])?;
+
+    // RoPE scaling.
+    let (freq_scale, freq_factors) = if gguf {
+        let fs = gguf_rope_freq_scale(&b)?;
+        let ff = b.opt_weight("rope_freqs.weight", &[(n_rot / 2) as u64])?;
+        (fs, ff.map(FreqFactors::Weight))
+    } else {
+        match hf_rope_scaling(&b)? {
+            HfRopeScaling::None => (1.0, None),
+            HfRopeScaling::Linear(f) => ((1.0 / f) as f32, None),
+            HfRopeScaling::Llama3 {
+                factor,
+                low,
+                high,
+                original_max,
+            } => (
+                1.0,
+                Some(FreqFactors::Values(llama3_freq_factors(
+                    base,
+                    n_rot,
+                    factor,
+                    low,
+                    high,
+                    original_max,
+                ))),
+            ),
+        }
+    };
+    let style = if gguf { o.gguf_rope } else { RopeStyle::Neox };
+
+    let h = hidden as u64;
+    let q_out = n_heads * head_dim;
+    let kv_out = n_kv_heads * head_dim;
+    let mut layers = Vec::with_capacity(n_layers as usize);
+    for il in 0..n_layers {
+        let n = |g: &str, hf: &str, suffix: &str| {
+            if gguf {
+                format!("blk.{il}.{g}.{suffix}")
+            } else {
+                format!("model.layers.{il}.{hf}.{suffix}")
+            }
+        };
+        let lin = |b: &mut Builder<'_>, g: &str, hf: &str, i: u32, out: u32| {
+            let bias = n(g, hf, "bias");
+            b.linear(&n(g, hf, "weight"), Some(&bias), i, out)
+        };
+        let q = lin(&mut b, "attn_q", "self_attn.q_proj", hidden, q_out)?;
+        let k = lin(&mut b, "attn_k", "self_attn.k_proj", hidden, kv_out)?;
+        let v = lin(&mut b, "attn_v", "self_attn.v_proj", hidden, kv_out)?;
+        if o.qkv_bias_required {
+            b.require_bias(&q, &n("attn_q", "self_attn.q_proj", "bias"))?;
+            b.require_bias(&k, &n("attn_k", "self_attn.k_proj", "bias"))?;
+            b.require_bias(&v, &n("attn_v", "self_attn.v_proj", "bias"))?;
+        }
+        let attention = Attention {
+            norm: b.norm(&n("attn_norm", "input_layernorm", "weight"), h, eps, 0.0)?,
+            q,
+            k,
+            v,
+            o: lin(&mut b, "attn_output", "self_attn.o_proj", q_out, hidden)?,
+            q_norm: None,
+            k_norm: None,
+            post_norm: None,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            rope: Rope {
+                style,
+                n_rot,
+                base,
+                freq_scale,
+                freq_factors: freq_factors.clone(),
+            },
+            window: None,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        let ffn = Ffn {
+            norm: b.norm(
+                &n("ffn_norm", "post_attention_layernorm", "weight"),
+                h,
+                eps,
+                0.0,
+            )?,
+            gate: lin(&mut b, "ffn_gate", "mlp.gate_proj", hidden, ffn)?,
+            up: lin(&mut b, "ffn_up", "mlp.up_proj", hidden, ffn)?,
+            down: lin(&mut b, "ffn_down", "mlp.down_proj", ffn, hidden)?,
+            activation: Activation::Silu,
+            post_norm: None,
+        };
+        layers.push(LayerRegion {
+            index: il,
+            attention,
+            ffn,
+        });
+    }
+    let final_norm = b.norm(final_norm_name, h, eps, 0.0)?;
+    let tie = if gguf {
+        false
+    } else {
+        b.src
+            .get("tie_word_embeddings")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(o.hf_tie_default)
+    };
+    let (head_w, tied) = match b.opt_weight(head_name, &[vocab, h])? {
+        Some(w) if !tie => (w, false),
+        _ => (embd, true),
+    };
+    if tied {
+        b.ignore(head_name);
+    }
+    let special = b.special_tokens(o.family == Family::Llama);
+    let weights = b.finish()?;
+    let aliases = if tied {
+        vec![TiedAlias {
+            alias: head_name.to_string(),
+            target: embd,
+        }]
+    } else {
+        vec![]
+    };
+    Ok(ModelIr {
+        family: o.family,
+        source: src.kind,
+        hparams: HyperParams {
+            vocab_size: vocab as u32,
+            hidden,
+            n_layers,
+            context_length: ctx,
+        },
+        weights,
+        aliases,
+        embedding: Embedding {
+            weight: embd,
+            scale: 1.0,
+        },
+        layers,
+        final_norm,
+        lm_head: LmHead {
+            linear: Linear {
+                weight: head_w,
+                bias: None,
+                in_features: hidden,
+                out_features: vocab as u32,
+            },
+            tied,
+            softcap: None,
+        },
+        special,
+        fingerprint: String::new(),
+    })
+}

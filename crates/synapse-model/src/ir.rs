@@ -1,0 +1,338 @@
+//! The model IR: what a model computes, independent of where its bytes come from.
+//!
+//! A [`ModelIr`] is a list of regions (embedding, one [`LayerRegion`] per block with its
+//! attention and FFN parts, final norm, LM head) whose operations carry their attributes
+//! (epsilons, RoPE parameters, windows, activation) and point into one table of
+//! [`WeightDesc`]s by [`WeightId`]. Tied weights appear once in the table plus a
+//! [`TiedAlias`]. The IR derives serde so that the CAS can store it; the fingerprint is the
+//! BLAKE3 hash of its canonical JSON form without the fingerprint field.
+
+use serde::{Deserialize, Serialize};
+use synapse_formats::GgmlType;
+
+/// Index of a weight in [`ModelIr::weights`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct WeightId(pub u32);
+
+/// The model family an adapter recognised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// Llama 2/3, SmolLM2 and relatives.
+    Llama,
+    /// Qwen2 (q/k/v biases).
+    Qwen2,
+    /// Gemma 3 text models.
+    Gemma3,
+}
+
+impl Family {
+    /// The family's name as used in file names and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Llama => "llama",
+            Family::Qwen2 => "qwen2",
+            Family::Gemma3 => "gemma3",
+        }
+    }
+}
+
+/// Which kind of file the weights come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    /// One GGUF file.
+    Gguf,
+    /// `config.json` plus one or more safetensors files.
+    Safetensors,
+}
+
+/// Where one weight lives and how it is encoded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WeightDesc {
+    /// The tensor's name in its source file.
+    pub name: String,
+    /// Row-major shape, outermost first: a linear weight is `[out_features, in_features]`.
+    pub shape: Vec<u64>,
+    /// The source encoding.
+    #[serde(with = "ggml_type_name")]
+    pub encoding: GgmlType,
+    /// Index of the source file (0 for GGUF; the shard for safetensors).
+    pub file: u32,
+    /// Absolute byte offset of the data in that file.
+    pub offset: u64,
+    /// Length of the data in bytes.
+    pub n_bytes: u64,
+    /// BLAKE3 of the bytes, hex, when known (the CAS fills it in).
+    pub content_hash: Option<String>,
+}
+
+impl WeightDesc {
+    /// Number of elements.
+    pub fn n_elements(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// A second name under which a weight is used (for example a tied LM head).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TiedAlias {
+    /// The role or name that is not stored separately (e.g. `output.weight`).
+    pub alias: String,
+    /// The stored weight it refers to.
+    pub target: WeightId,
+}
+
+/// Architecture hyperparameters shared by all layers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HyperParams {
+    /// Vocabulary size (rows of the embedding).
+    pub vocab_size: u32,
+    /// Model (residual stream) width.
+    pub hidden: u32,
+    /// Number of transformer blocks.
+    pub n_layers: u32,
+    /// Training context length.
+    pub context_length: u32,
+}
+
+/// Root-mean-square normalisation: `y = x / sqrt(mean(x²) + eps) * (w + weight_offset)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RmsNorm {
+    /// The per-channel weight.
+    pub weight: WeightId,
+    /// Epsilon added to the mean square.
+    pub eps: f32,
+    /// Added to the weight before use (Gemma's `1 + w` when reading HF checkpoints; 0 when the
+    /// GGUF converter already folded it in).
+    pub weight_offset: f32,
+}
+
+/// A linear projection `y = W x (+ b)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Linear {
+    /// `[out_features, in_features]` weight.
+    pub weight: WeightId,
+    /// Optional `[out_features]` bias.
+    pub bias: Option<WeightId>,
+    /// Input width.
+    pub in_features: u32,
+    /// Output width.
+    pub out_features: u32,
+}
+
+/// How RoPE pairs dimensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)` (ggml "normal"; GGUF Llama after the converter's permute).
+    Interleaved,
+    /// Halves `(i, i + n/2)` (ggml NeoX; HF `rotate_half`).
+    Neox,
+}
+
+/// Rotary position embedding attributes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rope {
+    /// Pairing style.
+    pub style: RopeStyle,
+    /// Number of rotated dimensions per head.
+    pub n_rot: u32,
+    /// Base θ.
+    pub base: f32,
+    /// Linear position scale (1 / linear scaling factor).
+    pub freq_scale: f32,
+    /// Per-pair frequency divisors (Llama 3 scaling), `n_rot / 2` values, when present.
+    pub freq_factors: Option<FreqFactors>,
+}
+
+/// Where RoPE frequency divisors come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FreqFactors {
+    /// A stored F32 tensor of `n_rot / 2` values (GGUF `rope_freqs.weight`).
+    Weight(WeightId),
+    /// Values computed by the adapter from the config (HF `rope_scaling`).
+    Values(Vec<f32>),
+}
+
+/// Self-attention with optional per-head q/k norms and post-norm.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attention {
+    /// Pre-attention norm.
+    pub norm: RmsNorm,
+    /// Query projection.
+    pub q: Linear,
+    /// Key projection.
+    pub k: Linear,
+    /// Value projection.
+    pub v: Linear,
+    /// Output projection.
+    pub o: Linear,
+    /// Per-head RMSNorm on queries (over `head_dim`).
+    pub q_norm: Option<RmsNorm>,
+    /// Per-head RMSNorm on keys.
+    pub k_norm: Option<RmsNorm>,
+    /// Norm applied to the attention output before the residual add.
+    pub post_norm: Option<RmsNorm>,
+    /// Query heads.
+    pub n_heads: u32,
+    /// Key/value heads (GQA when fewer than `n_heads`).
+    pub n_kv_heads: u32,
+    /// Per-head width of queries and keys.
+    pub head_dim: u32,
+    /// RoPE applied to q and k.
+    pub rope: Rope,
+    /// Sliding window: a query at `p` sees keys at `p - window < k <= p`; `None` is global.
+    pub window: Option<u32>,
+    /// Scale applied to `q·k`.
+    pub scale: f32,
+}
+
+/// FFN activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// `x·σ(x)`.
+    Silu,
+    /// GELU, tanh approximation.
+    GeluTanh,
+}
+
+/// Gated feed-forward block: `down(act(gate(x)) * up(x))`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Ffn {
+    /// Pre-FFN norm.
+    pub norm: RmsNorm,
+    /// Gate projection.
+    pub gate: Linear,
+    /// Up projection.
+    pub up: Linear,
+    /// Down projection.
+    pub down: Linear,
+    /// Activation on the gate.
+    pub activation: Activation,
+    /// Norm applied to the FFN output before the residual add.
+    pub post_norm: Option<RmsNorm>,
+}
+
+/// One transformer block.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LayerRegion {
+    /// Block index.
+    pub index: u32,
+    /// Attention part.
+    pub attention: Attention,
+    /// FFN part.
+    pub ffn: Ffn,
+}
+
+/// Token embedding lookup.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Embedding {
+    /// `[vocab, hidden]` table.
+    pub weight: WeightId,
+    /// Multiplier applied after lookup (Gemma: `sqrt(hidden)`).
+    pub scale: f32,
+}
+
+/// Final projection to vocabulary logits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LmHead {
+    /// The `[vocab, hidden]` projection (the embedding's id when tied).
+    pub linear: Linear,
+    /// Whether the head is the embedding table.
+    pub tied: bool,
+    /// Final logit soft-capping `c·tanh(x/c)`, when present.
+    pub softcap: Option<f32>,
+}
+
+/// Special token ids that drive generation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpecialTokens {
+    /// Beginning of sequence.
+    pub bos: Option<u32>,
+    /// Every id that ends generation (EOS and end-of-turn tokens).
+    pub eos: Vec<u32>,
+    /// Whether prompts start with BOS.
+    pub add_bos: bool,
+}
+
+/// The whole model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelIr {
+    /// The family adapter that built this IR.
+    pub family: Family,
+    /// Where the weights come from.
+    pub source: SourceKind,
+    /// Global hyperparameters.
+    pub hparams: HyperParams,
+    /// Every stored weight the graph uses.
+    pub weights: Vec<WeightDesc>,
+    /// Tied-weight aliases.
+    pub aliases: Vec<TiedAlias>,
+    /// Embedding region.
+    pub embedding: Embedding,
+    /// Transformer blocks, in order.
+    pub layers: Vec<LayerRegion>,
+    /// Final norm.
+    pub final_norm: RmsNorm,
+    /// LM head.
+    pub lm_head: LmHead,
+    /// Special tokens.
+    pub special: SpecialTokens,
+    /// BLAKE3 (hex) of the canonical JSON of everything above.
+    pub fingerprint: String,
+}
+
+impl ModelIr {
+    /// The weight descriptor for an id. Ids come from this IR, so they are in range.
+    pub fn weight(&self, id: WeightId) -> &WeightDesc {
+        &self.weights[id.0 as usize]
+    }
+
+    /// Finds a weight by source name.
+    pub fn weight_by_name(&self, name: &str) -> Option<(WeightId, &WeightDesc)> {
+        self.weights
+            .iter()
+            .enumerate()
+            .find(|(_, w)| w.name == name)
+            .map(|(i, w)| (WeightId(i as u32), w))
+    }
+
+    /// Computes the fingerprint of the IR's content (everything but `fingerprint`).
+    pub fn compute_fingerprint(&self) -> String {
+        let mut copy = self.clone();
+        copy.fingerprint.clear();
+        // Serialising plain data with derived impls cannot fail.
+        let json = serde_json::to_vec(&copy).unwrap_or_default();
+        blake3::hash(&json).to_hex().to_string()
+    }
+
+    /// Largest `head_dim × n_kv_heads` over layers (the KV row width).
+    pub fn max_kv_width(&self) -> u32 {
+        self.layers
+            .iter()
+            .map(|l| l.attention.head_dim * l.attention.n_kv_heads)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+mod ggml_type_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use synapse_formats::{ALL_TYPES, GgmlType};
+
+    pub fn serialize<S: Serializer>(t: &GgmlType, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(t.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<GgmlType, D::Error> {
+        let name = String::deserialize(d)?;
+        ALL_TYPES
+            .iter()
+            .copied()
+            .find(|t| t.name().eq_ignore_ascii_case(&name))
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown ggml type {name:?}")))
+    }
+}

@@ -1,0 +1,491 @@
+//! The executor: one forward pass over a ragged batch of rows.
+//!
+//! A row is `(session slot, position, token, wants logits)`. Rows of several sessions mix in
+//! one pass: the projections run as one matrix–matrix product over all rows (weights stream
+//! once per pass, whatever the number of sessions), attention runs per row against that row's
+//! session cache, and logits are computed only for the rows that ask for them.
+//!
+//! Architecture invariant: the executor knows operations and attributes from the IR (through
+//! [`Model`]), never a family name; adding a family never touches this file.
+
+use std::sync::Arc;
+
+use synapse_kernels::{KernelCtx, KernelPath, QuantMatrix};
+use synapse_model::Activation;
+
+use crate::error::{Result, RuntimeError};
+use crate::kv::{Buf, KvCache, LayerGeom, SlotId};
+use crate::load::{LinearW, Model, NormW};
+use crate::ops;
+
+/// One row of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Row {
+    /// Session slot.
+    pub slot: SlotId,
+    /// Position in the session (must be the session's next position).
+    pub pos: u32,
+    /// Input token.
+    pub token: u32,
+    /// Whether to compute logits for this row.
+    pub logits: bool,
+}
+
+/// Grow-only scratch buffers: after the largest pass has been seen, a pass allocates nothing.
+#[derive(Debug, Default)]
+struct Scratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    tmp: Vec<f32>,
+    g: Vec<f32>,
+    u: Vec<f32>,
+    h: Vec<f32>,
+    cs: Vec<(f32, f32)>,
+    scores: Vec<Vec<f32>>,
+    sel: Vec<f32>,
+    logits: Vec<f32>,
+    slots: Vec<(SlotId, u32, usize)>,
+}
+
+fn ensure(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
+}
+
+/// Runs forward passes of one model.
+pub struct Executor {
+    model: Arc<Model>,
+    ctx: KernelCtx,
+    threads: usize,
+    s: Scratch,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("threads", &self.threads)
+            .field("ctx", &self.ctx)
+            .finish()
+    }
+}
+
+impl Executor {
+    /// An executor using `threads` compute threads (the caller's included) on the best kernel
+    /// path this CPU supports (capped by `SYNAPSE_KERNEL_PATH`).
+    pub fn new(model: Arc<Model>, threads: usize) -> Result<Self> {
+        let threads = threads.max(1);
+        let ctx = KernelCtx::with_path_and_threads(KernelPath::from_env()?, threads)?;
+        Ok(Executor {
+            model,
+            ctx,
+            threads,
+            s: Scratch::default(),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Kernel path in use.
+    pub fn kernel_path(&self) -> KernelPath {
+        self.ctx.path()
+    }
+
+    /// Runs one pass. Returns the logits of the rows with `logits = true`, in row order,
+    /// `vocab` values each. Every row's K/V is appended to its session.
+    pub fn forward(&mut self, kv: &mut KvCache, rows: &[Row]) -> Result<&[f32]> {
+        let m = self.model.clone();
+        let id = kv.identity();
+        if id.model != m.ir.fingerprint || id.profile != m.profile.hash() {
+            return Err(RuntimeError::KvIdentity {
+                cache: id.to_string(),
+                executor: format!("{}/{}", &m.ir.fingerprint[..12], &m.profile.hash()[..12]),
+            });
+        }
+        self.validate(kv, rows)?;
+        let n = rows.len();
+        if n == 0 {
+            return Ok(&[]);
+        }
+        let hd = m.hidden();
+        let s = &mut self.s;
+
+        // Embedding.
+        let x = ensure(&mut s.x, n * hd);
+        for (r, row) in rows.iter().enumerate() {
+            let xr = &mut x[r * hd..(r + 1) * hd];
+            m.embd.dequantize_row(row.token as usize, xr)?;
+            if m.embd_scale != 1.0 {
+                for v in xr.iter_mut() {
+                    *v *= m.embd_scale;
+                }
+            }
+        }
+
+        for (il, l) in m.layers.iter().enumerate() {
+            let qd = l.n_heads * l.head_dim;
+            let kvd = l.n_kv_heads * l.head_dim;
+            // Attention norm and projections.
+            norm_rows(&s.x[..n * hd], hd, &l.attn_norm, ensure(&mut s.xn, n * hd));
+            linear(
+                &l.q,
+                &s.xn[..n * hd],
+                n,
+                ensure(&mut s.q, n * qd),
+                &mut self.ctx,
+            )?;
+            linear(
+                &l.k,
+                &s.xn[..n * hd],
+                n,
+                ensure(&mut s.k, n * kvd),
+                &mut self.ctx,
+            )?;
+            linear(
+                &l.v,
+                &s.xn[..n * hd],
+                n,
+                ensure(&mut s.v, n * kvd),
+                &mut self.ctx,
+            )?;
+            // Per-head norms and RoPE.
+            if s.cs.len() < l.rope.n_rot / 2 {
+                s.cs.resize(l.rope.n_rot / 2, (0.0, 0.0));
+            }
+            for (r, row) in rows.iter().enumerate() {
+                let q = &mut s.q[r * qd..(r + 1) * qd];
+                let k = &mut s.k[r * kvd..(r + 1) * kvd];
+                if let Some(nq) = &l.q_norm {
+                    for h in q.chunks_exact_mut(l.head_dim) {
+                        ops::rms_norm_inplace(h, &nq.w, nq.eps);
+                    }
+                }
+                if let Some(nk) = &l.k_norm {
+                    for h in k.chunks_exact_mut(l.head_dim) {
+                        ops::rms_norm_inplace(h, &nk.w, nk.eps);
+                    }
+                }
+                let cs = &mut s.cs[..l.rope.n_rot / 2];
+                ops::rope_cache(
+                    row.pos,
+                    l.rope.n_rot,
+                    l.rope.base,
+                    l.rope.freq_scale,
+                    l.rope.freq_factors.as_deref(),
+                    cs,
+                );
+                for h in q.chunks_exact_mut(l.head_dim) {
+                    ops::rope_apply(h, l.rope.n_rot, l.rope.style, cs);
+                }
+                for h in k.chunks_exact_mut(l.head_dim) {
+                    ops::rope_apply(h, l.rope.n_rot, l.rope.style, cs);
+                }
+            }
+            // Append K/V.
+            let g = kv.geom[il];
+            for (r, row) in rows.iter().enumerate() {
+                let slot = kv.slots[row.slot as usize]
+                    .as_mut()
+                    .ok_or(RuntimeError::UnknownSlot(row.slot))?;
+                let at = g.row_of(row.pos as usize) * g.width;
+                slot.k[il].write(at, &s.k[r * kvd..(r + 1) * kvd]);
+                slot.v[il].write(at, &s.v[r * kvd..(r + 1) * kvd]);
+            }
+            // Attention.
+            attention(
+                kv,
+                il,
+                g,
+                l,
+                rows,
+                &s.q[..n * qd],
+                ensure(&mut s.att, n * qd),
+                &mut s.scores,
+                self.threads,
+            );
+            linear(
+                &l.o,
+                &s.att[..n * qd],
+                n,
+                ensure(&mut s.tmp, n * hd),
+                &mut self.ctx,
+            )?;
+            if let Some(pn) = &l.attn_post_norm {
+                for t in s.tmp[..n * hd].chunks_exact_mut(hd) {
+                    ops::rms_norm_inplace(t, &pn.w, pn.eps);
+                }
+            }
+            for (x, t) in s.x[..n * hd].iter_mut().zip(&s.tmp[..n * hd]) {
+                *x += *t;
+            }
+            // FFN.
+            let ff = l.gate.m.rows();
+            norm_rows(&s.x[..n * hd], hd, &l.ffn_norm, ensure(&mut s.xn, n * hd));
+            linear(
+                &l.gate,
+                &s.xn[..n * hd],
+                n,
+                ensure(&mut s.g, n * ff),
+                &mut self.ctx,
+            )?;
+            linear(
+                &l.up,
+                &s.xn[..n * hd],
+                n,
+                ensure(&mut s.u, n * ff),
+                &mut self.ctx,
+            )?;
+            let h = ensure(&mut s.h, n * ff);
+            match l.act {
+                Activation::GeluTanh => {
+                    ops::geglu(&s.g[..n * ff], &s.u[..n * ff], h, m.gelu_f16_table)
+                }
+                Activation::Silu => ops::swiglu(&s.g[..n * ff], &s.u[..n * ff], h),
+            }
+            linear(
+                &l.down,
+                &s.h[..n * ff],
+                n,
+                ensure(&mut s.tmp, n * hd),
+                &mut self.ctx,
+            )?;
+            if let Some(pn) = &l.ffn_post_norm {
+                for t in s.tmp[..n * hd].chunks_exact_mut(hd) {
+                    ops::rms_norm_inplace(t, &pn.w, pn.eps);
+                }
+            }
+            for (x, t) in s.x[..n * hd].iter_mut().zip(&s.tmp[..n * hd]) {
+                *x += *t;
+            }
+        }
+
+        // Session bookkeeping.
+        for row in rows {
+            if let Some(slot) = kv.slots[row.slot as usize].as_mut() {
+                slot.tokens.push(row.token);
+            }
+        }
+
+        // Logits for the rows that want them.
+        let nl = rows.iter().filter(|r| r.logits).count();
+        if nl == 0 {
+            return Ok(&[]);
+        }
+        let sel = ensure(&mut s.sel, nl * hd);
+        let mut j = 0;
+        for (r, row) in rows.iter().enumerate() {
+            if row.logits {
+                ops::rms_norm(
+                    &s.x[r * hd..(r + 1) * hd],
+                    &m.final_norm.w,
+                    m.final_norm.eps,
+                    &mut sel[j * hd..(j + 1) * hd],
+                );
+                j += 1;
+            }
+        }
+        let vocab = m.vocab();
+        let logits = ensure(&mut s.logits, nl * vocab);
+        linear(&m.head, &s.sel[..nl * hd], nl, logits, &mut self.ctx)?;
+        if let Some(c) = m.softcap {
+            for v in logits.iter_mut() {
+                *v = c * (*v / c).tanh();
+            }
+        }
+        Ok(&self.s.logits[..nl * vocab])
+    }
+
+    fn validate(&mut self, kv: &KvCache, rows: &[Row]) -> Result<()> {
+        let vocab = self.model.ir.hparams.vocab_size;
+        let seen = &mut self.s.slots;
+        seen.clear();
+        for row in rows {
+            if row.token >= vocab {
+                return Err(RuntimeError::TokenOutOfRange {
+                    token: row.token,
+                    vocab,
+                });
+            }
+            let len = kv.slot(row.slot)?.tokens.len() as u32;
+            let e = match seen.iter_mut().find(|e| e.0 == row.slot) {
+                Some(e) => e,
+                None => {
+                    seen.push((row.slot, len, 0));
+                    seen.last_mut().ok_or(RuntimeError::UnknownSlot(row.slot))?
+                }
+            };
+            if row.pos != e.1 {
+                return Err(RuntimeError::PositionGap {
+                    slot: row.slot,
+                    pos: row.pos,
+                    expected: e.1,
+                });
+            }
+            e.1 += 1;
+            e.2 += 1;
+            if e.1 as usize > kv.capacity() {
+                return Err(RuntimeError::ContextFull {
+                    slot: row.slot,
+                    capacity: kv.capacity() as u32,
+                });
+            }
+            if e.2 > kv.max_chunk() {
+                return Err(RuntimeError::ChunkTooLarge {
+                    slot: row.slot,
+                    rows: e.2,
+                    max: kv.max_chunk(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn norm_rows(x: &[f32], hd: usize, n: &NormW, y: &mut [f32]) {
+    for (xr, yr) in x.chunks_exact(hd).zip(y.chunks_exact_mut(hd)) {
+        ops::rms_norm(xr, &n.w, n.eps, yr);
+    }
+}
+
+fn linear(l: &LinearW, x: &[f32], n: usize, y: &mut [f32], ctx: &mut KernelCtx) -> Result<()> {
+    let m: &QuantMatrix = &l.m;
+    m.matmul(x, n, y, ctx)?;
+    if let Some(b) = &l.bias {
+        for yr in y.chunks_exact_mut(b.len()) {
+            for (y, &b) in yr.iter_mut().zip(b) {
+                *y += b;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Attention for every row, split over threads by rows when the work is large enough.
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    kv: &KvCache,
+    il: usize,
+    g: LayerGeom,
+    l: &crate::load::LayerW,
+    rows: &[Row],
+    q: &[f32],
+    out: &mut [f32],
+    scores: &mut Vec<Vec<f32>>,
+    threads: usize,
+) {
+    let qd = l.n_heads * l.head_dim;
+    let work: usize = rows.iter().map(|r| r.pos as usize + 1).sum::<usize>() * qd;
+    let nt = if work >= 1 << 20 {
+        threads.min(rows.len())
+    } else {
+        1
+    };
+    if scores.len() < nt {
+        scores.resize_with(nt, Vec::new);
+    }
+    if nt <= 1 {
+        attend_rows(kv, il, g, l, rows, q, out, &mut scores[0]);
+        return;
+    }
+    // Balance by the number of keys each row reads.
+    let total: usize = rows.iter().map(|r| r.pos as usize + 1).sum();
+    let per = total.div_ceil(nt);
+    std::thread::scope(|sc| {
+        let mut rest_rows = rows;
+        let mut rest_q = q;
+        let mut rest_out = out;
+        let mut score_bufs = scores.iter_mut();
+        for t in 0..nt {
+            let mut take = 0;
+            let mut acc = 0;
+            while take < rest_rows.len() && (acc < per || t == nt - 1) {
+                acc += rest_rows[take].pos as usize + 1;
+                take += 1;
+            }
+            let (r0, r1) = rest_rows.split_at(take);
+            let (q0, q1) = rest_q.split_at(take * qd);
+            let (o0, o1) = std::mem::take(&mut rest_out).split_at_mut(take * qd);
+            rest_rows = r1;
+            rest_q = q1;
+            rest_out = o1;
+            let Some(sb) = score_bufs.next() else { break };
+            if r0.is_empty() {
+                continue;
+            }
+            sc.spawn(move || attend_rows(kv, il, g, l, r0, q0, o0, sb));
+        }
+    });
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attend_rows(
+    kv: &KvCache,
+    il: usize,
+    g: LayerGeom,
+    l: &crate::load::LayerW,
+    rows: &[Row],
+    q: &[f32],
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
+    let hdim = l.head_dim;
+    let qd = l.n_heads * hdim;
+    let group = l.n_heads / l.n_kv_heads;
+    // One allocation per call of head_dim floats (not per token-step inner loop).
+    let mut kbuf = vec![0.0f32; hdim];
+    for (r, row) in rows.iter().enumerate() {
+        let Some(slot) = kv.slots[row.slot as usize].as_ref() else {
+            continue;
+        };
+        let pos = row.pos as usize;
+        let lo = match l.window {
+            Some(w) => (pos + 1).saturating_sub(w),
+            None => 0,
+        };
+        let n_keys = pos + 1 - lo;
+        if scores.len() < n_keys {
+            scores.resize(n_keys, 0.0);
+        }
+        let (kb, vb) = (&slot.k[il], &slot.v[il]);
+        for h in 0..l.n_heads {
+            let kvh = h / group;
+            let qh = &q[r * qd + h * hdim..r * qd + (h + 1) * hdim];
+            let sc = &mut scores[..n_keys];
+            for (j, p) in (lo..=pos).enumerate() {
+                let at = g.row_of(p) * g.width + kvh * hdim;
+                sc[j] = match kb {
+                    Buf::F32(k) => ops::dot(qh, &k[at..at + hdim]),
+                    Buf::F16(k) => {
+                        let kk = &mut kbuf[..hdim];
+                        for (d, s) in kk.iter_mut().zip(&k[at..at + hdim]) {
+                            *d = s.to_f32();
+                        }
+                        ops::dot(qh, kk)
+                    }
+                } * l.scale;
+            }
+            ops::softmax_inplace(sc);
+            let o = &mut out[r * qd + h * hdim..r * qd + (h + 1) * hdim];
+            o.fill(0.0);
+            for (j, p) in (lo..=pos).enumerate() {
+                let at = g.row_of(p) * g.width + kvh * hdim;
+                match vb {
+                    Buf::F32(v) => ops::axpy(sc[j], &v[at..at + hdim], o),
+                    Buf::F16(v) => {
+                        for (o, s) in o.iter_mut().zip(&v[at..at + hdim]) {
+                            *o += sc[j] * s.to_f32();
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

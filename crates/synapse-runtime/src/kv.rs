@@ -1,0 +1,289 @@
+//! The KV cache: one slot per session, per layer a key and a value buffer.
+//!
+//! - Global layers keep every position (`capacity` rows); sliding-window layers keep a ring of
+//!   `window + max_chunk` rows, enough for a pass of up to `max_chunk` rows of one session to
+//!   see every key its rows need. Position `p` lives at row `p` (global) or `p % ring`.
+//! - Elements are f32 or f16, chosen when the cache is made.
+//! - A slot remembers the tokens it holds, so a new turn of the same session reuses the longest
+//!   common prefix ([`KvCache::reuse_prefix`]).
+//! - The cache carries a [`KvIdentity`] (model fingerprint, precision-profile hash, element
+//!   type): the executor refuses a cache made for another model or precision.
+
+use half::f16;
+
+use crate::error::{Result, RuntimeError};
+use crate::load::Model;
+
+/// KV element type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvDtype {
+    /// 32-bit floats (exact; what the parity fixtures use).
+    F32,
+    /// 16-bit floats (half the memory).
+    F16,
+}
+
+impl KvDtype {
+    /// Name as shown in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        }
+    }
+}
+
+/// What a cache's contents depend on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KvIdentity {
+    /// The model IR fingerprint.
+    pub model: String,
+    /// The precision profile hash.
+    pub profile: String,
+    /// Element type.
+    pub dtype: KvDtype,
+}
+
+impl std::fmt::Display for KvIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}/{}",
+            &self.model[..self.model.len().min(12)],
+            &self.profile[..self.profile.len().min(12)],
+            self.dtype.name()
+        )
+    }
+}
+
+/// A session slot id.
+pub type SlotId = u32;
+
+#[derive(Debug)]
+pub(crate) enum Buf {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl Buf {
+    fn new(dtype: KvDtype, n: usize) -> Self {
+        match dtype {
+            KvDtype::F32 => Buf::F32(vec![0.0; n]),
+            KvDtype::F16 => Buf::F16(vec![f16::ZERO; n]),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn write(&mut self, at: usize, src: &[f32]) {
+        match self {
+            Buf::F32(v) => v[at..at + src.len()].copy_from_slice(src),
+            Buf::F16(v) => {
+                for (d, &s) in v[at..at + src.len()].iter_mut().zip(src) {
+                    *d = f16::from_f32(s);
+                }
+            }
+        }
+    }
+}
+
+/// Per-layer geometry of a slot.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LayerGeom {
+    /// Row width (`n_kv_heads × head_dim`).
+    pub width: usize,
+    /// Rows held (capacity or ring size).
+    pub rows: usize,
+    /// Whether rows are a ring (sliding window).
+    pub ring: bool,
+}
+
+impl LayerGeom {
+    #[inline]
+    pub(crate) fn row_of(&self, pos: usize) -> usize {
+        if self.ring { pos % self.rows } else { pos }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Slot {
+    pub k: Vec<Buf>,
+    pub v: Vec<Buf>,
+    /// Tokens held, position by position.
+    pub tokens: Vec<u32>,
+}
+
+/// The KV cache of one executor.
+#[derive(Debug)]
+pub struct KvCache {
+    identity: KvIdentity,
+    pub(crate) geom: Vec<LayerGeom>,
+    capacity: usize,
+    max_chunk: usize,
+    pub(crate) slots: Vec<Option<Slot>>,
+}
+
+impl KvCache {
+    /// A cache for `model` with room for `n_slots` sessions of up to `capacity` positions,
+    /// processing at most `max_chunk` rows of one session per pass.
+    pub fn new(
+        model: &Model,
+        dtype: KvDtype,
+        n_slots: usize,
+        capacity: usize,
+        max_chunk: usize,
+    ) -> Result<Self> {
+        if capacity == 0 || max_chunk == 0 {
+            return Err(RuntimeError::InvalidParam {
+                name: "kv capacity",
+                reason: "capacity and max_chunk must be positive".into(),
+            });
+        }
+        let geom = model
+            .layers
+            .iter()
+            .map(|l| {
+                let width = l.n_kv_heads * l.head_dim;
+                match l.window {
+                    Some(w) if w + max_chunk < capacity => LayerGeom {
+                        width,
+                        rows: w + max_chunk,
+                        ring: true,
+                    },
+                    _ => LayerGeom {
+                        width,
+                        rows: capacity,
+                        ring: false,
+                    },
+                }
+            })
+            .collect();
+        Ok(KvCache {
+            identity: KvIdentity {
+                model: model.ir.fingerprint.clone(),
+                profile: model.profile.hash(),
+                dtype,
+            },
+            geom,
+            capacity,
+            max_chunk,
+            slots: (0..n_slots).map(|_| None).collect(),
+        })
+    }
+
+    /// The identity this cache was made for.
+    pub fn identity(&self) -> &KvIdentity {
+        &self.identity
+    }
+
+    /// Positions per session.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Most rows of one session in one pass.
+    pub fn max_chunk(&self) -> usize {
+        self.max_chunk
+    }
+
+    /// Bytes one session slot takes.
+    pub fn slot_bytes(&self) -> usize {
+        let el = match self.identity.dtype {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        };
+        self.geom.iter().map(|g| 2 * g.rows * g.width * el).sum()
+    }
+
+    /// Opens (or clears) a session slot; its buffers are allocated here, once.
+    pub fn open(&mut self, slot: SlotId) -> Result<()> {
+        let dtype = self.identity.dtype;
+        let s = self
+            .slots
+            .get_mut(slot as usize)
+            .ok_or(RuntimeError::UnknownSlot(slot))?;
+        match s {
+            Some(existing) => existing.tokens.clear(),
+            None => {
+                *s = Some(Slot {
+                    k: self
+                        .geom
+                        .iter()
+                        .map(|g| Buf::new(dtype, g.rows * g.width))
+                        .collect(),
+                    v: self
+                        .geom
+                        .iter()
+                        .map(|g| Buf::new(dtype, g.rows * g.width))
+                        .collect(),
+                    tokens: Vec::with_capacity(self.capacity),
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees a slot's memory.
+    pub fn close(&mut self, slot: SlotId) {
+        if let Some(s) = self.slots.get_mut(slot as usize) {
+            *s = None;
+        }
+    }
+
+    /// Positions a session holds.
+    pub fn len(&self, slot: SlotId) -> Result<usize> {
+        Ok(self.slot(slot)?.tokens.len())
+    }
+
+    /// Whether a session holds no positions.
+    pub fn is_empty(&self, slot: SlotId) -> Result<bool> {
+        Ok(self.len(slot)? == 0)
+    }
+
+    /// Tokens a session holds.
+    pub fn tokens(&self, slot: SlotId) -> Result<&[u32]> {
+        Ok(&self.slot(slot)?.tokens)
+    }
+
+    pub(crate) fn slot(&self, slot: SlotId) -> Result<&Slot> {
+        self.slots
+            .get(slot as usize)
+            .and_then(|s| s.as_ref())
+            .ok_or(RuntimeError::UnknownSlot(slot))
+    }
+
+    /// Keeps the longest prefix of the session that `tokens` starts with and that the cache
+    /// can still serve, drops the rest, and returns its length. At least one token is always
+    /// left to run, so that the caller gets fresh logits.
+    pub fn reuse_prefix(&mut self, slot: SlotId, tokens: &[u32]) -> Result<usize> {
+        let geom = self.geom.clone();
+        let s = self
+            .slots
+            .get_mut(slot as usize)
+            .and_then(|s| s.as_mut())
+            .ok_or(RuntimeError::UnknownSlot(slot))?;
+        let old = s.tokens.len();
+        let mut keep = s
+            .tokens
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if keep == tokens.len() {
+            keep = keep.saturating_sub(1);
+        }
+        // A ring layer can rewind only if the rows the next position needs (the `window`
+        // positions before `keep`) were not overwritten by positions written after them.
+        if keep > 0 && keep < old {
+            for g in geom.iter().filter(|g| g.ring) {
+                let window = g.rows - self.max_chunk;
+                let needed_from = (keep + 1).saturating_sub(window);
+                let present_from = old.saturating_sub(g.rows);
+                if needed_from < present_from {
+                    keep = 0;
+                }
+            }
+        }
+        s.tokens.truncate(keep);
+        Ok(keep)
+    }
+}

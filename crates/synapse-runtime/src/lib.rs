@@ -1,0 +1,31 @@
+//! `synapse-runtime`: the core that wires the rings together.
+//!
+//! - [`Model::load`]: a model path → IR (through `synapse-model`'s family adapters) → weights
+//!   in their [`PrecisionProfile`] encodings as `synapse-kernels` matrices (no f32 copy).
+//! - [`Executor::forward`]: one pass over a ragged batch of [`Row`]s (session, position,
+//!   token), several sessions per pass, logits only where asked.
+//! - [`KvCache`]: per-session slots, f32 or f16, sliding-window rings, prefix reuse, an
+//!   identity that includes the precision-profile hash.
+//! - [`Sampler`] and [`generate`]: sampling and the generation loop (chunked prefill, stop
+//!   rules, timings).
+//!
+//! Architecture invariant: the runtime never names a model family; everything
+//! family-specific is an attribute in the IR.
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod executor;
+pub mod generate;
+pub mod kv;
+pub mod load;
+pub mod ops;
+pub mod profile;
+pub mod sampling;
+
+pub use error::{Result, RuntimeError};
+pub use executor::{Executor, Row};
+pub use generate::{GenerateParams, Generated, StopReason, Timings, generate};
+pub use kv::{KvCache, KvDtype, KvIdentity, SlotId};
+pub use load::Model;
+pub use profile::PrecisionProfile;
+pub use sampling::{Sampler, SamplingParams, StopStrings, argmax};

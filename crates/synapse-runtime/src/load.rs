@@ -1,0 +1,359 @@
+//! Loading: a path (GGUF file or safetensors checkpoint) → IR → executable weights.
+//!
+//! Weights stay in their profile encoding (no f32 copy of the model): each linear weight
+//! becomes a [`QuantMatrix`] of the kernels ring; only norm weights, biases and RoPE factors
+//! (vectors) are decoded to f32.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use synapse_formats::GgmlType;
+use synapse_formats::gguf::GgufFile;
+use synapse_formats::safetensors::SafetensorsModel;
+use synapse_kernels::QuantMatrix;
+use synapse_model::{
+    Activation, FreqFactors, Linear, ModelIr, RmsNorm, RopeStyle, SourceDesc, SourceKind, WeightId,
+};
+
+use crate::error::{Result, RuntimeError};
+use crate::profile::PrecisionProfile;
+
+/// Byte access to the source files while loading.
+enum Source {
+    Gguf(GgufFile),
+    Safetensors(SafetensorsModel),
+}
+
+impl Source {
+    fn bytes(&self, ir: &ModelIr, id: WeightId) -> Result<&[u8]> {
+        let w = ir.weight(id);
+        let data = match self {
+            Source::Gguf(f) => f.tensor(&w.name).map(|t| f.tensor_data(t)),
+            Source::Safetensors(m) => m.tensor(&w.name).map(|t| t.bytes),
+        };
+        let data = data.ok_or_else(|| RuntimeError::WeightData {
+            name: w.name.clone(),
+            reason: "not in the source file".into(),
+        })?;
+        if data.len() as u64 != w.n_bytes {
+            return Err(RuntimeError::WeightData {
+                name: w.name.clone(),
+                reason: format!("{} bytes, descriptor says {}", data.len(), w.n_bytes),
+            });
+        }
+        Ok(data)
+    }
+}
+
+/// A norm ready to run: weight (with any offset folded in) and epsilon.
+#[derive(Debug, Clone)]
+pub struct NormW {
+    /// Per-channel multiplier.
+    pub w: Vec<f32>,
+    /// Epsilon.
+    pub eps: f32,
+}
+
+/// A linear layer ready to run.
+#[derive(Debug, Clone)]
+pub struct LinearW {
+    /// The weight in its profile encoding.
+    pub m: Arc<QuantMatrix>,
+    /// Optional bias.
+    pub bias: Option<Vec<f32>>,
+}
+
+/// RoPE tables inputs for one layer.
+#[derive(Debug, Clone)]
+pub struct RopeW {
+    /// Pairing style.
+    pub style: RopeStyle,
+    /// Rotated dims.
+    pub n_rot: usize,
+    /// Base θ.
+    pub base: f32,
+    /// Linear position scale.
+    pub freq_scale: f32,
+    /// Per-pair divisors.
+    pub freq_factors: Option<Vec<f32>>,
+}
+
+/// One layer ready to run.
+#[derive(Debug, Clone)]
+pub struct LayerW {
+    /// Pre-attention norm.
+    pub attn_norm: NormW,
+    /// q, k, v, o projections.
+    pub q: LinearW,
+    /// Key projection.
+    pub k: LinearW,
+    /// Value projection.
+    pub v: LinearW,
+    /// Output projection.
+    pub o: LinearW,
+    /// Per-head q norm.
+    pub q_norm: Option<NormW>,
+    /// Per-head k norm.
+    pub k_norm: Option<NormW>,
+    /// Post-attention norm.
+    pub attn_post_norm: Option<NormW>,
+    /// Heads.
+    pub n_heads: usize,
+    /// KV heads.
+    pub n_kv_heads: usize,
+    /// Head width.
+    pub head_dim: usize,
+    /// RoPE.
+    pub rope: RopeW,
+    /// Sliding window.
+    pub window: Option<usize>,
+    /// q·k scale.
+    pub scale: f32,
+    /// Pre-FFN norm.
+    pub ffn_norm: NormW,
+    /// Gate projection.
+    pub gate: LinearW,
+    /// Up projection.
+    pub up: LinearW,
+    /// Down projection.
+    pub down: LinearW,
+    /// FFN activation.
+    pub act: Activation,
+    /// Post-FFN norm.
+    pub ffn_post_norm: Option<NormW>,
+}
+
+/// A loaded model: the IR, its profile and executable weights.
+#[derive(Debug)]
+pub struct Model {
+    /// The IR.
+    pub ir: ModelIr,
+    /// The precision profile the weights were loaded in.
+    pub profile: PrecisionProfile,
+    /// Embedding table (shared with the head when tied).
+    pub embd: Arc<QuantMatrix>,
+    /// Embedding scale.
+    pub embd_scale: f32,
+    /// Layers.
+    pub layers: Vec<LayerW>,
+    /// Final norm.
+    pub final_norm: NormW,
+    /// LM head.
+    pub head: LinearW,
+    /// Final logit soft-cap.
+    pub softcap: Option<f32>,
+    /// Run GELU through ggml's fp16 table (GGUF sources, to match llama.cpp bit for bit)
+    /// instead of the exact tanh formula (HF sources, to match transformers).
+    pub gelu_f16_table: bool,
+}
+
+impl Model {
+    /// Loads a GGUF file, a safetensors file, or a checkpoint directory (`config.json` +
+    /// safetensors), in its source precision.
+    pub fn load(path: &Path) -> Result<Self> {
+        let (source, desc) = open_source(path)?;
+        let ir = synapse_model::build_ir(&desc)?;
+        let profile = PrecisionProfile::source(&ir);
+        Self::from_source(&source, ir, profile)
+    }
+
+    fn from_source(src: &Source, ir: ModelIr, profile: PrecisionProfile) -> Result<Self> {
+        let linear = |l: &Linear| -> Result<LinearW> {
+            let w = ir.weight(l.weight);
+            check_profile(&profile, &w.name, w.encoding)?;
+            let m = QuantMatrix::from_ggml(
+                w.encoding,
+                src.bytes(&ir, l.weight)?,
+                l.out_features as usize,
+                l.in_features as usize,
+            )?;
+            let bias = match l.bias {
+                Some(b) => Some(vector(src, &ir, b)?),
+                None => None,
+            };
+            Ok(LinearW {
+                m: Arc::new(m),
+                bias,
+            })
+        };
+        let norm = |n: &RmsNorm| -> Result<NormW> {
+            let mut w = vector(src, &ir, n.weight)?;
+            if n.weight_offset != 0.0 {
+                for x in &mut w {
+                    *x += n.weight_offset;
+                }
+            }
+            Ok(NormW { w, eps: n.eps })
+        };
+        let embd_desc = ir.weight(ir.embedding.weight);
+        check_profile(&profile, &embd_desc.name, embd_desc.encoding)?;
+        let embd = Arc::new(QuantMatrix::from_ggml(
+            embd_desc.encoding,
+            src.bytes(&ir, ir.embedding.weight)?,
+            ir.hparams.vocab_size as usize,
+            ir.hparams.hidden as usize,
+        )?);
+        let head = if ir.lm_head.tied || ir.lm_head.linear.weight == ir.embedding.weight {
+            LinearW {
+                m: embd.clone(),
+                bias: None,
+            }
+        } else {
+            linear(&ir.lm_head.linear)?
+        };
+        let mut layers = Vec::with_capacity(ir.layers.len());
+        for l in &ir.layers {
+            let a = &l.attention;
+            let f = &l.ffn;
+            let freq_factors = match &a.rope.freq_factors {
+                None => None,
+                Some(FreqFactors::Values(v)) => Some(v.clone()),
+                Some(FreqFactors::Weight(id)) => Some(vector(src, &ir, *id)?),
+            };
+            layers.push(LayerW {
+                attn_norm: norm(&a.norm)?,
+                q: linear(&a.q)?,
+                k: linear(&a.k)?,
+                v: linear(&a.v)?,
+                o: linear(&a.o)?,
+                q_norm: a.q_norm.as_ref().map(norm).transpose()?,
+                k_norm: a.k_norm.as_ref().map(norm).transpose()?,
+                attn_post_norm: a.post_norm.as_ref().map(norm).transpose()?,
+                n_heads: a.n_heads as usize,
+                n_kv_heads: a.n_kv_heads as usize,
+                head_dim: a.head_dim as usize,
+                rope: RopeW {
+                    style: a.rope.style,
+                    n_rot: a.rope.n_rot as usize,
+                    base: a.rope.base,
+                    freq_scale: a.rope.freq_scale,
+                    freq_factors,
+                },
+                window: a.window.map(|w| w as usize),
+                scale: a.scale,
+                ffn_norm: norm(&f.norm)?,
+                gate: linear(&f.gate)?,
+                up: linear(&f.up)?,
+                down: linear(&f.down)?,
+                act: f.activation,
+                ffn_post_norm: f.post_norm.as_ref().map(norm).transpose()?,
+            });
+        }
+        let final_norm = norm(&ir.final_norm)?;
+        Ok(Model {
+            embd_scale: ir.embedding.scale,
+            softcap: ir.lm_head.softcap,
+            gelu_f16_table: ir.source == SourceKind::Gguf,
+            embd,
+            layers,
+            final_norm,
+            head,
+            profile,
+            ir,
+        })
+    }
+
+    /// Vocabulary size.
+    pub fn vocab(&self) -> usize {
+        self.ir.hparams.vocab_size as usize
+    }
+
+    /// Residual width.
+    pub fn hidden(&self) -> usize {
+        self.ir.hparams.hidden as usize
+    }
+
+    /// Bytes of weights held (encoded).
+    pub fn weight_bytes(&self) -> usize {
+        let lin = |l: &LinearW| l.m.weight_bytes();
+        let mut n = self.embd.weight_bytes();
+        if !Arc::ptr_eq(&self.embd, &self.head.m) {
+            n += lin(&self.head);
+        }
+        for l in &self.layers {
+            n += lin(&l.q) + lin(&l.k) + lin(&l.v) + lin(&l.o);
+            n += lin(&l.gate) + lin(&l.up) + lin(&l.down);
+        }
+        n
+    }
+}
+
+fn check_profile(p: &PrecisionProfile, name: &str, enc: GgmlType) -> Result<()> {
+    match p.encoding(name) {
+        Some(e) if e == enc.name() => Ok(()),
+        Some(e) => Err(RuntimeError::UnsupportedConversion {
+            name: name.to_string(),
+            source_encoding: enc.name().to_string(),
+            wanted: e.to_string(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Decodes a (small, float-typed) weight to f32: norms, biases, RoPE factors. The model
+/// adapters guarantee these are F32, F16 or BF16.
+fn vector(src: &Source, ir: &ModelIr, id: WeightId) -> Result<Vec<f32>> {
+    let w = ir.weight(id);
+    let bytes = src.bytes(ir, id)?;
+    let bad = |reason: String| RuntimeError::WeightData {
+        name: w.name.clone(),
+        reason,
+    };
+    let n = w.n_elements() as usize;
+    let el = match w.encoding {
+        GgmlType::F32 => 4,
+        GgmlType::F16 | GgmlType::BF16 => 2,
+        other => return Err(bad(format!("{} is not a float encoding", other.name()))),
+    };
+    if bytes.len() != n * el {
+        return Err(bad(format!("{} bytes for {n} elements", bytes.len())));
+    }
+    Ok(match w.encoding {
+        GgmlType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        GgmlType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => bytes
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+    })
+}
+
+/// Opens a model path and describes it.
+fn open_source(path: &Path) -> Result<(Source, SourceDesc)> {
+    let not_model = |reason: String| RuntimeError::NotAModel {
+        path: path.display().to_string(),
+        reason,
+    };
+    if path.is_dir() {
+        let cfg = std::fs::read_to_string(path.join("config.json"))
+            .map_err(|e| not_model(format!("config.json: {e}")))?;
+        let m = SafetensorsModel::open(path)?;
+        let desc = SourceDesc::from_safetensors(&cfg, &m)?;
+        return Ok((Source::Safetensors(m), desc));
+    }
+    let mut magic = [0u8; 4];
+    {
+        use std::io::Read;
+        let mut f = std::fs::File::open(path).map_err(|e| not_model(e.to_string()))?;
+        f.read_exact(&mut magic)
+            .map_err(|e| not_model(format!("reading magic: {e}")))?;
+    }
+    if &magic == b"GGUF" {
+        let f = GgufFile::open(path)?;
+        let desc = SourceDesc::from_gguf(&f)?;
+        return Ok((Source::Gguf(f), desc));
+    }
+    // A lone .safetensors file: config.json beside it.
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let cfg = std::fs::read_to_string(dir.join("config.json"))
+        .map_err(|e| not_model(format!("not GGUF, and no config.json beside it: {e}")))?;
+    let m = SafetensorsModel::open(path)?;
+    let desc = SourceDesc::from_safetensors(&cfg, &m)?;
+    Ok((Source::Safetensors(m), desc))
+}

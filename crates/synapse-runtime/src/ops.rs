@@ -1,0 +1,218 @@
+//! Elementwise operations with ggml's numerics (the order of operations and precisions that
+//! llama.cpp's CPU backend uses), so that Synapse's logits track llama.cpp's closely.
+
+use std::sync::OnceLock;
+
+use half::f16;
+use synapse_model::RopeStyle;
+
+/// `y = x / sqrt(mean(x²) + eps) * w`, the sum of squares accumulated in f64 as ggml does.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    let mut sum = 0.0f64;
+    for &v in x {
+        sum += (v * v) as f64;
+    }
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
+        *y = (x * scale) * w;
+    }
+}
+
+/// In-place variant of [`rms_norm`].
+pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    let mut sum = 0.0f64;
+    for &v in x.iter() {
+        sum += (v * v) as f64;
+    }
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for (x, &w) in x.iter_mut().zip(w) {
+        *x = (*x * scale) * w;
+    }
+}
+
+/// Fills `cs` with `(cos, sin)` for the `n_rot / 2` pairs at position `pos`, the way ggml's
+/// rope cache does: θ advances by repeated multiplication by `base^(-2/n_rot)` in f32.
+pub fn rope_cache(
+    pos: u32,
+    n_rot: usize,
+    base: f32,
+    freq_scale: f32,
+    freq_factors: Option<&[f32]>,
+    cs: &mut [(f32, f32)],
+) {
+    let theta_scale = base.powf(-2.0 / n_rot as f32);
+    let mut theta = pos as f32;
+    for (i, c) in cs.iter_mut().enumerate().take(n_rot / 2) {
+        let ff = freq_factors.map_or(1.0, |f| f[i]);
+        let t = freq_scale * (theta / ff);
+        *c = (t.cos(), t.sin());
+        theta *= theta_scale;
+    }
+}
+
+/// Rotates one head in place with a cache from [`rope_cache`].
+pub fn rope_apply(x: &mut [f32], n_rot: usize, style: RopeStyle, cs: &[(f32, f32)]) {
+    match style {
+        RopeStyle::Neox => {
+            let h = n_rot / 2;
+            for (i, &(c, s)) in cs.iter().enumerate().take(h) {
+                let x0 = x[i];
+                let x1 = x[i + h];
+                x[i] = x0 * c - x1 * s;
+                x[i + h] = x0 * s + x1 * c;
+            }
+        }
+        RopeStyle::Interleaved => {
+            for (i, &(c, s)) in cs.iter().enumerate().take(n_rot / 2) {
+                let x0 = x[2 * i];
+                let x1 = x[2 * i + 1];
+                x[2 * i] = x0 * c - x1 * s;
+                x[2 * i + 1] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+const GELU_COEF_A: f32 = 0.044715;
+
+/// GELU, tanh approximation, in f32.
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
+}
+
+fn gelu_table() -> &'static [f16] {
+    static T: OnceLock<Vec<f16>> = OnceLock::new();
+    T.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|b| f16::from_f32(gelu_tanh(f16::from_bits(b).to_f32())))
+            .collect()
+    })
+}
+
+/// `y = gelu(g) * u`. With `table`, GELU goes through an fp16 lookup as in ggml (input
+/// rounded to f16, output stored as f16; identity above 10, zero below −10).
+pub fn geglu(g: &[f32], u: &[f32], y: &mut [f32], table: bool) {
+    if table {
+        let t = gelu_table();
+        for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
+            *y = if g <= -10.0 {
+                0.0
+            } else if g >= 10.0 {
+                g * u
+            } else {
+                t[f16::from_f32(g).to_bits() as usize].to_f32() * u
+            };
+        }
+    } else {
+        for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
+            *y = gelu_tanh(g) * u;
+        }
+    }
+}
+
+/// `y = silu(g) * u`.
+pub fn swiglu(g: &[f32], u: &[f32], y: &mut [f32]) {
+    for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
+        *y = g / (1.0 + (-g).exp()) * u;
+    }
+}
+
+/// In-place softmax; the sum of exponentials accumulated in f64 as ggml does.
+pub fn softmax_inplace(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for v in x.iter_mut() {
+        let e = (*v - max).exp();
+        sum += e as f64;
+        *v = e;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// Dot product with 8 independent f32 accumulators (vectorizes).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let n = a.len().min(b.len());
+    let chunks = n / 8;
+    for c in 0..chunks {
+        for j in 0..8 {
+            acc[j] += a[c * 8 + j] * b[c * 8 + j];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for i in chunks * 8..n {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+/// `y += a · x`.
+#[inline]
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_unit_weight_gives_unit_rms() {
+        let x: Vec<f32> = (0..64).map(|i| i as f32 - 20.0).collect();
+        let w = vec![1.0; 64];
+        let mut y = vec![0.0; 64];
+        rms_norm(&x, &w, 0.0, &mut y);
+        let ms: f32 = y.iter().map(|v| v * v).sum::<f32>() / 64.0;
+        assert!((ms - 1.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn rope_position_zero_is_identity_and_norm_preserving() {
+        let mut cs = vec![(0.0, 0.0); 8];
+        rope_cache(0, 16, 10000.0, 1.0, None, &mut cs);
+        let x0: Vec<f32> = (0..16).map(|i| i as f32).collect();
+        let mut x = x0.clone();
+        rope_apply(&mut x, 16, RopeStyle::Neox, &cs);
+        assert_eq!(x, x0);
+        rope_cache(37, 16, 10000.0, 1.0, None, &mut cs);
+        rope_apply(&mut x, 16, RopeStyle::Interleaved, &cs);
+        let n0: f32 = x0.iter().map(|v| v * v).sum();
+        let n1: f32 = x.iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() / n0 < 1e-5);
+    }
+
+    #[test]
+    fn gelu_table_close_to_formula() {
+        for i in -200..200 {
+            let g = i as f32 * 0.05;
+            let mut a = [0.0];
+            let mut b = [0.0];
+            geglu(&[g], &[1.0], &mut a, true);
+            geglu(&[g], &[1.0], &mut b, false);
+            assert!(
+                (a[0] - b[0]).abs() <= 2e-3 * (1.0 + b[0].abs()),
+                "{g}: {} {}",
+                a[0],
+                b[0]
+            );
+        }
+    }
+
+    #[test]
+    fn softmax_sums_to_one() {
+        let mut x = vec![1.0, 2.0, 3.0, f32::NEG_INFINITY];
+        softmax_inplace(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert_eq!(x[3], 0.0);
+    }
+}

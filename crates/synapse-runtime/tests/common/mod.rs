@@ -1,0 +1,42 @@
+//! Shared helpers of the runtime's integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+/// The workspace root (two levels above this crate).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// Skips (printing why) when a needed file is absent, unless `CI` is set, where it fails.
+pub fn require(path: &Path, what: &str) -> bool {
+    if path.exists() {
+        return true;
+    }
+    let msg = format!("{what} not found at {}", path.display());
+    if std::env::var_os("CI").is_some() {
+        panic!("{msg} (CI is set: this test must run)");
+    }
+    eprintln!("SKIPPED: {msg}");
+    false
+}
+
+/// The default real model: `$SYNAPSE_MODEL`, else the model cache
+/// (`$SYNAPSE_MODEL_DIR`, `$XDG_CACHE_HOME/synapse/models`, `~/.cache/synapse/models`).
+pub fn default_model() -> PathBuf {
+    if let Some(p) = std::env::var_os("SYNAPSE_MODEL") {
+        return PathBuf::from(p);
+    }
+    let dir = if let Some(d) = std::env::var_os("SYNAPSE_MODEL_DIR") {
+        PathBuf::from(d)
+    } else if let Some(x) = std::env::var_os("XDG_CACHE_HOME") {
+        PathBuf::from(x).join("synapse/models")
+    } else {
+        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/synapse/models")
+    };
+    dir.join("gemma-3-270m-q4_k_m.gguf")
+}
