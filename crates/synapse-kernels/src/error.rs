@@ -44,6 +44,10 @@ pub enum KernelError {
         cols: usize,
     },
 
+    /// A Synapse codec refused the encoding id or the bytes.
+    #[error("codec: {0}")]
+    Codec(#[from] synapse_codecs::CodecError),
+
     // ---- calls ----
     /// An argument slice has the wrong length for the operation.
     #[error("{op}: {what} has length {got}, expected {expected}")]

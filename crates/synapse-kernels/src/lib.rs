@@ -32,5 +32,5 @@ pub use attention::{AttentionParams, KvView, attention};
 pub use ctx::{KernelCtx, POOL_ENV, PoolKind};
 pub use dispatch::KernelPath;
 pub use error::{KernelError, Result};
-pub use matrix::QuantMatrix;
+pub use matrix::{Encoding, QuantMatrix};
 pub use ops::{Activation, Rope, RopeMode};

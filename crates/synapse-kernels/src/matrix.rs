@@ -5,7 +5,30 @@ use crate::buf::AlignedBuf;
 use crate::ctx::KernelCtx;
 use crate::error::{KernelError, Result};
 use crate::kernels::{self, Kernel};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use synapse_codecs::{Codec, EncodingId};
 use synapse_formats::GgmlType;
+
+/// A weight encoding: a ggml type or one of Synapse's own codecs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// A GGUF / ggml tensor type.
+    Ggml(GgmlType),
+    /// A Synapse codec (`syn.q4.symmetric.g64.v1`, `syn.ternary.absmean.g64.v1`, ...).
+    Codec(EncodingId),
+}
+
+#[derive(Clone)]
+enum Store {
+    Ggml(GgmlType),
+    /// Rows are encoded independently (`row_separable`) except for per-tensor codecs.
+    Codec {
+        id: EncodingId,
+        codec: Arc<dyn Codec>,
+        row_separable: bool,
+    },
+}
 
 /// A `rows × cols` weight matrix (row-major, each row `cols` elements in the encoding: a GGUF
 /// tensor with `ne0 = cols`, `ne1 = rows`), owned in a 64-byte-aligned buffer.
@@ -13,7 +36,7 @@ use synapse_formats::GgmlType;
 /// `y = W·x`: [`QuantMatrix::matvec`] for one activation row, [`QuantMatrix::matmul`] for many.
 #[derive(Clone)]
 pub struct QuantMatrix {
-    ty: GgmlType,
+    store: Store,
     rows: usize,
     cols: usize,
     row_bytes: usize,
@@ -23,7 +46,7 @@ pub struct QuantMatrix {
 impl std::fmt::Debug for QuantMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QuantMatrix")
-            .field("ty", &self.ty)
+            .field("encoding", &self.encoding())
             .field("rows", &self.rows)
             .field("cols", &self.cols)
             .finish()
@@ -54,10 +77,54 @@ impl QuantMatrix {
             });
         }
         Ok(Self {
-            ty,
+            store: Store::Ggml(ty),
             rows,
             cols,
             row_bytes,
+            data: AlignedBuf::from_bytes(bytes),
+        })
+    }
+
+    /// Builds a matrix from the bytes of a Synapse codec encoding (`id` such as
+    /// `syn.q4.symmetric.g64.v1`) of a row-major `rows × cols` matrix. Every row is decoded once
+    /// here, so malformed bytes (reserved codes, bad scales) are refused at load, not mid-matmul.
+    pub fn from_codec(id: &str, bytes: &[u8], rows: usize, cols: usize) -> Result<Self> {
+        let eid = EncodingId::parse(id)?;
+        let codec: Arc<dyn Codec> = Arc::from(synapse_codecs::codec_for(eid));
+        let expected = codec.matrix_size(rows, cols)?;
+        if bytes.len() != expected {
+            return Err(KernelError::BadArgument {
+                op: "from_codec",
+                msg: format!(
+                    "{rows}×{cols} {id} needs {expected} bytes, got {}",
+                    bytes.len()
+                ),
+            });
+        }
+        if rows == 0 || cols == 0 {
+            return Err(KernelError::BadArgument {
+                op: "from_codec",
+                msg: "empty matrix".into(),
+            });
+        }
+        let one = codec.matrix_size(1, cols)?;
+        let row_separable = rows.checked_mul(one) == Some(expected);
+        if row_separable {
+            for r in bytes.chunks_exact(one) {
+                codec.decode(r, cols)?;
+            }
+        } else {
+            codec.decode_matrix(bytes, rows, cols)?;
+        }
+        Ok(Self {
+            store: Store::Codec {
+                id: eid,
+                codec,
+                row_separable,
+            },
+            rows,
+            cols,
+            row_bytes: if row_separable { one } else { 0 },
             data: AlignedBuf::from_bytes(bytes),
         })
     }
@@ -68,8 +135,19 @@ impl QuantMatrix {
     }
 
     /// The encoding.
-    pub fn ggml_type(&self) -> GgmlType {
-        self.ty
+    pub fn encoding(&self) -> Encoding {
+        match &self.store {
+            Store::Ggml(t) => Encoding::Ggml(*t),
+            Store::Codec { id, .. } => Encoding::Codec(*id),
+        }
+    }
+
+    /// The ggml type, for ggml-encoded matrices.
+    pub fn ggml_type(&self) -> Option<GgmlType> {
+        match &self.store {
+            Store::Ggml(t) => Some(*t),
+            Store::Codec { .. } => None,
+        }
     }
 
     /// Output features (rows).
@@ -87,24 +165,52 @@ impl QuantMatrix {
         self.data.len()
     }
 
-    /// The encoded bytes of row `r`.
+    /// The encoded bytes of row `r` (`None` past the end, or for per-tensor codecs whose rows
+    /// are not stored separately).
     pub fn row_bytes(&self, r: usize) -> Option<&[u8]> {
-        (r < self.rows).then(|| &self.data.as_bytes()[r * self.row_bytes..(r + 1) * self.row_bytes])
+        (r < self.rows && self.row_bytes > 0)
+            .then(|| &self.data.as_bytes()[r * self.row_bytes..(r + 1) * self.row_bytes])
     }
 
     /// Decodes row `r` to f32 (an embedding lookup). `out.len()` must be `cols`.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<()> {
         check_len("dequantize_row", "out", self.cols, out.len())?;
+        if r >= self.rows {
+            return Err(KernelError::Shape {
+                op: "dequantize_row",
+                what: "row index",
+                expected: self.rows,
+                got: r,
+            });
+        }
+        let ty = match &self.store {
+            Store::Ggml(t) => *t,
+            Store::Codec {
+                codec,
+                row_separable: true,
+                ..
+            } => {
+                out.copy_from_slice(
+                    &codec.decode(self.row_bytes(r).unwrap_or_default(), self.cols)?,
+                );
+                return Ok(());
+            }
+            Store::Codec { codec, .. } => {
+                let all = codec.decode_matrix(self.data.as_bytes(), self.rows, self.cols)?;
+                out.copy_from_slice(&all[r * self.cols..(r + 1) * self.cols]);
+                return Ok(());
+            }
+        };
         let row = self.row_bytes(r).ok_or(KernelError::Shape {
             op: "dequantize_row",
             what: "row index",
             expected: self.rows,
             got: r,
         })?;
-        if kernels::decode::decode_row(self.ty, row, out) {
+        if kernels::decode::decode_row(ty, row, out) {
             Ok(())
         } else {
-            Err(KernelError::UnsupportedEncoding(self.ty.name().to_string()))
+            Err(KernelError::UnsupportedEncoding(ty.name().to_string()))
         }
     }
 
@@ -121,8 +227,16 @@ impl QuantMatrix {
         if n == 0 || self.rows == 0 {
             return Ok(());
         }
-        let k = kernels::select(self.ty, ctx.path())
-            .ok_or_else(|| KernelError::UnsupportedEncoding(self.ty.name().to_string()))?;
+        let ty = match &self.store {
+            Store::Ggml(t) => *t,
+            Store::Codec {
+                codec,
+                row_separable,
+                ..
+            } => return self.codec_matmul(&**codec, *row_separable, x, n, y, ctx),
+        };
+        let k = kernels::select(ty, ctx.path())
+            .ok_or_else(|| KernelError::UnsupportedEncoding(ty.name().to_string()))?;
         let (act_scratch, pool) = ctx.parts();
         let act: &[u8] = if k.act == ActKind::F32 {
             bytemuck::cast_slice(x)
@@ -134,6 +248,7 @@ impl QuantMatrix {
         };
         let job = Job {
             m: self,
+            ty,
             k,
             act,
             arb: k.act.row_bytes(self.cols),
@@ -146,8 +261,67 @@ impl QuantMatrix {
     }
 }
 
+impl QuantMatrix {
+    /// Synapse codecs run through the codec's own `linear` (its scalar, allocation-free dot),
+    /// row-chunked over the pool when rows are encoded independently.
+    fn codec_matmul(
+        &self,
+        codec: &dyn Codec,
+        row_separable: bool,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+        ctx: &mut KernelCtx,
+    ) -> Result<()> {
+        let (rows, cols) = (self.rows, self.cols);
+        if !row_separable {
+            for (xt, yt) in x.chunks_exact(cols).zip(y.chunks_exact_mut(rows)) {
+                codec.linear(self.data.as_bytes(), rows, xt, yt)?;
+            }
+            return Ok(());
+        }
+        let (_, pool) = ctx.parts();
+        let yp = SyncPtr(y.as_mut_ptr());
+        let failed = AtomicBool::new(false);
+        let rb = self.row_bytes;
+        let data = self.data.as_bytes();
+        pool.run_rows(rows, 8, 2 * rows * cols * n, &|r0, r1| {
+            for t in 0..n {
+                // SAFETY: this chunk alone writes y[t·rows + r0 .. t·rows + r1].
+                let yt =
+                    unsafe { std::slice::from_raw_parts_mut(yp.get().add(t * rows + r0), r1 - r0) };
+                if codec
+                    .linear(
+                        &data[r0 * rb..r1 * rb],
+                        r1 - r0,
+                        &x[t * cols..(t + 1) * cols],
+                        yt,
+                    )
+                    .is_err()
+                {
+                    failed.store(true, Ordering::Relaxed);
+                }
+            }
+        });
+        if failed.load(Ordering::Relaxed) {
+            // Rows were validated at construction; report rather than return garbage.
+            return Err(KernelError::BadArgument {
+                op: "matmul",
+                msg: "codec rejected validated rows".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
 #[derive(Clone, Copy)]
 struct SyncPtr(*mut f32);
+impl SyncPtr {
+    /// By-value access, so closures capture the whole (Sync) wrapper, not the raw field.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 // SAFETY: workers write disjoint output elements (each output row index belongs to one chunk).
 unsafe impl Send for SyncPtr {}
 // SAFETY: as above.
@@ -155,6 +329,7 @@ unsafe impl Sync for SyncPtr {}
 
 struct Job<'a> {
     m: &'a QuantMatrix,
+    ty: GgmlType,
     k: Kernel,
     act: &'a [u8],
     arb: usize,
@@ -166,7 +341,7 @@ impl Job<'_> {
     /// Output rows `r0..r1` for every activation row.
     fn rows(&self, r0: usize, r1: usize) {
         let m = self.m;
-        let nb = m.cols / m.ty.block_size();
+        let nb = m.cols / self.ty.block_size();
         let w = m.data.as_bytes();
         debug_assert!(r1 <= m.rows && self.act.len() >= self.n * self.arb);
         for r in r0..r1 {
