@@ -9,60 +9,108 @@ use crate::map::{EncodingOption, TensorImportance};
 /// The value stored when `‖W X‖² = 0` but the error is not (JSON has no infinity).
 pub const UNBOUNDED: f64 = f64::MAX;
 
-/// Relative output distortion of `q` against `w` (both row-major `rows × cols`, `cols` equal to
-/// the calibration width), accumulated in f64. Returns 0 when both norms are 0 and
-/// [`UNBOUNDED`] when only the reference output is 0.
-pub fn output_distortion(w: &[f32], q: &[f32], rows: usize, calib: &Calibration) -> Result<f64> {
-    let cols = calib.cols();
+/// Widest layer input for which the Gram path is used (its `cols²` f64 matrix is 32 MiB here).
+pub const GRAM_MAX_COLS: usize = 2048;
+
+fn check_shape(len: usize, rows: usize, cols: usize, what: &'static str) -> Result<()> {
     let n = rows
         .checked_mul(cols)
         .ok_or(SensitivityError::ShapeMismatch {
-            what: "weight elements",
+            what,
             expected: usize::MAX,
-            actual: w.len(),
+            actual: len,
         })?;
-    for (what, len) in [
-        ("weight elements", w.len()),
-        ("encoded weight elements", q.len()),
-    ] {
-        if len != n {
-            return Err(SensitivityError::ShapeMismatch {
-                what,
-                expected: n,
-                actual: len,
-            });
-        }
+    if len != n {
+        return Err(SensitivityError::ShapeMismatch {
+            what,
+            expected: n,
+            actual: len,
+        });
     }
-    if cols == 0 {
-        return Ok(0.0);
-    }
-    let err: Vec<f64> = w
-        .iter()
-        .zip(q)
-        .map(|(&a, &b)| f64::from(a) - f64::from(b))
-        .collect();
-    let mut num = 0.0f64;
-    let mut den = 0.0f64;
+    Ok(())
+}
+
+/// `XᵀX` (`cols × cols`, f64) of the calibration activations.
+fn gram(calib: &Calibration) -> Vec<f64> {
+    let cols = calib.cols();
+    let mut g = vec![0.0f64; cols * cols];
     for x in calib.data().chunks_exact(cols) {
-        for (wr, er) in w.chunks_exact(cols).zip(err.chunks_exact(cols)) {
-            let mut y = 0.0f64;
-            let mut e = 0.0f64;
-            for ((&a, &b), &xi) in wr.iter().zip(er).zip(x) {
-                let xi = f64::from(xi);
-                y += f64::from(a) * xi;
-                e += b * xi;
+        for (i, &xi) in x.iter().enumerate() {
+            let xi = f64::from(xi);
+            if xi == 0.0 {
+                continue;
             }
-            num += e * e;
-            den += y * y;
+            for (gij, &xj) in g[i * cols..(i + 1) * cols].iter_mut().zip(x) {
+                *gij += xi * f64::from(xj);
+            }
         }
     }
-    Ok(if den > 0.0 {
+    g
+}
+
+/// `‖M X‖²` for the row-major `rows × cols` matrix `m`: directly (`rows·cols·samples`) or, given
+/// the Gram matrix, as `Σ_r m_r G m_rᵀ` (`rows·cols²`).
+fn energy(m: &[f64], calib: &Calibration, gram: Option<&[f64]>) -> f64 {
+    let cols = calib.cols();
+    let mut total = 0.0f64;
+    match gram {
+        Some(g) => {
+            for mr in m.chunks_exact(cols) {
+                for (gi, &mi) in g.chunks_exact(cols).zip(mr) {
+                    if mi != 0.0 {
+                        let row: f64 = gi.iter().zip(mr).map(|(a, b)| a * b).sum();
+                        total += mi * row;
+                    }
+                }
+            }
+        }
+        None => {
+            for x in calib.data().chunks_exact(cols) {
+                for mr in m.chunks_exact(cols) {
+                    let y: f64 = mr.iter().zip(x).map(|(&a, &b)| a * f64::from(b)).sum();
+                    total += y * y;
+                }
+            }
+        }
+    }
+    total
+}
+
+fn ratio(num: f64, den: f64) -> f64 {
+    if den > 0.0 {
         num / den
     } else if num == 0.0 {
         0.0
     } else {
         UNBOUNDED
-    })
+    }
+}
+
+fn use_gram(calib: &Calibration) -> bool {
+    calib.samples() > calib.cols() && calib.cols() <= GRAM_MAX_COLS
+}
+
+/// Relative output distortion of `q` against `w` (both row-major `rows × cols`, `cols` equal to
+/// the calibration width), accumulated in f64. Returns 0 when both norms are 0 and
+/// [`UNBOUNDED`] when only the reference output is 0.
+pub fn output_distortion(w: &[f32], q: &[f32], rows: usize, calib: &Calibration) -> Result<f64> {
+    let cols = calib.cols();
+    check_shape(w.len(), rows, cols, "weight elements")?;
+    check_shape(q.len(), rows, cols, "encoded weight elements")?;
+    if cols == 0 {
+        return Ok(0.0);
+    }
+    let g = use_gram(calib).then(|| gram(calib));
+    let wf: Vec<f64> = w.iter().map(|&a| f64::from(a)).collect();
+    let err: Vec<f64> = w
+        .iter()
+        .zip(q)
+        .map(|(&a, &b)| f64::from(a) - f64::from(b))
+        .collect();
+    Ok(ratio(
+        energy(&err, calib, g.as_deref()),
+        energy(&wf, calib, g.as_deref()),
+    ))
 }
 
 /// Measures every codec on one `rows × cols` tensor: its exact encoded size and its output
@@ -78,14 +126,29 @@ pub fn measure_tensor(
     codecs: &[&dyn Codec],
 ) -> Result<TensorImportance> {
     let cols = calib.cols();
+    check_shape(w.len(), rows, cols, "weight elements")?;
+    // The reference energy and the Gram matrix are shared by every codec.
+    let g = (cols > 0 && use_gram(calib)).then(|| gram(calib));
+    let wf: Vec<f64> = w.iter().map(|&a| f64::from(a)).collect();
+    let den = if cols == 0 {
+        0.0
+    } else {
+        energy(&wf, calib, g.as_deref())
+    };
     let mut options = Vec::with_capacity(codecs.len());
     for codec in codecs {
         let enc = codec.encode_matrix(w, rows, cols)?;
         let q = codec.decode_matrix(&enc, rows, cols)?;
+        let num = if cols == 0 {
+            0.0
+        } else {
+            let err: Vec<f64> = wf.iter().zip(&q).map(|(&a, &b)| a - f64::from(b)).collect();
+            energy(&err, calib, g.as_deref())
+        };
         options.push(EncodingOption {
             encoding: codec.id().to_string(),
             bytes: enc.len() as u64,
-            distortion: output_distortion(w, &q, rows, calib)?,
+            distortion: ratio(num, den),
         });
     }
     options.retain(|o| o.bytes < source_bytes);
@@ -101,4 +164,28 @@ pub fn measure_tensor(
         source_bytes,
         options,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gram_and_direct_paths_agree() {
+        for (samples, cols) in [(40, 8), (3, 16), (64, 64), (100, 24)] {
+            let x: Vec<f32> = (0..samples * cols)
+                .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+                .collect();
+            let calib = Calibration::new(x, samples, cols).unwrap();
+            let m: Vec<f64> = (0..5 * cols)
+                .map(|i| ((i * 13 % 29) as f64 / 14.0) - 1.0)
+                .collect();
+            let d = energy(&m, &calib, None);
+            let g = energy(&m, &calib, Some(&gram(&calib)));
+            assert!(
+                (d - g).abs() <= 1e-12 * d.abs().max(1.0),
+                "{samples}x{cols}: {d} vs {g}"
+            );
+        }
+    }
 }

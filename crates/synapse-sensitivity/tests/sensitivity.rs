@@ -199,3 +199,36 @@ fn calibration_refuses_bad_input() {
         Err(SensitivityError::NonFinite { index: 1 })
     );
 }
+
+/// `measure_tensor` (shared reference energy, Gram path when samples > cols) reports the same
+/// distortion as `output_distortion` on each codec's decoded weights.
+#[test]
+fn measure_tensor_matches_output_distortion() {
+    for (samples, cols) in [(4usize, 64usize), (200, 32)] {
+        let x: Vec<f32> = (0..samples * cols)
+            .map(|i| ((i * 7 % 23) as f32 / 11.0) - 1.0)
+            .collect();
+        let calib = Calibration::new(x, samples, cols).unwrap();
+        let w: Vec<f32> = (0..3 * cols).map(|i| ((i as f32) * 0.37).sin()).collect();
+        let codecs: Vec<Box<dyn Codec>> = ["syn.q6.symmetric.g32.v1", "syn.q3.asymmetric.g32.v1"]
+            .iter()
+            .map(|id| resolve(id).unwrap())
+            .collect();
+        let refs: Vec<&dyn Codec> = codecs.iter().map(|c| c.as_ref()).collect();
+        let t = measure_tensor(&w, 3, "f32", u64::MAX, &calib, &refs).unwrap();
+        for (o, c) in t.options.iter().zip(&codecs) {
+            let q = c
+                .decode_matrix(&c.encode_matrix(&w, 3, cols).unwrap(), 3, cols)
+                .unwrap();
+            let d = output_distortion(&w, &q, 3, &calib).unwrap();
+            assert_eq!(o.encoding, c.id().to_string());
+            assert!(
+                (o.distortion - d).abs() <= 1e-12 * d,
+                "{}: {} vs {}",
+                o.encoding,
+                o.distortion,
+                d
+            );
+        }
+    }
+}
