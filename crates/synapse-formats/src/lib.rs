@@ -7,6 +7,7 @@
 
 pub mod blocks;
 pub mod decode;
+pub mod config;
 pub mod error;
 pub mod gguf;
 pub mod safetensors;

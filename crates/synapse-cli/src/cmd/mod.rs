@@ -1,2 +1,4 @@
 //! One module per subcommand.
+pub mod fetch_model;
+pub mod inspect;
 pub mod types;
