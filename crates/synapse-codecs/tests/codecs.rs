@@ -483,3 +483,70 @@ fn candidates_drop_large_options_and_keep_the_better_of_equal_sizes() {
     assert_eq!(same[0].distortion, d(q2.as_ref()).min(d(t.as_ref())));
     assert!(c.candidates.windows(2).all(|p| p[0].bytes < p[1].bytes));
 }
+
+/// Every member of the grouped families (every width 2–8, every group 8, 16, …, 1024), on one
+/// deterministic vector of 1100 values (so most groups end partial): the error bound, the exact
+/// size, the ID round trip, and `dot` against decode-then-dot.
+#[test]
+fn every_width_and_group_member() {
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    };
+    let w: Vec<f32> = (0..1100)
+        .map(|i| next() * if i % 97 == 0 { 40.0 } else { 1.0 })
+        .collect();
+    let x: Vec<f32> = (0..1100).map(|_| next()).collect();
+    let mut members = 0;
+    for group in (8..=1024).step_by(8) {
+        let mut ids = vec![EncodingId::TernaryGroup { group }];
+        for bits in 2..=8 {
+            ids.push(EncodingId::Symmetric { bits, group });
+            ids.push(EncodingId::Asymmetric { bits, group });
+        }
+        for id in ids {
+            members += 1;
+            assert_eq!(EncodingId::parse(&id.to_string()).unwrap(), id);
+            let c = codec_for(id);
+            let enc = c.encode(&w).unwrap();
+            assert_eq!(enc.len(), c.encoded_size(w.len()).unwrap(), "{id}");
+            let back = c.decode(&enc, w.len()).unwrap();
+            let (header, bits) = match id {
+                EncodingId::Symmetric { bits, .. } => (2, bits as usize),
+                EncodingId::Asymmetric { bits, .. } => (4, bits as usize),
+                _ => (2, 2),
+            };
+            let gb = header + group * bits / 8;
+            if !matches!(id, EncodingId::TernaryGroup { .. }) {
+                for (i, (&a, &b)) in w.iter().zip(&back).enumerate() {
+                    let d = scale_of(&enc, gb, i / group);
+                    let slack = f64::from(a.abs().max(b.abs())) * f64::from(f32::EPSILON);
+                    assert!(
+                        (f64::from(a) - f64::from(b)).abs() <= d / 2.0 + slack,
+                        "{id} at {i}"
+                    );
+                }
+            }
+            let exact: f64 = back
+                .iter()
+                .zip(&x)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            let mag: f64 = back
+                .iter()
+                .zip(&w)
+                .zip(&x)
+                .map(|((&a, &o), &b)| {
+                    (f64::from(a.abs()) + 3.0 * 40.0 * f64::from(o != 0.0)) * f64::from(b.abs())
+                })
+                .sum();
+            let tol = 2.0 * 1104.0 * f64::from(f32::EPSILON) * mag;
+            let y = c.dot(&enc, &x).unwrap();
+            assert!((f64::from(y) - exact).abs() <= tol, "{id}: {y} vs {exact}");
+        }
+    }
+    assert_eq!(members, 128 * 15);
+}
