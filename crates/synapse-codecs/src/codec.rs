@@ -8,7 +8,7 @@
 use std::fmt;
 
 use crate::error::{CodecError, Result};
-use crate::id::EncodingId;
+use crate::id::{EncodingId, MAX_GROUP};
 
 /// An encoding: encode, decode, exact size, and `linear`/`dot` straight from the encoded bytes.
 pub trait Codec: Send + Sync + fmt::Debug {
@@ -144,10 +144,12 @@ pub(crate) fn grouped_encode<R: GroupRule>(
     if cols == 0 {
         return Ok(out);
     }
-    let mut scratch = vec![0u8; rule.group()];
+    // Stack scratch for one group's codes: no heap allocation in encode, decode or linear.
+    let mut scratch_buf = [0u8; MAX_GROUP];
+    let scratch = &mut scratch_buf[..rule.group()];
     for row in w.chunks_exact(cols) {
         for (g, xs) in row.chunks(rule.group()).enumerate() {
-            rule.encode_group(xs, g, &mut scratch, &mut out)?;
+            rule.encode_group(xs, g, scratch, &mut out)?;
         }
     }
     Ok(out)
@@ -171,7 +173,9 @@ pub(crate) fn grouped_decode<R: GroupRule>(
     }
     let rb = row_bytes(rule, cols)?;
     let groups_per_row = cols.div_ceil(rule.group());
-    let mut scratch = vec![0u8; rule.group()];
+    // Stack scratch for one group's codes: no heap allocation in encode, decode or linear.
+    let mut scratch_buf = [0u8; MAX_GROUP];
+    let scratch = &mut scratch_buf[..rule.group()];
     for (r, (orow, brow)) in out
         .chunks_exact_mut(cols)
         .zip(bytes.chunks_exact(rb))
@@ -187,7 +191,7 @@ pub(crate) fn grouped_decode<R: GroupRule>(
                 o,
                 r * cols + g * rule.group(),
                 r * groups_per_row + g,
-                &mut scratch,
+                scratch,
             )?;
         }
     }
@@ -214,7 +218,9 @@ pub(crate) fn grouped_linear<R: GroupRule>(
     }
     let rb = row_bytes(rule, cols)?;
     let groups_per_row = cols.div_ceil(rule.group());
-    let mut scratch = vec![0u8; rule.group()];
+    // Stack scratch for one group's codes: no heap allocation in encode, decode or linear.
+    let mut scratch_buf = [0u8; MAX_GROUP];
+    let scratch = &mut scratch_buf[..rule.group()];
     for (r, (yr, brow)) in y.iter_mut().zip(bytes.chunks_exact(rb)).enumerate() {
         let mut acc = 0.0f32;
         for (g, (xs, b)) in x
@@ -227,7 +233,7 @@ pub(crate) fn grouped_linear<R: GroupRule>(
                 xs,
                 r * cols + g * rule.group(),
                 r * groups_per_row + g,
-                &mut scratch,
+                scratch,
             )?;
         }
         *yr = acc;

@@ -286,7 +286,7 @@ impl Codec for TernaryTensor {
         check_len("encoded bytes", self.matrix_size(rows, cols)?, bytes.len())?;
         let gamma = Self::gamma(bytes)?;
         let codes = &bytes[4..];
-        let mut buf = vec![0u8; cols.min(1024)];
+        let mut buf = [0u8; 1024];
         for (r, yr) in y.iter_mut().enumerate() {
             let mut acc = 0.0f32;
             for (c, xs) in x.chunks(1024).enumerate() {
