@@ -128,6 +128,7 @@ fn real_file_every_tensor_decodes() {
     assert_eq!(f.tensors().len(), s.len());
     let mut buf = Vec::new();
     let mut decoded = 0u64;
+    let mut decode_time = std::time::Duration::ZERO;
     for x in &s {
         let t = f
             .tensor(&x.name)
@@ -142,7 +143,9 @@ fn real_file_every_tensor_decodes() {
         let data = f.tensor_data(t);
         // the whole tensor decodes, to finite values
         buf.resize(x.n_elements as usize, 0.0);
+        let t0 = std::time::Instant::now();
         dequantize(x.ty, data, &mut buf).unwrap_or_else(|e| panic!("{}: {e}", x.name));
+        decode_time += t0.elapsed();
         assert!(
             buf.iter().all(|v| v.is_finite()),
             "{}: non-finite value",
@@ -161,7 +164,12 @@ fn real_file_every_tensor_decodes() {
         let from_file = &buf[(x.block * bs) as usize..((x.block + x.blocks) * bs) as usize];
         assert!(same(from_file, &x.want), "{}: differs from ggml", x.name);
     }
-    println!("decoded all {} tensors, {decoded} values", s.len());
+    println!(
+        "decoded all {} tensors, {decoded} values ({} MB of source) in {:.2?}",
+        s.len(),
+        s.iter().map(|x| x.n_bytes).sum::<u64>() / 1_000_000,
+        decode_time
+    );
 }
 
 #[test]
