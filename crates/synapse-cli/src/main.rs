@@ -20,6 +20,8 @@ enum Command {
     Types(cmd::types::Args),
     /// Show a GGUF or safetensors model's format, metadata, tensor table and type histogram.
     Inspect(cmd::inspect::Args),
+    /// Write one tensor decoded to little-endian f32 (row-major, the file's dimension order).
+    Tensor(cmd::tensor::Args),
     /// Fetch (once) and verify the default model; print its path.
     FetchModel(cmd::fetch_model::Args),
 }
@@ -36,6 +38,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Types(a) => cmd::types::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
+        Command::Tensor(a) => cmd::tensor::run(a),
         Command::FetchModel(a) => cmd::fetch_model::run(a),
     }
 }

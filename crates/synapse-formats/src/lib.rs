@@ -6,8 +6,8 @@
 #![deny(missing_docs)]
 
 pub mod blocks;
-pub mod decode;
 pub mod config;
+pub mod decode;
 pub mod error;
 pub mod gguf;
 pub mod safetensors;

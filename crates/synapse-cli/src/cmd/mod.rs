@@ -1,4 +1,5 @@
 //! One module per subcommand.
 pub mod fetch_model;
 pub mod inspect;
+pub mod tensor;
 pub mod types;

@@ -1,5 +1,6 @@
 //! safetensors element types.
 
+use crate::error::{FormatError, Result};
 use crate::types::GgmlType;
 
 /// A safetensors dtype.
@@ -95,6 +96,67 @@ impl Dtype {
             I64 => GgmlType::I64,
             F8_E4M3 | F8_E5M2 | U8 | U16 | U32 | U64 | BOOL => return None,
         })
+    }
+}
+
+impl Dtype {
+    /// Decodes `src` (elements of this dtype, little-endian) into `dst`, one f32 each.
+    ///
+    /// Float dtypes and the signed integers go through [`crate::decode`] (exact widening,
+    /// FP8 E4M3FN/E5M2 included); unsigned integers convert as `as f32` (round to nearest
+    /// even) and BOOL as 0/1 (any non-zero byte is true). A length mismatch is
+    /// [`FormatError::DtypeLength`].
+    pub fn decode_to_f32(self, src: &[u8], dst: &mut [f32]) -> Result<()> {
+        let size = self.size();
+        if !src.len().is_multiple_of(size) || src.len() / size != dst.len() {
+            return Err(FormatError::DtypeLength {
+                dtype: self.as_str(),
+                src_bytes: src.len(),
+                dst_len: dst.len(),
+                elem_bytes: size,
+            });
+        }
+        use crate::decode::dequantize;
+        match self {
+            Dtype::F64 => return dequantize(GgmlType::F64, src, dst),
+            Dtype::F32 => return dequantize(GgmlType::F32, src, dst),
+            Dtype::F16 => return dequantize(GgmlType::F16, src, dst),
+            Dtype::BF16 => return dequantize(GgmlType::BF16, src, dst),
+            Dtype::I8 => return dequantize(GgmlType::I8, src, dst),
+            Dtype::I16 => return dequantize(GgmlType::I16, src, dst),
+            Dtype::I32 => return dequantize(GgmlType::I32, src, dst),
+            Dtype::I64 => return dequantize(GgmlType::I64, src, dst),
+            Dtype::F8_E4M3 => return crate::decode::decode_f8_e4m3fn(src, dst),
+            Dtype::F8_E5M2 => return crate::decode::decode_f8_e5m2(src, dst),
+            Dtype::U8 => {
+                for (v, &b) in dst.iter_mut().zip(src) {
+                    *v = f32::from(b);
+                }
+            }
+            Dtype::BOOL => {
+                for (v, &b) in dst.iter_mut().zip(src) {
+                    *v = if b != 0 { 1.0 } else { 0.0 };
+                }
+            }
+            Dtype::U16 => {
+                for (v, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                    *v = f32::from(u16::from_le_bytes([b[0], b[1]]));
+                }
+            }
+            Dtype::U32 => {
+                for (v, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                    *v = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f32;
+                }
+            }
+            Dtype::U64 => {
+                for (v, b) in dst.iter_mut().zip(src.chunks_exact(8)) {
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(b);
+                    *v = u64::from_le_bytes(a) as f32;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
