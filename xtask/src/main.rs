@@ -2,6 +2,7 @@
 
 mod bench_vs_llama;
 mod iq_tables;
+mod membw;
 mod oracle_env;
 mod oracle_fixtures;
 mod parity_fixtures;
@@ -18,6 +19,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Measure streaming read bandwidth with 1 and 2 threads (the decode GEMV's physical limit).
+    Membw(membw::Args),
     /// Create (or reuse) the oracle Python venv with gguf, numpy and llama-cpp-python.
     OracleEnv(oracle_env::Args),
     /// Generate crates/synapse-formats/src/decode/iq_tables.rs from ggml-common.h.
@@ -34,6 +37,7 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
+        Command::Membw(a) => membw::run(a),
         Command::OracleEnv(a) => oracle_env::run(a),
         Command::IqTables(a) => iq_tables::run(a),
         Command::OracleFixtures(a) => oracle_fixtures::run(a),
