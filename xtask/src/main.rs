@@ -4,6 +4,8 @@ mod bench_vs_llama;
 mod iq_tables;
 mod membw;
 mod oracle_env;
+mod tokenizer_fixtures;
+mod vocab_suite;
 mod oracle_fixtures;
 mod parity_fixtures;
 mod tiny_models;
@@ -23,6 +25,10 @@ enum Command {
     Membw(membw::Args),
     /// Create (or reuse) the oracle Python venv with gguf, numpy and llama-cpp-python.
     OracleEnv(oracle_env::Args),
+    /// Fetch llama.cpp's tokenizer test suite (ggml-vocab-*.gguf + .inp/.out) into the cache.
+    VocabSuite(vocab_suite::Args),
+    /// Regenerate fixtures/tokenizer: Gemma 3 tokenizations by llama.cpp, chat templates by transformers.
+    TokenizerFixtures(tokenizer_fixtures::Args),
     /// Generate crates/synapse-formats/src/decode/iq_tables.rs from ggml-common.h.
     IqTables(iq_tables::Args),
     /// Regenerate fixtures/decode/ (decoder oracle: ggml's own to_float) with the oracle venv.
@@ -39,6 +45,8 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Membw(a) => membw::run(a),
         Command::OracleEnv(a) => oracle_env::run(a),
+        Command::VocabSuite(a) => vocab_suite::run(a),
+        Command::TokenizerFixtures(a) => tokenizer_fixtures::run(a),
         Command::IqTables(a) => iq_tables::run(a),
         Command::OracleFixtures(a) => oracle_fixtures::run(a),
         Command::ParityFixtures(a) => parity_fixtures::run(a),

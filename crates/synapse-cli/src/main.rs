@@ -18,6 +18,8 @@ struct Cli {
 enum Command {
     /// Show a model file's format, metadata and tensor table.
     Types(cmd::types::Args),
+    /// Tokenize text with a model's tokenizer and print ids and pieces.
+    Tokenize(cmd::tokenize::Args),
     /// Show a GGUF or safetensors model's format, metadata, tensor table and type histogram.
     Inspect(cmd::inspect::Args),
     /// Write one tensor decoded to little-endian f32 (row-major, the file's dimension order).
@@ -37,6 +39,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Types(a) => cmd::types::run(a),
+        Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Tensor(a) => cmd::tensor::run(a),
         Command::FetchModel(a) => cmd::fetch_model::run(a),

@@ -2,4 +2,5 @@
 pub mod fetch_model;
 pub mod inspect;
 pub mod tensor;
+pub mod tokenize;
 pub mod types;

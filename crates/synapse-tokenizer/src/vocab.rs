@@ -1,0 +1,113 @@
+//! The plain vocabulary data a tokenizer is built from, whatever file it came from.
+//!
+//! [`Vocab`] mirrors the `tokenizer.ggml.*` metadata of a GGUF file: it holds data only, no
+//! indexes. [`crate::Tokenizer::new`] resolves the defaults the way llama.cpp does and builds
+//! the lookup tables.
+
+/// GGUF token types (`tokenizer.ggml.token_type`), as llama.cpp numbers them.
+pub mod token_type {
+    /// Undefined.
+    pub const UNDEFINED: i32 = 0;
+    /// Normal text piece.
+    pub const NORMAL: i32 = 1;
+    /// The unknown token.
+    pub const UNKNOWN: i32 = 2;
+    /// Control token (BOS, EOS, turn markers).
+    pub const CONTROL: i32 = 3;
+    /// User-defined token: matched in text before the model's algorithm runs.
+    pub const USER_DEFINED: i32 = 4;
+    /// Unused slot.
+    pub const UNUSED: i32 = 5;
+    /// Byte-fallback token `<0xXX>`.
+    pub const BYTE: i32 = 6;
+}
+
+/// The tokenizer algorithm family (`tokenizer.ggml.model`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    /// `llama`: SentencePiece-style vocabulary, llama.cpp's score-driven pair merging with byte
+    /// fallback (Llama 2, Gemma 1–3, Phi-3).
+    Spm,
+    /// `gpt2`: byte-level BPE with a regex pre-tokenizer (Llama 3, Qwen2, GPT-2, …).
+    Bpe,
+    /// `gemma4`: BPE merges over raw UTF-8 with spaces escaped to `▁` and `<0xXX>` byte fallback.
+    Gemma4,
+}
+
+impl ModelKind {
+    /// Parses a `tokenizer.ggml.model` value.
+    pub fn from_gguf_name(name: &str) -> Option<Self> {
+        match name {
+            "llama" => Some(Self::Spm),
+            "gpt2" => Some(Self::Bpe),
+            "gemma4" => Some(Self::Gemma4),
+            _ => None,
+        }
+    }
+}
+
+/// Special token ids as stored in the metadata (`None` = key absent).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct SpecialIds {
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub eot: Option<u32>,
+    pub eom: Option<u32>,
+    pub unk: Option<u32>,
+    pub sep: Option<u32>,
+    pub pad: Option<u32>,
+    pub mask: Option<u32>,
+    pub fim_pre: Option<u32>,
+    pub fim_suf: Option<u32>,
+    pub fim_mid: Option<u32>,
+    pub fim_pad: Option<u32>,
+    pub fim_rep: Option<u32>,
+    pub fim_sep: Option<u32>,
+}
+
+/// A vocabulary: what `tokenizer.ggml.*` holds, before any defaults are applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Vocab {
+    /// The algorithm family.
+    pub model: ModelKind,
+    /// `tokenizer.ggml.pre` (BPE pre-tokenizer name); `None` when absent.
+    pub pre: Option<String>,
+    /// Token texts, indexed by id.
+    pub tokens: Vec<String>,
+    /// Scores (SPM merge priority); empty means all zero.
+    pub scores: Vec<f32>,
+    /// GGUF token types (see [`token_type`]); empty means all normal.
+    pub token_types: Vec<i32>,
+    /// BPE merges, `"left right"`, in rank order.
+    pub merges: Vec<String>,
+    /// Special ids from the metadata.
+    pub special: SpecialIds,
+    /// `tokenizer.ggml.add_bos_token`.
+    pub add_bos: Option<bool>,
+    /// `tokenizer.ggml.add_eos_token`.
+    pub add_eos: Option<bool>,
+    /// `tokenizer.ggml.add_space_prefix`.
+    pub add_space_prefix: Option<bool>,
+    /// `general.name` (llama.cpp keys a few per-model token attributes on it, e.g. Phi-3).
+    pub model_name: Option<String>,
+}
+
+impl Vocab {
+    /// An empty vocabulary of the given kind (fill the fields, then build a tokenizer).
+    pub fn new(model: ModelKind) -> Self {
+        Self {
+            model,
+            pre: None,
+            tokens: Vec::new(),
+            scores: Vec::new(),
+            token_types: Vec::new(),
+            merges: Vec::new(),
+            special: SpecialIds::default(),
+            add_bos: None,
+            add_eos: None,
+            add_space_prefix: None,
+            model_name: None,
+        }
+    }
+}
