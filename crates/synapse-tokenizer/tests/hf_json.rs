@@ -1,0 +1,92 @@
+//! The `tokenizer.json` path: a HF tokenizer file written from a suite vocabulary (tokens,
+//! merges, added tokens, pre-tokenizer as transformers serializes it) must tokenize llama.cpp's
+//! test cases exactly as llama.cpp does for the same vocabulary.
+
+mod common;
+
+use serde_json::{Value, json};
+use synapse_formats::gguf::GgufFile;
+use synapse_tokenizer::{Tokenizer, vocab::token_type, vocab_from_gguf};
+
+const LLAMA3_HF: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+fn hf_json(gguf: &GgufFile, pre: Value) -> Value {
+    let (v, _) = vocab_from_gguf(gguf).unwrap();
+    let mut vocab = serde_json::Map::new();
+    let mut added = Vec::new();
+    for (i, t) in v.tokens.iter().enumerate() {
+        match v.token_types.get(i).copied() {
+            Some(token_type::CONTROL) => {
+                added.push(json!({"id": i, "content": t, "special": true}))
+            }
+            Some(token_type::USER_DEFINED) => {
+                added.push(json!({"id": i, "content": t, "special": false}))
+            }
+            _ => {}
+        }
+        vocab.insert(t.clone(), json!(i));
+    }
+    json!({
+        "added_tokens": added,
+        "pre_tokenizer": pre,
+        "model": {"type": "BPE", "vocab": vocab, "merges": v.merges},
+    })
+}
+
+fn check(name: &str, pre: Value) {
+    let dir = common::suite_dir();
+    let path = dir.join(format!("ggml-vocab-{name}.gguf"));
+    if !path.exists() {
+        common::skip_or_fail(&format!("llama.cpp vocab suite at {}", dir.display()));
+        return;
+    }
+    let f = GgufFile::open(&path).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let json_path = tmp.path().join("tokenizer.json");
+    std::fs::write(
+        &json_path,
+        serde_json::to_string(&hf_json(&f, pre)).unwrap(),
+    )
+    .unwrap();
+    let hf = Tokenizer::from_hf_tokenizer_json(&json_path).unwrap();
+    let inp = std::fs::read_to_string(path.with_extension("gguf.inp")).unwrap();
+    let out = std::fs::read_to_string(path.with_extension("gguf.out")).unwrap();
+    let texts: Vec<&str> = inp
+        .split("\n__ggml_vocab_test__\n")
+        .map(|t| t.strip_suffix("\n__ggml_vocab_test__").unwrap_or(t))
+        .collect();
+    let mut n = 0;
+    for (text, want) in texts.iter().zip(out.lines()) {
+        let want: Vec<u32> = want
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        assert_eq!(
+            hf.encode(text, false, false).unwrap(),
+            want,
+            "{name}: {text:?}"
+        );
+        n += 1;
+    }
+    assert!(n >= 40, "{name}: only {n} cases");
+    println!("{name} via tokenizer.json: {n} cases pass");
+}
+
+#[test]
+fn llama3_tokenizer_json_matches_llama_cpp() {
+    check(
+        "llama-bpe",
+        json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": LLAMA3_HF}, "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}
+        ]}),
+    );
+}
+
+#[test]
+fn gpt2_tokenizer_json_matches_llama_cpp() {
+    check(
+        "gpt-2",
+        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}),
+    );
+}
