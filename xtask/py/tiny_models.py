@@ -58,12 +58,17 @@ def train_tokenizer(work: str) -> str:
         for i in range(200):
             f.write(TEXT)
             f.write(" ".join(str((i * 7919 + j * 104729) % 100000) for j in range(20)) + "\n")
-    prefix = os.path.join(work, "tiny_spm")
-    spm.SentencePieceTrainer.train(
-        input=txt, model_prefix=prefix, vocab_size=VOCAB, model_type="bpe", byte_fallback=True,
-        character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, num_threads=1,
-        normalization_rule_name="identity", minloglevel=2)
-    return prefix + ".model"
+    # relative paths: the trainer records them in the model file, which must not depend on the checkout
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        spm.SentencePieceTrainer.train(
+            input="spm_train.txt", model_prefix="tiny_spm", vocab_size=VOCAB, model_type="bpe",
+            byte_fallback=True, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+            num_threads=1, normalization_rule_name="identity", minloglevel=2)
+    finally:
+        os.chdir(cwd)
+    return os.path.join(work, "tiny_spm.model")
 
 
 def base_kwargs(vocab: int, layers: int = 2):

@@ -47,7 +47,7 @@ pub struct Args {
     json_out: Option<PathBuf>,
 }
 
-/// The benchmark prompt: prose that tokenizes to ≈ 500 tokens with Gemma 3's tokenizer.
+/// The benchmark prompt: prose that tokenizes to ≈ 512 tokens (with BOS) with Gemma 3's tokenizer.
 const PROMPT: &str = "In the beginning of the twentieth century, the small coastal town was known mostly for its \
 fishing fleet and its lighthouse. Travelers who arrived by train would walk along the harbor, watching the boats \
 return with their catch, while children ran between the nets drying in the sun. The local school taught arithmetic, \
@@ -68,7 +68,8 @@ in the coldest winters and flood the market square in the autumn gales. They rep
 and go out before dawn, as their parents did. In the evening the lighthouse still turns, although no ship needs it \
 any more, because the town voted to keep it lit. Visitors stop on the pier to watch the beam sweep across the water, \
 and for a moment the old town and the new one seem to be the same place. Later that year, a storm arrived from the \
-west, and the harbor master opened her logbook to a fresh page.";
+west, and the harbor master opened her logbook to a fresh page. She wrote the date, the direction of the wind \
+and the height of the waves at the harbor mouth, and then, after a pause, a single line about the lighthouse.";
 
 #[derive(Deserialize, Debug)]
 struct GenJson {
