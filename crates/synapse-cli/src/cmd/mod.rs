@@ -3,4 +3,6 @@ pub mod fetch_model;
 pub mod inspect;
 pub mod tensor;
 pub mod tokenize;
+pub mod fetch_model;
+pub mod inspect;
 pub mod types;
