@@ -18,10 +18,6 @@ struct Cli {
 enum Command {
     /// Show a model file's format, metadata and tensor table.
     Types(cmd::types::Args),
-    /// Show a GGUF or safetensors model's format, metadata, tensor table and type histogram.
-    Inspect(cmd::inspect::Args),
-    /// Fetch (once) and verify the default model; print its path.
-    FetchModel(cmd::fetch_model::Args),
     /// Tokenize text with a model's tokenizer and print ids and pieces.
     Tokenize(cmd::tokenize::Args),
     /// Show a GGUF or safetensors model's format, metadata, tensor table and type histogram.
@@ -43,8 +39,6 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Types(a) => cmd::types::run(a),
-        Command::Inspect(a) => cmd::inspect::run(a),
-        Command::FetchModel(a) => cmd::fetch_model::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Tensor(a) => cmd::tensor::run(a),

@@ -3,6 +3,4 @@ pub mod fetch_model;
 pub mod inspect;
 pub mod tensor;
 pub mod tokenize;
-pub mod fetch_model;
-pub mod inspect;
 pub mod types;
