@@ -5,6 +5,8 @@
 //! activations once per call and tile rows × activation rows around it.
 
 pub(crate) mod decode;
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon;
 pub(crate) mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
@@ -34,6 +36,12 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
     #[cfg(target_arch = "x86_64")]
     if path >= KernelPath::Avx2
         && let Some(k) = x86::select(ty, path)
+    {
+        return Some(k);
+    }
+    #[cfg(target_arch = "aarch64")]
+    if path == KernelPath::Neon
+        && let Some(k) = neon::select(ty)
     {
         return Some(k);
     }
