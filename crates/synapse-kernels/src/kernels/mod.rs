@@ -23,11 +23,18 @@ use synapse_formats::GgmlType;
 /// aligned), and the CPU supports the path the function was selected for.
 pub(crate) type DotFn = unsafe fn(w: *const u8, a: *const u8, nb: usize) -> f32;
 
+/// One weight row · four activation rows (`a + t·astride`, t = 0..4): the weight codes are
+/// unpacked once per block for all four. Same safety contract as [`DotFn`], for each row.
+pub(crate) type Dot4Fn =
+    unsafe fn(w: *const u8, a: *const u8, astride: usize, nb: usize) -> [f32; 4];
+
 /// A selected kernel.
 #[derive(Clone, Copy)]
 pub(crate) struct Kernel {
     pub act: ActKind,
     pub dot: DotFn,
+    /// The many-row tile, where the encoding has one on this path.
+    pub dot4: Option<Dot4Fn>,
 }
 
 /// The kernel for `ty` on `path` (falling back to lower paths when a type has no kernel on the

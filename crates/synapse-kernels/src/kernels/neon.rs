@@ -140,5 +140,9 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         GgmlType::Q4_0 => (ActKind::Q8x32, dot_q4_0),
         _ => return None,
     };
-    Some(Kernel { act, dot })
+    Some(Kernel {
+        act,
+        dot,
+        dot4: None,
+    })
 }
