@@ -26,6 +26,8 @@ enum Command {
     Tensor(cmd::tensor::Args),
     /// Fetch (once) and verify the default model; print its path.
     FetchModel(cmd::fetch_model::Args),
+    /// Generate text from a prompt (default model: Gemma 3 270M Q4_K_M).
+    Generate(cmd::generate::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -43,5 +45,6 @@ fn main() -> anyhow::Result<()> {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Tensor(a) => cmd::tensor::run(a),
         Command::FetchModel(a) => cmd::fetch_model::run(a),
+        Command::Generate(a) => cmd::generate::run(a),
     }
 }

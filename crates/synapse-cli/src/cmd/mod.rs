@@ -1,5 +1,6 @@
 //! One module per subcommand.
 pub mod fetch_model;
+pub mod generate;
 pub mod inspect;
 pub mod tensor;
 pub mod tokenize;

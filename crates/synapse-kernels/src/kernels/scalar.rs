@@ -216,11 +216,7 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         T::Q6_K => (ActKind::Q8K, dot_q6_k),
         _ => return decode_kernel(ty),
     };
-    Some(Kernel {
-        act,
-        dot,
-        dot4: None,
-    })
+    Some(Kernel { act, dot })
 }
 
 /// A decode-then-dot kernel for `ty` when a block decoder exists.
@@ -243,6 +239,5 @@ pub(crate) fn decode_kernel(ty: GgmlType) -> Option<Kernel> {
     Some(Kernel {
         act: ActKind::F32,
         dot,
-        dot4: None,
     })
 }
