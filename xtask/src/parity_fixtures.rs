@@ -90,3 +90,96 @@ pub fn run(args: Args) -> Result<()> {
         &[],
     )
 }
+
+#[cfg(test)]
+mod tests {
+    //! Integrity of the committed `fixtures/parity/` (what the runtime's parity tests rely on).
+
+    use crate::oracle_env::repo_root;
+    use serde_json::Value;
+
+    fn load() -> Value {
+        let p = repo_root().join("fixtures/parity/gemma3-270m-q4_k_m.json");
+        serde_json::from_slice(&std::fs::read(&p).expect("fixture present")).expect("valid JSON")
+    }
+
+    fn f32s(v: &Value) -> Vec<f32> {
+        v.as_array()
+            .expect("array")
+            .iter()
+            .map(|x| x.as_f64().expect("number") as f32)
+            .collect()
+    }
+
+    fn ids(v: &Value) -> Vec<u64> {
+        v.as_array()
+            .expect("array")
+            .iter()
+            .map(|x| x.as_u64().expect("id"))
+            .collect()
+    }
+
+    #[test]
+    fn prompts_are_consistent() {
+        let d = load();
+        let n_gen = d["settings"]["n_gen"].as_u64().expect("n_gen") as usize;
+        let prompts = d["prompts"].as_array().expect("prompts");
+        assert_eq!(prompts.len(), 16);
+        for p in prompts {
+            let name = p["name"].as_str().expect("name");
+            let prompt = ids(&p["prompt_ids"]);
+            assert_eq!(prompt[0], 2, "{name}: BOS first");
+            let greedy = ids(&p["greedy_ids"]);
+            let margins = f32s(&p["margins"]);
+            assert_eq!(greedy.len(), margins.len(), "{name}");
+            assert_eq!(greedy.len(), ids(&p["runner_up_ids"]).len(), "{name}");
+            if p["stopped_at_eog"].as_bool() != Some(true) {
+                assert_eq!(greedy.len(), n_gen, "{name}");
+            }
+            assert!(margins.iter().all(|m| *m >= 0.0), "{name}");
+            let top_ids = ids(&p["last_logits_top_ids"]);
+            let top = f32s(&p["last_logits_top_values"]);
+            assert_eq!(top_ids.len(), 256);
+            assert_eq!(top.len(), 256);
+            assert!(top.windows(2).all(|w| w[0] >= w[1]), "{name}: descending");
+            assert_eq!(
+                top_ids[0], greedy[0],
+                "{name}: greedy step 0 is the top logit"
+            );
+            assert!(
+                (top[0] - top[1] - margins[0]).abs() < 1e-4,
+                "{name}: margin 0"
+            );
+        }
+        let reference = ids(&prompts[0]["greedy_ids"]);
+        assert_eq!(&reference[..5], &[506, 5279, 529, 506, 2891]);
+    }
+
+    #[test]
+    fn full_logits_match_the_json() {
+        let d = load();
+        let n_vocab = d["model"]["n_vocab"].as_u64().expect("n_vocab") as usize;
+        let mut seen = 0;
+        for p in d["prompts"].as_array().expect("prompts") {
+            let Some(file) = p["full_logits_file"].as_str() else {
+                continue;
+            };
+            seen += 1;
+            let bytes = std::fs::read(repo_root().join("fixtures/parity").join(file)).expect(file);
+            assert_eq!(bytes.len(), n_vocab * 4, "{file}");
+            let lg: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let mut order: Vec<usize> = (0..n_vocab).collect();
+            order.sort_by(|&a, &b| lg[b].total_cmp(&lg[a]).then(a.cmp(&b)));
+            let top_ids = ids(&p["last_logits_top_ids"]);
+            let top = f32s(&p["last_logits_top_values"]);
+            for k in 0..top_ids.len() {
+                assert_eq!(order[k] as u64, top_ids[k], "{file} rank {k}");
+                assert_eq!(lg[order[k]], top[k], "{file} rank {k}");
+            }
+        }
+        assert_eq!(seen, 2);
+    }
+}

@@ -69,3 +69,75 @@ pub fn run(args: Args) -> Result<()> {
     }
     run_py("tiny_models.py", &argv, &[])
 }
+
+#[cfg(test)]
+mod tests {
+    //! Integrity of the committed `fixtures/tiny/` (what the runtime's family tests rely on).
+
+    use super::COMMITTED;
+    use crate::oracle_env::repo_root;
+    use serde_json::Value;
+
+    fn read_f32(path: &std::path::Path) -> Vec<f32> {
+        std::fs::read(path)
+            .expect("logits file")
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    fn argmax(row: &[f32]) -> usize {
+        let mut best = 0;
+        for (i, v) in row.iter().enumerate() {
+            if *v > row[best] {
+                best = i;
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn committed_families_are_consistent() {
+        for fam in COMMITTED {
+            let dir = repo_root().join("fixtures/tiny").join(fam);
+            let o: Value = serde_json::from_slice(
+                &std::fs::read(dir.join("oracle.json")).expect("oracle.json"),
+            )
+            .expect("JSON");
+            let n_vocab = o["n_vocab"].as_u64().expect("n_vocab") as usize;
+            let lens: Vec<usize> = o["sequence_lengths"]
+                .as_array()
+                .expect("lengths")
+                .iter()
+                .map(|x| x.as_u64().expect("len") as usize)
+                .collect();
+            let rows: usize = lens.iter().sum();
+            let hf = read_f32(&dir.join("logits.hf.f32"));
+            assert_eq!(hf.len(), rows * n_vocab, "{fam}");
+            // transformers' first greedy token after sequence 0 is the argmax of its last row
+            let last0 = &hf[(lens[0] - 1) * n_vocab..lens[0] * n_vocab];
+            let g0 = o["hf"]["greedy_after_seq0"][0].as_u64().expect("greedy") as usize;
+            assert_eq!(argmax(last0), g0, "{fam}");
+            for ot in ["f32", "q8_0"] {
+                let g = &o["gguf"][ot];
+                let bytes =
+                    std::fs::read(dir.join(g["file"].as_str().expect("file"))).expect("gguf");
+                assert_eq!(&bytes[..4], b"GGUF", "{fam} {ot}");
+                let lg = read_f32(&dir.join(g["logits_file"].as_str().expect("logits")));
+                assert_eq!(lg.len(), hf.len(), "{fam} {ot}");
+                let max_abs = lg
+                    .iter()
+                    .zip(&hf)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0f32, f32::max);
+                let recorded = g["vs_hf"]["max_abs"].as_f64().expect("max_abs") as f32;
+                assert!(
+                    (max_abs - recorded).abs() <= 1e-6 * recorded.max(1.0),
+                    "{fam} {ot}"
+                );
+            }
+            assert!(dir.join("model.safetensors").is_file(), "{fam}");
+            assert!(dir.join("tokenizer.model").is_file(), "{fam}");
+        }
+    }
+}

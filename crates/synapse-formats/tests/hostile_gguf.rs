@@ -472,3 +472,19 @@ proptest! {
         no_big_alloc();
     }
 }
+
+/// The fuzz seed corpus (fuzz/corpus/gguf) holds valid files: they must keep opening.
+#[test]
+fn fuzz_seed_corpus_opens() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/gguf");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let f = GgufFile::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        for t in f.tensors() {
+            assert_eq!(f.tensor_data(t).len() as u64, t.n_bytes);
+        }
+        n += 1;
+    }
+    assert!(n >= 5, "{n} seeds in {}", dir.display());
+}

@@ -199,3 +199,17 @@ proptest! {
         }
     }
 }
+
+/// The fuzz seed corpus (fuzz/corpus/safetensors) holds valid files: they must keep opening.
+#[test]
+fn fuzz_seed_corpus_opens() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/safetensors");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        SafetensorsFile::open(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        n += 1;
+    }
+    assert!(n >= 4, "{n} seeds in {}", dir.display());
+}

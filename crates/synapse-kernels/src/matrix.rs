@@ -346,7 +346,21 @@ impl Job<'_> {
         debug_assert!(r1 <= m.rows && self.act.len() >= self.n * self.arb);
         for r in r0..r1 {
             let wr = &w[r * m.row_bytes..(r + 1) * m.row_bytes];
-            for t in 0..self.n {
+            let mut t = 0;
+            if let Some(dot4) = self.k.dot4 {
+                while t + 4 <= self.n {
+                    let a = &self.act[t * self.arb..(t + 4) * self.arb];
+                    // SAFETY: as below, for the four activation rows t..t+4 (all inside `a`).
+                    unsafe {
+                        let v = dot4(wr.as_ptr(), a.as_ptr(), self.arb, nb);
+                        for (k, v) in v.into_iter().enumerate() {
+                            *self.y.0.add((t + k) * m.rows + r) = v;
+                        }
+                    }
+                    t += 4;
+                }
+            }
+            for t in t..self.n {
                 let a = &self.act[t * self.arb..(t + 1) * self.arb];
                 // SAFETY: `wr` holds `nb` blocks, `a` one activation row of the kernel's
                 // format, the kernel was selected for a path this CPU supports (KernelCtx

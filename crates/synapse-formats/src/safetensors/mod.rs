@@ -115,9 +115,8 @@ impl SafetensorsModel {
             .ok_or_else(|| bad("no `weight_map` object".into()))?;
         let dir = index_path.parent().unwrap_or(Path::new("."));
 
-        // Shards in first-appearance order of the sorted weight map (deterministic).
-        let mut shard_names: Vec<String> = Vec::new();
-        let mut assign: BTreeMap<&str, usize> = BTreeMap::new();
+        // Shards in file-name order (`model-00001-of-…` first), each name checked.
+        let mut entries: Vec<(&str, &str)> = Vec::with_capacity(map.len());
         for (tensor, shard) in map {
             let shard = shard
                 .as_str()
@@ -130,15 +129,15 @@ impl SafetensorsModel {
                     "shard name `{shard}` is not a plain file name in the checkpoint directory"
                 )));
             }
-            let k = match shard_names.iter().position(|s| s == shard) {
-                Some(k) => k,
-                None => {
-                    shard_names.push(shard.to_string());
-                    shard_names.len() - 1
-                }
-            };
-            assign.insert(tensor.as_str(), k);
+            entries.push((tensor.as_str(), shard));
         }
+        let mut shard_names: Vec<String> = entries.iter().map(|(_, s)| s.to_string()).collect();
+        shard_names.sort();
+        shard_names.dedup();
+        let assign: BTreeMap<&str, usize> = entries
+            .iter()
+            .map(|(t, s)| (*t, shard_names.partition_point(|n| n.as_str() < *s)))
+            .collect();
         let mut shards = Vec::with_capacity(shard_names.len());
         for name in &shard_names {
             let p: PathBuf = dir.join(name);

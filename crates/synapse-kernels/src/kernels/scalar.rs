@@ -216,7 +216,11 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         T::Q6_K => (ActKind::Q8K, dot_q6_k),
         _ => return decode_kernel(ty),
     };
-    Some(Kernel { act, dot })
+    Some(Kernel {
+        act,
+        dot,
+        dot4: None,
+    })
 }
 
 /// A decode-then-dot kernel for `ty` when a block decoder exists.
@@ -239,5 +243,6 @@ pub(crate) fn decode_kernel(ty: GgmlType) -> Option<Kernel> {
     Some(Kernel {
         act: ActKind::F32,
         dot,
+        dot4: None,
     })
 }

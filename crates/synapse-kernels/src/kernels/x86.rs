@@ -11,7 +11,7 @@
 //!   never saturate (≤ 2·128·127).
 //! - Offsets (−8, −16, −32) and minimums are applied through the activation block sums.
 
-use super::{DotFn, Kernel};
+use super::{Dot4Fn, DotFn, Kernel};
 use crate::act::ActKind;
 use crate::dispatch::KernelPath;
 use synapse_formats::GgmlType;
@@ -142,6 +142,177 @@ macro_rules! x86_kernels {
                         corr[i & 1] += c * da * rd(ab.add(4).cast::<i32>()) as f32;
                     }
                     hsum_ps(_mm256_add_ps(acc[0], acc[1])) + corr[0] + corr[1]
+                }
+            }
+
+            /// Four activation rows (`a`, `a + astride`, ...) against one weight row: the
+            /// codes of each block are unpacked once and reused (the many-row register tile).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot4_u32blocks(
+                w: *const u8,
+                a: *const u8,
+                astride: usize,
+                nb: usize,
+                ts: usize,
+                codes: impl Fn(*const u8) -> __m256i,
+                dm: impl Fn(*const u8) -> (f32, f32),
+            ) -> [f32; 4] {
+                unsafe {
+                    let mut acc = [_mm256_setzero_ps(); 4];
+                    let mut corr = [0f32; 4];
+                    for i in 0..nb {
+                        let wb = w.add(i * ts);
+                        let q = codes(wb);
+                        let (d, c) = dm(wb);
+                        for t in 0..4 {
+                            let ab = a.add(t * astride + i * A32);
+                            let p = mul_sum(_mm256_setzero_si256(), q, ld(ab.add(8)));
+                            let da = rd(ab.cast::<f32>());
+                            acc[t] = _mm256_fmadd_ps(
+                                _mm256_set1_ps(d * da),
+                                _mm256_cvtepi32_ps(p),
+                                acc[t],
+                            );
+                            corr[t] += c * da * rd(ab.add(4).cast::<i32>()) as f32;
+                        }
+                    }
+                    [
+                        hsum_ps(acc[0]) + corr[0],
+                        hsum_ps(acc[1]) + corr[1],
+                        hsum_ps(acc[2]) + corr[2],
+                        hsum_ps(acc[3]) + corr[3],
+                    ]
+                }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_q8_0(
+                w: *const u8,
+                a: *const u8,
+                astride: usize,
+                nb: usize,
+            ) -> [f32; 4] {
+                unsafe {
+                    let mut acc = [_mm256_setzero_ps(); 4];
+                    for i in 0..nb {
+                        let wb = w.add(i * 34);
+                        let q = ld(wb.add(2));
+                        let aq = _mm256_sign_epi8(q, q);
+                        let dw = f16(wb);
+                        for t in 0..4 {
+                            let ab = a.add(t * astride + i * A32);
+                            let p = mul_sum(
+                                _mm256_setzero_si256(),
+                                aq,
+                                _mm256_sign_epi8(ld(ab.add(8)), q),
+                            );
+                            let d = _mm256_set1_ps(dw * rd(ab.cast::<f32>()));
+                            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[t]);
+                        }
+                    }
+                    [
+                        hsum_ps(acc[0]),
+                        hsum_ps(acc[1]),
+                        hsum_ps(acc[2]),
+                        hsum_ps(acc[3]),
+                    ]
+                }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_q4_0(
+                w: *const u8,
+                a: *const u8,
+                s: usize,
+                nb: usize,
+            ) -> [f32; 4] {
+                unsafe {
+                    dot4_u32blocks(
+                        w,
+                        a,
+                        s,
+                        nb,
+                        18,
+                        |b| nibbles32(b.add(2)),
+                        |b| {
+                            let d = f16(b);
+                            (d, -8.0 * d)
+                        },
+                    )
+                }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_q4_1(
+                w: *const u8,
+                a: *const u8,
+                s: usize,
+                nb: usize,
+            ) -> [f32; 4] {
+                unsafe {
+                    dot4_u32blocks(
+                        w,
+                        a,
+                        s,
+                        nb,
+                        20,
+                        |b| nibbles32(b.add(4)),
+                        |b| (f16(b), f16(b.add(2))),
+                    )
+                }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_q5_0(
+                w: *const u8,
+                a: *const u8,
+                s: usize,
+                nb: usize,
+            ) -> [f32; 4] {
+                unsafe {
+                    dot4_u32blocks(
+                        w,
+                        a,
+                        s,
+                        nb,
+                        22,
+                        |b| {
+                            _mm256_or_si256(
+                                nibbles32(b.add(6)),
+                                bits_to_0x10(rd(b.add(2).cast::<u32>())),
+                            )
+                        },
+                        |b| {
+                            let d = f16(b);
+                            (d, -16.0 * d)
+                        },
+                    )
+                }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_q5_1(
+                w: *const u8,
+                a: *const u8,
+                s: usize,
+                nb: usize,
+            ) -> [f32; 4] {
+                unsafe {
+                    dot4_u32blocks(
+                        w,
+                        a,
+                        s,
+                        nb,
+                        24,
+                        |b| {
+                            _mm256_or_si256(
+                                nibbles32(b.add(8)),
+                                bits_to_0x10(rd(b.add(4).cast::<u32>())),
+                            )
+                        },
+                        |b| (f16(b), f16(b.add(2))),
+                    )
                 }
             }
 
@@ -479,28 +650,28 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
     macro_rules! table {
         ($m:ident) => {{
             use GgmlType as T;
-            let k: (ActKind, DotFn) = match ty {
-                T::F32 => (ActKind::F32, $m::dot_f32),
-                T::F16 => (ActKind::F32, $m::dot_f16),
-                T::BF16 => (ActKind::F32, $m::dot_bf16),
-                T::Q8_0 => (ActKind::Q8x32, $m::dot_q8_0),
-                T::Q4_0 => (ActKind::Q8x32, $m::dot_q4_0),
-                T::Q4_1 => (ActKind::Q8x32, $m::dot_q4_1),
-                T::Q5_0 => (ActKind::Q8x32, $m::dot_q5_0),
-                T::Q5_1 => (ActKind::Q8x32, $m::dot_q5_1),
-                T::Q4_K => (ActKind::Q8K, $m::dot_q4_k),
-                T::Q5_K => (ActKind::Q8K, $m::dot_q5_k),
-                T::Q6_K => (ActKind::Q8K, $m::dot_q6_k),
+            let k: (ActKind, DotFn, Option<Dot4Fn>) = match ty {
+                T::F32 => (ActKind::F32, $m::dot_f32, None),
+                T::F16 => (ActKind::F32, $m::dot_f16, None),
+                T::BF16 => (ActKind::F32, $m::dot_bf16, None),
+                T::Q8_0 => (ActKind::Q8x32, $m::dot_q8_0, Some($m::dot4_q8_0)),
+                T::Q4_0 => (ActKind::Q8x32, $m::dot_q4_0, Some($m::dot4_q4_0)),
+                T::Q4_1 => (ActKind::Q8x32, $m::dot_q4_1, Some($m::dot4_q4_1)),
+                T::Q5_0 => (ActKind::Q8x32, $m::dot_q5_0, Some($m::dot4_q5_0)),
+                T::Q5_1 => (ActKind::Q8x32, $m::dot_q5_1, Some($m::dot4_q5_1)),
+                T::Q4_K => (ActKind::Q8K, $m::dot_q4_k, None),
+                T::Q5_K => (ActKind::Q8K, $m::dot_q5_k, None),
+                T::Q6_K => (ActKind::Q8K, $m::dot_q6_k, None),
                 _ => return None,
             };
             k
         }};
     }
-    let (act, dot) = match path {
+    let (act, dot, dot4) = match path {
         KernelPath::Avx2 => table!(avx2),
         KernelPath::AvxVnni => table!(avxvnni),
         KernelPath::Avx512Vnni => table!(avx512vnni),
         _ => return None,
     };
-    Some(Kernel { act, dot })
+    Some(Kernel { act, dot, dot4 })
 }

@@ -1,0 +1,163 @@
+//! A package opened as a model: what a runtime needs to load it without the source file.
+//!
+//! [`PackageModel`] yields the same inventory the runtime reads from a GGUF file or a
+//! safetensors checkpoint: a [`SourceDesc`] (metadata in the source's own key naming, and the
+//! tensor table: name, row-major shape, encoding, byte length), the [`ModelIr`] the family
+//! adapter built at import, and each tensor's bytes as a memory map of its verified object.
+//! Byte offsets refer to the objects (always 0), not to the source file.
+
+use crate::error::{ImportError, Result};
+use crate::gguf::GGUF_METADATA_MEDIA_TYPE;
+use crate::import::ggml_type_of;
+use std::collections::HashMap;
+use std::path::Path;
+use synapse_cas::{Object, Package};
+use synapse_formats::gguf::GgufFile;
+use synapse_model::{ModelIr, SourceDesc, SourceTensor};
+
+/// A package ready to be loaded by a runtime.
+pub struct PackageModel {
+    package: Package,
+    desc: SourceDesc,
+    ir: ModelIr,
+    objects: HashMap<String, Object>,
+    gguf_metadata: Option<GgufFile>,
+}
+
+impl std::fmt::Debug for PackageModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackageModel")
+            .field("package", &self.package.hash())
+            .field("family", &self.ir.family)
+            .field("tensors", &self.objects.len())
+            .finish()
+    }
+}
+
+impl PackageModel {
+    /// Opens a package directory, or a package hash (prefix) in `store`.
+    pub fn open(query: &str, store: &Path) -> Result<PackageModel> {
+        PackageModel::from_package(Package::open(query, store)?)
+    }
+
+    /// Opens every tensor object (verified) and rebuilds the source description.
+    pub fn from_package(package: Package) -> Result<PackageModel> {
+        let bad = |reason: String| ImportError::BadPackage {
+            package: package.hash().to_string(),
+            reason,
+        };
+        let m = package.manifest();
+        let meta_blob = m
+            .metadata
+            .as_ref()
+            .ok_or_else(|| bad("no metadata blob".into()))?;
+        let meta = package.blob(meta_blob)?;
+        let mut tensors = Vec::with_capacity(m.tensors.len());
+        for t in &m.tensors {
+            let encoding = ggml_type_of(&t.encoding)
+                .ok_or_else(|| bad(format!("tensor `{}` has encoding {}", t.name, t.encoding)))?;
+            tensors.push(SourceTensor {
+                name: t.name.clone(),
+                shape: t.dims.iter().rev().copied().collect(),
+                encoding,
+                file: 0,
+                offset: 0,
+                n_bytes: t.size,
+            });
+        }
+        let (desc, gguf_metadata) = if meta_blob.media_type == GGUF_METADATA_MEDIA_TYPE {
+            let f = GgufFile::from_bytes(meta.to_vec())?;
+            let mut desc = SourceDesc::from_gguf(&f)?;
+            desc.tensors = tensors;
+            (desc, Some(f))
+        } else {
+            let text = std::str::from_utf8(&meta)
+                .map_err(|e| bad(format!("config.json blob is not UTF-8: {e}")))?;
+            (SourceDesc::from_hf_config(text, tensors)?, None)
+        };
+        // The stored graph is the IR built at import; re-running the adapter on the rebuilt
+        // description must accept it too (a package never bypasses validation).
+        let rebuilt = synapse_model::build_ir(&desc)?;
+        let ir = match &m.graph {
+            Some(g) => {
+                let bytes = package.blob(g)?;
+                match serde_json::from_slice::<ModelIr>(&bytes) {
+                    Ok(ir) => ir,
+                    Err(e) => {
+                        tracing::warn!(
+                            "stored graph unreadable by this build ({e}); using the rebuilt IR"
+                        );
+                        rebuilt
+                    }
+                }
+            }
+            None => rebuilt,
+        };
+        let mut objects = HashMap::with_capacity(m.tensors.len());
+        for t in &m.tensors {
+            let o = package.store().get(&t.object)?;
+            if o.len() as u64 != t.size {
+                return Err(bad(format!(
+                    "tensor `{}` is {} bytes, manifest says {}",
+                    t.name,
+                    o.len(),
+                    t.size
+                )));
+            }
+            objects.insert(t.name.clone(), o);
+        }
+        Ok(PackageModel {
+            package,
+            desc,
+            ir,
+            objects,
+            gguf_metadata,
+        })
+    }
+
+    /// The package.
+    pub fn package(&self) -> &Package {
+        &self.package
+    }
+
+    /// Metadata and tensor table, as `SourceDesc::from_gguf` / `from_safetensors` give them
+    /// for the source (offsets aside).
+    pub fn desc(&self) -> &SourceDesc {
+        &self.desc
+    }
+
+    /// The model graph built by the family adapter at import.
+    pub fn ir(&self) -> &ModelIr {
+        &self.ir
+    }
+
+    /// A tensor's bytes by name (aliases resolve to their target), memory-mapped.
+    pub fn tensor_bytes(&self, name: &str) -> Result<&[u8]> {
+        let stored = &self.package.tensor(name)?.name;
+        self.objects
+            .get(stored)
+            .map(|o| &o[..])
+            .ok_or_else(|| synapse_cas::CasError::NoSuchTensor(name.to_string()).into())
+    }
+
+    /// For GGUF-sourced packages: the metadata as a (tensor-less) GGUF file, from which the
+    /// tokenizer and chat template load exactly as from the source.
+    pub fn gguf_metadata(&self) -> Option<&GgufFile> {
+        self.gguf_metadata.as_ref()
+    }
+
+    /// For safetensors-sourced packages: `tokenizer.json` and `tokenizer_config.json` bytes.
+    pub fn hf_tokenizer(&self) -> Result<Option<(Object, Option<Object>)>> {
+        let Some(t) = &self.package.manifest().tokenizer else {
+            return Ok(None);
+        };
+        let Some(file) = &t.file else {
+            return Ok(None);
+        };
+        let config = match &t.config {
+            Some(c) => Some(self.package.blob(c)?),
+            None => None,
+        };
+        Ok(Some((self.package.blob(file)?, config)))
+    }
+}

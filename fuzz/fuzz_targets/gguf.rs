@@ -1,0 +1,22 @@
+//! Fuzzes the GGUF reader: any input must give `Ok` or a typed error, never a panic, and an
+//! accepted file's tensor views must be exactly as long as their infos say.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use synapse_formats::gguf::GgufFile;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(f) = GgufFile::from_bytes(data.to_vec()) {
+        for t in f.tensors() {
+            assert_eq!(f.tensor_data(t).len() as u64, t.n_bytes);
+            assert!(t.offset + t.n_bytes <= f.file_len());
+            assert_eq!(f.tensor(&t.name), Some(t));
+            let _ = t.ty.ggml();
+        }
+        for (k, v) in f.metadata() {
+            assert_eq!(f.get(k), Some(v));
+            let _ = (v.as_u64(), v.as_i64(), v.as_f32(), v.as_str(), v.as_strings());
+        }
+        let _ = f.architecture();
+    }
+});
