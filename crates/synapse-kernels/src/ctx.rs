@@ -76,12 +76,17 @@ impl KernelCtx {
 }
 
 /// Which thread pool runs the row chunks.
+///
+/// Measured on the shared 2-core development machine (load ≈ 17 from other builds), rayon was
+/// faster for decode-sized work (q5_0 2048×640, 1 row: best 155–206 µs vs 267–275 µs with the
+/// spin pool), because a spinning caller waits for a worker the scheduler has parked. ggml's
+/// spin-then-park approach should win on a quiet machine; `SYNAPSE_KERNEL_POOL=spin` selects it
+/// for that comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolKind {
-    /// Persistent workers that spin ~200 µs, then park (the default: the cheapest wake-up for
-    /// decode-sized work).
+    /// Persistent workers that spin ~200 µs, then park (ggml's approach).
     Spin,
-    /// A dedicated rayon pool (`scope` + `spawn` per chunk).
+    /// A dedicated rayon pool (`scope` + `spawn` per chunk); the default.
     Rayon,
 }
 
@@ -89,11 +94,11 @@ pub enum PoolKind {
 pub const POOL_ENV: &str = "SYNAPSE_KERNEL_POOL";
 
 impl PoolKind {
-    /// `SYNAPSE_KERNEL_POOL` if set to `rayon`, else [`PoolKind::Spin`].
+    /// `SYNAPSE_KERNEL_POOL` if set to `spin`, else [`PoolKind::Rayon`].
     pub fn from_env() -> Self {
         match std::env::var(POOL_ENV) {
-            Ok(v) if v.trim().eq_ignore_ascii_case("rayon") => PoolKind::Rayon,
-            _ => PoolKind::Spin,
+            Ok(v) if v.trim().eq_ignore_ascii_case("spin") => PoolKind::Spin,
+            _ => PoolKind::Rayon,
         }
     }
 }

@@ -131,8 +131,16 @@ impl SpinPool {
             s.cv.notify_all();
         }
         s.run_chunks(job);
+        // Spin briefly, then yield: on an oversubscribed machine the worker we wait for may be
+        // waiting for this very core.
+        let mut spins = 0u32;
         while s.pending.load(Acquire) != 0 {
-            std::hint::spin_loop();
+            if spins < 4096 {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         if s.panicked.swap(false, SeqCst) {
             panic!("a synapse-kernels worker panicked");
