@@ -3,6 +3,7 @@
 mod bench_vs_llama;
 mod iq_tables;
 mod membw;
+mod import;
 mod oracle_env;
 mod tokenizer_fixtures;
 mod vocab_suite;
@@ -25,6 +26,8 @@ enum Command {
     Membw(membw::Args),
     /// Create (or reuse) the oracle Python venv with gguf, numpy and llama-cpp-python.
     OracleEnv(oracle_env::Args),
+    /// Import a GGUF file or safetensors checkpoint as a Synapse package (as `synapse-cli import`).
+    Import(import::Args),
     /// Fetch llama.cpp's tokenizer test suite (ggml-vocab-*.gguf + .inp/.out) into the cache.
     VocabSuite(vocab_suite::Args),
     /// Regenerate fixtures/tokenizer: Gemma 3 tokenizations by llama.cpp, chat templates by transformers.
@@ -45,6 +48,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Membw(a) => membw::run(a),
         Command::OracleEnv(a) => oracle_env::run(a),
+        Command::Import(a) => import::run(a),
         Command::VocabSuite(a) => vocab_suite::run(a),
         Command::TokenizerFixtures(a) => tokenizer_fixtures::run(a),
         Command::IqTables(a) => iq_tables::run(a),

@@ -18,6 +18,10 @@ struct Cli {
 enum Command {
     /// Show a model file's format, metadata and tensor table.
     Types(cmd::types::Args),
+    /// Import a GGUF file or safetensors checkpoint as a Synapse package.
+    Import(cmd::import::Args),
+    /// The content-addressed store: stats, verify, export, gc.
+    Cas(cmd::cas::Args),
     /// Tokenize text with a model's tokenizer and print ids and pieces.
     Tokenize(cmd::tokenize::Args),
     /// Show a GGUF or safetensors model's format, metadata, tensor table and type histogram.
@@ -41,6 +45,8 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Types(a) => cmd::types::run(a),
+        Command::Import(a) => cmd::import::run(a),
+        Command::Cas(a) => cmd::cas::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Tensor(a) => cmd::tensor::run(a),

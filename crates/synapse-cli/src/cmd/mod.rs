@@ -5,3 +5,5 @@ pub mod inspect;
 pub mod tensor;
 pub mod tokenize;
 pub mod types;
+pub mod import;
+pub mod cas;
