@@ -488,3 +488,26 @@ fn fuzz_seed_corpus_opens() {
     }
     assert!(n >= 5, "{n} seeds in {}", dir.display());
 }
+
+/// Fuzz finding (gguf target, crash-e5c4fa98): a NaN metadata value made the harness's
+/// `get(k) == Some(v)` check fail (NaN ≠ NaN). The reader was right; this pins that NaN
+/// floats read back as NaN, bit for bit, and that `get` returns the file's own entry.
+#[test]
+fn regression_fuzz_nan_metadata_value() {
+    let nan64 = f64::from_bits(0x7ff8_0000_0000_0001);
+    let mut r = Raw::header(3, 0, 2);
+    r.str(b"x").u32(12).bytes(&nan64.to_bits().to_le_bytes());
+    r.str(b"y").u32(6).bytes(&0xffc0_0001u32.to_le_bytes());
+    let f = r.open().unwrap();
+    for (k, v) in f.metadata() {
+        assert!(f.get(k).is_some_and(|g| std::ptr::eq(g, v)));
+    }
+    match f.get("x") {
+        Some(GgufValue::F64(v)) => assert_eq!(v.to_bits(), nan64.to_bits()),
+        other => panic!("{other:?}"),
+    }
+    match f.get("y") {
+        Some(GgufValue::F32(v)) => assert_eq!(v.to_bits(), 0xffc0_0001),
+        other => panic!("{other:?}"),
+    }
+}
