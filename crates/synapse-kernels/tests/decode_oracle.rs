@@ -66,6 +66,13 @@ fn decoders_match_ggml_to_float_bit_exactly() {
         T::MXFP4,
         T::TQ1_0,
         T::TQ2_0,
+        T::IQ2_XXS,
+        T::IQ2_XS,
+        T::IQ2_S,
+        T::IQ3_XXS,
+        T::IQ3_S,
+        T::IQ1_S,
+        T::IQ1_M,
     ] {
         assert!(
             checked.contains(&must),

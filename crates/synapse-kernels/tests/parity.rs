@@ -22,6 +22,19 @@ fn encodings() -> Vec<GgmlType> {
         T::Q4_K,
         T::Q5_K,
         T::Q6_K,
+        T::Q2_K,
+        T::Q3_K,
+        T::IQ4_NL,
+        T::IQ4_XS,
+        T::MXFP4,
+        T::TQ1_0,
+        T::TQ2_0,
+        T::IQ2_XXS,
+        T::IQ2_XS,
+        T::IQ2_S,
+        T::IQ3_XXS,
+        T::IQ3_S,
+        T::IQ1_S,
     ]
 }
 

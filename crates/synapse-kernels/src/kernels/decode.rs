@@ -1,5 +1,6 @@
-//! Scalar decoders of one block to f32, for the encodings that have native kernels. They are
-//! the f32 side of "decode-then-dot", used for embedding-row lookups and as the generic path.
+//! Scalar decoders of one block to f32 (the kernels' own for the common encodings, the formats
+//! ring's `decode::dequantize` for the rest). They are the f32 side of "decode-then-dot", used
+//! for embedding-row lookups and as the generic path.
 
 use crate::blocks::*;
 use synapse_formats::GgmlType;
@@ -168,7 +169,9 @@ pub(crate) fn decode_block(ty: GgmlType, b: &[u8], out: &mut [f32]) -> bool {
                 }
             }
         }
-        _ => return false,
+        // Everything else (the IQ1–IQ3 grid types, NVFP4, Q1_0/Q2_0, Q8_1/Q8_K): the formats
+        // ring's decoders, which are checked against ggml's `to_float`.
+        _ => return ty.is_quantized() && synapse_formats::decode::dequantize(ty, b, out).is_ok(),
     }
     true
 }
