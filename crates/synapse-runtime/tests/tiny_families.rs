@@ -1,0 +1,149 @@
+//! Tiny random-weight models of every family (fixtures from `cargo xtask tiny-models`):
+//! Synapse's logits at every position of three sequences against transformers (safetensors,
+//! f32) and llama.cpp (the same models converted to GGUF F32 and Q8_0).
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::Value;
+use synapse_runtime::{Executor, KvCache, KvDtype, Model, Row};
+
+/// Logits for every position of every sequence, concatenated.
+fn run_all(model_path: &Path, seqs: &[Vec<u32>]) -> Vec<f32> {
+    let model = Arc::new(Model::load(model_path).unwrap());
+    let mut exec = Executor::new(model.clone(), 1).unwrap();
+    let mut out = Vec::new();
+    for s in seqs {
+        let mut kv = KvCache::new(&model, KvDtype::F32, 1, 128, 64).unwrap();
+        kv.open(0).unwrap();
+        let rows: Vec<Row> = s
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| Row {
+                slot: 0,
+                pos: i as u32,
+                token: t,
+                logits: true,
+            })
+            .collect();
+        out.extend_from_slice(exec.forward(&mut kv, &rows).unwrap());
+    }
+    out
+}
+
+fn read_f32(p: &Path) -> Vec<f32> {
+    std::fs::read(p)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// (max |Δ|, max |Δ| / max |ref|).
+fn compare(ours: &[f32], reference: &[f32]) -> (f64, f64) {
+    assert_eq!(ours.len(), reference.len());
+    let mut max_abs = 0.0f64;
+    let mut scale = 0.0f64;
+    for (&a, &b) in ours.iter().zip(reference) {
+        max_abs = max_abs.max((a as f64 - b as f64).abs());
+        scale = scale.max((b as f64).abs());
+    }
+    (max_abs, max_abs / scale.max(1e-12))
+}
+
+fn check_family(family: &str, quantized: bool) {
+    let dir = common::workspace_root().join("fixtures/tiny").join(family);
+    if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+        return;
+    }
+    let oracle: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
+    let seqs: Vec<Vec<u32>> = oracle["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            s.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        })
+        .collect();
+    // (source, reference logits, relative tolerance)
+    // - safetensors vs transformers, f32: the 1e-4 relative.
+    // - GGUF F32 vs llama.cpp: 1e-4 relative (same f32 weights, ggml numerics).
+    // - GGUF Q8_0 vs llama.cpp: both quantize activations to Q8_0 the same way; 1e-3 relative
+    //   leaves room for f32 summation order inside the integer-block dots.
+    let cases = if quantized {
+        vec![(
+            dir.join("model.q8_0.gguf"),
+            dir.join("logits.llama-q8_0.f32"),
+            1e-3,
+        )]
+    } else {
+        vec![
+            (dir.clone(), dir.join("logits.hf.f32"), 1e-4),
+            (
+                dir.join("model.f32.gguf"),
+                dir.join("logits.llama-f32.f32"),
+                1e-4,
+            ),
+        ]
+    };
+    let mut failures = Vec::new();
+    for (src, refp, tol) in cases {
+        let ours = run_all(&src, &seqs);
+        let (abs, rel) = compare(&ours, &read_f32(&refp));
+        let name = src.file_name().unwrap().to_string_lossy().to_string();
+        eprintln!(
+            "{family:7} {name:18} vs {:24} max|Δ| {abs:.3e} rel {rel:.3e} (tol {tol:.0e})",
+            refp.file_name().unwrap().to_string_lossy()
+        );
+        if rel > tol {
+            failures.push(format!("{family} {name}: rel {rel:.3e} > {tol:.0e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn tiny_llama() {
+    check_family("llama", false);
+}
+
+#[test]
+fn tiny_qwen2() {
+    check_family("qwen2", false);
+}
+
+#[test]
+fn tiny_gemma3() {
+    check_family("gemma3", false);
+}
+
+// Known gap (measured 2026-11-30): Q8_0 GGUFs differ from llama.cpp by 1.9e-2 (llama),
+// 2.2e-2 (qwen2), 3.0e-2 (gemma3) relative, while the F32 GGUFs of the same models agree to
+// < 1e-4: the quantized matmul path (activation quantization / integer dots in
+// synapse-kernels) does not yet reproduce ggml's, which is also what keeps the real Q4_K_M
+// model's logits ≈ 1 away from llama.cpp's (see parity_gemma3.rs).
+
+#[test]
+#[ignore = "known gap: quantized path 2-3e-2 relative from llama.cpp"]
+fn tiny_llama_q8_0() {
+    check_family("llama", true);
+}
+
+#[test]
+#[ignore = "known gap: quantized path 2-3e-2 relative from llama.cpp"]
+fn tiny_qwen2_q8_0() {
+    check_family("qwen2", true);
+}
+
+#[test]
+#[ignore = "known gap: quantized path 2-3e-2 relative from llama.cpp"]
+fn tiny_gemma3_q8_0() {
+    check_family("gemma3", true);
+}
