@@ -1,15 +1,15 @@
 //! `cargo xtask`: project automation. One module per task; each documents what it regenerates.
 
 mod bench_vs_llama;
+mod import;
 mod iq_tables;
 mod membw;
-mod import;
 mod oracle_env;
-mod tokenizer_fixtures;
-mod vocab_suite;
 mod oracle_fixtures;
 mod parity_fixtures;
 mod tiny_models;
+mod tokenizer_fixtures;
+mod vocab_suite;
 
 use clap::{Parser, Subcommand};
 

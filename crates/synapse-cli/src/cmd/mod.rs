@@ -1,9 +1,9 @@
 //! One module per subcommand.
+pub mod cas;
 pub mod fetch_model;
 pub mod generate;
+pub mod import;
 pub mod inspect;
 pub mod tensor;
 pub mod tokenize;
 pub mod types;
-pub mod import;
-pub mod cas;
