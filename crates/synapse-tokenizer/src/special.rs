@@ -5,6 +5,36 @@
 //! user-defined tokens always do. Tokens flagged LSTRIP/RSTRIP eat the whitespace beside them.
 
 use crate::tokenizer::{Tokenizer, attr, c_isspace};
+use aho_corasick::AhoCorasick;
+use std::collections::HashSet;
+
+/// One Aho–Corasick automaton over every special token's text, so that [`partition`] only
+/// visits the special tokens that occur in the input: one pass over the text instead of one
+/// substring search per special token (Gemma 3 has about 6,000 of them).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SpecialMatcher {
+    ac: Option<AhoCorasick>,
+    ids: Vec<u32>,
+}
+
+impl SpecialMatcher {
+    pub(crate) fn new<'a>(items: impl Iterator<Item = (u32, &'a str)>) -> Self {
+        let (ids, pats): (Vec<u32>, Vec<&str>) = items.filter(|(_, t)| !t.is_empty()).unzip();
+        // If the automaton cannot be built, `present` answers None and every token is tried.
+        let ac = AhoCorasick::new(&pats).ok();
+        Self { ac, ids }
+    }
+
+    /// The ids whose text occurs anywhere in `text`; `None` when there is no automaton.
+    fn present(&self, text: &str) -> Option<HashSet<u32>> {
+        let ac = self.ac.as_ref()?;
+        Some(
+            ac.find_overlapping_iter(text)
+                .filter_map(|m| self.ids.get(m.pattern().as_usize()).copied())
+                .collect(),
+        )
+    }
+}
 
 /// A piece of the partitioned input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,7 +48,14 @@ pub(crate) enum Fragment {
 pub(crate) fn partition(tok: &Tokenizer, text: &str, parse_special: bool) -> Vec<Fragment> {
     let bytes = text.as_bytes();
     let mut frags = vec![Fragment::Text(0, text.len())];
+    // Every fragment is a substring of `text`: a token absent from it occurs in no fragment.
+    let present = tok.special_matcher().present(text);
     for &id in tok.special_cache() {
+        if let Some(p) = &present
+            && !p.contains(&id)
+        {
+            continue;
+        }
         let a = tok.token_attr(id);
         if !parse_special && a & (attr::CONTROL | attr::UNKNOWN) != 0 {
             continue;

@@ -3,7 +3,7 @@
 use crate::bytes::{byte_to_char_table, char_to_byte};
 use crate::error::{Result, TokenizerError};
 use crate::pretokenize::{PreSpec, PreTokenizer, pre_spec};
-use crate::special::{Fragment, partition};
+use crate::special::{Fragment, SpecialMatcher, partition};
 use crate::vocab::{ModelKind, Vocab, token_type};
 use crate::{bpe, spm};
 use std::collections::{BTreeSet, HashMap};
@@ -68,6 +68,7 @@ pub struct Tokenizer {
     specials: Specials,
     eog: BTreeSet<u32>,
     special_cache: Vec<u32>,
+    special_matcher: SpecialMatcher,
     pieces: Vec<Vec<u8>>,
     chat_template: Option<String>,
 }
@@ -329,6 +330,7 @@ impl Tokenizer {
             specials: Specials::default(),
             eog: BTreeSet::new(),
             special_cache: Vec::new(),
+            special_matcher: SpecialMatcher::default(),
             pieces: Vec::new(),
             chat_template,
         };
@@ -423,6 +425,11 @@ impl Tokenizer {
                 .len()
                 .cmp(&tok.tokens[a as usize].text.len())
         });
+        tok.special_matcher = SpecialMatcher::new(
+            cache
+                .iter()
+                .map(|&id| (id, tok.tokens[id as usize].text.as_str())),
+        );
         tok.special_cache = cache;
 
         // Piece cache (special = true).
@@ -528,6 +535,10 @@ impl Tokenizer {
     }
     pub(crate) fn special_cache(&self) -> &[u32] {
         &self.special_cache
+    }
+
+    pub(crate) fn special_matcher(&self) -> &SpecialMatcher {
+        &self.special_matcher
     }
 
     // ---- public API ----
