@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::time::Instant;
 
 const BIN: &str = env!("CARGO_BIN_EXE_synapse-cli");
 
@@ -55,6 +55,12 @@ fn killed_imports_leave_a_consistent_store_and_reimport_completes() {
     common::write_gguf(&src, MEDIUM, &[]);
     let store = tmp.path().join("store");
 
+    // Time one whole import on this machine, so the kills land inside imports whatever the
+    // machine's speed (a fixed range of delays let every import finish on a quiet machine).
+    let t0 = Instant::now();
+    ok(&["import", p(&src), "--out", p(&tmp.path().join("timing"))]);
+    let whole = t0.elapsed();
+
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut interrupted = 0;
     for _ in 0..8 {
@@ -67,7 +73,9 @@ fn killed_imports_leave_a_consistent_store_and_reimport_completes() {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        std::thread::sleep(Duration::from_millis(10 + rng % 700));
+        // Somewhere between 5% and 85% of a whole import.
+        let percent = 5 + (rng % 81) as u32;
+        std::thread::sleep(whole * percent / 100);
         let finished = child.try_wait().unwrap().is_some();
         child.kill().ok();
         child.wait().unwrap();
