@@ -13,7 +13,7 @@
 //!   `head_dim^-1/2` (and `(hidden/heads)^-1/2` for the 62-layer 27B).
 
 use crate::error::Result;
-use crate::family::{Builder, HfRopeScaling, gguf_rope_freq_scale, hf_rope_scaling};
+use crate::family::{Builder, CoreDims, HfRopeScaling, gguf_rope_freq_scale, hf_rope_scaling};
 use crate::ir::*;
 use crate::source::{MetaValue, SourceDesc};
 
@@ -21,22 +21,14 @@ use crate::source::{MetaValue, SourceDesc};
 pub fn build(src: &SourceDesc) -> Result<ModelIr> {
     let mut b = Builder::new("gemma3", src);
     let gguf = b.is_gguf();
-    let n_layers = b.dim("block_count", "num_hidden_layers")?;
-    let hidden = b.dim("embedding_length", "hidden_size")?;
-    let ffn = b.dim("feed_forward_length", "intermediate_size")?;
-    let n_heads = b.dim("attention.head_count", "num_attention_heads")?;
-    let n_kv_heads = b
-        .opt_u32("attention.head_count_kv", "num_key_value_heads")?
-        .unwrap_or(n_heads);
-    if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
-        return Err(b.invalid(
-            "head_count_kv",
-            format!("{n_kv_heads} does not divide {n_heads}"),
-        ));
-    }
-    let head_dim = b
-        .opt_u32("attention.key_length", "head_dim")?
-        .unwrap_or(hidden / n_heads);
+    let CoreDims {
+        n_layers,
+        hidden,
+        ffn,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+    } = b.core_dims()?;
     let v_dim = b
         .opt_u32("attention.value_length", "head_dim")?
         .unwrap_or(head_dim);

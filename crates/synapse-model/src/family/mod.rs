@@ -48,6 +48,16 @@ pub fn build_ir(src: &SourceDesc) -> Result<ModelIr> {
     Ok(ir)
 }
 
+/// Dimensions shared by every family (see [`Builder::core_dims`]).
+pub(crate) struct CoreDims {
+    pub n_layers: u32,
+    pub hidden: u32,
+    pub ffn: u32,
+    pub n_heads: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+}
+
 /// Shared adapter plumbing.
 pub(crate) struct Builder<'a> {
     pub family: &'static str,
@@ -111,6 +121,35 @@ impl<'a> Builder<'a> {
             return Err(self.invalid(&self.key(gguf_key, hf_key), "must be positive".into()));
         }
         Ok(v)
+    }
+
+    /// The dimensions every transformer family reads the same way: layers, hidden, FFN, query
+    /// and KV heads (KV heads must divide query heads) and the key head dim.
+    pub fn core_dims(&self) -> Result<CoreDims> {
+        let n_layers = self.dim("block_count", "num_hidden_layers")?;
+        let hidden = self.dim("embedding_length", "hidden_size")?;
+        let ffn = self.dim("feed_forward_length", "intermediate_size")?;
+        let n_heads = self.dim("attention.head_count", "num_attention_heads")?;
+        let n_kv_heads = self
+            .opt_u32("attention.head_count_kv", "num_key_value_heads")?
+            .unwrap_or(n_heads);
+        if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+            return Err(self.invalid(
+                "head_count_kv",
+                format!("{n_kv_heads} does not divide {n_heads}"),
+            ));
+        }
+        let head_dim = self
+            .opt_u32("attention.key_length", "head_dim")?
+            .unwrap_or(hidden / n_heads);
+        Ok(CoreDims {
+            n_layers,
+            hidden,
+            ffn,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+        })
     }
 
     pub fn opt_f32(&self, gguf_key: &str, hf_key: &str) -> Result<Option<f32>> {
