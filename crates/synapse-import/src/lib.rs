@@ -26,4 +26,4 @@ pub use export::export_gguf;
 pub use import::{
     CONVERTER, CONVERTER_VERSION, Destination, ImportReport, SourceFormat, detect, import, summary,
 };
-pub use package_model::PackageModel;
+pub use package_model::{PackageModel, is_package_dir};

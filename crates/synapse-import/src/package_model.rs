@@ -15,6 +15,11 @@ use synapse_cas::{Object, Package};
 use synapse_formats::gguf::GgufFile;
 use synapse_model::{ModelIr, SourceDesc, SourceTensor};
 
+/// Whether `path` is a self-contained package directory (it holds a `manifest.toml`).
+pub fn is_package_dir(path: &Path) -> bool {
+    path.is_dir() && path.join(synapse_cas::store::MANIFEST_FILE).is_file()
+}
+
 /// A package ready to be loaded by a runtime.
 pub struct PackageModel {
     package: Package,
@@ -38,6 +43,11 @@ impl PackageModel {
     /// Opens a package directory, or a package hash (prefix) in `store`.
     pub fn open(query: &str, store: &Path) -> Result<PackageModel> {
         PackageModel::from_package(Package::open(query, store)?)
+    }
+
+    /// Opens a self-contained package directory (`DIR/manifest.toml` + `DIR/objects/`).
+    pub fn open_dir(dir: &Path) -> Result<PackageModel> {
+        PackageModel::from_package(Package::open_dir(dir)?)
     }
 
     /// Opens every tensor object (verified) and rebuilds the source description.

@@ -14,6 +14,10 @@ pub enum RuntimeError {
     /// A kernel rejected a weight or a shape.
     #[error(transparent)]
     Kernel(#[from] synapse_kernels::KernelError),
+    /// A Synapse package could not be opened as a model (missing, corrupt or inconsistent
+    /// objects, a graph the family adapter refuses).
+    #[error(transparent)]
+    Package(#[from] synapse_import::ImportError),
     /// The path is neither a GGUF file nor a safetensors checkpoint.
     #[error("{path}: {reason}")]
     NotAModel {

@@ -1,7 +1,9 @@
 //! `synapse-runtime`: the core that wires the rings together.
 //!
 //! - [`Model::load`]: a model path → IR (through `synapse-model`'s family adapters) → weights
-//!   in their [`PrecisionProfile`] encodings as `synapse-kernels` matrices (no f32 copy).
+//!   in their [`PrecisionProfile`] encodings as `synapse-kernels` matrices (no f32 copy);
+//!   [`Model::load_package`]: the same from a Synapse package (`synapse-import`'s
+//!   `PackageModel`: its stored graph and verified objects).
 //! - [`Executor::forward`]: one pass over a ragged batch of [`Row`]s (session, position,
 //!   token), several sessions per pass, logits only where asked.
 //! - [`KvCache`]: per-session slots, f32 or f16, sliding-window rings, prefix reuse, an

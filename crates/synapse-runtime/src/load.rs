@@ -1,4 +1,5 @@
-//! Loading: a path (GGUF file or safetensors checkpoint) → IR → executable weights.
+//! Loading: a path (GGUF file, safetensors checkpoint or Synapse package directory) → IR →
+//! executable weights.
 //!
 //! Weights stay in their profile encoding (no f32 copy of the model): each linear weight
 //! becomes a [`QuantMatrix`] of the kernels ring; only norm weights, biases and RoPE factors
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use synapse_formats::GgmlType;
 use synapse_formats::gguf::GgufFile;
 use synapse_formats::safetensors::SafetensorsModel;
+use synapse_import::PackageModel;
 use synapse_kernels::QuantMatrix;
 use synapse_model::{
     Activation, FreqFactors, Linear, ModelIr, RmsNorm, RopeStyle, SourceDesc, SourceKind, WeightId,
@@ -19,17 +21,21 @@ use crate::error::{Result, RuntimeError};
 use crate::profile::PrecisionProfile;
 
 /// Byte access to the source files while loading.
-enum Source {
+enum Source<'a> {
     Gguf(GgufFile),
     Safetensors(SafetensorsModel),
+    /// A Synapse package: verified, memory-mapped objects; tied aliases resolve to their
+    /// stored target.
+    Package(&'a PackageModel),
 }
 
-impl Source {
+impl Source<'_> {
     fn bytes(&self, ir: &ModelIr, id: WeightId) -> Result<&[u8]> {
         let w = ir.weight(id);
         let data = match self {
             Source::Gguf(f) => f.tensor(&w.name).map(|t| f.tensor_data(t)),
             Source::Safetensors(m) => m.tensor(&w.name).map(|t| t.bytes),
+            Source::Package(p) => Some(p.tensor_bytes(&w.name)?),
         };
         let data = data.ok_or_else(|| RuntimeError::WeightData {
             name: w.name.clone(),
@@ -150,11 +156,26 @@ pub struct Model {
 impl Model {
     /// Loads a GGUF file, a safetensors file, or a checkpoint directory (`config.json` +
     /// safetensors), in its source precision.
+    ///
+    /// A directory holding a `manifest.toml` is opened as a self-contained Synapse package
+    /// ([`Model::load_package`]).
     pub fn load(path: &Path) -> Result<Self> {
+        if synapse_import::is_package_dir(path) {
+            return Self::load_package(&PackageModel::open_dir(path)?);
+        }
         let (source, desc) = open_source(path)?;
         let ir = synapse_model::build_ir(&desc)?;
         let profile = PrecisionProfile::source(&ir);
         Self::from_source(&source, ir, profile)
+    }
+
+    /// Loads an opened Synapse package in its source precision: the graph the family adapter
+    /// built at import, weights from the package's verified objects (tied aliases resolve to
+    /// the one stored tensor). Gives the same model as loading the source file.
+    pub fn load_package(package: &PackageModel) -> Result<Self> {
+        let ir = package.ir().clone();
+        let profile = PrecisionProfile::source(&ir);
+        Self::from_source(&Source::Package(package), ir, profile)
     }
 
     fn from_source(src: &Source, ir: ModelIr, profile: PrecisionProfile) -> Result<Self> {
@@ -325,7 +346,7 @@ fn vector(src: &Source, ir: &ModelIr, id: WeightId) -> Result<Vec<f32>> {
 }
 
 /// Opens a model path and describes it.
-fn open_source(path: &Path) -> Result<(Source, SourceDesc)> {
+fn open_source(path: &Path) -> Result<(Source<'static>, SourceDesc)> {
     let not_model = |reason: String| RuntimeError::NotAModel {
         path: path.display().to_string(),
         reason,

@@ -85,6 +85,23 @@ impl Tokenizer {
         let (vocab, template) = vocab_from_hf_json(&j, config.as_ref())?;
         Self::with_template(vocab, template)
     }
+
+    /// [`Tokenizer::from_hf_tokenizer_json`] from bytes already in memory (e.g. the
+    /// `tokenizer.json` and `tokenizer_config.json` objects of a Synapse package).
+    pub fn from_hf_tokenizer_json_bytes(
+        tokenizer_json: &[u8],
+        tokenizer_config: Option<&[u8]>,
+    ) -> Result<Self> {
+        let parse = |what: &str, b: &[u8]| -> Result<Value> {
+            serde_json::from_slice(b).map_err(|e| bad(format!("{what}: {e}")))
+        };
+        let j = parse("tokenizer.json", tokenizer_json)?;
+        let config = tokenizer_config
+            .map(|b| parse("tokenizer_config.json", b))
+            .transpose()?;
+        let (vocab, template) = vocab_from_hf_json(&j, config.as_ref())?;
+        Self::with_template(vocab, template)
+    }
 }
 
 /// Maps a parsed `tokenizer.json` (and optional `tokenizer_config.json`) onto a [`Vocab`].

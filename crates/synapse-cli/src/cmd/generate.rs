@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use clap::Args as ClapArgs;
+use synapse_import::PackageModel;
 use synapse_runtime::{
     Executor, GenerateParams, KvCache, KvDtype, Model, SamplingParams, generate,
 };
@@ -17,10 +18,15 @@ use synapse_tokenizer::{ChatTemplate, Message, Tokenizer};
 pub struct Args {
     /// The prompt (read from stdin when absent).
     prompt: Option<String>,
-    /// A GGUF file or a safetensors checkpoint directory (default: Gemma 3 270M Q4_K_M from
-    /// the model cache).
+    /// A GGUF file, a safetensors checkpoint directory, a Synapse package directory (made by
+    /// `import --out`), or a package hash (or unique prefix, at least 8 hex digits) in the
+    /// store (default: Gemma 3 270M Q4_K_M from the model cache).
     #[arg(long, short = 'm', env = "SYNAPSE_MODEL")]
     model: Option<PathBuf>,
+    /// The store package hashes are looked up in (default: `$SYNAPSE_STORE`, else
+    /// `${XDG_DATA_HOME:-~/.local/share}/synapse/store`).
+    #[arg(long)]
+    store: Option<PathBuf>,
     /// Most tokens to generate.
     #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
     n: usize,
@@ -91,13 +97,77 @@ fn default_model() -> anyhow::Result<PathBuf> {
 }
 
 fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
-    if path.is_dir() {
-        let tj = path.join("tokenizer.json");
+    let dir = if path.is_dir() {
+        Some(path)
+    } else if path.extension().is_some_and(|e| e == "safetensors") {
+        // A lone safetensors file: its checkpoint directory holds the tokenizer.
+        Some(path.parent().unwrap_or(Path::new(".")))
+    } else {
+        None
+    };
+    if let Some(dir) = dir {
+        let tj = dir.join("tokenizer.json");
         return Tokenizer::from_hf_tokenizer_json(&tj)
             .with_context(|| format!("reading {}", tj.display()));
     }
     let f = synapse_formats::gguf::GgufFile::open(path)?;
     Ok(Tokenizer::from_gguf(&f)?)
+}
+
+/// A package's tokenizer (and with it the chat template), built from what the package carries
+/// exactly as from the source: the GGUF metadata of a GGUF-sourced package, the
+/// `tokenizer.json` / `tokenizer_config.json` objects of a safetensors-sourced one.
+fn package_tokenizer(pm: &PackageModel) -> anyhow::Result<Tokenizer> {
+    if let Some(f) = pm.gguf_metadata() {
+        return Ok(Tokenizer::from_gguf(f)?);
+    }
+    match pm.hf_tokenizer()? {
+        Some((json, config)) => Ok(Tokenizer::from_hf_tokenizer_json_bytes(
+            &json,
+            config.as_deref(),
+        )?),
+        None => bail!(
+            "package {} carries no tokenizer (its source had no tokenizer.json)",
+            pm.package().hash()
+        ),
+    }
+}
+
+/// What `--model` names.
+enum ModelRef {
+    /// A GGUF file or safetensors checkpoint.
+    Source(PathBuf),
+    /// A Synapse package directory, manifest, or hash (prefix) in the store.
+    Package(String),
+}
+
+/// Tells a source path from a package. An existing directory with a `manifest.toml` (or a
+/// `.toml` manifest file) is a package; any other existing path is a source; a path that does
+/// not exist is looked up as a package hash in the store (typed errors for an unknown hash or
+/// an ambiguous prefix come from the store).
+fn model_ref(arg: &Path) -> anyhow::Result<ModelRef> {
+    let as_package = || {
+        arg.to_str()
+            .map(|s| ModelRef::Package(s.to_string()))
+            .with_context(|| format!("{}: package path is not UTF-8", arg.display()))
+    };
+    if synapse_import::is_package_dir(arg)
+        || (arg.is_file() && arg.extension().is_some_and(|e| e == "toml"))
+    {
+        return as_package();
+    }
+    if arg.exists() {
+        return Ok(ModelRef::Source(arg.to_path_buf()));
+    }
+    let text = arg.to_str().unwrap_or_default();
+    let hex = text.strip_prefix("blake3:").unwrap_or(text);
+    if hex.is_empty() || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!(
+            "{}: no such file or directory (nor a package hash)",
+            arg.display()
+        );
+    }
+    as_package()
 }
 
 /// Runs `generate`.
@@ -121,10 +191,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
 
     let t_load = Instant::now();
-    let model = Arc::new(
-        Model::load(&model_path).with_context(|| format!("loading {}", model_path.display()))?,
-    );
-    let tok = load_tokenizer(&model_path)?;
+    let (model, tok) = match model_ref(&model_path)? {
+        ModelRef::Source(path) => {
+            let model =
+                Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+            (model, load_tokenizer(&path)?)
+        }
+        ModelRef::Package(query) => {
+            let store = args
+                .store
+                .clone()
+                .unwrap_or_else(synapse_cas::default_store_dir);
+            let pm = PackageModel::open(&query, &store)
+                .with_context(|| format!("opening package {query}"))?;
+            let model = Model::load_package(&pm)
+                .with_context(|| format!("loading package {}", pm.package().hash()))?;
+            (model, package_tokenizer(&pm)?)
+        }
+    };
+    let model = Arc::new(model);
     let load_s = t_load.elapsed().as_secs_f64();
 
     let text = if args.chat {
