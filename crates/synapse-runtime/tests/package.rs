@@ -1,0 +1,138 @@
+//! A Synapse package loads as the same model as its source: for every tiny fixture (the
+//! transformers-made safetensors checkpoint, llama.cpp's F32 and Q8_0 GGUF conversions), the
+//! model loaded from its imported package directory has the same IR fingerprint and weight
+//! bytes, and gives bit-identical logits at every position of the oracle sequences.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use synapse_import::progress::Silent;
+use synapse_import::{Destination, PackageModel, import};
+use synapse_runtime::{Executor, KvCache, KvDtype, Model, Row};
+
+/// Logits for every position of every sequence, as bits.
+fn logits(model: Model, seqs: &[Vec<u32>]) -> Vec<u32> {
+    let model = Arc::new(model);
+    let mut exec = Executor::new(model.clone(), 1).unwrap();
+    let mut out = Vec::new();
+    for s in seqs {
+        let mut kv = KvCache::new(&model, KvDtype::F32, 1, 128, 64).unwrap();
+        kv.open(0).unwrap();
+        let rows: Vec<Row> = s
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| Row {
+                slot: 0,
+                pos: i as u32,
+                token: t,
+                logits: true,
+            })
+            .collect();
+        out.extend(
+            exec.forward(&mut kv, &rows)
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits()),
+        );
+    }
+    out
+}
+
+fn sequences(dir: &Path) -> Vec<Vec<u32>> {
+    let oracle: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
+    oracle["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            s.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn packages_load_as_their_sources() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut checked = 0;
+    for family in ["llama", "qwen2", "gemma3"] {
+        let dir = common::workspace_root().join("fixtures/tiny").join(family);
+        if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+            return;
+        }
+        let seqs = sequences(&dir);
+        for src in [
+            dir.clone(),
+            dir.join("model.f32.gguf"),
+            dir.join("model.q8_0.gguf"),
+        ] {
+            let out = tmp.path().join(format!("{family}-{checked}"));
+            checked += 1;
+            import(&src, &Destination::Directory(out.clone()), &Silent).unwrap();
+            let from_src = Model::load(&src).unwrap();
+            // Through `Model::load` on the directory, and through an opened `PackageModel`.
+            let from_dir = Model::load(&out).unwrap();
+            let pm = PackageModel::open_dir(&out).unwrap();
+            let from_pm = Model::load_package(&pm).unwrap();
+            drop(pm);
+            for m in [&from_dir, &from_pm] {
+                assert_eq!(
+                    m.ir.fingerprint,
+                    from_src.ir.fingerprint,
+                    "{}",
+                    src.display()
+                );
+                assert_eq!(m.weight_bytes(), from_src.weight_bytes());
+                assert_eq!(m.gelu_f16_table, from_src.gelu_f16_table);
+            }
+            let want = logits(from_src, &seqs);
+            assert!(!want.is_empty());
+            assert_eq!(logits(from_dir, &seqs), want, "{}", src.display());
+            assert_eq!(logits(from_pm, &seqs), want, "{}", src.display());
+        }
+    }
+    assert_eq!(checked, 9);
+}
+
+#[test]
+fn a_corrupt_package_object_fails_to_load() {
+    let dir = common::workspace_root().join("fixtures/tiny/llama");
+    if !common::require(&dir.join("model.q8_0.gguf"), "tiny-model fixture") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("pkg");
+    import(
+        &dir.join("model.q8_0.gguf"),
+        &Destination::Directory(out.clone()),
+        &Silent,
+    )
+    .unwrap();
+    // Flip one byte of the largest object (a weight tensor).
+    let mut biggest = (0, std::path::PathBuf::new());
+    for shard in std::fs::read_dir(out.join("objects")).unwrap() {
+        for f in std::fs::read_dir(shard.unwrap().path()).unwrap() {
+            let p = f.unwrap().path();
+            let n = std::fs::metadata(&p).unwrap().len();
+            if n > biggest.0 {
+                biggest = (n, p);
+            }
+        }
+    }
+    let mut bytes = std::fs::read(&biggest.1).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x10;
+    let mut perm = std::fs::metadata(&biggest.1).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perm.set_readonly(false);
+    std::fs::set_permissions(&biggest.1, perm).unwrap();
+    std::fs::write(&biggest.1, bytes).unwrap();
+    let err = Model::load(&out).unwrap_err().to_string();
+    assert!(err.contains("corrupt"), "{err}");
+}
