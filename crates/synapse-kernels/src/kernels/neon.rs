@@ -147,5 +147,6 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         act,
         dot,
         dot4: None,
+        many: super::scalar::many(ty),
     })
 }

@@ -124,7 +124,13 @@ unsafe fn dot_q5_1(w: *const u8, a: *const u8, nb: usize) -> f32 {
     let (w, a) = unsafe { parts::<BlockQ8x32>(w, nb * 24, a, nb) };
     let (mut acc, mut summs) = ([0f32; 8], 0f32);
     for (b, y) in w.chunks_exact(24).zip(a) {
-        dot_x_1(&mut acc, &mut summs, b, unpack_q5(u32_at(b, 4), &b[8..24]), y);
+        dot_x_1(
+            &mut acc,
+            &mut summs,
+            b,
+            unpack_q5(u32_at(b, 4), &b[8..24]),
+            y,
+        );
     }
     hsum8(acc) + summs
 }
@@ -203,11 +209,91 @@ unsafe fn dot_q6_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
                     .sum();
                 *l += sc(2 * c + k / 4) * dot;
             }
-            *l -= 32 * (sc(2 * k) * y.bsums[2 * k] as i32 + sc(2 * k + 1) * y.bsums[2 * k + 1] as i32);
+            *l -= 32
+                * (sc(2 * k) * y.bsums[2 * k] as i32 + sc(2 * k + 1) * y.bsums[2 * k + 1] as i32);
         }
         fma_lanes(&mut acc, y.d * f16_at(b, Q6K_D), lanes);
     }
     hsum8(acc)
+}
+
+/// ggml's tiled K-quant matmul order (llama.cpp runs it for batches of 8 or more activation
+/// rows): per super-block the integer sums `s1 = Σ sc·dot` and `s2 = Σ m·bsum` in full,
+/// `r = fma(−dmin, s2, s1·d)` (or `s1·d` without mins), then `acc = acc + r·d_a`, rounded
+/// at each step.
+#[inline]
+fn tiled_step(acc: f32, s1: i32, s2: Option<(f32, i32)>, d: f32, da: f32) -> f32 {
+    let mut r = s1 as f32 * d;
+    if let Some((dmin, s2)) = s2 {
+        r = (-dmin).mul_add(s2 as f32, r);
+    }
+    r.mul_add(da, acc)
+}
+
+unsafe fn dot_q4_k_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 144, a, nb) };
+    let mut acc = 0f32;
+    for (b, y) in w.chunks_exact(144).zip(a) {
+        let (lanes, mins) = kq_lanes(b, &unpack_q4k(&b[Q4K_QS..Q4K_QS + 128]), y);
+        let s2 = mins.iter().sum();
+        acc = tiled_step(
+            acc,
+            lanes.iter().sum(),
+            Some((f16_at(b, 2), s2)),
+            f16_at(b, 0),
+            y.d,
+        );
+    }
+    acc
+}
+
+unsafe fn dot_q5_k_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 176, a, nb) };
+    let mut acc = 0f32;
+    for (b, y) in w.chunks_exact(176).zip(a) {
+        let codes = unpack_q5k(&b[Q5K_QH..Q5K_QH + 32], &b[Q5K_QS..Q5K_QS + 128]);
+        let (lanes, mins) = kq_lanes(b, &codes, y);
+        let s2 = mins.iter().sum();
+        acc = tiled_step(
+            acc,
+            lanes.iter().sum(),
+            Some((f16_at(b, 2), s2)),
+            f16_at(b, 0),
+            y.d,
+        );
+    }
+    acc
+}
+
+unsafe fn dot_q6_k_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 210, a, nb) };
+    let mut acc = 0f32;
+    for (b, y) in w.chunks_exact(210).zip(a) {
+        let codes = unpack_q6k(&b[..128], &b[Q6K_QH..Q6K_QH + 64]);
+        let mut s1 = 0i32;
+        for g in 0..16 {
+            let dot: i32 = (16 * g..16 * g + 16)
+                .map(|e| codes[e] as i32 * y.qs[e] as i32)
+                .sum();
+            s1 += (b[Q6K_SCALES + g] as i8) as i32 * (dot - 32 * y.bsums[g] as i32);
+        }
+        acc = tiled_step(acc, s1, None, f16_at(b, Q6K_D), y.d);
+    }
+    acc
+}
+
+/// The many-row (≥ [`super::MANY_ROWS`]) kernel for `ty`, where ggml's order differs.
+pub(crate) fn many(ty: GgmlType) -> Option<(usize, DotFn)> {
+    let f: DotFn = match ty {
+        GgmlType::Q4_K => dot_q4_k_tiled,
+        GgmlType::Q5_K => dot_q5_k_tiled,
+        GgmlType::Q6_K => dot_q6_k_tiled,
+        _ => return None,
+    };
+    Some((super::MANY_ROWS, f))
 }
 
 /// f32 dot with 8 independent partial sums (the order the SIMD paths use, per 8-lane chunk).
@@ -283,6 +369,7 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         act,
         dot,
         dot4: None,
+        many: many(ty),
     })
 }
 
@@ -307,5 +394,6 @@ pub(crate) fn decode_kernel(ty: GgmlType) -> Option<Kernel> {
         act: ActKind::F32,
         dot,
         dot4: None,
+        many: None,
     })
 }

@@ -49,6 +49,31 @@ macro_rules! x86_kernels {
 
             #[inline]
             #[target_feature(enable = $features)]
+            unsafe fn hsum_epi32(v: __m256i) -> i32 {
+                let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+                let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+                _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)))
+            }
+
+            /// ggml's tiled-matmul step (see `scalar::tiled_step`).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn tiled_step(
+                acc: f32,
+                s1: i32,
+                s2: Option<(f32, i32)>,
+                d: f32,
+                da: f32,
+            ) -> f32 {
+                let mut r = s1 as f32 * d;
+                if let Some((dmin, s2)) = s2 {
+                    r = (-dmin).mul_add(s2 as f32, r);
+                }
+                r.mul_add(da, acc)
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
             unsafe fn ld(p: *const u8) -> __m256i {
                 unsafe { _mm256_loadu_si256(p.cast()) }
             }
@@ -261,7 +286,12 @@ macro_rules! x86_kernels {
             }
 
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_q8_0(w: *const u8, a: *const u8, s: usize, nb: usize) -> [f32; 4] {
+            pub(crate) unsafe fn dot4_q8_0(
+                w: *const u8,
+                a: *const u8,
+                s: usize,
+                nb: usize,
+            ) -> [f32; 4] {
                 unsafe { dot4_sblocks(w, a, s, nb, 34, |b| codes_q8_0(b)) }
             }
 
@@ -271,7 +301,12 @@ macro_rules! x86_kernels {
             }
 
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_q4_0(w: *const u8, a: *const u8, s: usize, nb: usize) -> [f32; 4] {
+            pub(crate) unsafe fn dot4_q4_0(
+                w: *const u8,
+                a: *const u8,
+                s: usize,
+                nb: usize,
+            ) -> [f32; 4] {
                 unsafe { dot4_sblocks(w, a, s, nb, 18, |b| codes_q4_0(b)) }
             }
 
@@ -281,7 +316,12 @@ macro_rules! x86_kernels {
             }
 
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_q5_0(w: *const u8, a: *const u8, s: usize, nb: usize) -> [f32; 4] {
+            pub(crate) unsafe fn dot4_q5_0(
+                w: *const u8,
+                a: *const u8,
+                s: usize,
+                nb: usize,
+            ) -> [f32; 4] {
                 unsafe { dot4_sblocks(w, a, s, nb, 22, |b| codes_q5_0(b)) }
             }
 
@@ -291,7 +331,12 @@ macro_rules! x86_kernels {
             }
 
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_q4_1(w: *const u8, a: *const u8, s: usize, nb: usize) -> [f32; 4] {
+            pub(crate) unsafe fn dot4_q4_1(
+                w: *const u8,
+                a: *const u8,
+                s: usize,
+                nb: usize,
+            ) -> [f32; 4] {
                 unsafe { dot4_x1blocks(w, a, s, nb, 20, |b| codes_q4_1(b)) }
             }
 
@@ -301,7 +346,12 @@ macro_rules! x86_kernels {
             }
 
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_q5_1(w: *const u8, a: *const u8, s: usize, nb: usize) -> [f32; 4] {
+            pub(crate) unsafe fn dot4_q5_1(
+                w: *const u8,
+                a: *const u8,
+                s: usize,
+                nb: usize,
+            ) -> [f32; 4] {
                 unsafe { dot4_x1blocks(w, a, s, nb, 24, |b| codes_q5_1(b)) }
             }
 
@@ -343,7 +393,7 @@ macro_rules! x86_kernels {
 
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn dot_k4(w: *const u8, a: *const u8, nb: usize, q5: bool) -> f32 {
+            unsafe fn dot_k4(w: *const u8, a: *const u8, nb: usize, q5: bool, tiled: bool) -> f32 {
                 unsafe {
                     let ts = if q5 { 176 } else { 144 };
                     let qs_off = if q5 { Q5K_QS } else { Q4K_QS };
@@ -351,6 +401,7 @@ macro_rules! x86_kernels {
                     let mut acc = _mm256_setzero_ps();
                     let mut accm = _mm_setzero_ps();
                     let mut summs = 0f32;
+                    let mut tacc = 0f32;
                     for i in 0..nb {
                         let (wb, ab) = (w.add(i * ts), a.add(i * AK));
                         let da = rd(ab.cast::<f32>());
@@ -380,9 +431,16 @@ macro_rules! x86_kernels {
                                 _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1] as i16));
                             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(slo, shi));
                         }
+                        let prod = k4_min_lanes(m, ab);
+                        if tiled {
+                            let s2 = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
+                            let s2 = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+                            let dm = Some((f16(wb.add(2)), s2));
+                            tacc = tiled_step(tacc, hsum_epi32(sumi), dm, f16(wb), da);
+                            continue;
+                        }
                         let d = da * f16(wb);
                         let dmin = -da * f16(wb.add(2));
-                        let prod = k4_min_lanes(m, ab);
                         if q5 {
                             // ggml's Q5_K adds the lanes' integer total to one scalar sum.
                             let h = _mm_hadd_epi32(prod, _mm_setzero_si128());
@@ -393,6 +451,9 @@ macro_rules! x86_kernels {
                         }
                         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
                     }
+                    if tiled {
+                        return tacc;
+                    }
                     let m2 = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
                     let m1 = _mm_add_ss(m2, _mm_movehdup_ps(m2));
                     hsum_ps(acc) + (_mm_cvtss_f32(m1) + summs)
@@ -401,17 +462,39 @@ macro_rules! x86_kernels {
 
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_q4_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { dot_k4(w, a, nb, false) }
+                unsafe { dot_k4(w, a, nb, false, false) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q4_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { dot_k4(w, a, nb, false, true) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q5_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { dot_k4(w, a, nb, true, true) }
             }
 
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_q5_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { dot_k4(w, a, nb, true) }
+                unsafe { dot_k4(w, a, nb, true, false) }
             }
 
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_q6_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { dot_q6k(w, a, nb, false) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q6_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { dot_q6k(w, a, nb, true) }
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot_q6k(w: *const u8, a: *const u8, nb: usize, tiled: bool) -> f32 {
                 unsafe {
+                    let mut tacc = 0f32;
                     let m4 = _mm256_set1_epi8(15);
                     let m2 = _mm256_set1_epi8(3);
                     let mut acc = _mm256_setzero_ps();
@@ -463,8 +546,16 @@ macro_rules! x86_kernels {
                                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
                             }
                         }
+                        if tiled {
+                            let da = rd(ab.cast::<f32>());
+                            tacc = tiled_step(tacc, hsum_epi32(sumi), None, f16(wb.add(Q6K_D)), da);
+                            continue;
+                        }
                         let d = rd(ab.cast::<f32>()) * f16(wb.add(Q6K_D));
                         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+                    }
+                    if tiled {
+                        return tacc;
                     }
                     hsum_ps(acc)
                 }
@@ -582,28 +673,39 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
     macro_rules! table {
         ($m:ident) => {{
             use GgmlType as T;
-            let k: (ActKind, DotFn, Option<Dot4Fn>) = match ty {
-                T::F32 => (ActKind::F32, $m::dot_f32, None),
-                T::F16 => (ActKind::F32, $m::dot_f16, None),
-                T::BF16 => (ActKind::F32, $m::dot_bf16, None),
-                T::Q8_0 => (ActKind::Q8x32, $m::dot_q8_0, Some($m::dot4_q8_0)),
-                T::Q4_0 => (ActKind::Q8x32, $m::dot_q4_0, Some($m::dot4_q4_0)),
-                T::Q4_1 => (ActKind::Q8x32, $m::dot_q4_1, Some($m::dot4_q4_1)),
-                T::Q5_0 => (ActKind::Q8x32, $m::dot_q5_0, Some($m::dot4_q5_0)),
-                T::Q5_1 => (ActKind::Q8x32, $m::dot_q5_1, Some($m::dot4_q5_1)),
-                T::Q4_K => (ActKind::Q8K, $m::dot_q4_k, None),
-                T::Q5_K => (ActKind::Q8K, $m::dot_q5_k, None),
-                T::Q6_K => (ActKind::Q8K, $m::dot_q6_k, None),
+            let many: Option<(usize, DotFn)> = match ty {
+                T::Q4_K => Some((super::MANY_ROWS, $m::dot_q4_k_many)),
+                T::Q5_K => Some((super::MANY_ROWS, $m::dot_q5_k_many)),
+                T::Q6_K => Some((super::MANY_ROWS, $m::dot_q6_k_many)),
+                _ => None,
+            };
+            let k: (ActKind, DotFn, Option<Dot4Fn>, Option<(usize, DotFn)>) = match ty {
+                T::F32 => (ActKind::F32, $m::dot_f32, None, many),
+                T::F16 => (ActKind::F32, $m::dot_f16, None, many),
+                T::BF16 => (ActKind::F32, $m::dot_bf16, None, many),
+                T::Q8_0 => (ActKind::Q8x32, $m::dot_q8_0, Some($m::dot4_q8_0), many),
+                T::Q4_0 => (ActKind::Q8x32, $m::dot_q4_0, Some($m::dot4_q4_0), many),
+                T::Q4_1 => (ActKind::Q8x32, $m::dot_q4_1, Some($m::dot4_q4_1), many),
+                T::Q5_0 => (ActKind::Q8x32, $m::dot_q5_0, Some($m::dot4_q5_0), many),
+                T::Q5_1 => (ActKind::Q8x32, $m::dot_q5_1, Some($m::dot4_q5_1), many),
+                T::Q4_K => (ActKind::Q8K, $m::dot_q4_k, None, many),
+                T::Q5_K => (ActKind::Q8K, $m::dot_q5_k, None, many),
+                T::Q6_K => (ActKind::Q8K, $m::dot_q6_k, None, many),
                 _ => return None,
             };
             k
         }};
     }
-    let (act, dot, dot4) = match path {
+    let (act, dot, dot4, many) = match path {
         KernelPath::Avx2 => table!(avx2),
         KernelPath::AvxVnni => table!(avxvnni),
         KernelPath::Avx512Vnni => table!(avx512vnni),
         _ => return None,
     };
-    Some(Kernel { act, dot, dot4 })
+    Some(Kernel {
+        act,
+        dot,
+        dot4,
+        many,
+    })
 }
