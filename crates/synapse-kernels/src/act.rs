@@ -2,19 +2,23 @@
 //! their sums, so a weight block's offset or minimum costs one multiply per block instead of
 //! one per element.
 //!
-//! - [`BlockQ8x32`]: 32 values, f32 scale, i32 sum of the quants (for Q4_0…Q8_0, IQ4_NL, MXFP4).
+//! - [`BlockQ8x32`]: 32 values, f16-rounded scale and ggml's `d·Σq` (for Q4_0…Q8_0).
 //! - [`BlockQ8K`]: 256 values, f32 scale, i16 sums of each 16 quants (for the k-quants).
 //!
-//! Both use the symmetric scale `d = max|x| / 127` and round half to even, on every path.
+//! Both reproduce ggml's own activation quantizers bit for bit (`quantize_row_q8_0`,
+//! `quantize_row_q8_K_ref`): same scale arithmetic, f16-rounded Q8_0 scale, round half to
+//! even, so a matmul over ggml's weight formats sees the very integers ggml's `vec_dot` sees.
 
 use bytemuck::{Pod, Zeroable};
 
-/// 32 activations quantized to i8 with one f32 scale and the sum of the quants.
+/// 32 activations quantized to i8: ggml's `block_q8_0` / `block_q8_1` in f32 fields.
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Debug)]
 pub(crate) struct BlockQ8x32 {
+    /// The scale, f16-rounded as ggml stores it.
     pub d: f32,
-    pub sum: i32,
+    /// ggml's `block_q8_1::s`: `d·Σq` (unrounded `d`) rounded to f16.
+    pub s: f32,
     pub qs: [i8; 32],
 }
 
@@ -50,40 +54,52 @@ impl ActKind {
 }
 
 #[inline]
-fn quant_scale(amax: f32) -> (f32, f32) {
-    let d = amax / 127.0;
-    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-    (d, id)
+fn f16r(v: f32) -> f32 {
+    half::f16::from_f32(v).to_f32()
 }
 
+/// Round half to even, as ggml's `nearest_int` and `_mm256_round_ps(_MM_ROUND_NEAREST)` do.
 #[inline]
 fn q(v: f32, id: f32) -> i8 {
     (v * id).round_ties_even().clamp(-127.0, 127.0) as i8
 }
 
-/// Quantizes `x` (a multiple of 32 long) into `out` (`x.len() / 32` blocks).
+/// Quantizes `x` (a multiple of 32 long) into `out` (`x.len() / 32` blocks), exactly as
+/// ggml's `quantize_row_q8_0` (x86 AVX path): `d = amax / 127` stored as f16, the quants
+/// computed with `id = 127 / amax` in f32, round half to even.
 pub(crate) fn quantize_q8x32(x: &[f32], out: &mut [BlockQ8x32]) {
     debug_assert_eq!(x.len(), out.len() * 32);
     for (xb, b) in x.chunks_exact(32).zip(out.iter_mut()) {
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let (d, id) = quant_scale(amax);
-        b.d = d;
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        b.d = f16r(d);
         let mut s = 0i32;
         for (o, v) in b.qs.iter_mut().zip(xb) {
             *o = q(*v, id);
             s += *o as i32;
         }
-        b.sum = s;
+        b.s = f16r(d * s as f32);
     }
 }
 
-/// Quantizes `x` (a multiple of 256 long) into `out` (`x.len() / 256` blocks).
+/// Quantizes `x` (a multiple of 256 long) into `out` (`x.len() / 256` blocks), exactly as
+/// ggml's `quantize_row_q8_K_ref` (which x86 uses): ggml computes `iscale = -127 / max` (max
+/// = the signed value of largest magnitude), quants `nearest_int(iscale·x)` and `d = 1 /
+/// iscale`; both signs of that are the same products as `id = 127 / amax`, quants
+/// `round(id·x)`, `d = 1 / id`, stored here in that positive orientation.
 pub(crate) fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
     debug_assert_eq!(x.len(), out.len() * 256);
     for (xb, b) in x.chunks_exact(256).zip(out.iter_mut()) {
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let (d, id) = quant_scale(amax);
-        b.d = d;
+        if amax == 0.0 {
+            b.d = 0.0;
+            b.qs = [0; 256];
+            b.bsums = [0; 16];
+            continue;
+        }
+        let id = 127.0 / amax;
+        b.d = 1.0 / id;
         for (o, v) in b.qs.iter_mut().zip(xb) {
             *o = q(*v, id);
         }
@@ -132,7 +148,8 @@ mod tests {
             .collect();
         assert!(rmse_over_n(&x, &y) < 0.002);
         for b in &b32 {
-            assert_eq!(b.sum, b.qs.iter().map(|&q| q as i32).sum::<i32>());
+            let sum: i32 = b.qs.iter().map(|&q| q as i32).sum();
+            assert!((b.s - b.d * sum as f32).abs() <= 2e-3 * b.s.abs().max(1e-3));
         }
         let mut bk = vec![BlockQ8K::zeroed(); x.len() / 256];
         quantize_q8k(&x, &mut bk);

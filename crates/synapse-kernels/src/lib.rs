@@ -23,6 +23,7 @@ mod buf;
 mod ctx;
 pub mod dispatch;
 pub mod error;
+pub mod ggml_f32;
 mod kernels;
 mod matrix;
 pub mod ops;

@@ -235,8 +235,14 @@ impl QuantMatrix {
                 ..
             } => return self.codec_matmul(&**codec, *row_separable, x, n, y, ctx),
         };
-        let k = kernels::select(ty, ctx.path())
+        let mut k = kernels::select(ty, ctx.path())
             .ok_or_else(|| KernelError::UnsupportedEncoding(ty.name().to_string()))?;
+        if let Some((from, many)) = k.many
+            && n >= from
+        {
+            k.dot = many;
+            k.dot4 = None;
+        }
         let (act_scratch, pool) = ctx.parts();
         let act: &[u8] = if k.act == ActKind::F32 {
             bytemuck::cast_slice(x)

@@ -151,3 +151,41 @@ fn shape_errors_are_typed() {
     assert!(m.matvec(&[0.0; 63], &mut y, &mut ctx).is_err());
     assert!(m.matvec(&[0.0; 64], &mut y[..1], &mut ctx).is_err());
 }
+
+/// The encodings whose kernels reproduce ggml's float order (quantized activations, 8-lane
+/// FMA accumulation, ggml's horizontal sums, the tiled K-quant order from 8 rows on): every
+/// path must give the scalar path's bits exactly, for one row, the 4-row tile and many rows.
+#[test]
+fn ggml_order_encodings_are_bit_identical_on_every_path() {
+    use GgmlType as T;
+    let tys = [
+        T::Q8_0,
+        T::Q4_0,
+        T::Q4_1,
+        T::Q5_0,
+        T::Q5_1,
+        T::Q4_K,
+        T::Q5_K,
+        T::Q6_K,
+    ];
+    for path in KernelPath::supported() {
+        for ty in tys {
+            for (rows, cols, n) in shapes(ty) {
+                let w = random_weights(ty, rows, cols, 29 + cols as u64);
+                let m = QuantMatrix::from_ggml(ty, &w, rows, cols).unwrap();
+                let x: Vec<f32> = (0..n)
+                    .flat_map(|t| generate_data(0.25 + t as f32, cols, 3.0))
+                    .collect();
+                let want = run(&m, &x, n, KernelPath::Scalar, 1);
+                let got = run(&m, &x, n, path, 2);
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        e.to_bits(),
+                        "{path} {ty} {rows}x{cols} n={n} element {i}: {g} vs scalar {e}"
+                    );
+                }
+            }
+        }
+    }
+}

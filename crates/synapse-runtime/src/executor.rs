@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use synapse_kernels::ggml_f32::{self, PvAcc, PvOrder};
 use synapse_kernels::{KernelCtx, KernelPath, QuantMatrix};
 use synapse_model::Activation;
 
@@ -45,7 +46,7 @@ struct Scratch {
     u: Vec<f32>,
     h: Vec<f32>,
     cs: Vec<(f32, f32)>,
-    scores: Vec<Vec<f32>>,
+    scores: Vec<AttnScratch>,
     sel: Vec<f32>,
     logits: Vec<f32>,
     slots: Vec<(SlotId, u32, usize)>,
@@ -378,9 +379,15 @@ fn attention(
     rows: &[Row],
     q: &[f32],
     out: &mut [f32],
-    scores: &mut Vec<Vec<f32>>,
+    scores: &mut Vec<AttnScratch>,
     threads: usize,
 ) {
+    // ggml sums P·V with its f32 GEMM when the batch has two or more rows, else vec_dot.
+    let order = if rows.len() >= 2 {
+        PvOrder::Gemm
+    } else {
+        PvOrder::VecDot
+    };
     let qd = l.n_heads * l.head_dim;
     let work: usize = rows.iter().map(|r| r.pos as usize + 1).sum::<usize>() * qd;
     let nt = if work >= 1 << 20 {
@@ -389,10 +396,10 @@ fn attention(
         1
     };
     if scores.len() < nt {
-        scores.resize_with(nt, Vec::new);
+        scores.resize_with(nt, AttnScratch::default);
     }
     if nt <= 1 {
-        attend_rows(kv, il, g, l, rows, q, out, &mut scores[0]);
+        attend_rows(kv, il, g, l, rows, q, out, &mut scores[0], order);
         return;
     }
     // Balance by the number of keys each row reads.
@@ -420,7 +427,7 @@ fn attention(
             if r0.is_empty() {
                 continue;
             }
-            sc.spawn(move || attend_rows(kv, il, g, l, r0, q0, o0, sb));
+            sc.spawn(move || attend_rows(kv, il, g, l, r0, q0, o0, sb, order));
         }
     });
 }
@@ -434,13 +441,16 @@ fn attend_rows(
     rows: &[Row],
     q: &[f32],
     out: &mut [f32],
-    scores: &mut Vec<f32>,
+    scratch: &mut AttnScratch,
+    order: PvOrder,
 ) {
     let hdim = l.head_dim;
     let qd = l.n_heads * hdim;
     let group = l.n_heads / l.n_kv_heads;
-    // One allocation per call of head_dim floats (not per token-step inner loop).
-    let mut kbuf = vec![0.0f32; hdim];
+    let AttnScratch { scores, pv, buf } = scratch;
+    if buf.len() < hdim {
+        buf.resize(hdim, 0.0);
+    }
     for (r, row) in rows.iter().enumerate() {
         let Some(slot) = kv.slots[row.slot as usize].as_ref() else {
             continue;
@@ -462,30 +472,41 @@ fn attend_rows(
             for (j, p) in (lo..=pos).enumerate() {
                 let at = g.row_of(p) * g.width + kvh * hdim;
                 sc[j] = match kb {
-                    Buf::F32(k) => ops::dot(qh, &k[at..at + hdim]),
+                    Buf::F32(k) => ggml_f32::dot_f32(&k[at..at + hdim], qh),
                     Buf::F16(k) => {
-                        let kk = &mut kbuf[..hdim];
+                        let kk = &mut buf[..hdim];
                         for (d, s) in kk.iter_mut().zip(&k[at..at + hdim]) {
                             *d = s.to_f32();
                         }
-                        ops::dot(qh, kk)
+                        ggml_f32::dot_f32(kk, qh)
                     }
                 } * l.scale;
             }
-            ops::softmax_inplace(sc);
-            let o = &mut out[r * qd + h * hdim..r * qd + (h + 1) * hdim];
-            o.fill(0.0);
+            // Cells are positions (a session's cache holds position p in cell p).
+            ggml_f32::softmax_cells(sc, lo);
+            pv.reset(hdim, order);
             for (j, p) in (lo..=pos).enumerate() {
                 let at = g.row_of(p) * g.width + kvh * hdim;
                 match vb {
-                    Buf::F32(v) => ops::axpy(sc[j], &v[at..at + hdim], o),
+                    Buf::F32(v) => pv.add(p, sc[j], &v[at..at + hdim]),
                     Buf::F16(v) => {
-                        for (o, s) in o.iter_mut().zip(&v[at..at + hdim]) {
-                            *o += sc[j] * s.to_f32();
+                        let vv = &mut buf[..hdim];
+                        for (d, s) in vv.iter_mut().zip(&v[at..at + hdim]) {
+                            *d = s.to_f32();
                         }
+                        pv.add(p, sc[j], vv);
                     }
                 }
             }
+            pv.finish(&mut out[r * qd + h * hdim..r * qd + (h + 1) * hdim]);
         }
     }
+}
+
+/// Per-thread attention scratch: scores, the P·V accumulator, one converted head.
+#[derive(Debug, Default)]
+struct AttnScratch {
+    scores: Vec<f32>,
+    pv: PvAcc,
+    buf: Vec<f32>,
 }

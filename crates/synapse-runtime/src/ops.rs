@@ -52,24 +52,30 @@ pub fn rope_cache(
     }
 }
 
+/// One rotation, rounded as ggml's x86 build computes it: GCC contracts
+/// `x0·c − x1·s` into `fma(x0, c, −(x1·s))` (and `x0·s + x1·c` into `fma(x0, s, x1·c)`),
+/// verified bit for bit against llama.cpp's RoPE output on the default model.
+#[inline]
+fn rot(x0: f32, x1: f32, c: f32, s: f32) -> (f32, f32) {
+    (x0.mul_add(c, -(x1 * s)), x0.mul_add(s, x1 * c))
+}
+
 /// Rotates one head in place with a cache from [`rope_cache`].
 pub fn rope_apply(x: &mut [f32], n_rot: usize, style: RopeStyle, cs: &[(f32, f32)]) {
     match style {
         RopeStyle::Neox => {
             let h = n_rot / 2;
             for (i, &(c, s)) in cs.iter().enumerate().take(h) {
-                let x0 = x[i];
-                let x1 = x[i + h];
-                x[i] = x0 * c - x1 * s;
-                x[i + h] = x0 * s + x1 * c;
+                let (a, b) = rot(x[i], x[i + h], c, s);
+                x[i] = a;
+                x[i + h] = b;
             }
         }
         RopeStyle::Interleaved => {
             for (i, &(c, s)) in cs.iter().enumerate().take(n_rot / 2) {
-                let x0 = x[2 * i];
-                let x1 = x[2 * i + 1];
-                x[2 * i] = x0 * c - x1 * s;
-                x[2 * i + 1] = x0 * s + x1 * c;
+                let (a, b) = rot(x[2 * i], x[2 * i + 1], c, s);
+                x[2 * i] = a;
+                x[2 * i + 1] = b;
             }
         }
     }
@@ -84,11 +90,19 @@ pub fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh())
 }
 
+/// ggml's table entry: its `ggml_gelu_f32` as the x86 build rounds it (GCC contracts
+/// `1 + a·x·x` into `fma(a·x, x, 1)`); all 65 536 entries checked against the table in
+/// llama-cpp-python's libggml-cpu.
+fn gelu_table_entry(x: f32) -> f32 {
+    let inner = (GELU_COEF_A * x).mul_add(x, 1.0);
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * inner).tanh())
+}
+
 fn gelu_table() -> &'static [f16] {
     static T: OnceLock<Vec<f16>> = OnceLock::new();
     T.get_or_init(|| {
         (0..=u16::MAX)
-            .map(|b| f16::from_f32(gelu_tanh(f16::from_bits(b).to_f32())))
+            .map(|b| f16::from_f32(gelu_table_entry(f16::from_bits(b).to_f32())))
             .collect()
     })
 }

@@ -35,11 +35,67 @@ pub(crate) struct Kernel {
     pub dot: DotFn,
     /// The many-row tile, where the encoding has one on this path.
     pub dot4: Option<Dot4Fn>,
+    /// `(from, dot)`: the dot for calls with `from` or more activation rows, where ggml sums
+    /// in a different order there (its tiled K-quant matmul from [`MANY_ROWS`], llamafile's
+    /// f32 GEMM from 2); replaces `dot` and `dot4`.
+    pub many: Option<(usize, DotFn)>,
 }
+
+/// f32 weights, one activation row: `ggml_vec_dot_f32`'s order.
+///
+/// # Safety
+/// As [`DotFn`] for f32 weights and activations (`n` elements each).
+pub(crate) unsafe fn dot_f32_ggml(w: *const u8, a: *const u8, n: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe {
+        (
+            std::slice::from_raw_parts(w.cast::<f32>(), n),
+            std::slice::from_raw_parts(a.cast::<f32>(), n),
+        )
+    };
+    crate::ggml_f32::dot_f32(w, a)
+}
+
+/// f32 weights, two or more activation rows: llamafile `tinyBLAS`'s order when the row length
+/// is a multiple of 16 (ggml falls back to `vec_dot` otherwise).
+///
+/// # Safety
+/// As [`DotFn`] for f32 weights and activations (`n` elements each).
+pub(crate) unsafe fn dot_f32_ggml_gemm(w: *const u8, a: *const u8, n: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe {
+        (
+            std::slice::from_raw_parts(w.cast::<f32>(), n),
+            std::slice::from_raw_parts(a.cast::<f32>(), n),
+        )
+    };
+    if n.is_multiple_of(16) {
+        crate::ggml_f32::dot_f32_gemm(w, a)
+    } else {
+        crate::ggml_f32::dot_f32(w, a)
+    }
+}
+
+/// The f32 kernel on every path: ggml's orders (the arithmetic is the same on all CPUs).
+pub(crate) fn f32_kernel() -> Kernel {
+    Kernel {
+        act: ActKind::F32,
+        dot: dot_f32_ggml,
+        dot4: None,
+        many: Some((2, dot_f32_ggml_gemm)),
+    }
+}
+
+/// From this many activation rows on, llama.cpp's CPU backend runs K-quants through its
+/// tiled matmul (`ggml_tiled_min_batch`), whose float order [`Kernel::many`] reproduces.
+pub(crate) const MANY_ROWS: usize = 8;
 
 /// The kernel for `ty` on `path` (falling back to lower paths when a type has no kernel on the
 /// requested one). The caller guarantees `path.is_supported()`.
 pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
+    if ty == GgmlType::F32 {
+        return Some(f32_kernel());
+    }
     #[cfg(target_arch = "x86_64")]
     if path >= KernelPath::Avx2
         && let Some(k) = x86::select(ty, path)

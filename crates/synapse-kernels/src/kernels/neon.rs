@@ -10,7 +10,7 @@ use std::arch::aarch64::*;
 use std::ptr::read_unaligned as rd;
 use synapse_formats::GgmlType;
 
-const A32: usize = 40; // BlockQ8x32: d f32, sum i32, qs[32]
+const A32: usize = 40; // BlockQ8x32: d f32, s f32, qs[32]
 
 #[inline]
 #[target_feature(enable = "neon")]
@@ -92,7 +92,10 @@ macro_rules! neon_q {
                 for i in 0..nb {
                     let (wb, ab) = (w.add(i * 18), a.add(i * A32));
                     nibbles32(wb.add(2), &mut codes);
-                    let s = $idot(codes.as_ptr(), ab.add(8)) - 8 * rd(ab.add(4).cast::<i32>());
+                    for c in codes.iter_mut() {
+                        *c = c.wrapping_sub(8);
+                    }
+                    let s = $idot(codes.as_ptr(), ab.add(8));
                     acc += f16(wb) * rd(ab.cast::<f32>()) * s as f32;
                 }
                 acc
@@ -144,5 +147,6 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         act,
         dot,
         dot4: None,
+        many: super::scalar::many(ty),
     })
 }

@@ -55,6 +55,23 @@ macro_rules! x86_kernels {
                 _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)))
             }
 
+            /// ggml's tiled-matmul step (see `scalar::tiled_step`).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn tiled_step(
+                acc: f32,
+                s1: i32,
+                s2: Option<(f32, i32)>,
+                d: f32,
+                da: f32,
+            ) -> f32 {
+                let mut r = s1 as f32 * d;
+                if let Some((dmin, s2)) = s2 {
+                    r = (-dmin).mul_add(s2 as f32, r);
+                }
+                r.mul_add(da, acc)
+            }
+
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn ld(p: *const u8) -> __m256i {
@@ -89,115 +106,58 @@ macro_rules! x86_kernels {
                 _mm256_and_si256(set, _mm256_set1_epi8(0x10))
             }
 
-            // Activation block offsets: BlockQ8x32 = {d: f32, sum: i32, qs[32]} (40 bytes),
+            // Activation block offsets: BlockQ8x32 = {d: f32, s: f32, qs[32]} (40 bytes),
             // BlockQ8K = {d: f32, qs[256], bsums[16]: i16} (292 bytes).
             const A32: usize = 40;
             const AK: usize = 292;
 
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q8_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe {
-                    let mut acc = [_mm256_setzero_ps(); 2];
-                    for i in 0..nb {
-                        let (wb, ab) = (w.add(i * 34), a.add(i * A32));
-                        let q = ld(wb.add(2));
-                        let y = ld(ab.add(8));
-                        let p = mul_sum(
-                            _mm256_setzero_si256(),
-                            _mm256_sign_epi8(q, q),
-                            _mm256_sign_epi8(y, q),
-                        );
-                        let d = _mm256_set1_ps(f16(wb) * rd(ab.cast::<f32>()));
-                        acc[i & 1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[i & 1]);
-                    }
-                    hsum_ps(_mm256_add_ps(acc[0], acc[1]))
-                }
-            }
-
-            /// Shared body of the 32-blocks with unsigned codes: Σ d·da·(Σ code·a) + corr·da·sum.
+            /// Σ over 32-blocks with signed codes (Q8_0, and Q4_0/Q5_0 after the offset is
+            /// subtracted from the codes), exactly ggml's float order: one 8-lane accumulator,
+            /// `fma(d_w·d_a, lanes, acc)` per block, `hsum_float_8` at the end.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn dot_u32blocks(
+            unsafe fn dot_sblocks(
                 w: *const u8,
                 a: *const u8,
                 nb: usize,
                 ts: usize,
                 codes: impl Fn(*const u8) -> __m256i,
-                // (d, offset-or-min term) of a block: value = d·code + c.
-                dm: impl Fn(*const u8) -> (f32, f32),
             ) -> f32 {
                 unsafe {
-                    let mut acc = [_mm256_setzero_ps(); 2];
-                    let mut corr = [0f32; 2];
+                    let mut acc = _mm256_setzero_ps();
                     for i in 0..nb {
                         let (wb, ab) = (w.add(i * ts), a.add(i * A32));
-                        let p = mul_sum(_mm256_setzero_si256(), codes(wb), ld(ab.add(8)));
-                        let da = rd(ab.cast::<f32>());
-                        let (d, c) = dm(wb);
-                        acc[i & 1] = _mm256_fmadd_ps(
-                            _mm256_set1_ps(d * da),
-                            _mm256_cvtepi32_ps(p),
-                            acc[i & 1],
+                        let q = codes(wb);
+                        let p = mul_sum(
+                            _mm256_setzero_si256(),
+                            _mm256_sign_epi8(q, q),
+                            _mm256_sign_epi8(ld(ab.add(8)), q),
                         );
-                        corr[i & 1] += c * da * rd(ab.add(4).cast::<i32>()) as f32;
+                        let d = _mm256_set1_ps(f16(wb) * rd(ab.cast::<f32>()));
+                        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
                     }
-                    hsum_ps(_mm256_add_ps(acc[0], acc[1])) + corr[0] + corr[1]
+                    hsum_ps(acc)
                 }
             }
 
             /// Four activation rows (`a`, `a + astride`, ...) against one weight row: the
-            /// codes of each block are unpacked once and reused (the many-row register tile).
+            /// codes of each block are unpacked once and reused (the many-row register tile);
+            /// per row the same float order as [`dot_sblocks`].
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn dot4_u32blocks(
+            unsafe fn dot4_sblocks(
                 w: *const u8,
                 a: *const u8,
                 astride: usize,
                 nb: usize,
                 ts: usize,
                 codes: impl Fn(*const u8) -> __m256i,
-                dm: impl Fn(*const u8) -> (f32, f32),
             ) -> [f32; 4] {
                 unsafe {
                     let mut acc = [_mm256_setzero_ps(); 4];
-                    let mut corr = [0f32; 4];
                     for i in 0..nb {
                         let wb = w.add(i * ts);
                         let q = codes(wb);
-                        let (d, c) = dm(wb);
-                        for t in 0..4 {
-                            let ab = a.add(t * astride + i * A32);
-                            let p = mul_sum(_mm256_setzero_si256(), q, ld(ab.add(8)));
-                            let da = rd(ab.cast::<f32>());
-                            acc[t] = _mm256_fmadd_ps(
-                                _mm256_set1_ps(d * da),
-                                _mm256_cvtepi32_ps(p),
-                                acc[t],
-                            );
-                            corr[t] += c * da * rd(ab.add(4).cast::<i32>()) as f32;
-                        }
-                    }
-                    [
-                        hsum_ps(acc[0]) + corr[0],
-                        hsum_ps(acc[1]) + corr[1],
-                        hsum_ps(acc[2]) + corr[2],
-                        hsum_ps(acc[3]) + corr[3],
-                    ]
-                }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_q8_0(
-                w: *const u8,
-                a: *const u8,
-                astride: usize,
-                nb: usize,
-            ) -> [f32; 4] {
-                unsafe {
-                    let mut acc = [_mm256_setzero_ps(); 4];
-                    for i in 0..nb {
-                        let wb = w.add(i * 34);
-                        let q = ld(wb.add(2));
                         let aq = _mm256_sign_epi8(q, q);
                         let dw = f16(wb);
                         for t in 0..4 {
@@ -220,6 +180,126 @@ macro_rules! x86_kernels {
                 }
             }
 
+            /// Q4_1/Q5_1 (ggml's `_q8_1` dots): unsigned codes × signed activations in the
+            /// lanes, and `Σ m·s` (s = the activation block's f16 `d·Σq`) added last.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot_x1blocks(
+                w: *const u8,
+                a: *const u8,
+                nb: usize,
+                ts: usize,
+                codes: impl Fn(*const u8) -> __m256i,
+            ) -> f32 {
+                unsafe {
+                    let mut acc = _mm256_setzero_ps();
+                    let mut summs = 0f32;
+                    for i in 0..nb {
+                        let (wb, ab) = (w.add(i * ts), a.add(i * A32));
+                        summs += f16(wb.add(2)) * rd(ab.add(4).cast::<f32>());
+                        let p = mul_sum(_mm256_setzero_si256(), codes(wb), ld(ab.add(8)));
+                        let d = _mm256_set1_ps(f16(wb) * rd(ab.cast::<f32>()));
+                        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
+                    }
+                    hsum_ps(acc) + summs
+                }
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot4_x1blocks(
+                w: *const u8,
+                a: *const u8,
+                astride: usize,
+                nb: usize,
+                ts: usize,
+                codes: impl Fn(*const u8) -> __m256i,
+            ) -> [f32; 4] {
+                unsafe {
+                    let mut acc = [_mm256_setzero_ps(); 4];
+                    let mut summs = [0f32; 4];
+                    for i in 0..nb {
+                        let wb = w.add(i * ts);
+                        let q = codes(wb);
+                        let (dw, mw) = (f16(wb), f16(wb.add(2)));
+                        for t in 0..4 {
+                            let ab = a.add(t * astride + i * A32);
+                            summs[t] += mw * rd(ab.add(4).cast::<f32>());
+                            let p = mul_sum(_mm256_setzero_si256(), q, ld(ab.add(8)));
+                            let d = _mm256_set1_ps(dw * rd(ab.cast::<f32>()));
+                            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[t]);
+                        }
+                    }
+                    [
+                        hsum_ps(acc[0]) + summs[0],
+                        hsum_ps(acc[1]) + summs[1],
+                        hsum_ps(acc[2]) + summs[2],
+                        hsum_ps(acc[3]) + summs[3],
+                    ]
+                }
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn codes_q8_0(b: *const u8) -> __m256i {
+                unsafe { ld(b.add(2)) }
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn codes_q4_0(b: *const u8) -> __m256i {
+                unsafe { _mm256_sub_epi8(nibbles32(b.add(2)), _mm256_set1_epi8(8)) }
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn codes_q5_0(b: *const u8) -> __m256i {
+                unsafe {
+                    let c = _mm256_or_si256(
+                        nibbles32(b.add(6)),
+                        bits_to_0x10(rd(b.add(2).cast::<u32>())),
+                    );
+                    _mm256_sub_epi8(c, _mm256_set1_epi8(16))
+                }
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn codes_q4_1(b: *const u8) -> __m256i {
+                unsafe { nibbles32(b.add(4)) }
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn codes_q5_1(b: *const u8) -> __m256i {
+                unsafe {
+                    _mm256_or_si256(
+                        nibbles32(b.add(8)),
+                        bits_to_0x10(rd(b.add(4).cast::<u32>())),
+                    )
+                }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q8_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { dot_sblocks(w, a, nb, 34, |b| codes_q8_0(b)) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_q8_0(
+                w: *const u8,
+                a: *const u8,
+                s: usize,
+                nb: usize,
+            ) -> [f32; 4] {
+                unsafe { dot4_sblocks(w, a, s, nb, 34, |b| codes_q8_0(b)) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q4_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { dot_sblocks(w, a, nb, 18, |b| codes_q4_0(b)) }
+            }
+
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot4_q4_0(
                 w: *const u8,
@@ -227,40 +307,12 @@ macro_rules! x86_kernels {
                 s: usize,
                 nb: usize,
             ) -> [f32; 4] {
-                unsafe {
-                    dot4_u32blocks(
-                        w,
-                        a,
-                        s,
-                        nb,
-                        18,
-                        |b| nibbles32(b.add(2)),
-                        |b| {
-                            let d = f16(b);
-                            (d, -8.0 * d)
-                        },
-                    )
-                }
+                unsafe { dot4_sblocks(w, a, s, nb, 18, |b| codes_q4_0(b)) }
             }
 
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_q4_1(
-                w: *const u8,
-                a: *const u8,
-                s: usize,
-                nb: usize,
-            ) -> [f32; 4] {
-                unsafe {
-                    dot4_u32blocks(
-                        w,
-                        a,
-                        s,
-                        nb,
-                        20,
-                        |b| nibbles32(b.add(4)),
-                        |b| (f16(b), f16(b.add(2))),
-                    )
-                }
+            pub(crate) unsafe fn dot_q5_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { dot_sblocks(w, a, nb, 22, |b| codes_q5_0(b)) }
             }
 
             #[target_feature(enable = $features)]
@@ -270,25 +322,27 @@ macro_rules! x86_kernels {
                 s: usize,
                 nb: usize,
             ) -> [f32; 4] {
-                unsafe {
-                    dot4_u32blocks(
-                        w,
-                        a,
-                        s,
-                        nb,
-                        22,
-                        |b| {
-                            _mm256_or_si256(
-                                nibbles32(b.add(6)),
-                                bits_to_0x10(rd(b.add(2).cast::<u32>())),
-                            )
-                        },
-                        |b| {
-                            let d = f16(b);
-                            (d, -16.0 * d)
-                        },
-                    )
-                }
+                unsafe { dot4_sblocks(w, a, s, nb, 22, |b| codes_q5_0(b)) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q4_1(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { dot_x1blocks(w, a, nb, 20, |b| codes_q4_1(b)) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_q4_1(
+                w: *const u8,
+                a: *const u8,
+                s: usize,
+                nb: usize,
+            ) -> [f32; 4] {
+                unsafe { dot4_x1blocks(w, a, s, nb, 20, |b| codes_q4_1(b)) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q5_1(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { dot_x1blocks(w, a, nb, 24, |b| codes_q5_1(b)) }
             }
 
             #[target_feature(enable = $features)]
@@ -298,94 +352,7 @@ macro_rules! x86_kernels {
                 s: usize,
                 nb: usize,
             ) -> [f32; 4] {
-                unsafe {
-                    dot4_u32blocks(
-                        w,
-                        a,
-                        s,
-                        nb,
-                        24,
-                        |b| {
-                            _mm256_or_si256(
-                                nibbles32(b.add(8)),
-                                bits_to_0x10(rd(b.add(4).cast::<u32>())),
-                            )
-                        },
-                        |b| (f16(b), f16(b.add(2))),
-                    )
-                }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q4_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe {
-                    dot_u32blocks(
-                        w,
-                        a,
-                        nb,
-                        18,
-                        |b| nibbles32(b.add(2)),
-                        |b| {
-                            let d = f16(b);
-                            (d, -8.0 * d)
-                        },
-                    )
-                }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q4_1(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe {
-                    dot_u32blocks(
-                        w,
-                        a,
-                        nb,
-                        20,
-                        |b| nibbles32(b.add(4)),
-                        |b| (f16(b), f16(b.add(2))),
-                    )
-                }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q5_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe {
-                    dot_u32blocks(
-                        w,
-                        a,
-                        nb,
-                        22,
-                        |b| {
-                            _mm256_or_si256(
-                                nibbles32(b.add(6)),
-                                bits_to_0x10(rd(b.add(2).cast::<u32>())),
-                            )
-                        },
-                        |b| {
-                            let d = f16(b);
-                            (d, -16.0 * d)
-                        },
-                    )
-                }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q5_1(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe {
-                    dot_u32blocks(
-                        w,
-                        a,
-                        nb,
-                        24,
-                        |b| {
-                            _mm256_or_si256(
-                                nibbles32(b.add(8)),
-                                bits_to_0x10(rd(b.add(4).cast::<u32>())),
-                            )
-                        },
-                        |b| (f16(b), f16(b.add(2))),
-                    )
-                }
+                unsafe { dot4_x1blocks(w, a, s, nb, 24, |b| codes_q5_1(b)) }
             }
 
             /// Q4_K/Q5_K scales and mins as 8 bytes each (the `scale_min_k4` unpacking on u32s).
@@ -409,27 +376,32 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// Σ_j m_j·(bsum_2j + bsum_2j+1) for a Q8K block.
+            /// ggml's four mins lanes: `m_2i·(bsum_4i + bsum_4i+1) + m_2i+1·(bsum_4i+2 +
+            /// bsum_4i+3)` (`hadd` of the bsums, then `madd` with the mins).
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn k4_min_sum(m: [u8; 8], ab: *const u8) -> i32 {
+            unsafe fn k4_min_lanes(m: [u8; 8], ab: *const u8) -> __m128i {
                 unsafe {
-                    let bs = ld(ab.add(260));
-                    let pair = _mm256_madd_epi16(bs, _mm256_set1_epi16(1));
-                    let mv = _mm256_cvtepu8_epi32(_mm_loadl_epi64(m.as_ptr().cast()));
-                    hsum_epi32(_mm256_mullo_epi32(mv, pair))
+                    let q8s = _mm_hadd_epi16(
+                        _mm_loadu_si128(ab.add(260).cast()),
+                        _mm_loadu_si128(ab.add(276).cast()),
+                    );
+                    let mv = _mm_cvtepu8_epi16(_mm_loadl_epi64(m.as_ptr().cast()));
+                    _mm_madd_epi16(mv, q8s)
                 }
             }
 
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn dot_k4(w: *const u8, a: *const u8, nb: usize, q5: bool) -> f32 {
+            unsafe fn dot_k4(w: *const u8, a: *const u8, nb: usize, q5: bool, tiled: bool) -> f32 {
                 unsafe {
                     let ts = if q5 { 176 } else { 144 };
                     let qs_off = if q5 { Q5K_QS } else { Q4K_QS };
                     let m4 = _mm256_set1_epi8(15);
                     let mut acc = _mm256_setzero_ps();
-                    let mut accm = 0f32;
+                    let mut accm = _mm_setzero_ps();
+                    let mut summs = 0f32;
+                    let mut tacc = 0f32;
                     for i in 0..nb {
                         let (wb, ab) = (w.add(i * ts), a.add(i * AK));
                         let da = rd(ab.cast::<f32>());
@@ -459,27 +431,70 @@ macro_rules! x86_kernels {
                                 _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1] as i16));
                             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(slo, shi));
                         }
-                        let d = f16(wb) * da;
+                        let prod = k4_min_lanes(m, ab);
+                        if tiled {
+                            let s2 = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
+                            let s2 = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+                            let dm = Some((f16(wb.add(2)), s2));
+                            tacc = tiled_step(tacc, hsum_epi32(sumi), dm, f16(wb), da);
+                            continue;
+                        }
+                        let d = da * f16(wb);
+                        let dmin = -da * f16(wb.add(2));
+                        if q5 {
+                            // ggml's Q5_K adds the lanes' integer total to one scalar sum.
+                            let h = _mm_hadd_epi32(prod, _mm_setzero_si128());
+                            let h = _mm_hadd_epi32(h, _mm_setzero_si128());
+                            summs += dmin * _mm_cvtsi128_si32(h) as f32;
+                        } else {
+                            accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), accm);
+                        }
                         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-                        accm += f16(wb.add(2)) * da * k4_min_sum(m, ab) as f32;
                     }
-                    hsum_ps(acc) - accm
+                    if tiled {
+                        return tacc;
+                    }
+                    let m2 = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+                    let m1 = _mm_add_ss(m2, _mm_movehdup_ps(m2));
+                    hsum_ps(acc) + (_mm_cvtss_f32(m1) + summs)
                 }
             }
 
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_q4_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { dot_k4(w, a, nb, false) }
+                unsafe { dot_k4(w, a, nb, false, false) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q4_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { dot_k4(w, a, nb, false, true) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q5_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { dot_k4(w, a, nb, true, true) }
             }
 
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_q5_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { dot_k4(w, a, nb, true) }
+                unsafe { dot_k4(w, a, nb, true, false) }
             }
 
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_q6_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { dot_q6k(w, a, nb, false) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q6_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { dot_q6k(w, a, nb, true) }
+            }
+
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot_q6k(w: *const u8, a: *const u8, nb: usize, tiled: bool) -> f32 {
                 unsafe {
+                    let mut tacc = 0f32;
                     let m4 = _mm256_set1_epi8(15);
                     let m2 = _mm256_set1_epi8(3);
                     let mut acc = _mm256_setzero_ps();
@@ -531,8 +546,16 @@ macro_rules! x86_kernels {
                                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
                             }
                         }
-                        let d = f16(wb.add(Q6K_D)) * rd(ab.cast::<f32>());
+                        if tiled {
+                            let da = rd(ab.cast::<f32>());
+                            tacc = tiled_step(tacc, hsum_epi32(sumi), None, f16(wb.add(Q6K_D)), da);
+                            continue;
+                        }
+                        let d = rd(ab.cast::<f32>()) * f16(wb.add(Q6K_D));
                         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+                    }
+                    if tiled {
+                        return tacc;
                     }
                     hsum_ps(acc)
                 }
@@ -650,28 +673,39 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
     macro_rules! table {
         ($m:ident) => {{
             use GgmlType as T;
-            let k: (ActKind, DotFn, Option<Dot4Fn>) = match ty {
-                T::F32 => (ActKind::F32, $m::dot_f32, None),
-                T::F16 => (ActKind::F32, $m::dot_f16, None),
-                T::BF16 => (ActKind::F32, $m::dot_bf16, None),
-                T::Q8_0 => (ActKind::Q8x32, $m::dot_q8_0, Some($m::dot4_q8_0)),
-                T::Q4_0 => (ActKind::Q8x32, $m::dot_q4_0, Some($m::dot4_q4_0)),
-                T::Q4_1 => (ActKind::Q8x32, $m::dot_q4_1, Some($m::dot4_q4_1)),
-                T::Q5_0 => (ActKind::Q8x32, $m::dot_q5_0, Some($m::dot4_q5_0)),
-                T::Q5_1 => (ActKind::Q8x32, $m::dot_q5_1, Some($m::dot4_q5_1)),
-                T::Q4_K => (ActKind::Q8K, $m::dot_q4_k, None),
-                T::Q5_K => (ActKind::Q8K, $m::dot_q5_k, None),
-                T::Q6_K => (ActKind::Q8K, $m::dot_q6_k, None),
+            let many: Option<(usize, DotFn)> = match ty {
+                T::Q4_K => Some((super::MANY_ROWS, $m::dot_q4_k_many)),
+                T::Q5_K => Some((super::MANY_ROWS, $m::dot_q5_k_many)),
+                T::Q6_K => Some((super::MANY_ROWS, $m::dot_q6_k_many)),
+                _ => None,
+            };
+            let k: (ActKind, DotFn, Option<Dot4Fn>, Option<(usize, DotFn)>) = match ty {
+                T::F32 => (ActKind::F32, $m::dot_f32, None, many),
+                T::F16 => (ActKind::F32, $m::dot_f16, None, many),
+                T::BF16 => (ActKind::F32, $m::dot_bf16, None, many),
+                T::Q8_0 => (ActKind::Q8x32, $m::dot_q8_0, Some($m::dot4_q8_0), many),
+                T::Q4_0 => (ActKind::Q8x32, $m::dot_q4_0, Some($m::dot4_q4_0), many),
+                T::Q4_1 => (ActKind::Q8x32, $m::dot_q4_1, Some($m::dot4_q4_1), many),
+                T::Q5_0 => (ActKind::Q8x32, $m::dot_q5_0, Some($m::dot4_q5_0), many),
+                T::Q5_1 => (ActKind::Q8x32, $m::dot_q5_1, Some($m::dot4_q5_1), many),
+                T::Q4_K => (ActKind::Q8K, $m::dot_q4_k, None, many),
+                T::Q5_K => (ActKind::Q8K, $m::dot_q5_k, None, many),
+                T::Q6_K => (ActKind::Q8K, $m::dot_q6_k, None, many),
                 _ => return None,
             };
             k
         }};
     }
-    let (act, dot, dot4) = match path {
+    let (act, dot, dot4, many) = match path {
         KernelPath::Avx2 => table!(avx2),
         KernelPath::AvxVnni => table!(avxvnni),
         KernelPath::Avx512Vnni => table!(avx512vnni),
         _ => return None,
     };
-    Some(Kernel { act, dot, dot4 })
+    Some(Kernel {
+        act,
+        dot,
+        dot4,
+        many,
+    })
 }

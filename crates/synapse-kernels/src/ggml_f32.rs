@@ -1,0 +1,313 @@
+//! f32 attention primitives in ggml's exact float order (its x86 AVX-512 build, the one the
+//! project's oracle runs): `q·k` as `ggml_vec_dot_f32`, the softmax as `ggml_vec_soft_max_f32`
+//! (ggml's vector `expf` polynomial, 16-wide chunk sums added in f64), and `P·V` as either
+//! llamafile's `tinyBLAS` f32 GEMM (a batch of two or more query rows) or `ggml_vec_dot_f32`
+//! (one query row). Every product-sum is a fused multiply-add, as in those kernels, so the
+//! results are bit-identical to llama.cpp's non-flash attention with an f32 KV cache.
+//!
+//! The order is a property of the arithmetic, not of a CPU: the functions here give the same
+//! bits on every machine (with or without hardware FMA; `f32::mul_add` is exact either way).
+//! Where the CPU has FMA the loops are compiled for it (runtime dispatch), otherwise they run
+//! through the correctly-rounded software `fma`.
+
+use std::sync::OnceLock;
+
+/// `_mm512_reduce_add_ps`: halves added pairwise down to one lane.
+#[inline(always)]
+pub fn reduce16(v: &[f32; 16]) -> f32 {
+    let t8: [f32; 8] = std::array::from_fn(|i| v[8 + i] + v[i]);
+    let t4: [f32; 4] = std::array::from_fn(|i| t8[4 + i] + t8[i]);
+    (t4[0] + t4[2]) + (t4[1] + t4[3])
+}
+
+#[inline(always)]
+fn c(bits: u32) -> f32 {
+    f32::from_bits(bits)
+}
+
+/// ggml's vector `expf` (range reduction by `n = round(x·log2 e)`, a degree-5 polynomial in
+/// the reduced argument, `scalef`), one lane of it. Not libm's `expf`: the two differ in the
+/// last bit for some inputs, and the softmax must use this one to match ggml.
+#[inline(always)]
+pub fn expf(x: f32) -> f32 {
+    let r = c(0x4b40_0000); // 1.5·2²³: adding it rounds to an integer
+    let z = x.mul_add(c(0x3fb8_aa3b), r);
+    let n = z - r;
+    let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
+    let u = b * b;
+    let j = c(0x3c07_2010)
+        .mul_add(b, c(0x3d2b_9f17))
+        .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)));
+    let j = j.mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
+    if n.abs() > 192.0 || n.is_nan() {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    // scalef(j, n) = j·2ⁿ rounded once (exact in f64, including the subnormal range).
+    (j as f64 * 2f64.powi(n as i32)) as f32
+}
+
+fn has_fma() -> bool {
+    static F: OnceLock<bool> = OnceLock::new();
+    *F.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("avx2")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+/// A public function running `$body` compiled for FMA when the CPU has it.
+macro_rules! fma_dispatch {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($a:ident: $t:ty),*) -> $r:ty => $body:ident) => {
+        $(#[$m])*
+        $vis fn $name($($a: $t),*) -> $r {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn fast($($a: $t),*) -> $r {
+                    $body($($a),*)
+                }
+                if has_fma() {
+                    // SAFETY: the CPU has FMA (checked at run time).
+                    return unsafe { fast($($a),*) };
+                }
+            }
+            $body($($a),*)
+        }
+    };
+}
+
+#[inline(always)]
+fn dot_body(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n & !63;
+    let mut s = [[0f32; 16]; 4];
+    let mut i = 0;
+    while i < np {
+        for (j, acc) in s.iter_mut().enumerate() {
+            for (l, a) in acc.iter_mut().enumerate() {
+                let k = i + 16 * j + l;
+                *a = x[k].mul_add(y[k], *a);
+            }
+        }
+        i += 64;
+    }
+    let mut sumf = reduce16(&fold4(&s));
+    // The tail is not contracted in ggml's build: product rounded, then added (checked
+    // against llama.cpp's `kq` with head_dim 16).
+    for k in np..n {
+        sumf += x[k] * y[k];
+    }
+    sumf
+}
+
+/// `GGML_F32x16_REDUCE` over four accumulators: `(s0 + s2) + (s1 + s3)` lane by lane.
+#[inline(always)]
+fn fold4(s: &[[f32; 16]; 4]) -> [f32; 16] {
+    std::array::from_fn(|l| (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]))
+}
+
+fma_dispatch! {
+    /// `ggml_vec_dot_f32` (AVX-512 build): four 16-lane FMA accumulators over 64-element
+    /// steps, folded and reduced, then the tail added element by element.
+    pub fn dot_f32(x: &[f32], y: &[f32]) -> f32 => dot_body
+}
+
+#[inline(always)]
+fn gemm_dot_body(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len().min(y.len());
+    let mut acc = [0f32; 16];
+    let mut i = 0;
+    while i + 16 <= n {
+        for (l, a) in acc.iter_mut().enumerate() {
+            *a = x[i + l].mul_add(y[i + l], *a);
+        }
+        i += 16;
+    }
+    reduce16(&acc)
+}
+
+fma_dispatch! {
+    /// One output of llamafile's `tinyBLAS` f32 GEMM (AVX-512 build, two or more activation
+    /// rows): a 16-lane FMA accumulator over the whole row, then `_mm512_reduce_add_ps`.
+    /// `x.len()` must be a multiple of 16 (tinyBLAS declines other shapes; ggml then uses
+    /// [`dot_f32`]).
+    pub fn dot_f32_gemm(x: &[f32], y: &[f32]) -> f32 => gemm_dot_body
+}
+
+#[inline(always)]
+fn softmax_body(sc: &mut [f32], first_cell: usize) {
+    if sc.is_empty() {
+        return;
+    }
+    let max = sc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut sum = 0f64;
+    let mut chunk = [0f32; 16];
+    let mut cur = usize::MAX;
+    for (j, v) in sc.iter_mut().enumerate() {
+        let cell = first_cell + j;
+        if cell / 16 != cur {
+            if cur != usize::MAX {
+                sum += reduce16(&chunk) as f64;
+            }
+            chunk = [0.0; 16];
+            cur = cell / 16;
+        }
+        *v = expf(*v - max);
+        chunk[cell % 16] = *v;
+    }
+    if cur != usize::MAX {
+        sum += reduce16(&chunk) as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in sc.iter_mut() {
+        *v *= inv;
+    }
+}
+
+fma_dispatch! {
+    /// ggml's softmax of one attention row in place. `sc[j]` is the score of KV cell
+    /// `first_cell + j`; cells outside `sc` are masked (−∞, so exactly 0 after `exp`). The
+    /// cell index matters: ggml sums the exponentials 16 cells at a time (aligned to cell 0)
+    /// in f32, then the chunk sums in f64, and scales by `(float)(1/sum)`.
+    pub fn softmax_cells(sc: &mut [f32], first_cell: usize) -> () => softmax_body
+}
+
+/// The order in which `P·V` is summed over KV cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PvOrder {
+    /// One query row in the batch: `ggml_vec_dot_f32` over the cells (4×16 lanes).
+    VecDot,
+    /// Two or more query rows: tinyBLAS f32 GEMM (one 16-lane accumulator over the cells).
+    Gemm,
+}
+
+/// Accumulates `Σ_cells p·v` for one head in ggml's order. Feed cells in increasing order.
+#[derive(Debug, Default)]
+pub struct PvAcc {
+    /// `lanes × head_dim` partial sums (`lanes` = 64 for [`PvOrder::VecDot`], 16 for Gemm).
+    acc: Vec<f32>,
+    hd: usize,
+    lanes: usize,
+}
+
+#[inline(always)]
+fn axpy_body(acc: &mut [f32], p: f32, v: &[f32]) {
+    for (a, &x) in acc.iter_mut().zip(v) {
+        *a = x.mul_add(p, *a);
+    }
+}
+
+fma_dispatch! {
+    /// `acc[i] = fma(v[i], p, acc[i])`.
+    fn axpy_fma(acc: &mut [f32], p: f32, v: &[f32]) -> () => axpy_body
+}
+
+impl PvAcc {
+    /// Clears the accumulator for a head of `head_dim` values in `order`.
+    pub fn reset(&mut self, head_dim: usize, order: PvOrder) {
+        self.hd = head_dim;
+        self.lanes = match order {
+            PvOrder::VecDot => 64,
+            PvOrder::Gemm => 16,
+        };
+        self.acc.clear();
+        self.acc.resize(self.lanes * head_dim, 0.0);
+    }
+
+    /// Adds `p · v` for KV cell `cell` (`v.len() == head_dim`).
+    pub fn add(&mut self, cell: usize, p: f32, v: &[f32]) {
+        let l = cell % self.lanes;
+        let acc = &mut self.acc[l * self.hd..(l + 1) * self.hd];
+        axpy_fma(acc, p, v);
+    }
+
+    /// Writes the reduced sums into `out` (`head_dim` values).
+    pub fn finish(&self, out: &mut [f32]) {
+        let hd = self.hd;
+        for (d, o) in out.iter_mut().enumerate().take(hd) {
+            let lane = |l: usize| self.acc[l * hd + d];
+            let v: [f32; 16] = if self.lanes == 64 {
+                let s: [[f32; 16]; 4] =
+                    std::array::from_fn(|j| std::array::from_fn(|l| lane(16 * j + l)));
+                fold4(&s)
+            } else {
+                std::array::from_fn(lane)
+            };
+            *o = reduce16(&v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expf_is_close_to_libm_and_exact_at_zero() {
+        assert_eq!(expf(0.0), 1.0);
+        assert_eq!(expf(f32::NEG_INFINITY), 0.0);
+        assert_eq!(expf(-200.0), 0.0);
+        let mut worst = 0f32;
+        let mut x = -87.0f32;
+        while x < 0.0 {
+            let (a, b) = (expf(x), x.exp());
+            worst = worst.max(((a - b) / b).abs());
+            x += 0.0137;
+        }
+        // ggml's polynomial is accurate to a few ulp.
+        assert!(worst < 4e-7, "worst relative error {worst}");
+    }
+
+    #[test]
+    fn dot_matches_f64_and_is_order_fixed() {
+        let x: Vec<f32> = (0..300)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let y: Vec<f32> = (0..300)
+            .map(|i| ((i * 53 % 89) as f32 - 44.0) / 5.0)
+            .collect();
+        let exact: f64 = x.iter().zip(&y).map(|(a, b)| *a as f64 * *b as f64).sum();
+        let d = dot_f32(&x, &y);
+        assert!((d as f64 - exact).abs() < 1e-3 * exact.abs().max(1.0));
+        // The scalar (software fma) path gives the same bits.
+        assert_eq!(d.to_bits(), dot_body(&x, &y).to_bits());
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_pv_orders_agree_closely() {
+        let mut sc: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin() * 4.0).collect();
+        softmax_cells(&mut sc, 5);
+        let s: f32 = sc.iter().sum();
+        assert!((s - 1.0).abs() < 1e-5);
+        let v: Vec<Vec<f32>> = (0..37)
+            .map(|j| (0..8).map(|d| (j * 8 + d) as f32 * 0.01).collect())
+            .collect();
+        let mut outs = Vec::new();
+        for order in [PvOrder::VecDot, PvOrder::Gemm] {
+            let mut acc = PvAcc::default();
+            acc.reset(8, order);
+            for (j, p) in sc.iter().enumerate() {
+                acc.add(5 + j, *p, &v[j]);
+            }
+            let mut o = [0f32; 8];
+            acc.finish(&mut o);
+            outs.push(o);
+        }
+        for d in 0..8 {
+            let exact: f64 = sc
+                .iter()
+                .zip(&v)
+                .map(|(p, v)| *p as f64 * v[d] as f64)
+                .sum();
+            for o in &outs {
+                assert!((o[d] as f64 - exact).abs() < 1e-5);
+            }
+        }
+    }
+}
