@@ -67,6 +67,7 @@ fn q(v: f32, id: f32) -> i8 {
 /// Quantizes `x` (a multiple of 32 long) into `out` (`x.len() / 32` blocks), exactly as
 /// ggml's `quantize_row_q8_0` (x86 AVX path): `d = amax / 127` stored as f16, the quants
 /// computed with `id = 127 / amax` in f32, round half to even.
+#[inline(always)]
 pub(crate) fn quantize_q8x32(x: &[f32], out: &mut [BlockQ8x32]) {
     debug_assert_eq!(x.len(), out.len() * 32);
     for (xb, b) in x.chunks_exact(32).zip(out.iter_mut()) {
@@ -88,6 +89,7 @@ pub(crate) fn quantize_q8x32(x: &[f32], out: &mut [BlockQ8x32]) {
 /// = the signed value of largest magnitude), quants `nearest_int(iscale·x)` and `d = 1 /
 /// iscale`; both signs of that are the same products as `id = 127 / amax`, quants
 /// `round(id·x)`, `d = 1 / id`, stored here in that positive orientation.
+#[inline(always)]
 pub(crate) fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
     debug_assert_eq!(x.len(), out.len() * 256);
     for (xb, b) in x.chunks_exact(256).zip(out.iter_mut()) {
@@ -109,8 +111,8 @@ pub(crate) fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
     }
 }
 
-/// Quantizes `n` rows of `cols` activations into `out` in format `kind` (rows back to back).
-pub(crate) fn quantize_rows(kind: ActKind, x: &[f32], cols: usize, out: &mut [u8]) {
+#[inline(always)]
+fn quantize_rows_body(kind: ActKind, x: &[f32], cols: usize, out: &mut [u8]) {
     let rb = kind.row_bytes(cols);
     for (xr, or) in x.chunks_exact(cols).zip(out.chunks_exact_mut(rb)) {
         match kind {
@@ -119,6 +121,27 @@ pub(crate) fn quantize_rows(kind: ActKind, x: &[f32], cols: usize, out: &mut [u8
             ActKind::Q8K => quantize_q8k(xr, bytemuck::cast_slice_mut(or)),
         }
     }
+}
+
+/// Quantizes `n` rows of `cols` activations into `out` in format `kind` (rows back to back).
+/// Compiled for AVX2 where the CPU has it (the rounding becomes `vroundps` instead of a libm
+/// call); the results are the same bits either way.
+pub(crate) fn quantize_rows(kind: ActKind, x: &[f32], cols: usize, out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn fast(kind: ActKind, x: &[f32], cols: usize, out: &mut [u8]) {
+            quantize_rows_body(kind, x, cols, out)
+        }
+        static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *AVX2.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        }) {
+            // SAFETY: the CPU has AVX2 and FMA (checked at run time).
+            return unsafe { fast(kind, x, cols, out) };
+        }
+    }
+    quantize_rows_body(kind, x, cols, out)
 }
 
 #[cfg(test)]

@@ -42,8 +42,10 @@ pub fn expf(x: f32) -> f32 {
     if n.abs() > 192.0 || n.is_nan() {
         return if n <= 0.0 { 0.0 } else { f32::INFINITY };
     }
-    // scalef(j, n) = j·2ⁿ rounded once (exact in f64, including the subnormal range).
-    (j as f64 * 2f64.powi(n as i32)) as f32
+    // scalef(j, n) = j·2ⁿ rounded once (exact in f64, including the subnormal range);
+    // |n| ≤ 192 here, so 2ⁿ is a normal f64 built from its exponent bits.
+    let p2 = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    (j as f64 * p2) as f32
 }
 
 fn has_fma() -> bool {
@@ -87,15 +89,15 @@ fn dot_body(x: &[f32], y: &[f32]) -> f32 {
     let n = x.len().min(y.len());
     let np = n & !63;
     let mut s = [[0f32; 16]; 4];
-    let mut i = 0;
-    while i < np {
+    for (xc, yc) in x[..np].chunks_exact(64).zip(y[..np].chunks_exact(64)) {
+        let (Ok(xc), Ok(yc)) = (<&[f32; 64]>::try_from(xc), <&[f32; 64]>::try_from(yc)) else {
+            continue;
+        };
         for (j, acc) in s.iter_mut().enumerate() {
             for (l, a) in acc.iter_mut().enumerate() {
-                let k = i + 16 * j + l;
-                *a = x[k].mul_add(y[k], *a);
+                *a = xc[16 * j + l].mul_add(yc[16 * j + l], *a);
             }
         }
-        i += 64;
     }
     let mut sumf = reduce16(&fold4(&s));
     // The tail is not contracted in ggml's build: product rounded, then added (checked
@@ -120,14 +122,11 @@ fma_dispatch! {
 
 #[inline(always)]
 fn gemm_dot_body(x: &[f32], y: &[f32]) -> f32 {
-    let n = x.len().min(y.len());
     let mut acc = [0f32; 16];
-    let mut i = 0;
-    while i + 16 <= n {
+    for (xc, yc) in x.chunks_exact(16).zip(y.chunks_exact(16)) {
         for (l, a) in acc.iter_mut().enumerate() {
-            *a = x[i + l].mul_add(y[i + l], *a);
+            *a = xc[l].mul_add(yc[l], *a);
         }
-        i += 16;
     }
     reduce16(&acc)
 }
