@@ -135,7 +135,8 @@ pub(crate) fn quantize_rows(kind: ActKind, x: &[f32], cols: usize, out: &mut [u8
         }
         static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         if *AVX2.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+            std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
         }) {
             // SAFETY: the CPU has AVX2 and FMA (checked at run time).
             return unsafe { fast(kind, x, cols, out) };

@@ -70,6 +70,13 @@ impl KernelCtx {
         self.pool.kind
     }
 
+    /// Runs `f(i0, i1)` over chunks covering `0..items` on this context's threads, in
+    /// parallel when `cost` (≈ flops) makes it worth it; for work outside the matrix kernels
+    /// (attention over heads and rows). `f` must only write disjoint data per item.
+    pub fn parallel_for(&mut self, items: usize, cost: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+        self.pool.run_rows(items, 1, cost, f);
+    }
+
     pub(crate) fn parts(&mut self) -> (&mut AlignedBuf, &Pool) {
         (&mut self.act, &self.pool)
     }
@@ -77,16 +84,17 @@ impl KernelCtx {
 
 /// Which thread pool runs the row chunks.
 ///
-/// Measured on the shared 2-core development machine (load ≈ 17 from other builds), rayon was
-/// faster for decode-sized work (q5_0 2048×640, 1 row: best 155–206 µs vs 267–275 µs with the
-/// spin pool), because a spinning caller waits for a worker the scheduler has parked. ggml's
-/// spin-then-park approach should win on a quiet machine; `SYNAPSE_KERNEL_POOL=spin` selects it
-/// for that comparison.
+/// Measured on the 2-core development machine when quiet (2026-11-30, `decode_bench` on the
+/// default model, 2 threads): the spin pool decodes 26.8–30.0 tok/s after a 512-token prompt
+/// against rayon's 21.9–22.0 (prefill 112 vs 101–104 tok/s), and 30.8 vs 19.4 tok/s after a
+/// 16-token prompt, so spin is the default. Under heavy oversubscription (load ≈ 17 from other
+/// builds) rayon was faster for decode-sized calls, because a spinning caller waits for a
+/// worker the scheduler has parked; `SYNAPSE_KERNEL_POOL=rayon` selects it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PoolKind {
-    /// Persistent workers that spin ~200 µs, then park (ggml's approach).
+    /// Persistent workers that spin ~200 µs, then park (ggml's approach); the default.
     Spin,
-    /// A dedicated rayon pool (`scope` + `spawn` per chunk); the default.
+    /// A dedicated rayon pool (`scope` + `spawn` per chunk).
     Rayon,
 }
 
@@ -94,11 +102,11 @@ pub enum PoolKind {
 pub const POOL_ENV: &str = "SYNAPSE_KERNEL_POOL";
 
 impl PoolKind {
-    /// `SYNAPSE_KERNEL_POOL` if set to `spin`, else [`PoolKind::Rayon`].
+    /// `SYNAPSE_KERNEL_POOL` if set to `rayon`, else [`PoolKind::Spin`].
     pub fn from_env() -> Self {
         match std::env::var(POOL_ENV) {
-            Ok(v) if v.trim().eq_ignore_ascii_case("spin") => PoolKind::Spin,
-            _ => PoolKind::Rayon,
+            Ok(v) if v.trim().eq_ignore_ascii_case("rayon") => PoolKind::Rayon,
+            _ => PoolKind::Spin,
         }
     }
 }

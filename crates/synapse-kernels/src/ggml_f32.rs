@@ -114,10 +114,15 @@ fn fold4(s: &[[f32; 16]; 4]) -> [f32; 16] {
     std::array::from_fn(|l| (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]))
 }
 
-fma_dispatch! {
-    /// `ggml_vec_dot_f32` (AVX-512 build): four 16-lane FMA accumulators over 64-element
-    /// steps, folded and reduced, then the tail added element by element.
-    pub fn dot_f32(x: &[f32], y: &[f32]) -> f32 => dot_body
+/// `ggml_vec_dot_f32` (AVX-512 build): four 16-lane FMA accumulators over 64-element steps,
+/// folded and reduced, then the tail added element by element.
+pub fn dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked at run time).
+        return unsafe { simd::dot(x, y) };
+    }
+    dot_body(x, y)
 }
 
 #[inline(always)]
@@ -131,12 +136,17 @@ fn gemm_dot_body(x: &[f32], y: &[f32]) -> f32 {
     reduce16(&acc)
 }
 
-fma_dispatch! {
-    /// One output of llamafile's `tinyBLAS` f32 GEMM (AVX-512 build, two or more activation
-    /// rows): a 16-lane FMA accumulator over the whole row, then `_mm512_reduce_add_ps`.
-    /// `x.len()` must be a multiple of 16 (tinyBLAS declines other shapes; ggml then uses
-    /// [`dot_f32`]).
-    pub fn dot_f32_gemm(x: &[f32], y: &[f32]) -> f32 => gemm_dot_body
+/// One output of llamafile's `tinyBLAS` f32 GEMM (AVX-512 build, two or more activation
+/// rows): a 16-lane FMA accumulator over the whole row, then `_mm512_reduce_add_ps`.
+/// `x.len()` must be a multiple of 16 (tinyBLAS declines other shapes; ggml then uses
+/// [`dot_f32`]).
+pub fn dot_f32_gemm(x: &[f32], y: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked at run time).
+        return unsafe { simd::gemm_dot(x, y) };
+    }
+    gemm_dot_body(x, y)
 }
 
 #[inline(always)]
@@ -202,9 +212,106 @@ fn axpy_body(acc: &mut [f32], p: f32, v: &[f32]) {
     }
 }
 
-fma_dispatch! {
-    /// `acc[i] = fma(v[i], p, acc[i])`.
-    fn axpy_fma(acc: &mut [f32], p: f32, v: &[f32]) -> () => axpy_body
+/// `acc[i] = fma(v[i], p, acc[i])`.
+fn axpy_fma(acc: &mut [f32], p: f32, v: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked at run time).
+        return unsafe { simd::axpy(acc, p, v) };
+    }
+    axpy_body(acc, p, v)
+}
+
+/// AVX2+FMA versions of the bodies above: the same per-lane operations in the same order
+/// (16 lanes as two 8-lane registers), so the same bits.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::{fold4, reduce16};
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot(x: &[f32], y: &[f32]) -> f32 {
+        let n = x.len().min(y.len());
+        let np = n & !63;
+        let (xp, yp) = (x.as_ptr(), y.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut i = 0;
+        while i < np {
+            for (k, a) in acc.iter_mut().enumerate() {
+                // SAFETY: i + 8k + 8 <= np <= n for both slices.
+                unsafe {
+                    *a = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(xp.add(i + 8 * k)),
+                        _mm256_loadu_ps(yp.add(i + 8 * k)),
+                        *a,
+                    );
+                }
+            }
+            i += 64;
+        }
+        let mut s = [[0f32; 16]; 4];
+        for (j, sj) in s.iter_mut().enumerate() {
+            // SAFETY: each half is 8 floats of the 16-float array.
+            unsafe {
+                _mm256_storeu_ps(sj.as_mut_ptr(), acc[2 * j]);
+                _mm256_storeu_ps(sj.as_mut_ptr().add(8), acc[2 * j + 1]);
+            }
+        }
+        let mut sumf = reduce16(&fold4(&s));
+        for k in np..n {
+            sumf += x[k] * y[k];
+        }
+        sumf
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn gemm_dot(x: &[f32], y: &[f32]) -> f32 {
+        let n = x.len().min(y.len()) & !15;
+        let (xp, yp) = (x.as_ptr(), y.as_ptr());
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i < n {
+            // SAFETY: i + 16 <= n for both slices.
+            unsafe {
+                lo = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i)), lo);
+                hi = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(xp.add(i + 8)),
+                    _mm256_loadu_ps(yp.add(i + 8)),
+                    hi,
+                );
+            }
+            i += 16;
+        }
+        let mut v = [0f32; 16];
+        // SAFETY: two 8-float halves of a 16-float array.
+        unsafe {
+            _mm256_storeu_ps(v.as_mut_ptr(), lo);
+            _mm256_storeu_ps(v.as_mut_ptr().add(8), hi);
+        }
+        reduce16(&v)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn axpy(acc: &mut [f32], p: f32, v: &[f32]) {
+        let n = acc.len().min(v.len());
+        let (ap, vp) = (acc.as_mut_ptr(), v.as_ptr());
+        let pv = _mm256_set1_ps(p);
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n for both slices.
+            unsafe {
+                let a = _mm256_loadu_ps(ap.add(i));
+                _mm256_storeu_ps(
+                    ap.add(i),
+                    _mm256_fmadd_ps(_mm256_loadu_ps(vp.add(i)), pv, a),
+                );
+            }
+            i += 8;
+        }
+        for k in i..n {
+            acc[k] = v[k].mul_add(p, acc[k]);
+        }
+    }
 }
 
 impl PvAcc {
@@ -276,6 +383,15 @@ mod tests {
         assert!((d as f64 - exact).abs() < 1e-3 * exact.abs().max(1.0));
         // The scalar (software fma) path gives the same bits.
         assert_eq!(d.to_bits(), dot_body(&x, &y).to_bits());
+        assert_eq!(
+            dot_f32_gemm(&x[..288], &y[..288]).to_bits(),
+            gemm_dot_body(&x[..288], &y[..288]).to_bits()
+        );
+        let mut a1: Vec<f32> = y.iter().map(|v| v * 0.5).collect();
+        let mut a2 = a1.clone();
+        axpy_fma(&mut a1, 0.37, &x);
+        axpy_body(&mut a2, 0.37, &x);
+        assert!(a1.iter().zip(&a2).all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 
     #[test]

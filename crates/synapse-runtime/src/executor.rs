@@ -46,7 +46,6 @@ struct Scratch {
     u: Vec<f32>,
     h: Vec<f32>,
     cs: Vec<(f32, f32)>,
-    scores: Vec<AttnScratch>,
     sel: Vec<f32>,
     logits: Vec<f32>,
     slots: Vec<(SlotId, u32, usize)>,
@@ -209,8 +208,7 @@ impl Executor {
                 rows,
                 &s.q[..n * qd],
                 ensure(&mut s.att, n * qd),
-                &mut s.scores,
-                self.threads,
+                &mut self.ctx,
             );
             linear(
                 &l.o,
@@ -379,8 +377,7 @@ fn attention(
     rows: &[Row],
     q: &[f32],
     out: &mut [f32],
-    scores: &mut Vec<AttnScratch>,
-    threads: usize,
+    ctx: &mut KernelCtx,
 ) {
     // ggml sums P·V with its f32 GEMM when the batch has two or more rows, else vec_dot.
     let order = if rows.len() >= 2 {
@@ -388,119 +385,124 @@ fn attention(
     } else {
         PvOrder::VecDot
     };
-    let qd = l.n_heads * l.head_dim;
-    let work: usize = rows.iter().map(|r| r.pos as usize + 1).sum::<usize>() * qd;
-    let nt = if work >= 1 << 20 {
-        threads.min(rows.len())
-    } else {
-        1
-    };
-    if scores.len() < nt {
-        scores.resize_with(nt, AttnScratch::default);
-    }
-    if nt <= 1 {
-        attend_rows(kv, il, g, l, rows, q, out, &mut scores[0], order);
-        return;
-    }
-    // Balance by the number of keys each row reads.
-    let total: usize = rows.iter().map(|r| r.pos as usize + 1).sum();
-    let per = total.div_ceil(nt);
-    std::thread::scope(|sc| {
-        let mut rest_rows = rows;
-        let mut rest_q = q;
-        let mut rest_out = out;
-        let mut score_bufs = scores.iter_mut();
-        for t in 0..nt {
-            let mut take = 0;
-            let mut acc = 0;
-            while take < rest_rows.len() && (acc < per || t == nt - 1) {
-                acc += rest_rows[take].pos as usize + 1;
-                take += 1;
+    let hdim = l.head_dim;
+    let qd = l.n_heads * hdim;
+    // One item per (row, head); each writes its own head of `out`.
+    let items = rows.len() * l.n_heads;
+    let keys: usize = rows.iter().map(|r| r.pos as usize + 1).sum();
+    let cost = 4 * keys * qd;
+    let outp = OutPtr(out.as_mut_ptr());
+    ctx.parallel_for(items, cost, &|i0, i1| {
+        SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            for i in i0..i1 {
+                let (r, h) = (i / l.n_heads, i % l.n_heads);
+                let Some(row) = rows.get(r) else { continue };
+                let at = r * qd + h * hdim;
+                // SAFETY: item i alone writes out[at .. at + hdim] (distinct (r, h) pairs
+                // map to disjoint head slices inside `out`, which is rows·qd long).
+                let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(at), hdim) };
+                attend_one(
+                    kv,
+                    il,
+                    g,
+                    l,
+                    row,
+                    h,
+                    &q[at..at + hdim],
+                    o,
+                    &mut scratch,
+                    order,
+                );
             }
-            let (r0, r1) = rest_rows.split_at(take);
-            let (q0, q1) = rest_q.split_at(take * qd);
-            let (o0, o1) = std::mem::take(&mut rest_out).split_at_mut(take * qd);
-            rest_rows = r1;
-            rest_q = q1;
-            rest_out = o1;
-            let Some(sb) = score_bufs.next() else { break };
-            if r0.is_empty() {
-                continue;
-            }
-            sc.spawn(move || attend_rows(kv, il, g, l, r0, q0, o0, sb, order));
-        }
+        });
     });
 }
 
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+impl OutPtr {
+    /// By-value access, so closures capture the whole (Sync) wrapper.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+// SAFETY: items write disjoint slices (see `attention`).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+thread_local! {
+    /// Attention scratch of the thread running an item (kernel pool workers and the caller),
+    /// grown to the longest context seen and then reused.
+    static SCRATCH: std::cell::RefCell<AttnScratch> = std::cell::RefCell::new(AttnScratch::default());
+}
+
+/// One query head of one row against its session's cache, in ggml's order.
 #[allow(clippy::too_many_arguments)]
-fn attend_rows(
+fn attend_one(
     kv: &KvCache,
     il: usize,
     g: LayerGeom,
     l: &crate::load::LayerW,
-    rows: &[Row],
-    q: &[f32],
-    out: &mut [f32],
+    row: &Row,
+    h: usize,
+    qh: &[f32],
+    o: &mut [f32],
     scratch: &mut AttnScratch,
     order: PvOrder,
 ) {
     let hdim = l.head_dim;
-    let qd = l.n_heads * hdim;
     let group = l.n_heads / l.n_kv_heads;
     let AttnScratch { scores, pv, buf } = scratch;
     if buf.len() < hdim {
         buf.resize(hdim, 0.0);
     }
-    for (r, row) in rows.iter().enumerate() {
-        let Some(slot) = kv.slots[row.slot as usize].as_ref() else {
-            continue;
-        };
-        let pos = row.pos as usize;
-        let lo = match l.window {
-            Some(w) => (pos + 1).saturating_sub(w),
-            None => 0,
-        };
-        let n_keys = pos + 1 - lo;
-        if scores.len() < n_keys {
-            scores.resize(n_keys, 0.0);
-        }
-        let (kb, vb) = (&slot.k[il], &slot.v[il]);
-        for h in 0..l.n_heads {
-            let kvh = h / group;
-            let qh = &q[r * qd + h * hdim..r * qd + (h + 1) * hdim];
-            let sc = &mut scores[..n_keys];
-            for (j, p) in (lo..=pos).enumerate() {
-                let at = g.row_of(p) * g.width + kvh * hdim;
-                sc[j] = match kb {
-                    Buf::F32(k) => ggml_f32::dot_f32(&k[at..at + hdim], qh),
-                    Buf::F16(k) => {
-                        let kk = &mut buf[..hdim];
-                        for (d, s) in kk.iter_mut().zip(&k[at..at + hdim]) {
-                            *d = s.to_f32();
-                        }
-                        ggml_f32::dot_f32(kk, qh)
-                    }
-                } * l.scale;
-            }
-            // Cells are positions (a session's cache holds position p in cell p).
-            ggml_f32::softmax_cells(sc, lo);
-            pv.reset(hdim, order);
-            for (j, p) in (lo..=pos).enumerate() {
-                let at = g.row_of(p) * g.width + kvh * hdim;
-                match vb {
-                    Buf::F32(v) => pv.add(p, sc[j], &v[at..at + hdim]),
-                    Buf::F16(v) => {
-                        let vv = &mut buf[..hdim];
-                        for (d, s) in vv.iter_mut().zip(&v[at..at + hdim]) {
-                            *d = s.to_f32();
-                        }
-                        pv.add(p, sc[j], vv);
-                    }
+    let Some(slot) = kv.slots[row.slot as usize].as_ref() else {
+        return;
+    };
+    let pos = row.pos as usize;
+    let lo = match l.window {
+        Some(w) => (pos + 1).saturating_sub(w),
+        None => 0,
+    };
+    let n_keys = pos + 1 - lo;
+    if scores.len() < n_keys {
+        scores.resize(n_keys, 0.0);
+    }
+    let (kb, vb) = (&slot.k[il], &slot.v[il]);
+    let kvh = h / group;
+    let sc = &mut scores[..n_keys];
+    for (j, p) in (lo..=pos).enumerate() {
+        let at = g.row_of(p) * g.width + kvh * hdim;
+        sc[j] = match kb {
+            Buf::F32(k) => ggml_f32::dot_f32(&k[at..at + hdim], qh),
+            Buf::F16(k) => {
+                let kk = &mut buf[..hdim];
+                for (d, s) in kk.iter_mut().zip(&k[at..at + hdim]) {
+                    *d = s.to_f32();
                 }
+                ggml_f32::dot_f32(kk, qh)
             }
-            pv.finish(&mut out[r * qd + h * hdim..r * qd + (h + 1) * hdim]);
+        } * l.scale;
+    }
+    // Cells are positions (a session's cache holds position p in cell p).
+    ggml_f32::softmax_cells(sc, lo);
+    pv.reset(hdim, order);
+    for (j, p) in (lo..=pos).enumerate() {
+        let at = g.row_of(p) * g.width + kvh * hdim;
+        match vb {
+            Buf::F32(v) => pv.add(p, sc[j], &v[at..at + hdim]),
+            Buf::F16(v) => {
+                let vv = &mut buf[..hdim];
+                for (d, s) in vv.iter_mut().zip(&v[at..at + hdim]) {
+                    *d = s.to_f32();
+                }
+                pv.add(p, sc[j], vv);
+            }
         }
     }
+    pv.finish(o);
 }
 
 /// Per-thread attention scratch: scores, the P·V accumulator, one converted head.
