@@ -229,6 +229,8 @@ fn command(ctx: &Ctx, engine: Engine, prompt: &str, n_gen: usize) -> Command {
                 .arg(&ctx.model)
                 .args(["-n", &n_gen.to_string(), "--temp", "0"])
                 .args(["--threads", &ctx.threads.to_string(), "--json"])
+                // llama.cpp's side decodes all n_gen tokens whatever it samples.
+                .arg("--ignore-eos")
                 .arg(prompt);
             c
         }

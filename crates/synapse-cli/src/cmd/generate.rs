@@ -72,6 +72,9 @@ pub struct Args {
     /// Print one JSON object at the end instead of streaming text.
     #[arg(long)]
     json: bool,
+    /// Keep generating after an end-of-generation token (benchmarks: always `-n` tokens).
+    #[arg(long)]
+    ignore_eos: bool,
 }
 
 /// The default model's path: used as is when present with the published size (verifying a
@@ -245,7 +248,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         stop: args.stop.clone(),
         prefill_chunk: chunk,
-        stop_at_eog: true,
+        stop_at_eog: !args.ignore_eos,
     };
 
     let mut dec = tok.decoder();
