@@ -197,12 +197,26 @@ pub enum PvOrder {
 }
 
 /// Accumulates `Σ_cells p·v` for one head in ggml's order. Feed cells in increasing order.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PvAcc {
     /// `lanes × head_dim` partial sums (`lanes` = 64 for [`PvOrder::VecDot`], 16 for Gemm).
     acc: Vec<f32>,
+    /// Which lanes have received a cell since the last reset (the others read as 0, so a
+    /// short context does not pay for clearing all 64 lanes per head).
+    touched: [bool; 64],
     hd: usize,
     lanes: usize,
+}
+
+impl Default for PvAcc {
+    fn default() -> Self {
+        PvAcc {
+            acc: Vec::new(),
+            touched: [false; 64],
+            hd: 0,
+            lanes: 16,
+        }
+    }
 }
 
 #[inline(always)]
@@ -322,14 +336,20 @@ impl PvAcc {
             PvOrder::VecDot => 64,
             PvOrder::Gemm => 16,
         };
-        self.acc.clear();
-        self.acc.resize(self.lanes * head_dim, 0.0);
+        if self.acc.len() < self.lanes * head_dim {
+            self.acc.resize(self.lanes * head_dim, 0.0);
+        }
+        self.touched = [false; 64];
     }
 
     /// Adds `p · v` for KV cell `cell` (`v.len() == head_dim`).
     pub fn add(&mut self, cell: usize, p: f32, v: &[f32]) {
         let l = cell % self.lanes;
         let acc = &mut self.acc[l * self.hd..(l + 1) * self.hd];
+        if !self.touched[l] {
+            acc.fill(0.0);
+            self.touched[l] = true;
+        }
         axpy_fma(acc, p, v);
     }
 
@@ -337,7 +357,13 @@ impl PvAcc {
     pub fn finish(&self, out: &mut [f32]) {
         let hd = self.hd;
         for (d, o) in out.iter_mut().enumerate().take(hd) {
-            let lane = |l: usize| self.acc[l * hd + d];
+            let lane = |l: usize| {
+                if self.touched[l] {
+                    self.acc[l * hd + d]
+                } else {
+                    0.0
+                }
+            };
             let v: [f32; 16] = if self.lanes == 64 {
                 let s: [[f32; 16]; 4] =
                     std::array::from_fn(|j| std::array::from_fn(|l| lane(16 * j + l)));
