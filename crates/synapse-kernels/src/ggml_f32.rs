@@ -10,7 +10,6 @@
 //! Where the CPU has FMA the loops are compiled for it (runtime dispatch), otherwise they run
 //! through the correctly-rounded software `fma`.
 
-use std::sync::OnceLock;
 
 /// `_mm512_reduce_add_ps`: halves added pairwise down to one lane.
 #[inline(always)]
@@ -48,18 +47,11 @@ pub fn expf(x: f32) -> f32 {
     (j as f64 * p2) as f32
 }
 
+#[cfg(target_arch = "x86_64")]
 fn has_fma() -> bool {
-    static F: OnceLock<bool> = OnceLock::new();
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *F.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("avx2")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
+        std::arch::is_x86_feature_detected!("fma") && std::arch::is_x86_feature_detected!("avx2")
     })
 }
 
