@@ -10,7 +10,6 @@
 //! Where the CPU has FMA the loops are compiled for it (runtime dispatch), otherwise they run
 //! through the correctly-rounded software `fma`.
 
-
 /// `_mm512_reduce_add_ps`: halves added pairwise down to one lane.
 #[inline(always)]
 pub fn reduce16(v: &[f32; 16]) -> f32 {
