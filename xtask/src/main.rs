@@ -1,5 +1,6 @@
 //! `cargo xtask`: project automation. One module per task; each documents what it regenerates.
 
+mod bench_kernels_vs_ggml;
 mod bench_vs_llama;
 mod import;
 mod iq_tables;
@@ -42,6 +43,8 @@ enum Command {
     TinyModels(tiny_models::Args),
     /// Benchmark Synapse against llama.cpp side by side (prefill, decode, load time, peak RSS).
     BenchVsLlama(bench_vs_llama::Args),
+    /// Time Synapse's quantized matmul against ggml's on Gemma 3 270M's shapes, side by side.
+    BenchKernelsVsGgml(bench_kernels_vs_ggml::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -56,5 +59,6 @@ fn main() -> anyhow::Result<()> {
         Command::ParityFixtures(a) => parity_fixtures::run(a),
         Command::TinyModels(a) => tiny_models::run(a),
         Command::BenchVsLlama(a) => bench_vs_llama::run(a),
+        Command::BenchKernelsVsGgml(a) => bench_kernels_vs_ggml::run(a),
     }
 }
