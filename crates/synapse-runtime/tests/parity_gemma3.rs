@@ -102,6 +102,10 @@ fn gemma3_270m_matches_llama_cpp() {
     }
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&fx).unwrap()).unwrap();
     let model = Arc::new(Model::load(&model_path).unwrap());
+    let tok = synapse_tokenizer::Tokenizer::from_gguf(
+        &synapse_formats::gguf::GgufFile::open(&model_path).unwrap(),
+    )
+    .unwrap();
     let n_ctx = doc["settings"]["n_ctx"].as_u64().unwrap_or(2048) as usize;
     let n_batch = doc["settings"]["n_batch"].as_u64().unwrap_or(512) as usize;
     let n_gen = doc["settings"]["n_gen"].as_u64().unwrap_or(64) as usize;
@@ -123,9 +127,17 @@ fn gemma3_270m_matches_llama_cpp() {
             continue;
         }
         let name = p["name"].as_str().unwrap_or("?");
-        // Prompt tokenization parity is the tokenizer ring's test; here the runtime runs
-        // llama.cpp's own prompt ids.
+        // Prompt tokens: Synapse's tokenizer on the same text (with BOS; special tokens parsed
+        // where llama.cpp parsed them: the chat prompt) must give llama.cpp's ids.
         let want_prompt = ids(&p["prompt_ids"]);
+        let text = p["text"].as_str().unwrap_or_default();
+        let special = p["parse_special"].as_bool().unwrap_or(false);
+        let ours = tok.encode(text, true, special).unwrap();
+        if ours != want_prompt {
+            failures.push(format!(
+                "[{i} {name}] prompt tokens differ: llama.cpp {want_prompt:?} synapse {ours:?}"
+            ));
+        }
         let want = ids(&p["greedy_ids"]);
         let margins: Vec<f64> = p["margins"]
             .as_array()
