@@ -9,7 +9,8 @@
 //! for the types in `--repack-types` also with the weights in ggml's CPU_REPACK buffer, which is
 //! what llama.cpp runs by default). Both sides cycle through enough copies of the weights to exceed
 //! `--cold-mib` MiB, so each call streams its weights from DRAM as in decode. Each child reports,
-//! per `n`, every call's wall time and the system-wide and own CPU ticks over the timed loop; a run
+//! per `n`, every call's wall time and the system-wide and own CPU ticks over the timed loop. Each
+//! run waits (up to `--quiet-wait-s`) for the machine to be quiet first; a run
 //! in which other processes used more than `--foreign-frac` of a core (and ≥ 5 ticks) is redone up
 //! to `--max-redo` times, then kept and flagged. The outputs of copy 0 for n = 1..8 and the timed
 //! `n` are compared element by element (Synapse reproduces ggml's plain kernels bit for bit).
@@ -60,6 +61,10 @@ pub struct Args {
     /// How many times a contaminated run is redone before it is kept (and flagged).
     #[arg(long, default_value_t = 2)]
     max_redo: usize,
+    /// Before each run, wait up to this many seconds for the machine to be quiet (others using
+    /// less than `--foreign-frac` of a core over half a second).
+    #[arg(long, default_value_t = 120.0)]
+    quiet_wait_s: f64,
     /// Only cases whose `type/ROWSxK` contains this.
     #[arg(long)]
     filter: Option<String>,
@@ -244,10 +249,32 @@ impl Runner<'_> {
         cmd
     }
 
+    /// Waits (up to `--quiet-wait-s`) until other processes use less than `--foreign-frac` of a
+    /// core over half a second; returns whether the machine was quiet.
+    fn wait_quiet(&self) -> bool {
+        let t0 = std::time::Instant::now();
+        loop {
+            let b0 = busy_ticks();
+            std::thread::sleep(Duration::from_millis(500));
+            let used = busy_ticks().saturating_sub(b0) as f64 / self.hz / 0.5;
+            if used < self.args.foreign_frac {
+                return true;
+            }
+            if t0.elapsed().as_secs_f64() > self.args.quiet_wait_s {
+                println!(
+                    "    machine still busy ({:.0}% of a core used by others); running anyway",
+                    used * 100.0
+                );
+                return false;
+            }
+        }
+    }
+
     /// One child run, redone while contaminated; adds its times to `acc`.
     fn run(&self, engine: &str, c: &Case, check: &[usize], acc: &mut Acc) -> Result<()> {
         let mut tries = 0;
         loop {
+            self.wait_quiet();
             let out = output(
                 &mut self.command(engine, c, check),
                 &format!("{engine} on {}", c.name()),
@@ -292,6 +319,23 @@ impl Runner<'_> {
             return Ok(());
         }
     }
+}
+
+/// System-wide busy CPU ticks (user+nice+system+irq+softirq+steal) from `/proc/stat`.
+fn busy_ticks() -> u64 {
+    let s = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<u64> = s
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    if v.len() < 8 {
+        return 0;
+    }
+    v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
 }
 
 fn read_f32(p: &Path) -> Result<Vec<f32>> {
