@@ -16,6 +16,8 @@ const PARALLEL_MIN_FLOPS: usize = 1 << 18;
 pub struct KernelCtx {
     path: KernelPath,
     act: AlignedBuf,
+    /// Second scratch: activations re-laid out for the tiled K-quant GEMM.
+    pack: AlignedBuf,
     pool: Pool,
 }
 
@@ -51,6 +53,7 @@ impl KernelCtx {
         Ok(Self {
             path,
             act: AlignedBuf::default(),
+            pack: AlignedBuf::default(),
             pool: Pool::new(threads.max(1), pool)?,
         })
     }
@@ -79,6 +82,10 @@ impl KernelCtx {
 
     pub(crate) fn parts(&mut self) -> (&mut AlignedBuf, &Pool) {
         (&mut self.act, &self.pool)
+    }
+
+    pub(crate) fn parts2(&mut self) -> (&mut AlignedBuf, &mut AlignedBuf, &Pool) {
+        (&mut self.act, &mut self.pack, &self.pool)
     }
 }
 

@@ -243,6 +243,13 @@ impl QuantMatrix {
             k.dot = many;
             k.dot4 = None;
         }
+        #[cfg(target_arch = "x86_64")]
+        if n >= kernels::MANY_ROWS
+            && ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
+            && (kernels::tiled::supports(ty) || kernels::tiled::supports32(ty))
+        {
+            return self.tiled_matmul(ty, x, n, y, ctx);
+        }
         let (act_scratch, pool) = ctx.parts();
         let act: &[u8] = if k.act == ActKind::F32 {
             bytemuck::cast_slice(x)
@@ -268,6 +275,53 @@ impl QuantMatrix {
 }
 
 impl QuantMatrix {
+    /// K-quants with many activation rows on AVX-512 VNNI: ggml's tiled order, 16 rows per
+    /// register (see `kernels::tiled`).
+    #[cfg(target_arch = "x86_64")]
+    fn tiled_matmul(
+        &self,
+        ty: GgmlType,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+        ctx: &mut KernelCtx,
+    ) -> Result<()> {
+        use crate::act::{BlockQ8K, BlockQ8x32};
+        use kernels::tiled;
+        let k32 = tiled::supports32(ty);
+        let (kind, nb, pk) = if k32 {
+            (ActKind::Q8x32, self.cols / 32, tiled::PACK32)
+        } else {
+            (ActKind::Q8K, self.cols / 256, tiled::PACK)
+        };
+        let (act_scratch, pack, pool) = ctx.parts2();
+        act_scratch.set_len(n * kind.row_bytes(self.cols));
+        quantize_rows(kind, x, self.cols, act_scratch.as_bytes_mut());
+        pack.set_len(n.div_ceil(tiled::G) * nb * pk);
+        if k32 {
+            let blocks: &[BlockQ8x32] = bytemuck::cast_slice(act_scratch.as_bytes());
+            tiled::pack32(blocks, n, nb, tiled::bias32(ty), pack.as_bytes_mut());
+        } else {
+            let blocks: &[BlockQ8K] = bytemuck::cast_slice(act_scratch.as_bytes());
+            tiled::pack(blocks, n, nb, pack.as_bytes_mut());
+        }
+        let packed = pack.as_bytes();
+        let yp = SyncPtr(y.as_mut_ptr());
+        let (w, rb, rows) = (self.data.as_bytes(), self.row_bytes, self.rows);
+        pool.run_rows(rows, 4, 2 * rows * self.cols * n, &|r0, r1| {
+            // SAFETY: this path is taken only on Avx512Vnni, which KernelCtx holds only when
+            // the CPU supports it; buffers are sized above; chunks write disjoint rows.
+            unsafe {
+                if k32 {
+                    tiled::rows32(ty, w, rb, nb, packed, n, rows, yp.get(), r0, r1)
+                } else {
+                    tiled::rows(ty, w, rb, nb, packed, n, rows, yp.get(), r0, r1)
+                }
+            };
+        });
+        Ok(())
+    }
+
     /// Synapse codecs run through the codec's own `linear` (its scalar, allocation-free dot),
     /// row-chunked over the pool when rows are encoded independently.
     fn codec_matmul(

@@ -189,3 +189,29 @@ fn ggml_order_encodings_are_bit_identical_on_every_path() {
         }
     }
 }
+
+/// More activation rows than the tiled GEMM keeps accumulators for at once (32 groups of 16)
+/// and a ragged last group: still the scalar path's bits.
+#[test]
+fn tiled_gemm_many_groups_is_bit_identical() {
+    use GgmlType as T;
+    for path in KernelPath::supported() {
+        for (ty, cols) in [(T::Q4_K, 512), (T::Q6_K, 256), (T::Q5_0, 64), (T::Q8_0, 96)] {
+            let (rows, n) = (5, 530);
+            let w = random_weights(ty, rows, cols, 7 + cols as u64);
+            let m = QuantMatrix::from_ggml(ty, &w, rows, cols).unwrap();
+            let x: Vec<f32> = (0..n)
+                .flat_map(|t| generate_data(0.1 + t as f32, cols, 2.0))
+                .collect();
+            let want = run(&m, &x, n, KernelPath::Scalar, 1);
+            let got = run(&m, &x, n, path, 2);
+            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    e.to_bits(),
+                    "{path} {ty} element {i}: {g} vs {e}"
+                );
+            }
+        }
+    }
+}

@@ -9,6 +9,8 @@ pub(crate) mod decode;
 pub(crate) mod neon;
 pub(crate) mod scalar;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod tiled;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 
 use crate::act::ActKind;

@@ -1,0 +1,390 @@
+//! The many-row K-quant GEMM on AVX-512 VNNI: 16 activation rows per 512-bit register.
+//!
+//! The float order is the one [`super::scalar`]'s `*_tiled` dots define (ggml's tiled K-quant
+//! matmul): per super-block the integer sums `s1 = Σ sc·(raw − bias·bsum)` and
+//! `s2 = Σ m·bsum`, then `r = s1·d`, `r = fma(−dmin, s2, r)`, `acc = fma(r, d_a, acc)`. Only
+//! the integer part is organised differently, which changes nothing: the activations of 16
+//! rows are interleaved four bytes at a time (`[k/4][row][4]`), so one `vpdpbusd` of a
+//! broadcast group of four weight codes against one 64-byte load advances 16 outputs, and
+//! each weight super-block is unpacked once for all activation rows.
+
+use std::arch::x86_64::*;
+
+use crate::act::BlockQ8K;
+use crate::blocks::*;
+use synapse_formats::GgmlType;
+
+/// Activation rows per group (one i32 lane each).
+pub(crate) const G: usize = 16;
+/// Bytes of one packed (group, super-block): codes, 16 bsums per row as i32, d per row.
+pub(crate) const PACK: usize = 256 * G + 16 * G * 4 + G * 4;
+
+/// The K-quants this GEMM handles.
+pub(crate) fn supports(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+}
+
+/// Packs `n` rows of `nb` Q8K blocks into `ceil(n/16)` groups × `nb` packed super-blocks
+/// (missing rows of the last group are zeros: d = 0, so they add exactly 0).
+pub(crate) fn pack(act: &[BlockQ8K], n: usize, nb: usize, out: &mut [u8]) {
+    let groups = n.div_ceil(G);
+    debug_assert!(out.len() >= groups * nb * PACK);
+    for g in 0..groups {
+        for kb in 0..nb {
+            let p = &mut out[(g * nb + kb) * PACK..(g * nb + kb + 1) * PACK];
+            let (q, rest) = p.split_at_mut(256 * G);
+            let (bs, d) = rest.split_at_mut(16 * G * 4);
+            for c in 0..G {
+                let t = g * G + c;
+                let blk = (t < n).then(|| &act[t * nb + kb]);
+                for k4 in 0..64 {
+                    let dst = &mut q[(k4 * G + c) * 4..(k4 * G + c) * 4 + 4];
+                    match blk {
+                        Some(b) => {
+                            for (o, v) in dst.iter_mut().zip(&b.qs[4 * k4..4 * k4 + 4]) {
+                                *o = *v as u8;
+                            }
+                        }
+                        None => dst.fill(0),
+                    }
+                }
+                for s in 0..16 {
+                    let v = blk.map_or(0i32, |b| b.bsums[s] as i32);
+                    bs[(s * G + c) * 4..(s * G + c) * 4 + 4].copy_from_slice(&v.to_le_bytes());
+                }
+                let dv = blk.map_or(0f32, |b| b.d);
+                d[c * 4..c * 4 + 4].copy_from_slice(&dv.to_le_bytes());
+            }
+        }
+    }
+}
+
+/// One weight super-block, unpacked: codes in element order, per-sub scales and mins.
+struct Unpacked {
+    codes: [u8; 256],
+    sc: [i32; 16],
+    m: [i32; 8],
+    d: f32,
+    dmin: f32,
+}
+
+fn unpack(ty: GgmlType, b: &[u8]) -> Unpacked {
+    let mut u = Unpacked {
+        codes: [0; 256],
+        sc: [0; 16],
+        m: [0; 8],
+        d: 0.0,
+        dmin: 0.0,
+    };
+    match ty {
+        GgmlType::Q6_K => {
+            u.codes = unpack_q6k(&b[..128], &b[Q6K_QH..Q6K_QH + 64]);
+            for (s, v) in u.sc.iter_mut().enumerate() {
+                *v = (b[Q6K_SCALES + s] as i8) as i32;
+            }
+            u.d = f16_at(b, Q6K_D);
+        }
+        _ => {
+            u.codes = if ty == GgmlType::Q5_K {
+                unpack_q5k(&b[Q5K_QH..Q5K_QH + 32], &b[Q5K_QS..Q5K_QS + 128])
+            } else {
+                unpack_q4k(&b[Q4K_QS..Q4K_QS + 128])
+            };
+            for j in 0..8 {
+                let (s, m) = scale_min_k4(j, &b[Q4K_SCALES..Q4K_SCALES + 12]);
+                u.sc[j] = s as i32;
+                u.m[j] = m as i32;
+            }
+            u.d = f16_at(b, 0);
+            u.dmin = f16_at(b, 2);
+        }
+    }
+    u
+}
+
+/// Output rows `r0..r1` against all packed groups: `y[t·rows + r]` for `t < n`.
+///
+/// # Safety
+/// The CPU supports AVX-512 F/BW/VL and VNNI; `w` holds `rows` weight rows of `nb` blocks of
+/// `ty` (`row_bytes` each), `packed` `ceil(n/16)·nb` packed super-blocks, and `y` is valid for
+/// `n·rows` writes of which this call writes only rows `r0..r1`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn rows(
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    packed: &[u8],
+    n: usize,
+    rows: usize,
+    y: *mut f32,
+    r0: usize,
+    r1: usize,
+) {
+    let ts = ty.type_size();
+    let groups = n.div_ceil(G);
+    const MAXG: usize = 32;
+    let mut acc = [_mm512_setzero_ps(); MAXG];
+    for r in r0..r1 {
+        let wr = &w[r * row_bytes..(r + 1) * row_bytes];
+        // Groups in batches of MAXG accumulators (each weight block unpacked once per batch).
+        let mut g0 = 0;
+        while g0 < groups {
+            let gn = (groups - g0).min(MAXG);
+            for a in acc.iter_mut().take(gn) {
+                *a = _mm512_setzero_ps();
+            }
+            for kb in 0..nb {
+                let u = unpack(ty, &wr[kb * ts..(kb + 1) * ts]);
+                for (gi, a) in acc.iter_mut().enumerate().take(gn) {
+                    let p = &packed[((g0 + gi) * nb + kb) * PACK..((g0 + gi) * nb + kb + 1) * PACK];
+                    // SAFETY: `p` is one packed super-block (PACK bytes) and the CPU has the
+                    // features this function is compiled for.
+                    *a = unsafe { superblock(ty, &u, p, *a) };
+                }
+            }
+            for (gi, a) in acc.iter().enumerate().take(gn) {
+                let mut v = [0f32; G];
+                // SAFETY: 16 floats.
+                unsafe { _mm512_storeu_ps(v.as_mut_ptr(), *a) };
+                for (c, v) in v.iter().enumerate() {
+                    let t = (g0 + gi) * G + c;
+                    if t < n {
+                        // SAFETY: t < n and r < rows: inside `y`, and row r is this call's.
+                        unsafe { *y.add(t * rows + r) = *v };
+                    }
+                }
+            }
+            g0 += gn;
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn superblock(ty: GgmlType, u: &Unpacked, p: &[u8], acc: __m512) -> __m512 {
+    let q = p.as_ptr();
+    // SAFETY: offsets inside the PACK-byte packed block.
+    let (bsp, dp) = unsafe { (q.add(256 * G).cast::<i32>(), q.add(256 * G + 16 * G * 4)) };
+    let bsum = |s: usize| unsafe { _mm512_loadu_si512(bsp.add(s * G).cast()) };
+    let mut s1 = _mm512_setzero_si512();
+    let mut s2 = _mm512_setzero_si512();
+    let six = ty == GgmlType::Q6_K;
+    let (nsub, per) = if six { (16, 4) } else { (8, 8) }; // sub-blocks, 4-byte groups per sub
+    for s in 0..nsub {
+        let mut raw = _mm512_setzero_si512();
+        for gi in 0..per {
+            let k4 = s * per + gi;
+            let u4 = u32::from_le_bytes([
+                u.codes[4 * k4],
+                u.codes[4 * k4 + 1],
+                u.codes[4 * k4 + 2],
+                u.codes[4 * k4 + 3],
+            ]);
+            // SAFETY: k4 < 64: 64 bytes at k4·64 inside the codes part.
+            let a = unsafe { _mm512_loadu_si512(q.add(k4 * G * 4).cast()) };
+            raw = _mm512_dpbusd_epi32(raw, _mm512_set1_epi32(u4 as i32), a);
+        }
+        if six {
+            raw = _mm512_sub_epi32(raw, _mm512_slli_epi32(bsum(s), 5));
+            s1 = _mm512_add_epi32(s1, _mm512_mullo_epi32(raw, _mm512_set1_epi32(u.sc[s])));
+        } else {
+            s1 = _mm512_add_epi32(s1, _mm512_mullo_epi32(raw, _mm512_set1_epi32(u.sc[s])));
+            let bs = _mm512_add_epi32(bsum(2 * s), bsum(2 * s + 1));
+            s2 = _mm512_add_epi32(s2, _mm512_mullo_epi32(bs, _mm512_set1_epi32(u.m[s])));
+        }
+    }
+    let mut r = _mm512_mul_ps(_mm512_cvtepi32_ps(s1), _mm512_set1_ps(u.d));
+    if !six {
+        r = _mm512_fnmadd_ps(_mm512_set1_ps(u.dmin), _mm512_cvtepi32_ps(s2), r);
+    }
+    // SAFETY: 16 floats of d at the end of the packed block.
+    let da = unsafe { _mm512_loadu_ps(dp.cast()) };
+    _mm512_fmadd_ps(r, da, acc)
+}
+
+// ---- 32-element block types (Q8_0, Q5_0, Q4_0) ----------------------------------------
+//
+// ggml's order for these (vec_dot and tinyBLAS alike): per block, 8 i32 lanes of 4
+// consecutive products each, `acc_j = fma(d_w·d_a, lane_j, acc_j)`, `hsum_float_8` at the
+// end. With 16 activation rows interleaved four bytes at a time, one `vpdpbusd` yields lane j
+// of a block for all 16 rows at once. `vpdpbusd` multiplies unsigned by signed bytes, so the
+// weight codes enter biased (Q8_0 + 128, Q5_0 and Q4_0 unsigned as stored) and the bias times
+// each lane's activation sum (packed beside the codes) is subtracted: exact integers.
+
+/// Bytes of one packed (group, 32-block): codes `[8 lanes][16 rows][4]`, lane sums
+/// `[8][16]` i32, d per row.
+pub(crate) const PACK32: usize = 32 * G + 8 * G * 4 + G * 4;
+
+/// The 32-block types this GEMM handles.
+pub(crate) fn supports32(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0)
+}
+
+/// Packs `n` rows of `nb` Q8x32 blocks into `ceil(n/16)` groups × `nb` packed blocks; the
+/// lane sums are stored as `−bias·Σ`, the value each lane's `vpdpbusd` starts from.
+pub(crate) fn pack32(
+    act: &[crate::act::BlockQ8x32],
+    n: usize,
+    nb: usize,
+    bias: i32,
+    out: &mut [u8],
+) {
+    let groups = n.div_ceil(G);
+    debug_assert!(out.len() >= groups * nb * PACK32);
+    for g in 0..groups {
+        for b in 0..nb {
+            let p = &mut out[(g * nb + b) * PACK32..(g * nb + b + 1) * PACK32];
+            let (q, rest) = p.split_at_mut(32 * G);
+            let (sums, d) = rest.split_at_mut(8 * G * 4);
+            for c in 0..G {
+                let t = g * G + c;
+                let blk = (t < n).then(|| &act[t * nb + b]);
+                for j in 0..8 {
+                    let mut s = 0i32;
+                    for e in 0..4 {
+                        let v = blk.map_or(0i8, |bl| bl.qs[4 * j + e]);
+                        q[(j * G + c) * 4 + e] = v as u8;
+                        s += v as i32;
+                    }
+                    sums[(j * G + c) * 4..(j * G + c) * 4 + 4]
+                        .copy_from_slice(&(-bias * s).to_le_bytes());
+                }
+                let dv = blk.map_or(0f32, |bl| bl.d);
+                d[c * 4..c * 4 + 4].copy_from_slice(&dv.to_le_bytes());
+            }
+        }
+    }
+}
+
+/// The bias [`codes32`] puts on `ty`'s codes.
+pub(crate) fn bias32(ty: GgmlType) -> i32 {
+    match ty {
+        GgmlType::Q8_0 => 128,
+        GgmlType::Q5_0 => 16,
+        _ => 8,
+    }
+}
+
+/// Weight codes of one block as unsigned bytes, the bias they carry, and the block's d.
+#[inline]
+fn codes32(ty: GgmlType, b: &[u8]) -> ([u8; 32], i32, f32) {
+    match ty {
+        GgmlType::Q8_0 => {
+            let mut c = [0u8; 32];
+            for (o, v) in c.iter_mut().zip(&b[2..34]) {
+                *o = (*v).wrapping_add(128);
+            }
+            (c, 128, f16_at(b, 0))
+        }
+        GgmlType::Q5_0 => (unpack_q5(u32_at(b, 2), &b[6..22]), 16, f16_at(b, 0)),
+        _ => (unpack_nibbles32(&b[2..18]), 8, f16_at(b, 0)),
+    }
+}
+
+thread_local! {
+    /// A weight row's codes as little-endian 4-byte groups and its block scales.
+    static ROW32: std::cell::RefCell<(Vec<u32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Output rows `r0..r1` of a 32-block matrix against all packed groups.
+///
+/// # Safety
+/// As [`rows`], with `packed` holding `ceil(n/16)·nb` blocks packed by [`pack32`] with
+/// [`bias32`]`(ty)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn rows32(
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    packed: &[u8],
+    n: usize,
+    rows: usize,
+    y: *mut f32,
+    r0: usize,
+    r1: usize,
+) {
+    ROW32.with(|cell| {
+        let (u4s, dws) = &mut *cell.borrow_mut();
+        u4s.resize(nb * 8, 0);
+        dws.resize(nb, 0.0);
+        // SAFETY: forwarded contract.
+        unsafe { rows32_inner(ty, w, row_bytes, nb, packed, n, rows, y, r0, r1, u4s, dws) }
+    })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows32_inner(
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    packed: &[u8],
+    n: usize,
+    rows: usize,
+    y: *mut f32,
+    r0: usize,
+    r1: usize,
+    u4s: &mut [u32],
+    dws: &mut [f32],
+) {
+    let ts = ty.type_size();
+    let groups = n.div_ceil(G);
+    for r in r0..r1 {
+        let wr = &w[r * row_bytes..(r + 1) * row_bytes];
+        for b in 0..nb {
+            let (codes, _, dw) = codes32(ty, &wr[b * ts..(b + 1) * ts]);
+            for j in 0..8 {
+                u4s[b * 8 + j] = u32::from_le_bytes([
+                    codes[4 * j],
+                    codes[4 * j + 1],
+                    codes[4 * j + 2],
+                    codes[4 * j + 3],
+                ]);
+            }
+            dws[b] = dw;
+        }
+        for g in 0..groups {
+            let mut acc = [_mm512_setzero_ps(); 8];
+            for b in 0..nb {
+                let p = packed[(g * nb + b) * PACK32..].as_ptr();
+                // SAFETY: one packed block of PACK32 bytes starts at `p`.
+                unsafe {
+                    let sp = p.add(32 * G).cast::<i32>();
+                    let dv = _mm512_mul_ps(
+                        _mm512_set1_ps(dws[b]),
+                        _mm512_loadu_ps(p.add(32 * G + 8 * G * 4).cast()),
+                    );
+                    for (j, aj) in acc.iter_mut().enumerate() {
+                        let lane = _mm512_dpbusd_epi32(
+                            _mm512_loadu_si512(sp.add(j * G).cast()),
+                            _mm512_set1_epi32(u4s[b * 8 + j] as i32),
+                            _mm512_loadu_si512(p.add(j * G * 4).cast()),
+                        );
+                        *aj = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(lane), *aj);
+                    }
+                }
+            }
+            // hsum_float_8 per output: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+            let t0 = _mm512_add_ps(acc[0], acc[4]);
+            let t1 = _mm512_add_ps(acc[1], acc[5]);
+            let t2 = _mm512_add_ps(acc[2], acc[6]);
+            let t3 = _mm512_add_ps(acc[3], acc[7]);
+            let v = _mm512_add_ps(_mm512_add_ps(t0, t2), _mm512_add_ps(t1, t3));
+            let mut o = [0f32; G];
+            // SAFETY: 16 floats.
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), v) };
+            for (c, v) in o.iter().enumerate() {
+                let t = g * G + c;
+                if t < n {
+                    // SAFETY: t < n and r < rows: inside `y`, and row r is this call's.
+                    unsafe { *y.add(t * rows + r) = *v };
+                }
+            }
+        }
+    }
+}
