@@ -45,8 +45,4 @@ impl AlignedBuf {
     pub(crate) fn as_bytes_mut(&mut self) -> &mut [u8] {
         &mut bytemuck::cast_slice_mut::<Line, u8>(&mut self.lines)[..self.len]
     }
-
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
 }

@@ -30,8 +30,39 @@ enum Store {
     },
 }
 
+/// Weight bytes a matrix can borrow instead of copying (a memory-mapped model file's tensor):
+/// `bytes` must return the same slice on every call for the source's lifetime.
+pub trait WeightSource: Send + Sync {
+    /// The tensor's bytes.
+    fn bytes(&self) -> &[u8];
+}
+
+/// Where a matrix's bytes live.
+#[derive(Clone)]
+enum Data {
+    /// Copied into a 64-byte-aligned buffer.
+    Owned(AlignedBuf),
+    /// Borrowed from a shared source (zero-copy; the source stays alive with the matrix).
+    Shared(Arc<dyn WeightSource>),
+}
+
+impl Data {
+    #[inline]
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Data::Owned(b) => b.as_bytes(),
+            Data::Shared(s) => s.bytes(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.as_bytes().len()
+    }
+}
+
 /// A `rows × cols` weight matrix (row-major, each row `cols` elements in the encoding: a GGUF
-/// tensor with `ne0 = cols`, `ne1 = rows`), owned in a 64-byte-aligned buffer.
+/// tensor with `ne0 = cols`, `ne1 = rows`), owned in a 64-byte-aligned buffer or borrowed
+/// from a shared source such as a memory-mapped file ([`QuantMatrix::from_ggml_shared`]).
 ///
 /// `y = W·x`: [`QuantMatrix::matvec`] for one activation row, [`QuantMatrix::matmul`] for many.
 #[derive(Clone)]
@@ -40,7 +71,7 @@ pub struct QuantMatrix {
     rows: usize,
     cols: usize,
     row_bytes: usize,
-    data: AlignedBuf,
+    data: Data,
 }
 
 impl std::fmt::Debug for QuantMatrix {
@@ -56,6 +87,37 @@ impl std::fmt::Debug for QuantMatrix {
 impl QuantMatrix {
     /// Builds a matrix from the raw bytes of a ggml-encoded tensor (copied).
     pub fn from_ggml(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Result<Self> {
+        let row_bytes = Self::check_ggml(ty, bytes.len(), rows, cols)?;
+        Ok(Self {
+            store: Store::Ggml(ty),
+            rows,
+            cols,
+            row_bytes,
+            data: Data::Owned(AlignedBuf::from_bytes(bytes)),
+        })
+    }
+
+    /// Builds a matrix over a ggml-encoded tensor's bytes without copying them: the matrix
+    /// keeps `src` alive and reads `src.bytes()` (e.g. a memory-mapped GGUF, so the weights
+    /// are resident once, as the file's pages).
+    pub fn from_ggml_shared(
+        ty: GgmlType,
+        src: Arc<dyn WeightSource>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self> {
+        let row_bytes = Self::check_ggml(ty, src.bytes().len(), rows, cols)?;
+        Ok(Self {
+            store: Store::Ggml(ty),
+            rows,
+            cols,
+            row_bytes,
+            data: Data::Shared(src),
+        })
+    }
+
+    /// Validates a ggml tensor's shape and byte count; returns the bytes per row.
+    fn check_ggml(ty: GgmlType, len: usize, rows: usize, cols: usize) -> Result<usize> {
         if kernels::scalar::select(ty).is_none() {
             return Err(KernelError::UnsupportedEncoding(ty.name().to_string()));
         }
@@ -67,22 +129,16 @@ impl QuantMatrix {
         let expected = row_bytes
             .checked_mul(rows)
             .ok_or(KernelError::ShapeOverflow { rows, cols })?;
-        if bytes.len() != expected {
+        if len != expected {
             return Err(KernelError::WeightBytes {
                 ty,
                 rows,
                 cols,
                 expected,
-                got: bytes.len(),
+                got: len,
             });
         }
-        Ok(Self {
-            store: Store::Ggml(ty),
-            rows,
-            cols,
-            row_bytes,
-            data: AlignedBuf::from_bytes(bytes),
-        })
+        Ok(row_bytes)
     }
 
     /// Builds a matrix from the bytes of a Synapse codec encoding (`id` such as
@@ -125,7 +181,7 @@ impl QuantMatrix {
             rows,
             cols,
             row_bytes: if row_separable { one } else { 0 },
-            data: AlignedBuf::from_bytes(bytes),
+            data: Data::Owned(AlignedBuf::from_bytes(bytes)),
         })
     }
 

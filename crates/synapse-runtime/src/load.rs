@@ -22,14 +22,47 @@ use crate::profile::PrecisionProfile;
 
 /// Byte access to the source files while loading.
 enum Source<'a> {
-    Gguf(GgufFile),
+    /// Shared so weight matrices can borrow the mapping instead of copying it.
+    Gguf(Arc<GgufFile>),
     Safetensors(SafetensorsModel),
     /// A Synapse package: verified, memory-mapped objects; tied aliases resolve to their
     /// stored target.
     Package(&'a PackageModel),
 }
 
+/// One tensor of a memory-mapped GGUF, lent to a [`QuantMatrix`] without a copy.
+struct GgufTensor {
+    file: Arc<GgufFile>,
+    index: usize,
+}
+
+impl synapse_kernels::WeightSource for GgufTensor {
+    fn bytes(&self) -> &[u8] {
+        match self.file.tensors().get(self.index) {
+            Some(t) => self.file.tensor_data(t),
+            None => &[],
+        }
+    }
+}
+
 impl Source<'_> {
+    /// A ggml weight as a matrix: borrowed from a GGUF's mapping (resident once, as file
+    /// pages), copied from the other sources.
+    fn matrix(&self, ir: &ModelIr, id: WeightId, rows: usize, cols: usize) -> Result<QuantMatrix> {
+        let w = ir.weight(id);
+        let bytes = self.bytes(ir, id)?;
+        if let Source::Gguf(f) = self
+            && let Some(index) = f.tensors().iter().position(|t| t.name == w.name)
+        {
+            let src = Arc::new(GgufTensor {
+                file: f.clone(),
+                index,
+            });
+            return Ok(QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?);
+        }
+        Ok(QuantMatrix::from_ggml(w.encoding, bytes, rows, cols)?)
+    }
+
     fn bytes(&self, ir: &ModelIr, id: WeightId) -> Result<&[u8]> {
         let w = ir.weight(id);
         let data = match self {
@@ -182,9 +215,9 @@ impl Model {
         let linear = |l: &Linear| -> Result<LinearW> {
             let w = ir.weight(l.weight);
             check_profile(&profile, &w.name, w.encoding)?;
-            let m = QuantMatrix::from_ggml(
-                w.encoding,
-                src.bytes(&ir, l.weight)?,
+            let m = src.matrix(
+                &ir,
+                l.weight,
                 l.out_features as usize,
                 l.in_features as usize,
             )?;
@@ -208,9 +241,9 @@ impl Model {
         };
         let embd_desc = ir.weight(ir.embedding.weight);
         check_profile(&profile, &embd_desc.name, embd_desc.encoding)?;
-        let embd = Arc::new(QuantMatrix::from_ggml(
-            embd_desc.encoding,
-            src.bytes(&ir, ir.embedding.weight)?,
+        let embd = Arc::new(src.matrix(
+            &ir,
+            ir.embedding.weight,
             ir.hparams.vocab_size as usize,
             ir.hparams.hidden as usize,
         )?);
@@ -368,7 +401,7 @@ fn open_source(path: &Path) -> Result<(Source<'static>, SourceDesc)> {
     if &magic == b"GGUF" {
         let f = GgufFile::open(path)?;
         let desc = SourceDesc::from_gguf(&f)?;
-        return Ok((Source::Gguf(f), desc));
+        return Ok((Source::Gguf(Arc::new(f)), desc));
     }
     // A lone .safetensors file: config.json beside it.
     let dir = path.parent().unwrap_or(Path::new("."));
