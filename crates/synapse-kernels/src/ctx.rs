@@ -16,7 +16,8 @@ const PARALLEL_MIN_FLOPS: usize = 1 << 18;
 pub struct KernelCtx {
     path: KernelPath,
     act: AlignedBuf,
-    /// Second scratch: activations re-laid out for the tiled K-quant GEMM.
+    /// Second scratch: activations re-laid out for the tiled GEMM (x86 only).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pack: AlignedBuf,
     pool: Pool,
 }
@@ -84,6 +85,7 @@ impl KernelCtx {
         (&mut self.act, &self.pool)
     }
 
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn parts2(&mut self) -> (&mut AlignedBuf, &mut AlignedBuf, &Pool) {
         (&mut self.act, &mut self.pack, &self.pool)
     }
