@@ -300,7 +300,9 @@ impl QuantMatrix {
             k.dot4 = None;
         }
         #[cfg(target_arch = "x86_64")]
-        if n >= kernels::MANY_ROWS
+        // The tiled GEMM needs a full 16-row group to pay for unpacking each weight row
+        // (measured: at 8 rows it ran at 0.4-0.8x the per-row kernels); same bits either way.
+        if n >= kernels::tiled::G
             && ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
             && (kernels::tiled::supports(ty) || kernels::tiled::supports32(ty))
         {
