@@ -17,7 +17,12 @@ use crate::dispatch::KernelPath;
 use synapse_formats::GgmlType;
 
 macro_rules! x86_kernels {
-    ($m:ident, $features:literal, |$acc:ident, $u:ident, $s:ident| $mul_sum:expr) => {
+    (
+        $m:ident,
+        $features:literal,
+        |$acc:ident, $u:ident, $s:ident| $mul_sum:expr,
+        |$nib:ident, $qh:ident| $q5:expr
+    ) => {
         #[allow(unused_unsafe, clippy::missing_safety_doc)]
         pub(crate) mod $m {
             use crate::blocks::*;
@@ -272,11 +277,10 @@ macro_rules! x86_kernels {
             #[target_feature(enable = $features)]
             unsafe fn codes_q5_0(b: *const u8) -> __m256i {
                 unsafe {
-                    let c = _mm256_or_si256(
-                        nibbles32(b.add(6)),
-                        bits_to_0x10(rd(b.add(2).cast::<u32>())),
-                    );
-                    _mm256_sub_epi8(c, _mm256_set1_epi8(16))
+                    // Signed Q5_0 codes: nibble + 16·bit − 16, from the nibbles and `qh`.
+                    let $nib = nibbles32(b.add(6));
+                    let $qh = rd(b.add(2).cast::<u32>());
+                    $q5
                 }
             }
 
@@ -672,17 +676,28 @@ macro_rules! x86_kernels {
     };
 }
 
-x86_kernels!(avx2, "avx2,fma,f16c", |acc, u, s| _mm256_add_epi32(
-    acc,
-    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
-));
-x86_kernels!(avxvnni, "avx2,fma,f16c,avxvnni", |acc, u, s| {
-    _mm256_dpbusd_avx_epi32(acc, u, s)
-});
+x86_kernels!(
+    avx2,
+    "avx2,fma,f16c",
+    |acc, u, s| _mm256_add_epi32(
+        acc,
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+    ),
+    |nib, qh| _mm256_sub_epi8(_mm256_or_si256(nib, bits_to_0x10(qh)), _mm256_set1_epi8(16))
+);
+x86_kernels!(
+    avxvnni,
+    "avx2,fma,f16c,avxvnni",
+    |acc, u, s| _mm256_dpbusd_avx_epi32(acc, u, s),
+    |nib, qh| _mm256_sub_epi8(_mm256_or_si256(nib, bits_to_0x10(qh)), _mm256_set1_epi8(16))
+);
 x86_kernels!(
     avx512vnni,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    |acc, u, s| _mm256_dpbusd_epi32(acc, u, s)
+    |acc, u, s| _mm256_dpbusd_epi32(acc, u, s),
+    // AVX-512BW: subtract 16 only where the fifth bit is clear (one masked op instead of
+    // expanding the 32 bits to bytes).
+    |nib, qh| _mm256_mask_sub_epi8(nib, !qh, nib, _mm256_set1_epi8(16))
 );
 
 /// The x86 kernel for `ty` on `path` (which must be an x86 path this CPU supports).
