@@ -425,6 +425,10 @@ macro_rules! x86_kernels {
                     let mut tacc = 0f32;
                     for i in 0..nb {
                         let (wb, ab) = (w.add(i * ts), a.add(i * AK));
+                        // Keep the weight stream ahead of the loads (as the 32-block dots do).
+                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
+                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 64).cast());
+                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 128).cast());
                         let da = rd(ab.cast::<f32>());
                         let (sc, m) = k4_scales(wb.add(Q4K_SCALES));
                         let mut qh = if q5 {
@@ -521,6 +525,10 @@ macro_rules! x86_kernels {
                     let mut acc = _mm256_setzero_ps();
                     for i in 0..nb {
                         let (wb, ab) = (w.add(i * 210), a.add(i * AK));
+                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
+                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 64).cast());
+                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 128).cast());
+                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 192).cast());
                         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(Q6K_SCALES).cast()));
                         // −32·Σ_g sc_g·bsum_g, folded into the integer sum.
                         let corr = _mm256_madd_epi16(sc16, ld(ab.add(260)));
