@@ -352,3 +352,44 @@ fn default_model_package_generates_like_the_gguf() {
     assert_eq!(run.prompt_tokens[0], 2);
     assert_eq!(run.tokens.len(), 16, "{run:?}");
 }
+
+/// `--chat` on the default model, whose GGUF has no chat template: llama.cpp's built-in
+/// `gemma` format, so the prompt ids and greedy tokens equal llama.cpp's for the parity
+/// fixture's chat prompt.
+#[test]
+fn chat_on_the_default_model_matches_llama_cpp() {
+    let Some(src) = default_model() else {
+        return;
+    };
+    let fx =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/parity/gemma3-270m-q4_k_m.json");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fx).unwrap()).unwrap();
+    let p = doc["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "chat_gemma")
+        .unwrap();
+    // The user turn of `chat_gemma` in xtask/py/parity_fixtures.py's PROMPTS; the fixture
+    // keeps the rendered text, which must be llama.cpp's `gemma` format of it.
+    let user = "Write a haiku about the sea.";
+    assert_eq!(
+        p["text"].as_str().unwrap(),
+        format!("<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n")
+    );
+    let want = |k: &str| -> Vec<u64> {
+        p[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect()
+    };
+    let run = generate(p_str(&src), user, 8, &["--temp", "0", "--chat"], None);
+    assert_eq!(run.prompt_tokens, want("prompt_ids"));
+    assert_eq!(run.tokens, want("greedy_ids")[..8].to_vec());
+}
+
+fn p_str(path: &Path) -> &str {
+    path.to_str().unwrap()
+}

@@ -57,7 +57,8 @@ pub struct Args {
     /// Compute threads.
     #[arg(long, short = 't', default_value_t = 2)]
     threads: usize,
-    /// Apply the model's chat template to the prompt (as one user turn).
+    /// Apply the model's chat template to the prompt (as one user turn); a Gemma model
+    /// without one gets llama.cpp's built-in `gemma` format.
     #[arg(long)]
     chat: bool,
     /// Stop strings (repeatable).
@@ -216,8 +217,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let load_s = t_load.elapsed().as_secs_f64();
 
     let text = if args.chat {
-        let tpl = ChatTemplate::from_tokenizer(&tok).context("chat template")?;
-        tpl.render(&[Message::new("user", prompt.clone())], true)?
+        match ChatTemplate::from_tokenizer(&tok) {
+            Ok(tpl) => tpl.render(&[Message::new("user", prompt.clone())], true)?,
+            // Gemma GGUFs often carry no template; llama.cpp then uses its built-in `gemma`
+            // format, which is this for one user turn (no BOS: the tokenizer adds it).
+            Err(_) if model.ir.family.name() == "gemma3" => format!(
+                "<start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\n",
+                prompt.trim()
+            ),
+            Err(e) => return Err(e).context("chat template"),
+        }
     } else {
         prompt.clone()
     };
