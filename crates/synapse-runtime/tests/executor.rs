@@ -7,7 +7,6 @@ mod common;
 
 use std::sync::Arc;
 
-use serde_json::Value;
 use synapse_runtime::{
     Executor, GenerateParams, KvCache, KvDtype, Model, Row, RuntimeError, generate,
 };
@@ -17,20 +16,7 @@ fn fixture(family: &str) -> Option<(Arc<Model>, Vec<Vec<u32>>)> {
     if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
         return None;
     }
-    let oracle: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
-    let seqs = oracle["sequences"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            s.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect()
-        })
-        .collect();
+    let seqs = common::tiny_sequences(&dir);
     let model = Arc::new(Model::load(&dir.join("model.q8_0.gguf")).unwrap());
     Some((model, seqs))
 }
@@ -40,17 +26,9 @@ fn alone(model: &Arc<Model>, seq: &[u32]) -> Vec<f32> {
     let mut kv = KvCache::new(model, KvDtype::F32, 1, 64, 64).unwrap();
     kv.open(0).unwrap();
     let mut exec = Executor::new(model.clone(), 2).unwrap();
-    let rows: Vec<Row> = seq
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| Row {
-            slot: 0,
-            pos: i as u32,
-            token: t,
-            logits: true,
-        })
-        .collect();
-    exec.forward(&mut kv, &rows).unwrap().to_vec()
+    exec.forward(&mut kv, &common::all_logit_rows(seq))
+        .unwrap()
+        .to_vec()
 }
 
 fn max_rel(a: &[f32], b: &[f32]) -> f64 {

@@ -5,12 +5,11 @@
 
 mod common;
 
-use std::path::Path;
 use std::sync::Arc;
 
 use synapse_import::progress::Silent;
 use synapse_import::{Destination, PackageModel, import};
-use synapse_runtime::{Executor, KvCache, KvDtype, Model, Row};
+use synapse_runtime::{Executor, KvCache, KvDtype, Model};
 
 /// Logits for every position of every sequence, as bits.
 fn logits(model: Model, seqs: &[Vec<u32>]) -> Vec<u32> {
@@ -20,16 +19,7 @@ fn logits(model: Model, seqs: &[Vec<u32>]) -> Vec<u32> {
     for s in seqs {
         let mut kv = KvCache::new(&model, KvDtype::F32, 1, 128, 64).unwrap();
         kv.open(0).unwrap();
-        let rows: Vec<Row> = s
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| Row {
-                slot: 0,
-                pos: i as u32,
-                token: t,
-                logits: true,
-            })
-            .collect();
+        let rows = common::all_logit_rows(s);
         out.extend(
             exec.forward(&mut kv, &rows)
                 .unwrap()
@@ -38,23 +28,6 @@ fn logits(model: Model, seqs: &[Vec<u32>]) -> Vec<u32> {
         );
     }
     out
-}
-
-fn sequences(dir: &Path) -> Vec<Vec<u32>> {
-    let oracle: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
-    oracle["sequences"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            s.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect()
-        })
-        .collect()
 }
 
 #[test]
@@ -66,7 +39,7 @@ fn packages_load_as_their_sources() {
         if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
             return;
         }
-        let seqs = sequences(&dir);
+        let seqs = common::tiny_sequences(&dir);
         for src in [
             dir.clone(),
             dir.join("model.f32.gguf"),

@@ -7,8 +7,7 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use serde_json::Value;
-use synapse_runtime::{Executor, KvCache, KvDtype, Model, Row};
+use synapse_runtime::{Executor, KvCache, KvDtype, Model};
 
 /// Logits for every position of every sequence, concatenated.
 fn run_all(model_path: &Path, seqs: &[Vec<u32>]) -> Vec<f32> {
@@ -18,16 +17,7 @@ fn run_all(model_path: &Path, seqs: &[Vec<u32>]) -> Vec<f32> {
     for s in seqs {
         let mut kv = KvCache::new(&model, KvDtype::F32, 1, 128, 64).unwrap();
         kv.open(0).unwrap();
-        let rows: Vec<Row> = s
-            .iter()
-            .enumerate()
-            .map(|(i, &t)| Row {
-                slot: 0,
-                pos: i as u32,
-                token: t,
-                logits: true,
-            })
-            .collect();
+        let rows = common::all_logit_rows(s);
         out.extend_from_slice(exec.forward(&mut kv, &rows).unwrap());
     }
     out
@@ -58,20 +48,7 @@ fn check_family(family: &str, quantized: bool) {
     if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
         return;
     }
-    let oracle: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
-    let seqs: Vec<Vec<u32>> = oracle["sequences"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            s.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect()
-        })
-        .collect();
+    let seqs = common::tiny_sequences(&dir);
     // (source, reference logits, relative tolerance)
     // - safetensors vs transformers, f32: the 1e-4 relative.
     // - GGUF F32 vs llama.cpp: 1e-4 relative (same f32 weights, ggml numerics).

@@ -145,18 +145,29 @@ pub(crate) unsafe fn rows(
                 }
             }
             for (gi, a) in acc.iter().enumerate().take(gn) {
-                let mut v = [0f32; G];
-                // SAFETY: 16 floats.
-                unsafe { _mm512_storeu_ps(v.as_mut_ptr(), *a) };
-                for (c, v) in v.iter().enumerate() {
-                    let t = (g0 + gi) * G + c;
-                    if t < n {
-                        // SAFETY: t < n and r < rows: inside `y`, and row r is this call's.
-                        unsafe { *y.add(t * rows + r) = *v };
-                    }
-                }
+                // SAFETY: forwarded contract (`y` valid for n·rows, row r is this call's).
+                unsafe { store_group(*a, g0 + gi, n, rows, r, y) };
             }
             g0 += gn;
+        }
+    }
+}
+
+/// Writes output row `r` of group `g`'s 16 activation rows (`y[t·rows + r]`, `t < n` only).
+///
+/// # Safety
+/// AVX-512F is available, `y` is valid for `n·rows` writes and `r < rows`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_group(v: __m512, g: usize, n: usize, rows: usize, r: usize, y: *mut f32) {
+    let mut o = [0f32; G];
+    // SAFETY: 16 floats.
+    unsafe { _mm512_storeu_ps(o.as_mut_ptr(), v) };
+    for (c, v) in o.iter().enumerate() {
+        let t = g * G + c;
+        if t < n {
+            // SAFETY: t < n and r < rows: inside `y`.
+            unsafe { *y.add(t * rows + r) = *v };
         }
     }
 }
@@ -375,16 +386,8 @@ unsafe fn rows32_inner(
             let t2 = _mm512_add_ps(acc[2], acc[6]);
             let t3 = _mm512_add_ps(acc[3], acc[7]);
             let v = _mm512_add_ps(_mm512_add_ps(t0, t2), _mm512_add_ps(t1, t3));
-            let mut o = [0f32; G];
-            // SAFETY: 16 floats.
-            unsafe { _mm512_storeu_ps(o.as_mut_ptr(), v) };
-            for (c, v) in o.iter().enumerate() {
-                let t = g * G + c;
-                if t < n {
-                    // SAFETY: t < n and r < rows: inside `y`, and row r is this call's.
-                    unsafe { *y.add(t * rows + r) = *v };
-                }
-            }
+            // SAFETY: forwarded contract (`y` valid for n·rows, row r is this call's).
+            unsafe { store_group(v, g, n, rows, r, y) };
         }
     }
 }

@@ -40,3 +40,34 @@ pub fn default_model() -> PathBuf {
     };
     dir.join("gemma-3-270m-q4_k_m.gguf")
 }
+
+/// The token sequences of a tiny-model fixture (`oracle.json`'s `sequences`).
+pub fn tiny_sequences(dir: &Path) -> Vec<Vec<u32>> {
+    let oracle: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
+    oracle["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            s.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        })
+        .collect()
+}
+
+/// One prefill pass over `seq` in slot 0 from position 0, logits for every row.
+pub fn all_logit_rows(seq: &[u32]) -> Vec<synapse_runtime::Row> {
+    seq.iter()
+        .enumerate()
+        .map(|(i, &t)| synapse_runtime::Row {
+            slot: 0,
+            pos: i as u32,
+            token: t,
+            logits: true,
+        })
+        .collect()
+}
