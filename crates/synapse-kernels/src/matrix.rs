@@ -353,16 +353,33 @@ impl QuantMatrix {
             (ActKind::Q8K, self.cols / 256, tiled::PACK)
         };
         let (act_scratch, pack, pool) = ctx.parts2();
-        act_scratch.set_len(n * kind.row_bytes(self.cols));
-        quantize_rows(kind, x, self.cols, act_scratch.as_bytes_mut());
-        pack.set_len(n.div_ceil(tiled::G) * nb * pk);
-        if k32 {
-            let blocks: &[BlockQ8x32] = bytemuck::cast_slice(act_scratch.as_bytes());
-            tiled::pack32(blocks, n, nb, tiled::bias32(ty), pack.as_bytes_mut());
-        } else {
-            let blocks: &[BlockQ8K] = bytemuck::cast_slice(act_scratch.as_bytes());
-            tiled::pack(blocks, n, nb, pack.as_bytes_mut());
-        }
+        let (cols, arb, groups) = (self.cols, kind.row_bytes(self.cols), n.div_ceil(tiled::G));
+        act_scratch.set_len(n * arb);
+        pack.set_len(groups * nb * pk);
+        // Quantize and pack each 16-row group on the pool (they are independent).
+        let (ap, pp) = (
+            SyncBytes(act_scratch.as_bytes_mut().as_mut_ptr()),
+            SyncBytes(pack.as_bytes_mut().as_mut_ptr()),
+        );
+        pool.run_rows(groups, 1, 64 * n * cols, &|g0, g1| {
+            let (t0, t1) = (g0 * tiled::G, (g1 * tiled::G).min(n));
+            // SAFETY: chunks own disjoint groups: activation rows t0..t1 and packed groups
+            // g0..g1 of the buffers sized above.
+            let (a, p) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(ap.get().add(t0 * arb), (t1 - t0) * arb),
+                    std::slice::from_raw_parts_mut(pp.get().add(g0 * nb * pk), (g1 - g0) * nb * pk),
+                )
+            };
+            quantize_rows(kind, &x[t0 * cols..t1 * cols], cols, a);
+            if k32 {
+                let blocks: &[BlockQ8x32] = bytemuck::cast_slice(a);
+                tiled::pack32(blocks, t1 - t0, nb, tiled::bias32(ty), p);
+            } else {
+                let blocks: &[BlockQ8K] = bytemuck::cast_slice(a);
+                tiled::pack(blocks, t1 - t0, nb, p);
+            }
+        });
         let packed = pack.as_bytes();
         let yp = SyncPtr(y.as_mut_ptr());
         let (w, rb, rows) = (self.data.as_bytes(), self.row_bytes, self.rows);
@@ -431,6 +448,20 @@ impl QuantMatrix {
         Ok(())
     }
 }
+
+/// A byte buffer's base pointer, shared by chunks that write disjoint ranges of it.
+#[derive(Clone, Copy)]
+struct SyncBytes(*mut u8);
+impl SyncBytes {
+    /// By-value access, so closures capture the whole (Sync) wrapper, not the raw field.
+    fn get(self) -> *mut u8 {
+        self.0
+    }
+}
+// SAFETY: chunks write disjoint byte ranges (one range per group of activation rows).
+unsafe impl Send for SyncBytes {}
+// SAFETY: as above.
+unsafe impl Sync for SyncBytes {}
 
 #[derive(Clone, Copy)]
 struct SyncPtr(*mut f32);

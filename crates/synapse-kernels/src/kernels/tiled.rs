@@ -320,8 +320,8 @@ pub(crate) unsafe fn rows32(
 ) {
     ROW32.with(|cell| {
         let (u4s, dws) = &mut *cell.borrow_mut();
-        u4s.resize(nb * 8, 0);
-        dws.resize(nb, 0.0);
+        u4s.resize(RT * nb * 8, 0);
+        dws.resize(RT * nb, 0.0);
         // SAFETY: forwarded contract.
         unsafe { rows32_inner(ty, w, row_bytes, nb, packed, n, rows, y, r0, r1, u4s, dws) }
     })
@@ -345,49 +345,138 @@ unsafe fn rows32_inner(
 ) {
     let ts = ty.type_size();
     let groups = n.div_ceil(G);
-    for r in r0..r1 {
-        let wr = &w[r * row_bytes..(r + 1) * row_bytes];
-        for b in 0..nb {
-            let (codes, _, dw) = codes32(ty, &wr[b * ts..(b + 1) * ts]);
-            for j in 0..8 {
-                u4s[b * 8 + j] = u32::from_le_bytes([
-                    codes[4 * j],
-                    codes[4 * j + 1],
-                    codes[4 * j + 2],
-                    codes[4 * j + 3],
-                ]);
+    // Weight rows in tiles of RT, unpacked once; per tile every activation group is swept
+    // while its packed blocks stay in L1, two weight rows per pass sharing each load.
+    let mut t0 = r0;
+    while t0 < r1 {
+        let t1 = (t0 + RT).min(r1);
+        for r in t0..t1 {
+            let wr = &w[r * row_bytes..(r + 1) * row_bytes];
+            let o = (r - t0) * nb;
+            for b in 0..nb {
+                let (codes, _, dw) = codes32(ty, &wr[b * ts..(b + 1) * ts]);
+                for j in 0..8 {
+                    u4s[(o + b) * 8 + j] = u32::from_le_bytes([
+                        codes[4 * j],
+                        codes[4 * j + 1],
+                        codes[4 * j + 2],
+                        codes[4 * j + 3],
+                    ]);
+                }
+                dws[o + b] = dw;
             }
-            dws[b] = dw;
         }
         for g in 0..groups {
-            let mut acc = [_mm512_setzero_ps(); 8];
-            for b in 0..nb {
-                let p = packed[(g * nb + b) * PACK32..].as_ptr();
-                // SAFETY: one packed block of PACK32 bytes starts at `p`.
+            let gp = &packed[g * nb * PACK32..(g + 1) * nb * PACK32];
+            let mut r = t0;
+            while r + 2 <= t1 {
+                let (o0, o1) = ((r - t0) * nb, (r + 1 - t0) * nb);
+                // SAFETY: `gp` holds nb packed blocks; the CPU has the enabled features.
+                let (v0, v1) = unsafe {
+                    group2(
+                        gp,
+                        nb,
+                        &u4s[o0 * 8..],
+                        &dws[o0..],
+                        &u4s[o1 * 8..],
+                        &dws[o1..],
+                    )
+                };
+                // SAFETY: forwarded contract (`y` valid for n·rows, rows r, r+1 are this call's).
                 unsafe {
-                    let sp = p.add(32 * G).cast::<i32>();
-                    let dv = _mm512_mul_ps(
-                        _mm512_set1_ps(dws[b]),
-                        _mm512_loadu_ps(p.add(32 * G + 8 * G * 4).cast()),
-                    );
-                    for (j, aj) in acc.iter_mut().enumerate() {
-                        let lane = _mm512_dpbusd_epi32(
-                            _mm512_loadu_si512(sp.add(j * G).cast()),
-                            _mm512_set1_epi32(u4s[b * 8 + j] as i32),
-                            _mm512_loadu_si512(p.add(j * G * 4).cast()),
-                        );
-                        *aj = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(lane), *aj);
-                    }
+                    store_group(v0, g, n, rows, r, y);
+                    store_group(v1, g, n, rows, r + 1, y);
                 }
+                r += 2;
             }
-            // hsum_float_8 per output: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
-            let t0 = _mm512_add_ps(acc[0], acc[4]);
-            let t1 = _mm512_add_ps(acc[1], acc[5]);
-            let t2 = _mm512_add_ps(acc[2], acc[6]);
-            let t3 = _mm512_add_ps(acc[3], acc[7]);
-            let v = _mm512_add_ps(_mm512_add_ps(t0, t2), _mm512_add_ps(t1, t3));
-            // SAFETY: forwarded contract (`y` valid for n·rows, row r is this call's).
-            unsafe { store_group(v, g, n, rows, r, y) };
+            if r < t1 {
+                let o0 = (r - t0) * nb;
+                // SAFETY: as above.
+                let v0 = unsafe { group1(gp, nb, &u4s[o0 * 8..], &dws[o0..]) };
+                // SAFETY: as above.
+                unsafe { store_group(v0, g, n, rows, r, y) };
+            }
+        }
+        t0 = t1;
+    }
+}
+
+/// Weight rows per tile of [`rows32_inner`].
+const RT: usize = 16;
+
+/// `hsum_float_8` per output: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn hsum8(acc: &[__m512; 8]) -> __m512 {
+    let t0 = _mm512_add_ps(acc[0], acc[4]);
+    let t1 = _mm512_add_ps(acc[1], acc[5]);
+    let t2 = _mm512_add_ps(acc[2], acc[6]);
+    let t3 = _mm512_add_ps(acc[3], acc[7]);
+    _mm512_add_ps(_mm512_add_ps(t0, t2), _mm512_add_ps(t1, t3))
+}
+
+/// One weight row (codes `u4`, scales `dw`) against one packed group of `nb` blocks.
+///
+/// # Safety
+/// `gp` holds `nb` packed blocks of [`PACK32`] bytes, `u4` `8·nb` codes, `dw` `nb` scales; the
+/// CPU has AVX-512 F/BW/VL, VNNI and FMA.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn group1(gp: &[u8], nb: usize, u4: &[u32], dw: &[f32]) -> __m512 {
+    let mut acc = [_mm512_setzero_ps(); 8];
+    for b in 0..nb {
+        let p = gp[b * PACK32..].as_ptr();
+        // SAFETY: one packed block of PACK32 bytes starts at `p`.
+        unsafe {
+            let sp = p.add(32 * G).cast::<i32>();
+            let da = _mm512_loadu_ps(p.add(32 * G + 8 * G * 4).cast());
+            let dv = _mm512_mul_ps(_mm512_set1_ps(dw[b]), da);
+            for (j, aj) in acc.iter_mut().enumerate() {
+                let lane = _mm512_dpbusd_epi32(
+                    _mm512_loadu_si512(sp.add(j * G).cast()),
+                    _mm512_set1_epi32(u4[b * 8 + j] as i32),
+                    _mm512_loadu_si512(p.add(j * G * 4).cast()),
+                );
+                *aj = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(lane), *aj);
+            }
         }
     }
+    hsum8(&acc)
+}
+
+/// Two weight rows against one packed group: each activation load serves both.
+///
+/// # Safety
+/// As [`group1`], for both rows.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+unsafe fn group2(
+    gp: &[u8],
+    nb: usize,
+    u4a: &[u32],
+    dwa: &[f32],
+    u4b: &[u32],
+    dwb: &[f32],
+) -> (__m512, __m512) {
+    let mut acc_a = [_mm512_setzero_ps(); 8];
+    let mut acc_b = [_mm512_setzero_ps(); 8];
+    for b in 0..nb {
+        let p = gp[b * PACK32..].as_ptr();
+        // SAFETY: one packed block of PACK32 bytes starts at `p`.
+        unsafe {
+            let sp = p.add(32 * G).cast::<i32>();
+            let da = _mm512_loadu_ps(p.add(32 * G + 8 * G * 4).cast());
+            let dva = _mm512_mul_ps(_mm512_set1_ps(dwa[b]), da);
+            let dvb = _mm512_mul_ps(_mm512_set1_ps(dwb[b]), da);
+            for j in 0..8 {
+                let s0 = _mm512_loadu_si512(sp.add(j * G).cast());
+                let a = _mm512_loadu_si512(p.add(j * G * 4).cast());
+                let la = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(u4a[b * 8 + j] as i32), a);
+                let lb = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(u4b[b * 8 + j] as i32), a);
+                acc_a[j] = _mm512_fmadd_ps(dva, _mm512_cvtepi32_ps(la), acc_a[j]);
+                acc_b[j] = _mm512_fmadd_ps(dvb, _mm512_cvtepi32_ps(lb), acc_b[j]);
+            }
+        }
+    }
+    (hsum8(&acc_a), hsum8(&acc_b))
 }
