@@ -196,8 +196,19 @@ fn ggml_order_encodings_are_bit_identical_on_every_path() {
 fn tiled_gemm_many_groups_is_bit_identical() {
     use GgmlType as T;
     for path in KernelPath::supported() {
-        for (ty, cols) in [(T::Q4_K, 512), (T::Q6_K, 256), (T::Q5_0, 64), (T::Q8_0, 96)] {
-            let (rows, n) = (5, 530);
+        // 5 rows: one- and two-row passes; 37: several weight-row tiles with a ragged end.
+        for (ty, cols, rows) in [
+            (T::Q4_K, 512, 5),
+            (T::Q6_K, 256, 5),
+            (T::Q5_0, 64, 5),
+            (T::Q8_0, 96, 5),
+            (T::Q4_K, 256, 37),
+            (T::Q5_K, 256, 37),
+            (T::Q6_K, 256, 37),
+            (T::Q4_0, 64, 37),
+            (T::Q8_0, 64, 37),
+        ] {
+            let n = 530;
             let w = random_weights(ty, rows, cols, 7 + cols as u64);
             let m = QuantMatrix::from_ggml(ty, &w, rows, cols).unwrap();
             let x: Vec<f32> = (0..n)

@@ -124,33 +124,60 @@ pub(crate) unsafe fn rows(
 ) {
     let ts = ty.type_size();
     let groups = n.div_ceil(G);
-    const MAXG: usize = 32;
-    let mut acc = [_mm512_setzero_ps(); MAXG];
-    for r in r0..r1 {
-        let wr = &w[r * row_bytes..(r + 1) * row_bytes];
-        // Groups in batches of MAXG accumulators (each weight block unpacked once per batch).
-        let mut g0 = 0;
-        while g0 < groups {
-            let gn = (groups - g0).min(MAXG);
-            for a in acc.iter_mut().take(gn) {
-                *a = _mm512_setzero_ps();
+    // Weight rows in tiles of RTK, each super-block unpacked once per tile; per tile every
+    // activation group is swept (its packed super-blocks stay in L1/L2), two weight rows per
+    // pass sharing each activation load.
+    UNPACKED.with(|cell| {
+        let us = &mut *cell.borrow_mut();
+        us.clear();
+        let mut t0 = r0;
+        while t0 < r1 {
+            let t1 = (t0 + RTK).min(r1);
+            us.clear();
+            for r in t0..t1 {
+                let wr = &w[r * row_bytes..(r + 1) * row_bytes];
+                us.extend((0..nb).map(|kb| unpack(ty, &wr[kb * ts..(kb + 1) * ts])));
             }
-            for kb in 0..nb {
-                let u = unpack(ty, &wr[kb * ts..(kb + 1) * ts]);
-                for (gi, a) in acc.iter_mut().enumerate().take(gn) {
-                    let p = &packed[((g0 + gi) * nb + kb) * PACK..((g0 + gi) * nb + kb + 1) * PACK];
-                    // SAFETY: `p` is one packed super-block (PACK bytes) and the CPU has the
-                    // features this function is compiled for.
-                    *a = unsafe { superblock(ty, &u, p, *a) };
+            for g in 0..groups {
+                let gp = &packed[g * nb * PACK..(g + 1) * nb * PACK];
+                let mut r = t0;
+                while r < t1 {
+                    let two = r + 1 < t1;
+                    let ua = &us[(r - t0) * nb..(r - t0 + 1) * nb];
+                    let ub = if two {
+                        &us[(r + 1 - t0) * nb..(r + 2 - t0) * nb]
+                    } else {
+                        ua
+                    };
+                    let (mut a, mut b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+                    for kb in 0..nb {
+                        let p = &gp[kb * PACK..(kb + 1) * PACK];
+                        // SAFETY: `p` is one packed super-block (PACK bytes) and the CPU has
+                        // the features this function is compiled for.
+                        (a, b) = unsafe { superblock2(ty, &ua[kb], &ub[kb], p, a, b) };
+                    }
+                    // SAFETY: forwarded contract (`y` valid for n·rows, rows r, r+1 are this
+                    // call's).
+                    unsafe {
+                        store_group(a, g, n, rows, r, y);
+                        if two {
+                            store_group(b, g, n, rows, r + 1, y);
+                        }
+                    }
+                    r += 2;
                 }
             }
-            for (gi, a) in acc.iter().enumerate().take(gn) {
-                // SAFETY: forwarded contract (`y` valid for n·rows, row r is this call's).
-                unsafe { store_group(*a, g0 + gi, n, rows, r, y) };
-            }
-            g0 += gn;
+            t0 = t1;
         }
-    }
+    })
+}
+
+/// Weight rows per tile of [`rows`].
+const RTK: usize = 8;
+
+thread_local! {
+    /// The unpacked super-blocks of one weight-row tile.
+    static UNPACKED: std::cell::RefCell<Vec<Unpacked>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Writes output row `r` of group `g`'s 16 activation rows (`y[t·rows + r]`, `t < n` only).
@@ -172,47 +199,69 @@ unsafe fn store_group(v: __m512, g: usize, n: usize, rows: usize, r: usize, y: *
     }
 }
 
+/// One packed super-block against two unpacked weight super-blocks (`ua`, `ub`): each
+/// activation load serves both; per row the integer sums and float steps of ggml's order.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
-unsafe fn superblock(ty: GgmlType, u: &Unpacked, p: &[u8], acc: __m512) -> __m512 {
+unsafe fn superblock2(
+    ty: GgmlType,
+    ua: &Unpacked,
+    ub: &Unpacked,
+    p: &[u8],
+    acc_a: __m512,
+    acc_b: __m512,
+) -> (__m512, __m512) {
     let q = p.as_ptr();
     // SAFETY: offsets inside the PACK-byte packed block.
     let (bsp, dp) = unsafe { (q.add(256 * G).cast::<i32>(), q.add(256 * G + 16 * G * 4)) };
     let bsum = |s: usize| unsafe { _mm512_loadu_si512(bsp.add(s * G).cast()) };
-    let mut s1 = _mm512_setzero_si512();
-    let mut s2 = _mm512_setzero_si512();
+    let code = |u: &Unpacked, k4: usize| {
+        u32::from_le_bytes([
+            u.codes[4 * k4],
+            u.codes[4 * k4 + 1],
+            u.codes[4 * k4 + 2],
+            u.codes[4 * k4 + 3],
+        ]) as i32
+    };
+    let (mut s1a, mut s1b) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+    let (mut s2a, mut s2b) = (_mm512_setzero_si512(), _mm512_setzero_si512());
     let six = ty == GgmlType::Q6_K;
     let (nsub, per) = if six { (16, 4) } else { (8, 8) }; // sub-blocks, 4-byte groups per sub
     for s in 0..nsub {
-        let mut raw = _mm512_setzero_si512();
+        let (mut ra, mut rb) = (_mm512_setzero_si512(), _mm512_setzero_si512());
         for gi in 0..per {
             let k4 = s * per + gi;
-            let u4 = u32::from_le_bytes([
-                u.codes[4 * k4],
-                u.codes[4 * k4 + 1],
-                u.codes[4 * k4 + 2],
-                u.codes[4 * k4 + 3],
-            ]);
             // SAFETY: k4 < 64: 64 bytes at k4·64 inside the codes part.
             let a = unsafe { _mm512_loadu_si512(q.add(k4 * G * 4).cast()) };
-            raw = _mm512_dpbusd_epi32(raw, _mm512_set1_epi32(u4 as i32), a);
+            ra = _mm512_dpbusd_epi32(ra, _mm512_set1_epi32(code(ua, k4)), a);
+            rb = _mm512_dpbusd_epi32(rb, _mm512_set1_epi32(code(ub, k4)), a);
         }
         if six {
-            raw = _mm512_sub_epi32(raw, _mm512_slli_epi32(bsum(s), 5));
-            s1 = _mm512_add_epi32(s1, _mm512_mullo_epi32(raw, _mm512_set1_epi32(u.sc[s])));
+            let b32 = _mm512_slli_epi32(bsum(s), 5);
+            ra = _mm512_sub_epi32(ra, b32);
+            rb = _mm512_sub_epi32(rb, b32);
+            s1a = _mm512_add_epi32(s1a, _mm512_mullo_epi32(ra, _mm512_set1_epi32(ua.sc[s])));
+            s1b = _mm512_add_epi32(s1b, _mm512_mullo_epi32(rb, _mm512_set1_epi32(ub.sc[s])));
         } else {
-            s1 = _mm512_add_epi32(s1, _mm512_mullo_epi32(raw, _mm512_set1_epi32(u.sc[s])));
+            s1a = _mm512_add_epi32(s1a, _mm512_mullo_epi32(ra, _mm512_set1_epi32(ua.sc[s])));
+            s1b = _mm512_add_epi32(s1b, _mm512_mullo_epi32(rb, _mm512_set1_epi32(ub.sc[s])));
             let bs = _mm512_add_epi32(bsum(2 * s), bsum(2 * s + 1));
-            s2 = _mm512_add_epi32(s2, _mm512_mullo_epi32(bs, _mm512_set1_epi32(u.m[s])));
+            s2a = _mm512_add_epi32(s2a, _mm512_mullo_epi32(bs, _mm512_set1_epi32(ua.m[s])));
+            s2b = _mm512_add_epi32(s2b, _mm512_mullo_epi32(bs, _mm512_set1_epi32(ub.m[s])));
         }
     }
-    let mut r = _mm512_mul_ps(_mm512_cvtepi32_ps(s1), _mm512_set1_ps(u.d));
+    let mut ra = _mm512_mul_ps(_mm512_cvtepi32_ps(s1a), _mm512_set1_ps(ua.d));
+    let mut rb = _mm512_mul_ps(_mm512_cvtepi32_ps(s1b), _mm512_set1_ps(ub.d));
     if !six {
-        r = _mm512_fnmadd_ps(_mm512_set1_ps(u.dmin), _mm512_cvtepi32_ps(s2), r);
+        ra = _mm512_fnmadd_ps(_mm512_set1_ps(ua.dmin), _mm512_cvtepi32_ps(s2a), ra);
+        rb = _mm512_fnmadd_ps(_mm512_set1_ps(ub.dmin), _mm512_cvtepi32_ps(s2b), rb);
     }
     // SAFETY: 16 floats of d at the end of the packed block.
     let da = unsafe { _mm512_loadu_ps(dp.cast()) };
-    _mm512_fmadd_ps(r, da, acc)
+    (
+        _mm512_fmadd_ps(ra, da, acc_a),
+        _mm512_fmadd_ps(rb, da, acc_b),
+    )
 }
 
 // ---- 32-element block types (Q8_0, Q5_0, Q4_0) ----------------------------------------
