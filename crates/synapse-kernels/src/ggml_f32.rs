@@ -417,6 +417,211 @@ fn add_rows(dst: &mut [f32], x: Option<&[f32]>, y: Option<&[f32]>) -> bool {
     }
 }
 
+/// Scores of one query against many keys: `out[j] = dot_f32(keys[offs[j]..][..q.len()], q)
+/// · scale`, bit-identical to calling [`dot_f32`] per key (tested), four keys at a time on
+/// AVX-512 so each query load serves four keys.
+pub fn scores_f32(keys: &[f32], offs: &[usize], q: &[f32], scale: f32, out: &mut [f32]) {
+    let hd = q.len();
+    let n = offs.len().min(out.len());
+    assert!(
+        offs[..n].iter().all(|&o| o + hd <= keys.len()),
+        "key offset out of range"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() && hd >= 64 {
+        // SAFETY: the CPU has AVX-512F (checked at run time); every key row is in range
+        // (asserted above).
+        unsafe { avx512::scores(keys, &offs[..n], q, scale, &mut out[..n]) };
+        return;
+    }
+    for (o, &at) in out[..n].iter_mut().zip(offs) {
+        *o = dot_f32(&keys[at..at + hd], q) * scale;
+    }
+}
+
+/// `Σ_j p[j]·v_j` over KV cells `first_cell + j` (row `j` at `values[offs[j]..]`, `out.len()`
+/// long) in tinyBLAS's order ([`PvOrder::Gemm`]): 16 lane accumulators (cell mod 16), each
+/// an FMA chain over its cells, reduced as `_mm512_reduce_add_ps`. The same bits as
+/// [`PvAcc`] with `Gemm` order (except that a lane summing to −0.0 yields +0.0, as in ggml
+/// where every lane starts at +0.0); on AVX-512 in 16-wide steps over each value row.
+pub fn pv_gemm_f32(
+    values: &[f32],
+    offs: &[usize],
+    first_cell: usize,
+    p: &[f32],
+    out: &mut [f32],
+    acc: &mut PvAcc,
+) {
+    let hd = out.len();
+    let n = offs.len().min(p.len());
+    assert!(
+        offs[..n].iter().all(|&o| o + hd <= values.len()),
+        "value offset out of range"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() && hd.is_multiple_of(16) {
+        // SAFETY: the CPU has AVX-512F (checked at run time); rows in range (asserted).
+        unsafe { avx512::pv_gemm(values, &offs[..n], first_cell, &p[..n], out, &mut acc.acc) };
+        return;
+    }
+    acc.reset(hd, PvOrder::Gemm);
+    for (j, &at) in offs[..n].iter().enumerate() {
+        acc.add(first_cell + j, p[j], &values[at..at + hd]);
+    }
+    acc.finish(out);
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx512() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// `reduce16` of one register: halves added pairwise, as `_mm512_reduce_add_ps`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn hsum(v: __m512) -> f32 {
+        let t8 = _mm256_add_ps(
+            _mm512_castps512_ps256(v),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)),
+        );
+        let t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+        let s = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+    }
+
+    /// The vector part of `dot_f32` for four keys; returns the four (folded, reduced) sums.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn dot4(k: [*const f32; 4], q: *const f32, np: usize) -> [f32; 4] {
+        let mut a = [[_mm512_setzero_ps(); 4]; 4];
+        let mut i = 0;
+        while i < np {
+            for c in 0..4 {
+                // SAFETY: i + 16c + 16 <= np: inside q and every key row.
+                unsafe {
+                    let qv = _mm512_loadu_ps(q.add(i + 16 * c));
+                    for (key, acc) in k.iter().zip(a.iter_mut()) {
+                        acc[c] = _mm512_fmadd_ps(_mm512_loadu_ps(key.add(i + 16 * c)), qv, acc[c]);
+                    }
+                }
+            }
+            i += 64;
+        }
+        a.map(|s| {
+            hsum(_mm512_add_ps(
+                _mm512_add_ps(s[0], s[2]),
+                _mm512_add_ps(s[1], s[3]),
+            ))
+        })
+    }
+
+    /// # Safety
+    /// AVX-512F is available; `offs[j] + q.len() <= keys.len()` for every j; `out.len() ==
+    /// offs.len()`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scores(
+        keys: &[f32],
+        offs: &[usize],
+        q: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let hd = q.len();
+        let np = hd & !63;
+        let kp = keys.as_ptr();
+        // The tail is not contracted in ggml's build (see `dot_body`).
+        let tail = |at: usize, s: f32| {
+            let mut s = s;
+            for k in np..hd {
+                s += keys[at + k] * q[k];
+            }
+            s
+        };
+        let mut j = 0;
+        while j + 4 <= offs.len() {
+            // SAFETY: key rows in range (caller).
+            let d = unsafe { dot4([0, 1, 2, 3].map(|c| kp.add(offs[j + c])), q.as_ptr(), np) };
+            for c in 0..4 {
+                out[j + c] = tail(offs[j + c], d[c]) * scale;
+            }
+            j += 4;
+        }
+        while j < offs.len() {
+            // SAFETY: as above (the same key repeated; one result used).
+            let d = unsafe { dot4([kp.add(offs[j]); 4], q.as_ptr(), np) };
+            out[j] = tail(offs[j], d[0]) * scale;
+            j += 1;
+        }
+    }
+
+    /// # Safety
+    /// AVX-512F is available; `offs[j] + out.len() <= values.len()`; `p.len() == offs.len()`;
+    /// `out.len()` is a multiple of 16.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pv_gemm(
+        values: &[f32],
+        offs: &[usize],
+        first_cell: usize,
+        p: &[f32],
+        out: &mut [f32],
+        lanes: &mut Vec<f32>,
+    ) {
+        // Each value row is read once, contiguously, into its lane's row of sums (16 rows of
+        // head_dim, in L1); a lane's first cell initialises its row (fma onto +0.0).
+        let hd = out.len();
+        if lanes.len() < 16 * hd {
+            lanes.resize(16 * hd, 0.0);
+        }
+        let vp = values.as_ptr();
+        let lp = lanes.as_mut_ptr();
+        let mut touched = [false; 16];
+        for (j, (&at, &w)) in offs.iter().zip(p).enumerate() {
+            let l = (first_cell + j) & 15;
+            let pv = _mm512_set1_ps(w);
+            // SAFETY: row `at` is caller-checked; lane row l has hd floats.
+            unsafe {
+                let (src, dst) = (vp.add(at), lp.add(l * hd));
+                if touched[l] {
+                    for s in (0..hd).step_by(16) {
+                        let a = _mm512_loadu_ps(dst.add(s));
+                        _mm512_storeu_ps(
+                            dst.add(s),
+                            _mm512_fmadd_ps(_mm512_loadu_ps(src.add(s)), pv, a),
+                        );
+                    }
+                } else {
+                    touched[l] = true;
+                    for s in (0..hd).step_by(16) {
+                        let v =
+                            _mm512_fmadd_ps(_mm512_loadu_ps(src.add(s)), pv, _mm512_setzero_ps());
+                        _mm512_storeu_ps(dst.add(s), v);
+                    }
+                }
+            }
+        }
+        for s in (0..hd).step_by(16) {
+            // SAFETY: lane rows hold hd floats; untouched lanes are +0.0.
+            let a: [__m512; 16] = std::array::from_fn(|l| {
+                if touched[l] {
+                    unsafe { _mm512_loadu_ps(lp.add(l * hd + s)) }
+                } else {
+                    _mm512_setzero_ps()
+                }
+            });
+            let t: [__m512; 8] = std::array::from_fn(|i| _mm512_add_ps(a[8 + i], a[i]));
+            let u: [__m512; 4] = std::array::from_fn(|i| _mm512_add_ps(t[4 + i], t[i]));
+            let r = _mm512_add_ps(_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3]));
+            // SAFETY: s + 16 <= out.len().
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(s), r) };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,6 +664,54 @@ mod tests {
         axpy_fma(&mut a1, 0.37, &x);
         axpy_body(&mut a2, 0.37, &x);
         assert!(a1.iter().zip(&a2).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+
+    #[test]
+    fn batched_scores_and_pv_gemm_are_bit_identical_to_the_per_cell_forms() {
+        let mut st = 0x2545f4914f6cdd1du64;
+        let mut rnd = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            ((st >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+        };
+        for (hd, n, first) in [
+            (256, 37, 5),
+            (64, 16, 0),
+            (80, 3, 14),
+            (96, 70, 33),
+            (32, 1, 15),
+        ] {
+            let width = hd * 2 + 16;
+            let cache: Vec<f32> = (0..(n + 4) * width).map(|_| rnd()).collect();
+            let q: Vec<f32> = (0..hd).map(|_| rnd()).collect();
+            // Rows in a scrambled order, at a head offset inside each cache row.
+            let offs: Vec<usize> = (0..n).map(|j| ((j * 7) % (n + 4)) * width + hd).collect();
+            let mut got = vec![0f32; n];
+            scores_f32(&cache, &offs, &q, 0.0625, &mut got);
+            for (j, g) in got.iter().enumerate() {
+                let want = dot_f32(&cache[offs[j]..offs[j] + hd], &q) * 0.0625;
+                assert_eq!(g.to_bits(), want.to_bits(), "score hd {hd} key {j}");
+            }
+            let mut p = got.clone();
+            softmax_cells(&mut p, first);
+            let mut acc = PvAcc::default();
+            acc.reset(hd, PvOrder::Gemm);
+            for (j, &at) in offs.iter().enumerate() {
+                acc.add(first + j, p[j], &cache[at..at + hd]);
+            }
+            let mut want = vec![0f32; hd];
+            acc.finish(&mut want);
+            let mut out = vec![0f32; hd];
+            pv_gemm_f32(&cache, &offs, first, &p, &mut out, &mut acc);
+            for d in 0..hd {
+                assert_eq!(
+                    out[d].to_bits(),
+                    want[d].to_bits(),
+                    "pv hd {hd} n {n} dim {d}"
+                );
+            }
+        }
     }
 
     #[test]

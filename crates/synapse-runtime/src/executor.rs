@@ -454,7 +454,12 @@ fn attend_one(
 ) {
     let hdim = l.head_dim;
     let group = l.n_heads / l.n_kv_heads;
-    let AttnScratch { scores, pv, buf } = scratch;
+    let AttnScratch {
+        scores,
+        pv,
+        buf,
+        offs,
+    } = scratch;
     if buf.len() < hdim {
         buf.resize(hdim, 0.0);
     }
@@ -472,6 +477,16 @@ fn attend_one(
     }
     let (kb, vb) = (&slot.k[il], &slot.v[il]);
     let kvh = h / group;
+    if let (Buf::F32(k), Buf::F32(v), PvOrder::Gemm) = (kb, vb, order) {
+        // Batched forms: four keys per query load, the P·V lanes in registers.
+        offs.clear();
+        offs.extend((lo..=pos).map(|p| g.row_of(p) * g.width + kvh * hdim));
+        let sc = &mut scores[..n_keys];
+        ggml_f32::scores_f32(k, offs, qh, l.scale, sc);
+        ggml_f32::softmax_cells(sc, lo);
+        ggml_f32::pv_gemm_f32(v, offs, lo, sc, &mut o[..hdim], pv);
+        return;
+    }
     let sc = &mut scores[..n_keys];
     for (j, p) in (lo..=pos).enumerate() {
         let at = g.row_of(p) * g.width + kvh * hdim;
@@ -511,4 +526,6 @@ struct AttnScratch {
     scores: Vec<f32>,
     pv: PvAcc,
     buf: Vec<f32>,
+    /// Cache offsets of the head's rows, one per attended cell.
+    offs: Vec<usize>,
 }
