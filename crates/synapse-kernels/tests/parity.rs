@@ -47,6 +47,7 @@ fn shapes(ty: GgmlType) -> Vec<(usize, usize, usize)> {
         (13, 2 * b, 5),
         (67, 640usize.next_multiple_of(b), 9),
         (16, 2048, 1),
+        (67, 640usize.next_multiple_of(b), 1),
         (9, 4 * b, 17),
     ]
 }

@@ -5,6 +5,8 @@
 //! activations once per call and tile rows × activation rows around it.
 
 pub(crate) mod decode;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod gemv32;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;
 pub(crate) mod scalar;

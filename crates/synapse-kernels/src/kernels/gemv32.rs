@@ -1,0 +1,192 @@
+//! One activation row against a 32-block matrix (Q8_0, Q5_0, Q4_0) on AVX-512 VNNI: two
+//! weight rows per 512-bit register, one in each 256-bit half.
+//!
+//! The float order is ggml's `vec_dot` for these types, per row: 8 i32 lanes per block (4
+//! consecutive products each), `acc = fma(d_w·d_a, lane, acc)`, `hsum_float_8` at the end —
+//! the same bits as the per-row kernels. What changes is the instruction count: every
+//! `vpdpbusd`, conversion and FMA serves two rows, the activation block is broadcast to both
+//! halves, and the weight codes enter biased (unsigned, as `vpdpbusd` wants), the bias times
+//! each lane's activation sum being the lane's starting value (exact integers). Decode of the
+//! small per-layer matrices was compute-bound on the per-block instruction count (Q5_0
+//! streamed at ~0.65× the rate of the bandwidth-bound LM head).
+
+use std::arch::x86_64::*;
+
+use crate::act::BlockQ8x32;
+use synapse_formats::GgmlType;
+
+/// The types this kernel handles.
+pub(crate) fn supports(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0)
+}
+
+/// Each block's 8 lane starting values `−bias·Σ(4 activations)` for `ty`'s code bias.
+pub(crate) fn lane_init(ty: GgmlType, act: &[BlockQ8x32], out: &mut [i32]) {
+    let bias = super::tiled::bias32(ty);
+    for (b, o) in act.iter().zip(out.chunks_exact_mut(8)) {
+        for (j, v) in o.iter_mut().enumerate() {
+            *v = -bias
+                * b.qs[4 * j..4 * j + 4]
+                    .iter()
+                    .map(|&q| q as i32)
+                    .sum::<i32>();
+        }
+    }
+}
+
+/// Bytes ahead of the current block to prefetch (each row is streamed once).
+const PREFETCH: usize = 1536;
+
+/// Two blocks' codes (rows `a` and `b`) as unsigned bytes, block `a` in the low half.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn codes<const T: u8>(a: *const u8, b: *const u8) -> __m512i {
+    // SAFETY (all arms): `a` and `b` point at whole blocks of the type.
+    unsafe {
+        match T {
+            Q8 => {
+                let lo = _mm256_loadu_si256(a.add(2).cast());
+                let hi = _mm256_loadu_si256(b.add(2).cast());
+                _mm512_xor_si512(
+                    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
+                    _mm512_set1_epi8(-128),
+                )
+            }
+            _ => {
+                let qs = if T == Q5 { 6 } else { 2 };
+                let t = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128(a.add(qs).cast())),
+                    _mm_loadu_si128(b.add(qs).cast()),
+                    1,
+                );
+                // [qs_a, qs_a, qs_b, qs_b] in 128-bit lanes, the odd ones shifted by 4: low
+                // nibbles are elements 0..16 of a block, high nibbles 16..32.
+                let z = _mm512_castsi256_si512(t);
+                let z = _mm512_shuffle_i64x2(z, z, 0b0101_0000);
+                let sh = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+                let nib = _mm512_and_si512(_mm512_srlv_epi64(z, sh), _mm512_set1_epi8(15));
+                if T == Q5 {
+                    let qa = std::ptr::read_unaligned(a.add(2).cast::<u32>()) as u64;
+                    let qb = std::ptr::read_unaligned(b.add(2).cast::<u32>()) as u64;
+                    _mm512_mask_add_epi8(nib, qa | (qb << 32), nib, _mm512_set1_epi8(16))
+                } else {
+                    nib
+                }
+            }
+        }
+    }
+}
+
+const Q8: u8 = 0;
+const Q5: u8 = 1;
+const Q4: u8 = 2;
+
+/// `d_a·d_w` of both rows' blocks as one register: row `a` in the low 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn scales(a: *const u8, b: *const u8, da: f32) -> __m512 {
+    // SAFETY: both point at a block's f16 scale.
+    unsafe {
+        let bits = std::ptr::read_unaligned(a.cast::<u16>()) as u32
+            | (std::ptr::read_unaligned(b.cast::<u16>()) as u32) << 16;
+        let x: __m128;
+        // `vmovd` in asm (see the x86 kernels' `f16`): no false dependency on an accumulator.
+        std::arch::asm!(
+            "vmovd {x}, {b:e}",
+            "vcvtph2ps {x}, {x}",
+            b = in(reg) bits,
+            x = out(xmm_reg) x,
+            options(pure, nomem, nostack),
+        );
+        let d = _mm_mul_ps(x, _mm_set1_ps(da));
+        let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d))
+    }
+}
+
+/// `hsum_float_8`: ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn hsum8(v: __m256) -> f32 {
+    {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_impl<const T: u8>(
+    ts: usize,
+    w: &[u8],
+    row_bytes: usize,
+    act: &[BlockQ8x32],
+    init: &[i32],
+    y: *mut f32,
+    r0: usize,
+    r1: usize,
+) {
+    let mut r = r0;
+    while r < r1 {
+        let rb = if r + 1 < r1 { r + 1 } else { r };
+        // SAFETY: rows r and rb < rows; blocks, activations and lane starts sized by the
+        // caller (nb blocks each).
+        unsafe {
+            let (pa, pb) = (
+                w.as_ptr().add(r * row_bytes),
+                w.as_ptr().add(rb * row_bytes),
+            );
+            let mut acc = _mm512_setzero_ps();
+            for (b, ab) in act.iter().enumerate() {
+                let (wa, wb) = (pa.add(b * ts), pb.add(b * ts));
+                _mm_prefetch::<_MM_HINT_T0>(wa.wrapping_add(PREFETCH).cast());
+                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
+                let av = _mm512_broadcast_i64x4(_mm256_loadu_si256(ab.qs.as_ptr().cast()));
+                let iv =
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256(init.as_ptr().add(8 * b).cast()));
+                let lane = _mm512_dpbusd_epi32(iv, codes::<T>(wa, wb), av);
+                acc = _mm512_fmadd_ps(scales(wa, wb, ab.d), _mm512_cvtepi32_ps(lane), acc);
+            }
+            *y.add(r) = hsum8(_mm512_castps512_ps256(acc));
+            if rb != r {
+                *y.add(rb) = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(
+                    _mm512_castps_pd(acc),
+                    1,
+                )));
+            }
+        }
+        r += 2;
+    }
+}
+
+/// Output rows `r0..r1` of `W·x` for one activation row (`act`, `nb` blocks; `init` from
+/// [`lane_init`]), written to `y[r]`.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `w` holds the rows (`row_bytes` each)
+/// of `nb = act.len()` blocks of `ty`; `init.len() == 8·nb`; `y` is valid for writes at
+/// `r0..r1`, which this call alone writes.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn rows(
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    act: &[BlockQ8x32],
+    init: &[i32],
+    y: *mut f32,
+    r0: usize,
+    r1: usize,
+) {
+    let ts = ty.type_size();
+    // SAFETY: forwarded contract.
+    unsafe {
+        match ty {
+            GgmlType::Q8_0 => rows_impl::<Q8>(ts, w, row_bytes, act, init, y, r0, r1),
+            GgmlType::Q5_0 => rows_impl::<Q5>(ts, w, row_bytes, act, init, y, r0, r1),
+            _ => rows_impl::<Q4>(ts, w, row_bytes, act, init, y, r0, r1),
+        }
+    }
+}
