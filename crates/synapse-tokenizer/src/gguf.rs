@@ -2,7 +2,8 @@
 
 use crate::error::{Result, TokenizerError};
 use crate::tokenizer::Tokenizer;
-use crate::vocab::{ModelKind, SpecialIds, Vocab};
+use crate::vocab::{ModelKind, SpecialIds, Vocab, VocabView};
+use std::borrow::Cow;
 use synapse_formats::gguf::{GgufArray, GgufFile, GgufValue};
 
 fn invalid(key: &str, reason: impl Into<String>) -> TokenizerError {
@@ -45,26 +46,35 @@ fn get_id(f: &GgufFile, key: &str) -> Result<Option<u32>> {
     }
 }
 
-fn get_strings(f: &GgufFile, key: &str) -> Result<Option<Vec<String>>> {
+fn get_strings<'a>(f: &'a GgufFile, key: &str) -> Result<Option<&'a [String]>> {
     match f.get(key) {
         None => Ok(None),
         Some(v) => v
             .as_strings()
-            .map(|s| Some(s.to_vec()))
+            .map(Some)
             .ok_or_else(|| invalid(key, "expected an array of strings")),
     }
 }
 
 impl Tokenizer {
     /// Builds the tokenizer described by a GGUF file's metadata.
+    ///
+    /// The vocabulary is read in place from the file's metadata: no copy of the token list is
+    /// made on the way.
     pub fn from_gguf(f: &GgufFile) -> Result<Self> {
-        let (vocab, template) = vocab_from_gguf(f)?;
-        Self::with_template(vocab, template)
+        let (vocab, template) = vocab_view_from_gguf(f)?;
+        Self::build(vocab, template.map(str::to_string))
     }
 }
 
 /// Reads the vocabulary (and chat template) out of GGUF metadata.
 pub fn vocab_from_gguf(f: &GgufFile) -> Result<(Vocab, Option<String>)> {
+    let (v, template) = vocab_view_from_gguf(f)?;
+    Ok((v.to_vocab(), template.map(str::to_string)))
+}
+
+/// [`vocab_from_gguf`], borrowing the strings from the file's metadata.
+fn vocab_view_from_gguf(f: &GgufFile) -> Result<(VocabView<'_>, Option<&str>)> {
     let model_name =
         get_str(f, "tokenizer.ggml.model")?.ok_or_else(|| TokenizerError::MissingKey {
             key: "tokenizer.ggml.model".into(),
@@ -73,19 +83,19 @@ pub fn vocab_from_gguf(f: &GgufFile) -> Result<(Vocab, Option<String>)> {
         ModelKind::from_gguf_name(model_name).ok_or_else(|| TokenizerError::UnsupportedModel {
             model: model_name.to_string(),
         })?;
-    let mut v = Vocab::new(model);
-    v.pre = get_str(f, "tokenizer.ggml.pre")?.map(str::to_string);
-    v.tokens =
+    let pre = get_str(f, "tokenizer.ggml.pre")?;
+    let tokens =
         get_strings(f, "tokenizer.ggml.tokens")?.ok_or_else(|| TokenizerError::MissingKey {
             key: "tokenizer.ggml.tokens".into(),
         })?;
+    let mut scores = Cow::Borrowed(&[][..]);
     if let Some(s) = f.get("tokenizer.ggml.scores") {
         let arr = s
             .as_array()
             .ok_or_else(|| invalid("tokenizer.ggml.scores", "expected an array"))?;
-        v.scores = match arr {
-            GgufArray::F32(x) => x.clone(),
-            GgufArray::I32(x) => x.iter().map(|&i| i as f32).collect(),
+        scores = match arr {
+            GgufArray::F32(x) => Cow::Borrowed(&x[..]),
+            GgufArray::I32(x) => Cow::Owned(x.iter().map(|&i| i as f32).collect()),
             _ => {
                 return Err(invalid(
                     "tokenizer.ggml.scores",
@@ -94,20 +104,21 @@ pub fn vocab_from_gguf(f: &GgufFile) -> Result<(Vocab, Option<String>)> {
             }
         };
     }
+    let mut token_types = &[][..];
     if let Some(t) = f.get("tokenizer.ggml.token_type") {
-        v.token_types = t
+        token_types = t
             .as_i32s()
-            .ok_or_else(|| invalid("tokenizer.ggml.token_type", "expected i32 elements"))?
-            .to_vec();
+            .ok_or_else(|| invalid("tokenizer.ggml.token_type", "expected i32 elements"))?;
     }
+    let mut merges = &[][..];
     if matches!(model, ModelKind::Bpe | ModelKind::Gemma4) {
-        v.merges =
+        merges =
             get_strings(f, "tokenizer.ggml.merges")?.ok_or_else(|| TokenizerError::MissingKey {
                 key: "tokenizer.ggml.merges".into(),
             })?;
     }
     let id = |k: &str| get_id(f, &format!("tokenizer.ggml.{k}"));
-    v.special = SpecialIds {
+    let special = SpecialIds {
         bos: id("bos_token_id")?,
         eos: id("eos_token_id")?,
         eot: id("eot_token_id")?,
@@ -123,12 +134,21 @@ pub fn vocab_from_gguf(f: &GgufFile) -> Result<(Vocab, Option<String>)> {
         fim_rep: id("fim_rep_token_id")?,
         fim_sep: id("fim_sep_token_id")?,
     };
-    v.add_bos = get_bool(f, "tokenizer.ggml.add_bos_token")?;
-    v.add_eos = get_bool(f, "tokenizer.ggml.add_eos_token")?;
-    v.add_space_prefix = get_bool(f, "tokenizer.ggml.add_space_prefix")?;
-    v.model_name = get_str(f, "general.name")?.map(str::to_string);
+    let v = VocabView {
+        model,
+        pre,
+        tokens,
+        scores,
+        token_types,
+        merges,
+        special,
+        add_bos: get_bool(f, "tokenizer.ggml.add_bos_token")?,
+        add_eos: get_bool(f, "tokenizer.ggml.add_eos_token")?,
+        add_space_prefix: get_bool(f, "tokenizer.ggml.add_space_prefix")?,
+        model_name: get_str(f, "general.name")?,
+    };
     let template = match f.get("tokenizer.chat_template") {
-        Some(GgufValue::String(s)) => Some(s.clone()),
+        Some(GgufValue::String(s)) => Some(s.as_str()),
         _ => None,
     };
     Ok((v, template))

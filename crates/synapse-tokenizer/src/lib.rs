@@ -26,6 +26,7 @@ mod hf;
 mod pretokenize;
 mod special;
 mod spm;
+mod tables;
 mod tokenizer;
 pub mod vocab;
 

@@ -25,6 +25,12 @@ impl SpecialMatcher {
         Self { ac, ids }
     }
 
+    /// Heap bytes held (the automaton and the id list).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.ac.as_ref().map_or(0, AhoCorasick::memory_usage)
+            + self.ids.capacity() * size_of::<u32>()
+    }
+
     /// The ids whose text occurs anywhere in `text`; `None` when there is no automaton.
     fn present(&self, text: &str) -> Option<HashSet<u32>> {
         let ac = self.ac.as_ref()?;

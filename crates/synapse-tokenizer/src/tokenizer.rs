@@ -4,9 +4,11 @@ use crate::bytes::{byte_to_char_table, char_to_byte};
 use crate::error::{Result, TokenizerError};
 use crate::pretokenize::{PreSpec, PreTokenizer, pre_spec};
 use crate::special::{Fragment, SpecialMatcher, partition};
-use crate::vocab::{ModelKind, Vocab, token_type};
+use crate::tables::{MergeRanks, PackedBytes, PackedStrs, TextIndex};
+use crate::vocab::{ModelKind, Vocab, VocabView, token_type};
 use crate::{bpe, spm};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+use std::io::Write as _;
 
 /// Token attribute bits (llama.cpp's `llama_token_attr`).
 pub mod attr {
@@ -28,13 +30,6 @@ pub mod attr {
     pub const RSTRIP: u32 = 1 << 8;
 }
 
-#[derive(Debug, Clone)]
-struct TokenData {
-    text: String,
-    score: f32,
-    attr: u32,
-}
-
 /// Resolved special token ids (`None`: the vocabulary has none).
 #[derive(Debug, Clone, Default)]
 struct Specials {
@@ -49,12 +44,22 @@ struct Specials {
 
 /// A tokenizer with exactly llama.cpp's behaviour for SPM (`llama`), byte-level BPE (`gpt2`) and
 /// SPM-style BPE (`gemma4`) vocabularies.
+///
+/// The vocabulary is held once, compactly (see `tables`): all token texts in one buffer indexed
+/// by id, a hash table of ids for text → id, scores and attributes in parallel vectors, and the
+/// detokenizer's pieces in a second buffer.
 #[derive(Debug)]
 pub struct Tokenizer {
     kind: ModelKind,
-    tokens: Vec<TokenData>,
-    token_to_id: HashMap<String, u32>,
-    bpe_ranks: HashMap<String, HashMap<String, u32>>,
+    /// Token texts by id.
+    texts: PackedStrs,
+    /// Scores by id; empty when the vocabulary has none (all zero).
+    scores: Vec<f32>,
+    /// Attribute bits ([`attr`]) by id.
+    attrs: Vec<u32>,
+    /// Text → id over `texts`.
+    index: TextIndex,
+    bpe_ranks: MergeRanks,
     pre: Option<PreTokenizer>,
     pre_name: String,
     byte_encode: bool,
@@ -69,7 +74,8 @@ pub struct Tokenizer {
     eog: BTreeSet<u32>,
     special_cache: Vec<u32>,
     special_matcher: SpecialMatcher,
-    pieces: Vec<Vec<u8>>,
+    /// The bytes each token stands for (`token_to_piece` with `special = true`), by id.
+    pieces: PackedBytes,
     chat_template: Option<String>,
 }
 
@@ -166,6 +172,11 @@ impl Tokenizer {
 
     /// Like [`Tokenizer::new`], keeping the model's chat template alongside.
     pub fn with_template(vocab: Vocab, chat_template: Option<String>) -> Result<Self> {
+        Self::build(vocab.view(), chat_template)
+    }
+
+    /// Builds the tables from a borrowed vocabulary (the one construction path).
+    pub(crate) fn build(vocab: VocabView<'_>, chat_template: Option<String>) -> Result<Self> {
         let kind = vocab.model;
         let n = vocab.tokens.len();
         let n_u32 = u32::try_from(n).map_err(|_| TokenizerError::InvalidKey {
@@ -209,7 +220,7 @@ impl Tokenizer {
                 let name = if kind == ModelKind::Gemma4 {
                     "gemma4".to_string()
                 } else {
-                    vocab.pre.clone().unwrap_or_default()
+                    vocab.pre.unwrap_or_default().to_string()
                 };
                 let s = pre_spec(&name)
                     .ok_or_else(|| TokenizerError::UnsupportedPreTokenizer { pre: name.clone() })?;
@@ -231,16 +242,37 @@ impl Tokenizer {
             add_space_prefix = v;
         }
 
-        // Tokens, scores, attributes.
-        let mut tokens = Vec::with_capacity(n);
-        let mut token_to_id = HashMap::with_capacity(n);
-        for (i, text) in vocab.tokens.into_iter().enumerate() {
-            let text = if text.is_empty() {
-                format!("[EMPTY_{i}]")
+        // Tokens (an empty text becomes `[EMPTY_<id>]`), the text index, attributes.
+        let empty_text = |i: usize| format!("[EMPTY_{i}]");
+        let n_bytes: usize = vocab
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                if t.is_empty() {
+                    empty_text(i).len()
+                } else {
+                    t.len()
+                }
+            })
+            .sum();
+        let mut texts = PackedStrs::with_capacity(n, n_bytes);
+        let mut index = TextIndex::with_capacity(n);
+        let mut attrs = Vec::with_capacity(n);
+        for (id, (i, text)) in (0..n_u32).zip(vocab.tokens.iter().enumerate()) {
+            if text.is_empty() {
+                texts.push(&empty_text(i), "tokenizer.ggml.tokens")?;
             } else {
-                text
-            };
-            let attr = match vocab.token_types.get(i).copied() {
+                texts.push(text, "tokenizer.ggml.tokens")?;
+            }
+            if let Err(first) = index.insert(&texts, id) {
+                return Err(TokenizerError::DuplicateToken {
+                    text: texts.get(i).unwrap_or_default().to_string(),
+                    first,
+                    second: id,
+                });
+            }
+            attrs.push(match vocab.token_types.get(i).copied() {
                 None if vocab.token_types.is_empty() => attr::NORMAL,
                 Some(token_type::NORMAL) => attr::NORMAL,
                 Some(token_type::UNKNOWN) => attr::UNKNOWN,
@@ -249,32 +281,15 @@ impl Tokenizer {
                 Some(token_type::UNUSED) => attr::UNUSED,
                 Some(token_type::BYTE) => attr::BYTE,
                 _ => 0,
-            };
-            let score = vocab.scores.get(i).copied().unwrap_or(0.0);
-            if let Some(first) = token_to_id.insert(text.clone(), i as u32) {
-                return Err(TokenizerError::DuplicateToken {
-                    text,
-                    first,
-                    second: i as u32,
-                });
-            }
-            tokens.push(TokenData { text, score, attr });
+            });
         }
+        let scores = match vocab.scores.is_empty() {
+            true => Vec::new(),
+            false => vocab.scores[..n].to_vec(),
+        };
 
         // Merges: "left right", split at the first space after the first byte; first rank wins.
-        let mut bpe_ranks: HashMap<String, HashMap<String, u32>> = HashMap::new();
-        for (rank, m) in vocab.merges.iter().enumerate() {
-            // Byte search (the first character may be multi-byte); a space is always a boundary.
-            let (first, second) = match m.as_bytes().iter().skip(1).position(|&b| b == b' ') {
-                Some(p) => (&m[..p + 1], &m[p + 2..]),
-                None => ("", ""),
-            };
-            bpe_ranks
-                .entry(first.to_string())
-                .or_default()
-                .entry(second.to_string())
-                .or_insert(rank as u32);
-        }
+        let bpe_ranks = MergeRanks::new(vocab.merges)?;
 
         // Special ids: defaults out of range are disabled; metadata ids in range override.
         let in_range = |id: Option<u32>| id.filter(|&i| i < n_u32);
@@ -314,8 +329,10 @@ impl Tokenizer {
 
         let mut tok = Self {
             kind,
-            tokens,
-            token_to_id,
+            texts,
+            scores,
+            attrs,
+            index,
             bpe_ranks,
             pre: spec.as_ref().map(PreTokenizer::new).transpose()?,
             pre_name,
@@ -331,19 +348,16 @@ impl Tokenizer {
             eog: BTreeSet::new(),
             special_cache: Vec::new(),
             special_matcher: SpecialMatcher::default(),
-            pieces: Vec::new(),
+            pieces: PackedBytes::default(),
             chat_template,
         };
 
         // Text-based detection of EOT/EOM/FIM markers (llama.cpp walks a hash map; we walk ids
         // in order so the choice among several candidates is deterministic).
         let find = |tok: &Self, names: &[&str]| -> Option<u32> {
-            names
-                .iter()
-                .filter_map(|n| tok.token_to_id.get(*n).copied())
-                .min()
+            names.iter().filter_map(|n| tok.text_to_token(n)).min()
         };
-        let mark_control = |tok: &mut Self, id: u32| tok.tokens[id as usize].attr |= attr::CONTROL;
+        let mark_control = |tok: &mut Self, id: u32| tok.attrs[id as usize] |= attr::CONTROL;
         if specials.eot.is_none() {
             specials.eot = find(&tok, EOT_NAMES);
             if let Some(id) = specials.eot {
@@ -364,9 +378,11 @@ impl Tokenizer {
                 }
             }
         }
-        for t in &mut tok.tokens {
-            if t.attr & attr::CONTROL != 0 && t.text.contains("unused") {
-                t.attr |= attr::UNUSED;
+        for id in 0..n {
+            if tok.attrs[id] & attr::CONTROL != 0
+                && tok.texts.get(id).is_some_and(|t| t.contains("unused"))
+            {
+                tok.attrs[id] |= attr::UNUSED;
             }
         }
         let mut eog = BTreeSet::new();
@@ -377,14 +393,14 @@ impl Tokenizer {
             eog.insert(id);
         }
         for name in EOG_NAMES {
-            if let Some(&id) = tok.token_to_id.get(*name) {
+            if let Some(id) = tok.text_to_token(name) {
                 eog.insert(id);
                 mark_control(&mut tok, id);
             }
         }
         for name in ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"] {
-            if let Some(&id) = tok.token_to_id.get(name) {
-                tok.tokens[id as usize].attr = attr::USER_DEFINED;
+            if let Some(id) = tok.text_to_token(name) {
+                tok.attrs[id as usize] = attr::USER_DEFINED;
             }
         }
         for id in [specials.eos, specials.eot, specials.eom]
@@ -393,20 +409,22 @@ impl Tokenizer {
         {
             eog.insert(id);
         }
-        let text_of = |tok: &Self, id: u32| tok.tokens[id as usize].text.clone();
         {
-            let texts: Vec<(u32, String)> = eog.iter().map(|&id| (id, text_of(&tok, id))).collect();
+            let texts: Vec<(u32, String)> = eog
+                .iter()
+                .map(|&id| (id, tok.token_text_unchecked(id).to_string()))
+                .collect();
             let has = |t: &str| texts.iter().any(|(_, x)| x == t);
             let harmony =
                 has("<|return|>") && has("<|call|>") || has("<|calls|>") && has("<|flush|>");
             if harmony && let Some((id, _)) = texts.iter().find(|(_, x)| x == "<|end|>") {
                 eog.remove(id);
-                tok.tokens[*id as usize].attr = attr::USER_DEFINED;
+                tok.attrs[*id as usize] = attr::USER_DEFINED;
             }
             let normal_s = has("<|tool_response>") || has("<|plamo:eos|>");
             if normal_s && let Some((id, _)) = texts.iter().find(|(_, x)| x == "</s>") {
                 eog.remove(id);
-                tok.tokens[*id as usize].attr = attr::NORMAL;
+                tok.attrs[*id as usize] = attr::NORMAL;
             }
         }
         tok.eog = eog;
@@ -415,91 +433,97 @@ impl Tokenizer {
         // Special-token cache: control, user-defined and unknown tokens, longest text first.
         let mut cache: Vec<u32> = (0..n_u32)
             .filter(|&id| {
-                tok.tokens[id as usize].attr & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN)
-                    != 0
+                tok.attrs[id as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0
             })
             .collect();
         cache.sort_by(|&a, &b| {
-            tok.tokens[b as usize]
-                .text
+            tok.token_text_unchecked(b)
                 .len()
-                .cmp(&tok.tokens[a as usize].text.len())
+                .cmp(&tok.token_text_unchecked(a).len())
         });
-        tok.special_matcher = SpecialMatcher::new(
-            cache
-                .iter()
-                .map(|&id| (id, tok.tokens[id as usize].text.as_str())),
-        );
+        tok.special_matcher =
+            SpecialMatcher::new(cache.iter().map(|&id| (id, tok.token_text_unchecked(id))));
         tok.special_cache = cache;
 
-        // Piece cache (special = true).
-        tok.pieces = (0..n_u32).map(|id| tok.compute_piece(id)).collect();
+        // Piece cache (special = true). Pieces are about as long as the texts.
+        let mut pieces = PackedBytes::with_capacity(n, n_bytes);
+        for id in 0..n_u32 {
+            tok.write_piece(id, pieces.buf_mut());
+            pieces.finish_entry("tokenizer.ggml.tokens")?;
+        }
+        pieces.shrink_to_fit();
+        tok.pieces = pieces;
 
         // Per-model attributes keyed on general.name (llama.cpp does the same).
         let name = vocab.model_name.unwrap_or_default().to_lowercase();
         if name.contains("phi-3") || name.contains("phi3") {
             for &id in &tok.special_cache {
-                tok.tokens[id as usize].attr |= attr::RSTRIP;
+                tok.attrs[id as usize] |= attr::RSTRIP;
             }
-            if let Some(&id) = tok.token_to_id.get("</s>") {
-                tok.tokens[id as usize].attr |= attr::RSTRIP;
+            if let Some(id) = tok.text_to_token("</s>") {
+                tok.attrs[id as usize] |= attr::RSTRIP;
             }
             for t in ["<unk>", "<s>", "<|endoftext|>"] {
-                if let Some(&id) = tok.token_to_id.get(t) {
-                    tok.tokens[id as usize].attr &= !attr::RSTRIP;
+                if let Some(id) = tok.text_to_token(t) {
+                    tok.attrs[id as usize] &= !attr::RSTRIP;
                 }
             }
         }
         Ok(tok)
     }
 
-    fn compute_piece(&self, id: u32) -> Vec<u8> {
-        let t = &self.tokens[id as usize];
-        if t.attr & (attr::UNKNOWN | attr::CONTROL | attr::USER_DEFINED) != 0 {
-            return t.text.as_bytes().to_vec();
+    /// Appends the bytes token `id` stands for (with `special = true`) to `out`.
+    fn write_piece(&self, id: u32, out: &mut Vec<u8>) {
+        let text = self.token_text_unchecked(id);
+        let a = self.attrs[id as usize];
+        if a & (attr::UNKNOWN | attr::CONTROL | attr::USER_DEFINED) != 0 {
+            out.extend_from_slice(text.as_bytes());
+            return;
         }
-        if t.attr & attr::NORMAL != 0 {
+        if a & attr::NORMAL != 0 {
             if self.kind == ModelKind::Spm || self.escape_whitespaces {
-                return t.text.replace('\u{2581}', " ").into_bytes();
+                for (k, part) in text.split('\u{2581}').enumerate() {
+                    if k > 0 {
+                        out.push(b' ');
+                    }
+                    out.extend_from_slice(part.as_bytes());
+                }
+                return;
             }
-            let mut out = Vec::with_capacity(t.text.len());
-            for c in t.text.chars() {
+            for c in text.chars() {
                 match char_to_byte(c) {
                     Some(b) => out.push(b),
                     None => {
                         out.extend_from_slice(b"[UNK_BYTE_0x");
                         let mut buf = [0u8; 4];
                         for b in c.encode_utf8(&mut buf).bytes() {
-                            out.extend_from_slice(format!("{b:02x}").as_bytes());
+                            // Writing to a Vec cannot fail.
+                            let _ = write!(out, "{b:02x}");
                         }
-                        out.extend_from_slice(t.text.as_bytes());
+                        out.extend_from_slice(text.as_bytes());
                         out.push(b']');
                     }
                 }
             }
-            return out;
+            return;
         }
-        if t.attr & attr::BYTE != 0 {
-            return t
-                .text
-                .get(3..5)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .map(|b| vec![b])
-                .unwrap_or_default();
+        if a & attr::BYTE != 0
+            && let Some(b) = text.get(3..5).and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(b);
         }
-        Vec::new()
     }
 
     // ---- lookups used by the algorithms ----
 
     pub(crate) fn text_to_token(&self, text: &str) -> Option<u32> {
-        self.token_to_id.get(text).copied()
+        self.index.get(&self.texts, text)
     }
     pub(crate) fn score(&self, id: u32) -> f32 {
-        self.tokens[id as usize].score
+        self.scores.get(id as usize).copied().unwrap_or(0.0)
     }
     pub(crate) fn bpe_rank(&self, left: &str, right: &str) -> Option<u32> {
-        self.bpe_ranks.get(left)?.get(right).copied()
+        self.bpe_ranks.rank(left, right)
     }
     pub(crate) fn pre_tokenizer(&self) -> Option<&PreTokenizer> {
         self.pre.as_ref()
@@ -517,7 +541,18 @@ impl Tokenizer {
         self.escape_whitespaces
     }
     pub(crate) fn hex_byte_token(&self, b: u8) -> Option<u32> {
-        self.text_to_token(&format!("<0x{b:02X}>"))
+        const HEX: &[u8; 16] = b"0123456789ABCDEF";
+        let name = [
+            b'<',
+            b'0',
+            b'x',
+            HEX[usize::from(b >> 4)],
+            HEX[usize::from(b & 15)],
+            b'>',
+        ];
+        std::str::from_utf8(&name)
+            .ok()
+            .and_then(|s| self.text_to_token(s))
     }
     pub(crate) fn spm_byte_to_token(&self, b: u8) -> Option<u32> {
         self.hex_byte_token(b).or_else(|| {
@@ -528,10 +563,11 @@ impl Tokenizer {
         })
     }
     pub(crate) fn token_attr(&self, id: u32) -> u32 {
-        self.tokens[id as usize].attr
+        self.attrs.get(id as usize).copied().unwrap_or(0)
     }
+    /// The text of an id known to be in range (`""` otherwise).
     pub(crate) fn token_text_unchecked(&self, id: u32) -> &str {
-        &self.tokens[id as usize].text
+        self.texts.get(id as usize).unwrap_or_default()
     }
     pub(crate) fn special_cache(&self) -> &[u32] {
         &self.special_cache
@@ -614,22 +650,20 @@ impl Tokenizer {
     /// The bytes a token stands for. With `special == false`, control and unknown tokens give
     /// nothing (what a user should see); with `true` they give their text.
     pub fn token_to_piece(&self, id: u32, special: bool) -> Result<&[u8]> {
-        let t = self
-            .tokens
-            .get(id as usize)
-            .ok_or(TokenizerError::TokenOutOfRange {
-                id,
-                n_vocab: self.tokens.len(),
-            })?;
-        if !special && t.attr & (attr::UNKNOWN | attr::CONTROL) != 0 {
+        let out_of_range = TokenizerError::TokenOutOfRange {
+            id,
+            n_vocab: self.texts.len(),
+        };
+        let a = *self.attrs.get(id as usize).ok_or(out_of_range)?;
+        if !special && a & (attr::UNKNOWN | attr::CONTROL) != 0 {
             return Ok(&[]);
         }
-        Ok(&self.pieces[id as usize])
+        Ok(self.pieces.get(id as usize).unwrap_or_default())
     }
 
     /// The vocabulary entry's raw text (`▁Hello`, `ĠHello`, `<0x0A>`).
     pub fn token_text(&self, id: u32) -> Option<&str> {
-        self.tokens.get(id as usize).map(|t| t.text.as_str())
+        self.texts.get(id as usize)
     }
 
     /// Looks a vocabulary entry up by its raw text.
@@ -685,7 +719,7 @@ impl Tokenizer {
 
     /// Number of tokens in the vocabulary.
     pub fn vocab_size(&self) -> usize {
-        self.tokens.len()
+        self.texts.len()
     }
     /// The algorithm family.
     pub fn kind(&self) -> ModelKind {
@@ -733,9 +767,9 @@ impl Tokenizer {
     }
     /// Whether `id` is a control token.
     pub fn is_control(&self, id: u32) -> bool {
-        self.tokens
+        self.attrs
             .get(id as usize)
-            .is_some_and(|t| t.attr & attr::CONTROL != 0)
+            .is_some_and(|a| a & attr::CONTROL != 0)
     }
     /// The model's chat template, when the source carried one.
     pub fn chat_template(&self) -> Option<&str> {
@@ -744,6 +778,23 @@ impl Tokenizer {
     /// The text of the BOS token (for chat templates).
     pub fn bos_text(&self) -> Option<&str> {
         self.specials.bos.and_then(|id| self.token_text(id))
+    }
+    /// An estimate of the heap memory the tokenizer holds, in bytes: the capacities of its
+    /// vocabulary tables (texts, text index, scores, attributes, pieces, merge ranks), of the
+    /// special-token cache and matcher, and of the chat template. The pre-tokenizer's compiled
+    /// regexes (a fixed size per pre-tokenizer, independent of the vocabulary) are not counted.
+    pub fn heap_bytes(&self) -> usize {
+        self.texts.heap_bytes()
+            + self.index.heap_bytes()
+            + self.scores.capacity() * size_of::<f32>()
+            + self.attrs.capacity() * size_of::<u32>()
+            + self.pieces.heap_bytes()
+            + self.bpe_ranks.heap_bytes()
+            + self.special_cache.capacity() * size_of::<u32>()
+            + self.special_matcher.heap_bytes()
+            + self.eog.len() * size_of::<u32>()
+            + self.chat_template.as_ref().map_or(0, String::capacity)
+            + self.pre_name.capacity()
     }
     /// The text of the EOS token (for chat templates).
     pub fn eos_text(&self) -> Option<&str> {

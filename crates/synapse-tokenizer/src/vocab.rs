@@ -4,6 +4,8 @@
 //! indexes. [`crate::Tokenizer::new`] resolves the defaults the way llama.cpp does and builds
 //! the lookup tables.
 
+use std::borrow::Cow;
+
 /// GGUF token types (`tokenizer.ggml.token_type`), as llama.cpp numbers them.
 pub mod token_type {
     /// Undefined.
@@ -66,6 +68,42 @@ pub struct SpecialIds {
     pub fim_sep: Option<u32>,
 }
 
+/// A [`Vocab`] borrowed from wherever it lives (a [`Vocab`] or a GGUF file's metadata), so a
+/// tokenizer can be built without first copying a few hundred thousand strings.
+#[derive(Debug, Clone)]
+pub(crate) struct VocabView<'a> {
+    pub(crate) model: ModelKind,
+    pub(crate) pre: Option<&'a str>,
+    pub(crate) tokens: &'a [String],
+    pub(crate) scores: Cow<'a, [f32]>,
+    pub(crate) token_types: &'a [i32],
+    pub(crate) merges: &'a [String],
+    pub(crate) special: SpecialIds,
+    pub(crate) add_bos: Option<bool>,
+    pub(crate) add_eos: Option<bool>,
+    pub(crate) add_space_prefix: Option<bool>,
+    pub(crate) model_name: Option<&'a str>,
+}
+
+impl VocabView<'_> {
+    /// An owned copy.
+    pub(crate) fn to_vocab(&self) -> Vocab {
+        Vocab {
+            model: self.model,
+            pre: self.pre.map(str::to_string),
+            tokens: self.tokens.to_vec(),
+            scores: self.scores.to_vec(),
+            token_types: self.token_types.to_vec(),
+            merges: self.merges.to_vec(),
+            special: self.special.clone(),
+            add_bos: self.add_bos,
+            add_eos: self.add_eos,
+            add_space_prefix: self.add_space_prefix,
+            model_name: self.model_name.map(str::to_string),
+        }
+    }
+}
+
 /// A vocabulary: what `tokenizer.ggml.*` holds, before any defaults are applied.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Vocab {
@@ -94,6 +132,23 @@ pub struct Vocab {
 }
 
 impl Vocab {
+    /// A borrowed view of this vocabulary (what the tokenizer is built from).
+    pub(crate) fn view(&self) -> VocabView<'_> {
+        VocabView {
+            model: self.model,
+            pre: self.pre.as_deref(),
+            tokens: &self.tokens,
+            scores: Cow::Borrowed(&self.scores),
+            token_types: &self.token_types,
+            merges: &self.merges,
+            special: self.special.clone(),
+            add_bos: self.add_bos,
+            add_eos: self.add_eos,
+            add_space_prefix: self.add_space_prefix,
+            model_name: self.model_name.as_deref(),
+        }
+    }
+
     /// An empty vocabulary of the given kind (fill the fields, then build a tokenizer).
     pub fn new(model: ModelKind) -> Self {
         Self {
