@@ -3,12 +3,15 @@
 //! rayon's scope machinery) costs a large fraction of the work.
 //!
 //! One job runs at a time (the pool is owned by a [`crate::KernelCtx`], used through `&mut`).
-//! The caller publishes a job, bumps a generation counter, runs chunks itself, and waits for the
-//! workers; chunks are claimed dynamically from an atomic counter.
+//! The caller publishes a job, runs chunks itself, and returns when every chunk is *done* — not
+//! when every worker has checked in: a worker the OS has descheduled (another process on its
+//! core) simply claims nothing, instead of holding the caller for a scheduler time slice.
+//! Chunks are claimed from one atomic word `generation << 32 | chunks << 16 | next`, so a
+//! claim succeeds only for the job that is current, and the job (on the caller's stack) is
+//! dereferenced only by a thread holding an unfinished chunk of it, while the caller waits.
 
-use std::cell::UnsafeCell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -16,24 +19,24 @@ use std::time::{Duration, Instant};
 /// How long an idle worker spins before parking.
 const SPIN: Duration = Duration::from_micros(200);
 
+/// Most chunks one job may have (the claim word holds 16 bits of each counter).
+pub(crate) const MAX_CHUNKS: usize = u16::MAX as usize;
+
 type JobFn = dyn Fn(usize, usize) + Sync;
 
-fn noop(_: usize, _: usize) {}
-static NOOP: fn(usize, usize) = noop;
-
-#[derive(Clone, Copy)]
 struct Job {
     f: *const JobFn,
     rows: usize,
     per: usize,
-    chunks: usize,
 }
 
 struct Shared {
-    generation: AtomicU64,
-    job: UnsafeCell<Job>,
-    next: AtomicUsize,
-    pending: AtomicUsize,
+    /// `generation << 32 | chunks << 16 | next chunk`.
+    state: AtomicU64,
+    /// The current job (on the caller's stack while it runs).
+    job: AtomicPtr<Job>,
+    /// Chunks of the current job finished.
+    done: AtomicUsize,
     sleeping: AtomicUsize,
     panicked: AtomicBool,
     stop: AtomicBool,
@@ -41,24 +44,34 @@ struct Shared {
     cv: Condvar,
 }
 
-// SAFETY: `job` is written only by the owner while every worker is idle (pending == 0 and
-// before the generation bump that publishes it), and read by workers only after observing
-// that bump (SeqCst), so accesses never overlap.
-unsafe impl Sync for Shared {}
-// SAFETY: as above; the raw job pointer is only dereferenced while the owner waits.
-unsafe impl Send for Shared {}
-
 impl Shared {
-    fn run_chunks(&self, job: Job) {
+    /// Claims and runs chunks of generation `generation` until none is left.
+    fn run_chunks(&self, generation: u64) {
         loop {
-            let c = self.next.fetch_add(1, AcqRel);
-            if c >= job.chunks {
-                break;
+            let st = self.state.load(Acquire);
+            let (chunks, next) = ((st >> 16) & 0xffff, st & 0xffff);
+            if st >> 32 != generation || next >= chunks {
+                return;
             }
-            let r0 = c * job.per;
+            if self
+                .state
+                .compare_exchange_weak(st, st + 1, AcqRel, Acquire)
+                .is_err()
+            {
+                continue;
+            }
+            // SAFETY: chunk `next` of the current generation is claimed and not yet done, so
+            // the caller is still inside `run` and its job (and closure) are alive.
+            let job = unsafe { &*self.job.load(Acquire) };
+            let r0 = next as usize * job.per;
             let r1 = (r0 + job.per).min(job.rows);
-            // SAFETY: the owner keeps the closure alive until every worker has finished.
-            unsafe { (*job.f)(r0, r1) };
+            // SAFETY: as above.
+            let f = unsafe { &*job.f };
+            if catch_unwind(AssertUnwindSafe(|| f(r0, r1))).is_err() {
+                self.panicked.store(true, SeqCst);
+            }
+            // After this the caller may return: nothing of the job is touched again.
+            self.done.fetch_add(1, Release);
         }
     }
 }
@@ -72,15 +85,9 @@ pub(crate) struct SpinPool {
 impl SpinPool {
     pub(crate) fn new(workers: usize) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
-            generation: AtomicU64::new(0),
-            job: UnsafeCell::new(Job {
-                f: &NOOP as &JobFn as *const JobFn,
-                rows: 0,
-                per: 1,
-                chunks: 0,
-            }),
-            next: AtomicUsize::new(0),
-            pending: AtomicUsize::new(0),
+            state: AtomicU64::new(0),
+            job: AtomicPtr::new(std::ptr::null_mut()),
+            done: AtomicUsize::new(0),
             sleeping: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -109,32 +116,33 @@ impl SpinPool {
         f: &'a (dyn Fn(usize, usize) + Sync + 'a),
     ) {
         let s = &*self.shared;
-        debug_assert_eq!(s.pending.load(Acquire), 0);
-        // SAFETY: lifetime erasure; `run` does not return before every worker has finished with
-        // the job (pending == 0 below), so the closure outlives all uses.
+        if chunks > MAX_CHUNKS {
+            // Not reachable from `Pool::run_rows` (a few chunks per thread); stay correct.
+            for c in 0..chunks {
+                f(c * per, ((c + 1) * per).min(rows));
+            }
+            return;
+        }
+        // SAFETY: lifetime erasure; `run` does not return before every chunk is done, and
+        // the closure is only called for claimed, unfinished chunks (see `run_chunks`).
         let f: *const JobFn = unsafe {
             std::mem::transmute::<&'a (dyn Fn(usize, usize) + Sync + 'a), &'static JobFn>(f)
         };
-        let job = Job {
-            f,
-            rows,
-            per,
-            chunks,
-        };
-        // SAFETY: all workers are idle (pending == 0), see `Shared`'s Sync impl.
-        unsafe { *s.job.get() = job };
-        s.next.store(0, SeqCst);
-        s.pending.store(self.handles.len(), SeqCst);
-        s.generation.fetch_add(1, SeqCst);
+        let job = Job { f, rows, per };
+        s.job.store(&job as *const Job as *mut Job, Release);
+        s.done.store(0, Relaxed);
+        let generation = (s.state.load(Relaxed) >> 32) + 1;
+        s.state
+            .store(generation << 32 | (chunks as u64) << 16, SeqCst);
         if s.sleeping.load(SeqCst) > 0 {
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.cv.notify_all();
         }
-        s.run_chunks(job);
-        // Spin briefly, then yield: on an oversubscribed machine the worker we wait for may be
-        // waiting for this very core.
+        s.run_chunks(generation);
+        // Only chunks a worker is running remain: spin, then yield (that worker may be
+        // waiting for this very core).
         let mut spins = 0u32;
-        while s.pending.load(Acquire) != 0 {
+        while s.done.load(Acquire) < chunks {
             if spins < 4096 {
                 spins += 1;
                 std::hint::spin_loop();
@@ -154,29 +162,24 @@ fn worker(s: &Shared) {
         // Spin, then park until the generation moves.
         let t0 = Instant::now();
         let mut spins = 0u32;
-        while s.generation.load(SeqCst) == seen {
+        while s.state.load(SeqCst) >> 32 == seen {
             std::hint::spin_loop();
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(256) && t0.elapsed() > SPIN {
                 let mut g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
                 s.sleeping.fetch_add(1, SeqCst);
-                while s.generation.load(SeqCst) == seen {
+                while s.state.load(SeqCst) >> 32 == seen {
                     g = s.cv.wait(g).unwrap_or_else(|e| e.into_inner());
                 }
                 s.sleeping.fetch_sub(1, SeqCst);
                 break;
             }
         }
-        seen = s.generation.load(SeqCst);
+        seen = s.state.load(SeqCst) >> 32;
         if s.stop.load(SeqCst) {
             return;
         }
-        // SAFETY: published before the generation bump we observed; see `Shared`.
-        let job = unsafe { *s.job.get() };
-        if catch_unwind(AssertUnwindSafe(|| s.run_chunks(job))).is_err() {
-            s.panicked.store(true, SeqCst);
-        }
-        s.pending.fetch_sub(1, AcqRel);
+        s.run_chunks(seen);
     }
 }
 
@@ -184,7 +187,7 @@ impl Drop for SpinPool {
     fn drop(&mut self) {
         let s = &*self.shared;
         s.stop.store(true, SeqCst);
-        s.generation.fetch_add(1, SeqCst);
+        s.state.fetch_add(1 << 32, SeqCst);
         {
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.cv.notify_all();
@@ -192,5 +195,45 @@ impl Drop for SpinPool {
         for h in self.handles.drain(..) {
             let _ = h.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_row_runs_exactly_once_over_many_jobs() {
+        let pool = SpinPool::new(2).unwrap();
+        for job in 0..20_000usize {
+            let rows = 1 + job % 97;
+            let per = 1 + job % 7;
+            let chunks = rows.div_ceil(per);
+            let hits: Vec<AtomicUsize> = (0..rows).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(rows, per, chunks, &|r0, r1| {
+                for h in &hits[r0..r1] {
+                    h.fetch_add(1, Relaxed);
+                }
+            });
+            assert!(hits.iter().all(|h| h.load(Relaxed) == 1), "job {job}");
+        }
+    }
+
+    #[test]
+    fn a_panicking_chunk_is_reported_and_the_pool_survives() {
+        let pool = SpinPool::new(1).unwrap();
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            pool.run(64, 1, 64, &|r0, _| {
+                if r0 == 17 {
+                    panic!("chunk 17");
+                }
+            })
+        }));
+        assert!(r.is_err());
+        let n = AtomicUsize::new(0);
+        pool.run(10, 2, 5, &|r0, r1| {
+            n.fetch_add(r1 - r0, Relaxed);
+        });
+        assert_eq!(n.load(Relaxed), 10);
     }
 }

@@ -55,7 +55,9 @@ fn main() -> anyhow::Result<()> {
     }
     let (pc, pw) = (cpu_seconds() - c0, w0.elapsed().as_secs_f64());
     let (c1, w1) = (cpu_seconds(), Instant::now());
+    let mut steps = Vec::with_capacity(ndec);
     for _ in 0..ndec {
+        let ts = Instant::now();
         let out = exec.forward(
             &mut kv,
             &[Row {
@@ -66,15 +68,28 @@ fn main() -> anyhow::Result<()> {
             }],
         )?;
         next = argmax(out);
+        steps.push(ts.elapsed().as_secs_f64());
         pos += 1;
     }
+    // Per-token latencies: the median and the 10th percentile stay meaningful when another
+    // process takes the CPU for part of the run.
+    steps.sort_by(f64::total_cmp);
+    let pct = |p: f64| {
+        steps
+            .get(((steps.len() as f64 * p) as usize).min(steps.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let (med, p10) = (pct(0.5), pct(0.1));
     let (dc, dw) = (cpu_seconds() - c1, w1.elapsed().as_secs_f64());
     println!(
-        "{{\"load_s\": {load_s:.3}, \"prefill_tokens\": {plen}, \"prefill_tok_s\": {:.2}, \"prefill_cpu_s_per_tok\": {:.5}, \"decode_tokens\": {ndec}, \"decode_tok_s\": {:.2}, \"decode_cpu_s_per_tok\": {:.5}, \"threads\": {threads}, \"kernels\": \"{}\"}}",
+        "{{\"load_s\": {load_s:.3}, \"prefill_tokens\": {plen}, \"prefill_tok_s\": {:.2}, \"prefill_cpu_s_per_tok\": {:.5}, \"decode_tokens\": {ndec}, \"decode_tok_s\": {:.2}, \"decode_cpu_s_per_tok\": {:.5}, \"decode_tok_s_median_step\": {:.2}, \"decode_tok_s_p10_step\": {:.2}, \"threads\": {threads}, \"kernels\": \"{}\"}}",
         plen as f64 / pw,
         pc / plen as f64,
         ndec as f64 / dw,
         dc / ndec as f64,
+        1.0 / med,
+        1.0 / p10,
         exec.kernel_path().name()
     );
     Ok(())
