@@ -45,7 +45,6 @@ struct Scratch {
     g: Vec<f32>,
     u: Vec<f32>,
     h: Vec<f32>,
-    cs: Vec<(f32, f32)>,
     sel: Vec<f32>,
     logits: Vec<f32>,
     slots: Vec<(SlotId, u32, usize)>,
@@ -134,7 +133,13 @@ impl Executor {
             let qd = l.n_heads * l.head_dim;
             let kvd = l.n_kv_heads * l.head_dim;
             // Attention norm and projections.
-            norm_rows(&s.x[..n * hd], hd, &l.attn_norm, ensure(&mut s.xn, n * hd));
+            norm_rows(
+                &s.x[..n * hd],
+                hd,
+                &l.attn_norm,
+                ensure(&mut s.xn, n * hd),
+                &mut self.ctx,
+            );
             linear(
                 &l.q,
                 &s.xn[..n * hd],
@@ -156,38 +161,30 @@ impl Executor {
                 ensure(&mut s.v, n * kvd),
                 &mut self.ctx,
             )?;
-            // Per-head norms and RoPE.
-            if s.cs.len() < l.rope.n_rot / 2 {
-                s.cs.resize(l.rope.n_rot / 2, (0.0, 0.0));
-            }
-            for (r, row) in rows.iter().enumerate() {
-                let q = &mut s.q[r * qd..(r + 1) * qd];
-                let k = &mut s.k[r * kvd..(r + 1) * kvd];
-                if let Some(nq) = &l.q_norm {
-                    for h in q.chunks_exact_mut(l.head_dim) {
-                        ops::rms_norm_inplace(h, &nq.w, nq.eps);
-                    }
-                }
-                if let Some(nk) = &l.k_norm {
-                    for h in k.chunks_exact_mut(l.head_dim) {
-                        ops::rms_norm_inplace(h, &nk.w, nk.eps);
-                    }
-                }
-                let cs = &mut s.cs[..l.rope.n_rot / 2];
-                ops::rope_cache(
-                    row.pos,
-                    l.rope.n_rot,
-                    l.rope.base,
-                    l.rope.freq_scale,
-                    l.rope.freq_factors.as_deref(),
-                    cs,
-                );
-                for h in q.chunks_exact_mut(l.head_dim) {
-                    ops::rope_apply(h, l.rope.n_rot, l.rope.style, cs);
-                }
-                for h in k.chunks_exact_mut(l.head_dim) {
-                    ops::rope_apply(h, l.rope.n_rot, l.rope.style, cs);
-                }
+            // Per-head norms and RoPE, rows in parallel.
+            {
+                let (qp, kp) = (OutPtr(s.q.as_mut_ptr()), OutPtr(s.k.as_mut_ptr()));
+                let cost = 16 * n * (qd + kvd);
+                self.ctx.parallel_for(n, cost, &|r0, r1| {
+                    ROPE_CS.with(|cell| {
+                        let mut cs = cell.borrow_mut();
+                        if cs.len() < l.rope.n_rot / 2 {
+                            cs.resize(l.rope.n_rot / 2, (0.0, 0.0));
+                        }
+                        let cs = &mut cs[..l.rope.n_rot / 2];
+                        for (r, row) in rows.iter().enumerate().take(r1).skip(r0) {
+                            // SAFETY: row r's q and k slices belong to this chunk alone
+                            // (q holds n·qd values, k n·kvd).
+                            let (q, k) = unsafe {
+                                (
+                                    std::slice::from_raw_parts_mut(qp.get().add(r * qd), qd),
+                                    std::slice::from_raw_parts_mut(kp.get().add(r * kvd), kvd),
+                                )
+                            };
+                            rope_row(l, row.pos, q, k, cs);
+                        }
+                    })
+                });
             }
             // Append K/V.
             let g = kv.geom[il];
@@ -227,7 +224,13 @@ impl Executor {
             }
             // FFN.
             let ff = l.gate.m.rows();
-            norm_rows(&s.x[..n * hd], hd, &l.ffn_norm, ensure(&mut s.xn, n * hd));
+            norm_rows(
+                &s.x[..n * hd],
+                hd,
+                &l.ffn_norm,
+                ensure(&mut s.xn, n * hd),
+                &mut self.ctx,
+            );
             linear(
                 &l.gate,
                 &s.xn[..n * hd],
@@ -242,13 +245,20 @@ impl Executor {
                 ensure(&mut s.u, n * ff),
                 &mut self.ctx,
             )?;
-            let h = ensure(&mut s.h, n * ff);
-            match l.act {
-                Activation::GeluTanh => {
-                    ops::geglu(&s.g[..n * ff], &s.u[..n * ff], h, m.gelu_f16_table)
+            let hp = OutPtr(ensure(&mut s.h, n * ff).as_mut_ptr());
+            let (gs, us) = (&s.g[..n * ff], &s.u[..n * ff]);
+            let table = m.gelu_f16_table;
+            self.ctx.parallel_for(n, 16 * n * ff, &|r0, r1| {
+                let (g, u) = (&gs[r0 * ff..r1 * ff], &us[r0 * ff..r1 * ff]);
+                // SAFETY: rows r0..r1 of h belong to this chunk alone (h holds n·ff values).
+                let h = unsafe {
+                    std::slice::from_raw_parts_mut(hp.get().add(r0 * ff), (r1 - r0) * ff)
+                };
+                match l.act {
+                    Activation::GeluTanh => ops::geglu(g, u, h, table),
+                    Activation::Silu => ops::swiglu(g, u, h),
                 }
-                Activation::Silu => ops::swiglu(&s.g[..n * ff], &s.u[..n * ff], h),
-            }
+            });
             linear(
                 &l.down,
                 &s.h[..n * ff],
@@ -348,10 +358,58 @@ impl Executor {
     }
 }
 
-fn norm_rows(x: &[f32], hd: usize, n: &NormW, y: &mut [f32]) {
-    for (xr, yr) in x.chunks_exact(hd).zip(y.chunks_exact_mut(hd)) {
-        ops::rms_norm(xr, &n.w, n.eps, yr);
+fn norm_rows(x: &[f32], hd: usize, n: &NormW, y: &mut [f32], ctx: &mut KernelCtx) {
+    let rows = x.len() / hd;
+    let yp = OutPtr(y.as_mut_ptr());
+    ctx.parallel_for(rows, 8 * x.len(), &|r0, r1| {
+        // SAFETY: rows r0..r1 of y belong to this chunk alone (y holds rows·hd values).
+        let y = unsafe { std::slice::from_raw_parts_mut(yp.get().add(r0 * hd), (r1 - r0) * hd) };
+        for (xr, yr) in x[r0 * hd..r1 * hd]
+            .chunks_exact(hd)
+            .zip(y.chunks_exact_mut(hd))
+        {
+            ops::rms_norm(xr, &n.w, n.eps, yr);
+        }
+    });
+}
+
+/// Row `pos`'s per-head q/k norms and RoPE (`cs`: scratch of `n_rot / 2` pairs).
+fn rope_row(
+    l: &crate::load::LayerW,
+    pos: u32,
+    q: &mut [f32],
+    k: &mut [f32],
+    cs: &mut [(f32, f32)],
+) {
+    if let Some(nq) = &l.q_norm {
+        for h in q.chunks_exact_mut(l.head_dim) {
+            ops::rms_norm_inplace(h, &nq.w, nq.eps);
+        }
     }
+    if let Some(nk) = &l.k_norm {
+        for h in k.chunks_exact_mut(l.head_dim) {
+            ops::rms_norm_inplace(h, &nk.w, nk.eps);
+        }
+    }
+    ops::rope_cache(
+        pos,
+        l.rope.n_rot,
+        l.rope.base,
+        l.rope.freq_scale,
+        l.rope.freq_factors.as_deref(),
+        cs,
+    );
+    for h in q.chunks_exact_mut(l.head_dim) {
+        ops::rope_apply(h, l.rope.n_rot, l.rope.style, cs);
+    }
+    for h in k.chunks_exact_mut(l.head_dim) {
+        ops::rope_apply(h, l.rope.n_rot, l.rope.style, cs);
+    }
+}
+
+thread_local! {
+    /// Per-thread RoPE cos/sin scratch.
+    static ROPE_CS: std::cell::RefCell<Vec<(f32, f32)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn linear(l: &LinearW, x: &[f32], n: usize, y: &mut [f32], ctx: &mut KernelCtx) -> Result<()> {
