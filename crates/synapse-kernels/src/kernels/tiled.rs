@@ -327,19 +327,34 @@ pub(crate) fn bias32(ty: GgmlType) -> i32 {
     }
 }
 
-/// Weight codes of one block as unsigned bytes, the bias they carry, and the block's d.
+/// One block's weight codes as unsigned bytes (Q8_0 + 128, Q5_0 and Q4_0 as stored, i.e. with
+/// [`bias32`]'s bias), written as 8 little-endian words at `out`, with AVX-512BW.
+///
+/// # Safety
+/// `b` points at one whole block of `ty`, `out` at 8 writable words; the CPU has AVX-512
+/// F/BW/VL.
 #[inline]
-fn codes32(ty: GgmlType, b: &[u8]) -> ([u8; 32], i32, f32) {
-    match ty {
-        GgmlType::Q8_0 => {
-            let mut c = [0u8; 32];
-            for (o, v) in c.iter_mut().zip(&b[2..34]) {
-                *o = (*v).wrapping_add(128);
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn codes32_simd(ty: GgmlType, b: *const u8, out: *mut u32) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let nib = |qs: *const u8| {
+            let q = _mm_loadu_si128(qs.cast());
+            let m = _mm_set1_epi8(15);
+            _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m))
+        };
+        let v = match ty {
+            GgmlType::Q8_0 => {
+                _mm256_xor_si256(_mm256_loadu_si256(b.add(2).cast()), _mm256_set1_epi8(-128))
             }
-            (c, 128, f16_at(b, 0))
-        }
-        GgmlType::Q5_0 => (unpack_q5(u32_at(b, 2), &b[6..22]), 16, f16_at(b, 0)),
-        _ => (unpack_nibbles32(&b[2..18]), 8, f16_at(b, 0)),
+            GgmlType::Q5_0 => {
+                let qh = std::ptr::read_unaligned(b.add(2).cast::<u32>());
+                let v = nib(b.add(6));
+                _mm256_mask_add_epi8(v, qh, v, _mm256_set1_epi8(16))
+            }
+            _ => nib(b.add(2)),
+        };
+        _mm256_storeu_si256(out.cast(), v);
     }
 }
 
@@ -403,16 +418,10 @@ unsafe fn rows32_inner(
             let wr = &w[r * row_bytes..(r + 1) * row_bytes];
             let o = (r - t0) * nb;
             for b in 0..nb {
-                let (codes, _, dw) = codes32(ty, &wr[b * ts..(b + 1) * ts]);
-                for j in 0..8 {
-                    u4s[(o + b) * 8 + j] = u32::from_le_bytes([
-                        codes[4 * j],
-                        codes[4 * j + 1],
-                        codes[4 * j + 2],
-                        codes[4 * j + 3],
-                    ]);
-                }
-                dws[o + b] = dw;
+                let blk = &wr[b * ts..(b + 1) * ts];
+                // SAFETY: `blk` is one whole block; u4s has room for block o + b's 8 words.
+                unsafe { codes32_simd(ty, blk.as_ptr(), u4s[(o + b) * 8..].as_mut_ptr()) };
+                dws[o + b] = f16_at(blk, 0);
             }
         }
         for g in 0..groups {
