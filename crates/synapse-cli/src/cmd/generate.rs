@@ -197,9 +197,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let t_load = Instant::now();
     let (model, tok) = match model_ref(&model_path)? {
         ModelRef::Source(path) => {
+            // Tokenizer first: its own GGUF handle (and the metadata strings it parses) is
+            // dropped before the model parses the same metadata, which then reuses that memory
+            // instead of adding to the peak.
+            let tok =
+                load_tokenizer(&path).with_context(|| format!("loading {}", path.display()))?;
             let model =
                 Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
-            (model, load_tokenizer(&path)?)
+            (model, tok)
         }
         ModelRef::Package(query) => {
             let store = args
