@@ -11,6 +11,8 @@
 //!   uses for the families in scope (`gpt2`), and Gemma 4's SPM-style BPE (`gemma4`).
 //! - `special`: llama.cpp's special-token partitioning (`parse_special`).
 //! - [`Decoder`]: streaming detokenization that only emits complete UTF-8.
+//! - `tables`: the vocabulary held once, compactly: one text buffer indexed by id and hash
+//!   tables of ids, never a `String` per token ([`Tokenizer::heap_bytes`] measures it).
 //! - [`chat`]: chat templates rendered with minijinja the way transformers renders them.
 //!
 //! Design: [`Tokenizer::new`] is pure (data in, tables out); only the `from_*` constructors do IO.
