@@ -471,6 +471,38 @@ pub fn pv_gemm_f32(
     acc.finish(out);
 }
 
+/// `Σ_j p[j]·v_j` over KV cells `first_cell + j` in `ggml_vec_dot_f32`'s order over the cells
+/// ([`PvOrder::VecDot`], one query row): 64 lane accumulators (cell mod 64) folded as
+/// `(l + l₃₂) + (l₁₆ + l₄₈)`, then reduced as `_mm512_reduce_add_ps`. The same bits as
+/// [`PvAcc`] with `VecDot` order; on AVX-512 in 64-wide slices of the head so the 64 lane rows
+/// of a slice (16 KB) stay in L1.
+pub fn pv_vecdot_f32(
+    values: &[f32],
+    offs: &[usize],
+    first_cell: usize,
+    p: &[f32],
+    out: &mut [f32],
+    acc: &mut PvAcc,
+) {
+    let hd = out.len();
+    let n = offs.len().min(p.len());
+    assert!(
+        offs[..n].iter().all(|&o| o + hd <= values.len()),
+        "value offset out of range"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() && hd.is_multiple_of(64) {
+        // SAFETY: the CPU has AVX-512F (checked at run time); rows in range (asserted).
+        unsafe { avx512::pv_vecdot(values, &offs[..n], first_cell, &p[..n], out, &mut acc.acc) };
+        return;
+    }
+    acc.reset(hd, PvOrder::VecDot);
+    for (j, &at) in offs[..n].iter().enumerate() {
+        acc.add(first_cell + j, p[j], &values[at..at + hd]);
+    }
+    acc.finish(out);
+}
+
 #[cfg(target_arch = "x86_64")]
 fn has_avx512() -> bool {
     static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -556,6 +588,71 @@ mod avx512 {
             let d = unsafe { dot4([kp.add(offs[j]); 4], q.as_ptr(), np) };
             out[j] = tail(offs[j], d[0]) * scale;
             j += 1;
+        }
+    }
+
+    /// # Safety
+    /// AVX-512F is available; `offs[j] + out.len() <= values.len()`; `p.len() == offs.len()`;
+    /// `out.len()` is a multiple of 64.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pv_vecdot(
+        values: &[f32],
+        offs: &[usize],
+        first_cell: usize,
+        p: &[f32],
+        out: &mut [f32],
+        lanes: &mut Vec<f32>,
+    ) {
+        // 64 lane rows of one 64-wide slice of the head: 16 KB, in L1.
+        const S: usize = 64;
+        if lanes.len() < 64 * S {
+            lanes.resize(64 * S, 0.0);
+        }
+        let vp = values.as_ptr();
+        let lp = lanes.as_mut_ptr();
+        for s0 in (0..out.len()).step_by(S) {
+            let mut touched = [false; 64];
+            for (j, (&at, &w)) in offs.iter().zip(p).enumerate() {
+                let l = (first_cell + j) & 63;
+                let pv = _mm512_set1_ps(w);
+                let first = !touched[l];
+                // SAFETY: row `at` is caller-checked (s0 + 64 <= hd); lane row l has S floats.
+                unsafe {
+                    let (src, dst) = (vp.add(at + s0), lp.add(l * S));
+                    for c in 0..S / 16 {
+                        let v = _mm512_loadu_ps(src.add(16 * c));
+                        let a = if first {
+                            _mm512_setzero_ps()
+                        } else {
+                            _mm512_loadu_ps(dst.add(16 * c))
+                        };
+                        _mm512_storeu_ps(dst.add(16 * c), _mm512_fmadd_ps(v, pv, a));
+                    }
+                }
+                touched[l] = true;
+            }
+            for c in 0..S / 16 {
+                // SAFETY: lane rows hold S floats; untouched lanes are +0.0.
+                let lane = |l: usize| {
+                    if touched[l] {
+                        unsafe { _mm512_loadu_ps(lp.add(l * S + 16 * c)) }
+                    } else {
+                        _mm512_setzero_ps()
+                    }
+                };
+                // GGML_F32x16_REDUCE's fold of the four accumulators, lane by lane.
+                let v: [__m512; 16] = std::array::from_fn(|l| {
+                    _mm512_add_ps(
+                        _mm512_add_ps(lane(l), lane(32 + l)),
+                        _mm512_add_ps(lane(16 + l), lane(48 + l)),
+                    )
+                });
+                let t: [__m512; 8] = std::array::from_fn(|i| _mm512_add_ps(v[8 + i], v[i]));
+                let u: [__m512; 4] = std::array::from_fn(|i| _mm512_add_ps(t[4 + i], t[i]));
+                let r = _mm512_add_ps(_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3]));
+                // SAFETY: s0 + 16c + 16 <= out.len().
+                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(s0 + 16 * c), r) };
+            }
         }
     }
 
@@ -681,6 +778,8 @@ mod tests {
             (80, 3, 14),
             (96, 70, 33),
             (32, 1, 15),
+            (256, 300, 71),
+            (128, 130, 0),
         ] {
             let width = hd * 2 + 16;
             let cache: Vec<f32> = (0..(n + 4) * width).map(|_| rnd()).collect();
@@ -709,6 +808,19 @@ mod tests {
                     out[d].to_bits(),
                     want[d].to_bits(),
                     "pv hd {hd} n {n} dim {d}"
+                );
+            }
+            acc.reset(hd, PvOrder::VecDot);
+            for (j, &at) in offs.iter().enumerate() {
+                acc.add(first + j, p[j], &cache[at..at + hd]);
+            }
+            acc.finish(&mut want);
+            pv_vecdot_f32(&cache, &offs, first, &p, &mut out, &mut acc);
+            for d in 0..hd {
+                assert_eq!(
+                    out[d].to_bits(),
+                    want[d].to_bits(),
+                    "vecdot hd {hd} n {n} dim {d}"
                 );
             }
         }

@@ -535,14 +535,17 @@ fn attend_one(
     }
     let (kb, vb) = (&slot.k[il], &slot.v[il]);
     let kvh = h / group;
-    if let (Buf::F32(k), Buf::F32(v), PvOrder::Gemm) = (kb, vb, order) {
-        // Batched forms: four keys per query load, the P·V lanes in registers.
+    if let (Buf::F32(k), Buf::F32(v)) = (kb, vb) {
+        // Batched forms: four keys per query load, P·V in lane rows.
         offs.clear();
         offs.extend((lo..=pos).map(|p| g.row_of(p) * g.width + kvh * hdim));
         let sc = &mut scores[..n_keys];
         ggml_f32::scores_f32(k, offs, qh, l.scale, sc);
         ggml_f32::softmax_cells(sc, lo);
-        ggml_f32::pv_gemm_f32(v, offs, lo, sc, &mut o[..hdim], pv);
+        match order {
+            PvOrder::Gemm => ggml_f32::pv_gemm_f32(v, offs, lo, sc, &mut o[..hdim], pv),
+            PvOrder::VecDot => ggml_f32::pv_vecdot_f32(v, offs, lo, sc, &mut o[..hdim], pv),
+        }
         return;
     }
     let sc = &mut scores[..n_keys];
