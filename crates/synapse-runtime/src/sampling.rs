@@ -97,7 +97,15 @@ pub fn argmax(logits: &[f32]) -> u32 {
     if max == f32::NEG_INFINITY {
         return 0;
     }
-    logits.iter().position(|&v| v == max).unwrap_or(0) as u32
+    // The first 16-chunk holding the maximum (a branch-free test per chunk), then its index.
+    let mut base = 0;
+    for c in logits.chunks(16) {
+        if c.iter().fold(false, |a, &v| a | (v == max)) {
+            return (base + c.iter().position(|&v| v == max).unwrap_or(0)) as u32;
+        }
+        base += c.len();
+    }
+    0
 }
 
 /// A sampler with its RNG and reusable candidate buffer.
