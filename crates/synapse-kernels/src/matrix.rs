@@ -307,6 +307,29 @@ impl QuantMatrix {
             return self.gemv32(ty, x, y, ctx);
         }
         #[cfg(target_arch = "x86_64")]
+        if n == 1
+            && ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
+            && kernels::gemvk::supports(ty)
+        {
+            let (act_scratch, pool) = ctx.parts();
+            act_scratch.set_len(ActKind::Q8K.row_bytes(self.cols));
+            quantize_rows(ActKind::Q8K, x, self.cols, act_scratch.as_bytes_mut());
+            let a = act_scratch.as_bytes();
+            let yp = SyncPtr(y.as_mut_ptr());
+            let (w, rb, rows, nb) = (
+                self.data.as_bytes(),
+                self.row_bytes,
+                self.rows,
+                self.cols / 256,
+            );
+            pool.run_rows(rows, 8, 2 * rows * self.cols, &|r0, r1| {
+                // SAFETY: this path is taken only on Avx512Vnni, which KernelCtx holds only
+                // when the CPU supports it; `a` holds nb Q8_K blocks; chunks write disjoint rows.
+                unsafe { kernels::gemvk::rows(w, rb, nb, a, yp.get(), r0, r1) };
+            });
+            return Ok(());
+        }
+        #[cfg(target_arch = "x86_64")]
         // The tiled GEMM needs a full 16-row group to pay for unpacking each weight row
         // (measured: at 8 rows it ran at 0.4-0.8x the per-row kernels); same bits either way.
         if n >= kernels::tiled::G

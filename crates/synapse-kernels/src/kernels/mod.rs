@@ -7,6 +7,8 @@
 pub(crate) mod decode;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod gemv32;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod gemvk;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;
 pub(crate) mod scalar;

@@ -379,7 +379,7 @@ macro_rules! x86_kernels {
             /// Q4_K/Q5_K scales and mins as 8 bytes each (the `scale_min_k4` unpacking on u32s).
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn k4_scales(q: *const u8) -> ([u8; 8], [u8; 8]) {
+            pub(crate) unsafe fn k4_scales(q: *const u8) -> ([u8; 8], [u8; 8]) {
                 unsafe {
                     const K1: u32 = 0x3f3f_3f3f;
                     const K2: u32 = 0x0f0f_0f0f;

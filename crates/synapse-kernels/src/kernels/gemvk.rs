@@ -1,0 +1,231 @@
+//! One activation row against a Q4_K matrix on AVX-512 VNNI: two weight rows per 512-bit
+//! register, one per 256-bit half, in the float order of ggml's `vec_dot_q4_K_q8_K` (x86) per
+//! row: per super-block the 8 i32 lanes `Σ_c madd(maddubs(codes, q8), scale)`, `acc = fma(d_a·d,
+//! lanes, acc)`; the mins in 4 lanes, `accm = fma(−d_a·dmin, madd(mins, pairwise bsums), accm)`;
+//! at the end `hsum_float_8(acc) + (accm₀ + accm₂ + (accm₁ + accm₃))` — the same bits as the
+//! per-row kernel, with every instruction serving two rows.
+
+use std::arch::x86_64::*;
+
+use super::x86::avx512vnni::k4_scales;
+use crate::blocks::{Q4K_QS, Q4K_SCALES};
+use synapse_formats::GgmlType;
+
+/// The types this kernel handles.
+pub(crate) fn supports(ty: GgmlType) -> bool {
+    ty == GgmlType::Q4_K
+}
+
+/// Bytes of a Q4_K block and of a Q8_K activation block (`d`, `qs[256]`, `bsums[16]`).
+const TS: usize = 144;
+const AK: usize = 292;
+/// Bytes ahead of the current block to prefetch (each row is streamed once).
+const PREFETCH: usize = 1536;
+
+/// The f16 values at `a` and `b`, times `da`, in lanes 0 and 1 (one `vcvtph2ps`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn pair(a: *const u8, b: *const u8, da: f32) -> __m128 {
+    // SAFETY: both point at an f16.
+    unsafe {
+        let bits = std::ptr::read_unaligned(a.cast::<u16>()) as u32
+            | (std::ptr::read_unaligned(b.cast::<u16>()) as u32) << 16;
+        let x: __m128;
+        // `vmovd` in asm: no false dependency on an accumulator (see the x86 kernels' `f16`).
+        std::arch::asm!(
+            "vmovd {x}, {b:e}",
+            "vcvtph2ps {x}, {x}",
+            b = in(reg) bits,
+            x = out(xmm_reg) x,
+            options(pure, nomem, nostack),
+        );
+        _mm_mul_ps(x, _mm_set1_ps(da))
+    }
+}
+
+/// `hsum_float_8`: ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn hsum8(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+}
+
+/// The mins' 4 lanes reduced as the per-row kernel does: `(m0 + m2) + (m1 + m3)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn hsum4(v: __m128) -> f32 {
+    let m2 = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    _mm_cvtss_f32(_mm_add_ss(m2, _mm_movehdup_ps(m2)))
+}
+
+/// Output rows `r0..r1` of `W·x` for one Q8_K activation row `a` (`nb` blocks), written to
+/// `y[r]`.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `w` holds the rows (`row_bytes` each) of
+/// `nb` Q4_K blocks; `a` holds `nb` Q8_K blocks; `y` is valid for writes at `r0..r1`, which
+/// this call alone writes.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn rows(
+    w: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    a: &[u8],
+    y: *mut f32,
+    r0: usize,
+    r1: usize,
+) {
+    let m4 = _mm512_set1_epi8(15);
+    let mut r = r0;
+    while r < r1 {
+        let rb = if r + 1 < r1 { r + 1 } else { r };
+        // SAFETY: rows r and rb are inside `w`; blocks and activations sized by the caller.
+        unsafe {
+            let (pa, pb) = (
+                w.as_ptr().add(r * row_bytes),
+                w.as_ptr().add(rb * row_bytes),
+            );
+            let mut acc = _mm512_setzero_ps();
+            let mut accm = _mm256_setzero_ps();
+            for i in 0..nb {
+                let (wa, wb, ab) = (pa.add(i * TS), pb.add(i * TS), a.as_ptr().add(i * AK));
+                for k in [0, 64, 128] {
+                    _mm_prefetch::<_MM_HINT_T0>(wa.wrapping_add(PREFETCH + k).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH + k).cast());
+                }
+                let da = std::ptr::read_unaligned(ab.cast::<f32>());
+                let (sca, ma) = k4_scales(wa.add(Q4K_SCALES));
+                let (scb, mb) = k4_scales(wb.add(Q4K_SCALES));
+                // Scales as words: [a0..a7, b0..b7] in a ymm, spread per sub-block below.
+                let sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_set_epi64x(
+                    i64::from_le_bytes(scb),
+                    i64::from_le_bytes(sca),
+                )));
+                let mut sumi = _mm512_setzero_si512();
+                for c in 0..4 {
+                    let q = _mm512_inserti64x4(
+                        _mm512_castsi256_si512(_mm256_loadu_si256(wa.add(Q4K_QS + 32 * c).cast())),
+                        _mm256_loadu_si256(wb.add(Q4K_QS + 32 * c).cast()),
+                        1,
+                    );
+                    let lo = _mm512_and_si512(q, m4);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                    let alo = _mm512_broadcast_i64x4(_mm256_loadu_si256(ab.add(4 + 64 * c).cast()));
+                    let ahi =
+                        _mm512_broadcast_i64x4(_mm256_loadu_si256(ab.add(4 + 64 * c + 32).cast()));
+                    let (j0, j1) = (2 * c as i16, 2 * c as i16 + 1);
+                    let s_lo = _mm512_permutexvar_epi16(
+                        _mm512_set_epi16(
+                            j0 + 8,
+                            j0 + 8,
+                            j0 + 8,
+                            j0 + 8,
+                            j0 + 8,
+                            j0 + 8,
+                            j0 + 8,
+                            j0 + 8,
+                            j0 + 8,
+                            j0 + 8,
+                            j0 + 8,
+                            j0 + 8,
+                            j0 + 8,
+                            j0 + 8,
+                            j0 + 8,
+                            j0 + 8,
+                            j0,
+                            j0,
+                            j0,
+                            j0,
+                            j0,
+                            j0,
+                            j0,
+                            j0,
+                            j0,
+                            j0,
+                            j0,
+                            j0,
+                            j0,
+                            j0,
+                            j0,
+                            j0,
+                        ),
+                        sc16,
+                    );
+                    let s_hi = _mm512_permutexvar_epi16(
+                        _mm512_set_epi16(
+                            j1 + 8,
+                            j1 + 8,
+                            j1 + 8,
+                            j1 + 8,
+                            j1 + 8,
+                            j1 + 8,
+                            j1 + 8,
+                            j1 + 8,
+                            j1 + 8,
+                            j1 + 8,
+                            j1 + 8,
+                            j1 + 8,
+                            j1 + 8,
+                            j1 + 8,
+                            j1 + 8,
+                            j1 + 8,
+                            j1,
+                            j1,
+                            j1,
+                            j1,
+                            j1,
+                            j1,
+                            j1,
+                            j1,
+                            j1,
+                            j1,
+                            j1,
+                            j1,
+                            j1,
+                            j1,
+                            j1,
+                            j1,
+                        ),
+                        sc16,
+                    );
+                    let plo = _mm512_madd_epi16(_mm512_maddubs_epi16(lo, alo), s_lo);
+                    let phi = _mm512_madd_epi16(_mm512_maddubs_epi16(hi, ahi), s_hi);
+                    sumi = _mm512_add_epi32(sumi, _mm512_add_epi32(plo, phi));
+                }
+                // Mins: madd(mins, pairwise bsums), 4 lanes per row.
+                let q8s = _mm_hadd_epi16(
+                    _mm_loadu_si128(ab.add(260).cast()),
+                    _mm_loadu_si128(ab.add(276).cast()),
+                );
+                let mv = _mm256_cvtepu8_epi16(_mm_set_epi64x(
+                    i64::from_le_bytes(mb),
+                    i64::from_le_bytes(ma),
+                ));
+                let prod = _mm256_madd_epi16(mv, _mm256_set_m128i(q8s, q8s));
+                let d = pair(wa, wb, da);
+                let dmin = pair(wa.add(2), wb.add(2), -da);
+                let dv = _mm512_permutexvar_ps(
+                    _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                    _mm512_castps128_ps512(d),
+                );
+                let dm = _mm256_permutexvar_ps(
+                    _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0),
+                    _mm256_castps128_ps256(dmin),
+                );
+                accm = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(prod), accm);
+                acc = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(sumi), acc);
+            }
+            let lo = _mm512_castps512_ps256(acc);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+            // `+ 0.0`: the per-row kernel adds Q5_K's (here empty) scalar min sum there.
+            *y.add(r) = hsum8(lo) + (hsum4(_mm256_castps256_ps128(accm)) + 0.0);
+            if rb != r {
+                *y.add(rb) = hsum8(hi) + (hsum4(_mm256_extractf128_ps(accm, 1)) + 0.0);
+            }
+        }
+        r += 2;
+    }
+}
