@@ -325,16 +325,17 @@ impl QuantMatrix {
             pool.run_rows(rows, 8, 2 * rows * self.cols, &|r0, r1| {
                 // SAFETY: this path is taken only on Avx512Vnni, which KernelCtx holds only
                 // when the CPU supports it; `a` holds nb Q8_K blocks; chunks write disjoint rows.
-                unsafe { kernels::gemvk::rows(w, rb, nb, a, yp.get(), r0, r1) };
+                unsafe { kernels::gemvk::rows(ty, w, rb, nb, a, yp.get(), r0, r1) };
             });
             return Ok(());
         }
         #[cfg(target_arch = "x86_64")]
-        // The tiled GEMM needs a full 16-row group to pay for unpacking each weight row
-        // (measured: at 8 rows it ran at 0.4-0.8x the per-row kernels); same bits either way.
-        if n >= kernels::tiled::G
-            && ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
-            && (kernels::tiled::supports(ty) || kernels::tiled::supports32(ty))
+        // The tiled GEMM from 8 rows for the K-quants (half a 16-row group; measured on
+        // kbench at 8 rows: Q6_K 52 -> 60 GF/s, Q4_K even), from a full group for the 32-block
+        // types (at 8 rows their per-row kernels were as fast or faster); same bits either way.
+        if ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
+            && ((n >= 8 && kernels::tiled::supports(ty))
+                || (n >= kernels::tiled::G && kernels::tiled::supports32(ty)))
         {
             return self.tiled_matmul(ty, x, n, y, ctx);
         }

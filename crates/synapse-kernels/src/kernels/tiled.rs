@@ -138,33 +138,31 @@ pub(crate) unsafe fn rows(
                 let wr = &w[r * row_bytes..(r + 1) * row_bytes];
                 us.extend((0..nb).map(|kb| unpack(ty, &wr[kb * ts..(kb + 1) * ts])));
             }
+            let nt = t1 - t0;
             for g in 0..groups {
                 let gp = &packed[g * nb * PACK..(g + 1) * nb * PACK];
-                let mut r = t0;
-                while r < t1 {
-                    let two = r + 1 < t1;
-                    let ua = &us[(r - t0) * nb..(r - t0 + 1) * nb];
-                    let ub = if two {
-                        &us[(r + 1 - t0) * nb..(r + 2 - t0) * nb]
-                    } else {
-                        ua
-                    };
-                    let (mut a, mut b) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-                    for kb in 0..nb {
-                        let p = &gp[kb * PACK..(kb + 1) * PACK];
+                // Super-block outer: each packed activation super-block (5 KB) serves all the
+                // tile's rows while in L1; one accumulator per row.
+                let mut acc = [_mm512_setzero_ps(); RTK];
+                for kb in 0..nb {
+                    let p = &gp[kb * PACK..(kb + 1) * PACK];
+                    let mut r = 0;
+                    while r < nt {
+                        let rb = if r + 1 < nt { r + 1 } else { r };
                         // SAFETY: `p` is one packed super-block (PACK bytes) and the CPU has
                         // the features this function is compiled for.
-                        (a, b) = unsafe { superblock2(ty, &ua[kb], &ub[kb], p, a, b) };
+                        let (x, z) = unsafe {
+                            superblock2(ty, &us[r * nb + kb], &us[rb * nb + kb], p, acc[r], acc[rb])
+                        };
+                        acc[r] = x;
+                        acc[rb] = z;
+                        r += 2;
                     }
-                    // SAFETY: forwarded contract (`y` valid for n·rows, rows r, r+1 are this
+                }
+                for (r, a) in acc.iter().enumerate().take(nt) {
+                    // SAFETY: forwarded contract (`y` valid for n·rows, row t0 + r is this
                     // call's).
-                    unsafe {
-                        store_group(a, g, n, rows, r, y);
-                        if two {
-                            store_group(b, g, n, rows, r + 1, y);
-                        }
-                    }
-                    r += 2;
+                    unsafe { store_group(*a, g, n, rows, t0 + r, y) };
                 }
             }
             t0 = t1;
