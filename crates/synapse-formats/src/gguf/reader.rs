@@ -576,8 +576,9 @@ impl<'a> Cursor<'a> {
                 }
                 // SAFETY: the loop just read `n` strings from `start` in `self.backing`'s
                 // bytes, each checked to be UTF-8 by `str`.
+                let span = self.pos - start;
                 let strings =
-                    unsafe { GgufStrings::from_validated(self.backing.clone(), start, n) };
+                    unsafe { GgufStrings::from_validated(self.backing.clone(), start, span, n) };
                 GgufArray::String(strings)
             }
             T::Array => {
