@@ -11,6 +11,7 @@ use std::cell::Cell;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use proptest::prelude::*;
 use synapse_formats::FormatError;
 use synapse_formats::gguf::{GgufArray, GgufFile, GgufStrings, GgufValue, GgufWriter};
 
@@ -308,4 +309,100 @@ fn invalid_utf8_in_a_string_array_fails_at_open() {
         .as_strings()
         .unwrap();
     assert_eq!(s.to_vec(), ["aaa", "ok", "\u{fe}", "after"]);
+}
+
+/// What the reader must say about `one_array(count, 0, tail)`: the first defect in file order,
+/// found string by string, as the old one-`String`-per-element reader did.
+fn expected(count: u64, tail: &[u8], base: usize) -> Result<Vec<String>, (&'static str, u64)> {
+    let mut pos = 0usize;
+    let mut out = vec![String::new()]; // the first string, empty
+    for _ in 1..count {
+        let Some(len) = tail.get(pos..pos + 8) else {
+            return Err(("Truncated", (base + pos) as u64));
+        };
+        let len = u64::from_le_bytes(len.try_into().unwrap());
+        pos += 8;
+        if len > (tail.len() - pos) as u64 {
+            return Err(("CountTooLarge", (base + pos - 8) as u64));
+        }
+        let b = &tail[pos..pos + len as usize];
+        match std::str::from_utf8(b) {
+            Ok(s) => out.push(s.to_string()),
+            Err(_) => return Err(("InvalidUtf8", (base + pos) as u64)),
+        }
+        pos += len as usize;
+    }
+    Ok(out)
+}
+
+fn encode(strings: &[Vec<u8>], lie: Option<u64>) -> Vec<u8> {
+    let mut tail = Vec::new();
+    for (i, s) in strings.iter().enumerate() {
+        let len = match lie {
+            Some(l) if i + 1 == strings.len() => l,
+            _ => s.len() as u64,
+        };
+        tail.extend_from_slice(&len.to_le_bytes());
+        tail.extend_from_slice(s);
+    }
+    tail
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+    /// Any mix of short and long, valid and invalid strings, with the count or the last
+    /// length lying, or the data cut: the same result as a string-by-string check (the
+    /// compact form is built only after the whole array checked out), defect and offset
+    /// included.
+    #[test]
+    fn string_array_checks_match_a_string_by_string_check(
+        strings in proptest::collection::vec(
+            prop_oneof![
+                ".{0,6}".prop_map(String::into_bytes),
+                ".{40,60}".prop_map(String::into_bytes),
+                proptest::collection::vec(any::<u8>(), 0..4),
+                proptest::collection::vec(any::<u8>(), 126..300),
+                (".{0,3}", any::<u8>(), ".{0,3}").prop_map(|(a, b, c)| {
+                    let mut v = a.into_bytes();
+                    v.push(b);
+                    v.extend_from_slice(c.as_bytes());
+                    v
+                }),
+            ],
+            0..24,
+        ),
+        extra in 0u64..3,
+        lie in proptest::option::of(0u64..400),
+        cut in proptest::option::of(0usize..64),
+    ) {
+        let mut tail = encode(&strings, lie);
+        if let Some(c) = cut {
+            tail.truncate(tail.len().saturating_sub(c));
+        }
+        let count = 1 + strings.len() as u64 + extra;
+        let bytes = one_array(count, 0, &tail);
+        let base = bytes.len() - tail.len();
+        let r = GgufFile::from_bytes(bytes);
+        // The count itself is bounded first (8 bytes a string at least).
+        if count * 8 > (tail.len() + 8) as u64 {
+            prop_assert!(matches!(r, Err(FormatError::CountTooLarge { .. })), "{r:?}");
+            return Ok(());
+        }
+        match (expected(count, &tail, base), r) {
+            (Ok(want), Ok(f)) => {
+                let got = f.get("tokenizer.ggml.tokens").unwrap().as_strings().unwrap();
+                prop_assert_eq!(got.to_vec(), want);
+            }
+            (Err(("InvalidUtf8", at)), Err(FormatError::InvalidUtf8 { offset, .. })) => {
+                prop_assert_eq!(offset, at)
+            }
+            (Err(("CountTooLarge", at)), Err(FormatError::CountTooLarge { offset, .. })) => {
+                prop_assert_eq!(offset, at)
+            }
+            (Err(("Truncated", at)), Err(FormatError::Truncated { offset, .. })) => {
+                prop_assert_eq!(offset, at)
+            }
+            (want, got) => prop_assert!(false, "want {want:?}, got {got:?}"),
+        }
+    }
 }
