@@ -16,7 +16,13 @@ fuzz_target!(|data: &[u8]| {
         for (k, v) in f.metadata() {
             // Same entry (by address: NaN values are not equal to themselves).
             assert!(f.get(k).is_some_and(|g| std::ptr::eq(g, v)));
-            let _ = (v.as_u64(), v.as_i64(), v.as_f32(), v.as_str(), v.as_strings());
+            let _ = (v.as_u64(), v.as_i64(), v.as_f32(), v.as_str());
+            // String arrays are indexed in place over the file image: every element readable.
+            if let Some(s) = v.as_strings() {
+                assert_eq!(s.iter().count(), s.len());
+                assert!(s.iter().zip(0..).all(|(x, i)| s.get(i) == Some(x)));
+                assert_eq!(s.get(s.len()), None);
+            }
         }
         let _ = f.architecture();
     }

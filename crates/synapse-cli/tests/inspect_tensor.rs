@@ -44,7 +44,7 @@ fn write_gguf(path: &Path) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let toks: Vec<String> = (0..100).map(|i| format!("tok{i}")).collect();
     w.add_metadata(
         "tokenizer.ggml.tokens",
-        GgufValue::Array(GgufArray::String(toks)),
+        GgufValue::Array(GgufArray::String(toks.into())),
     )
     .unwrap();
     let a: Vec<f32> = vec![1.0, 2.0, 3.0, -4.0, 5.5, 0.25];

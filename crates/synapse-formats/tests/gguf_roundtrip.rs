@@ -26,7 +26,7 @@ fn leaf_array() -> impl Strategy<Value = GgufArray> {
         v(any::<i32>(), 0..6).prop_map(GgufArray::I32),
         v(f32s(), 0..6).prop_map(GgufArray::F32),
         v(any::<bool>(), 0..6).prop_map(GgufArray::Bool),
-        v(".{0,8}", 0..6).prop_map(GgufArray::String),
+        v(".{0,8}", 0..6).prop_map(|s| GgufArray::String(s.into())),
         v(any::<u64>(), 0..6).prop_map(GgufArray::U64),
         v(any::<i64>(), 0..6).prop_map(GgufArray::I64),
         v(f64s(), 0..6).prop_map(GgufArray::F64),

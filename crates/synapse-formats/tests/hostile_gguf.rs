@@ -101,11 +101,9 @@ fn valid_file() -> Vec<u8> {
         .unwrap();
     w.add_metadata(
         "tokenizer.ggml.tokens",
-        GgufValue::Array(synapse_formats::gguf::GgufArray::String(vec![
-            "a".into(),
-            "bc".into(),
-            "".into(),
-        ])),
+        GgufValue::Array(synapse_formats::gguf::GgufArray::String(
+            vec!["a".into(), "bc".into(), "".into()].into(),
+        )),
     )
     .unwrap();
     w.add_metadata(

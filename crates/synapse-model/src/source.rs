@@ -206,7 +206,7 @@ fn meta_from_gguf(v: &synapse_formats::gguf::GgufValue) -> Option<MetaValue> {
                 return None;
             }
             match a {
-                A::String(s) => MetaValue::Strings(s.clone()),
+                A::String(s) => MetaValue::Strings(s.to_vec()),
                 A::Bool(b) => MetaValue::Numbers(b.iter().map(|&x| x as u8 as f64).collect()),
                 A::F32(f) => MetaValue::Numbers(f.iter().map(|&x| x as f64).collect()),
                 A::F64(f) => MetaValue::Numbers(f.clone()),
@@ -249,7 +249,7 @@ impl SourceDesc {
             .map(|toks| {
                 toks.iter()
                     .enumerate()
-                    .filter(|(_, t)| EOG_TEXTS.contains(&t.as_str()))
+                    .filter(|(_, t)| EOG_TEXTS.contains(t))
                     .map(|(i, _)| i as u32)
                     .collect()
             })

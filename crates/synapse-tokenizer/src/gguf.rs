@@ -2,7 +2,7 @@
 
 use crate::error::{Result, TokenizerError};
 use crate::tokenizer::Tokenizer;
-use crate::vocab::{ModelKind, SpecialIds, Vocab, VocabView};
+use crate::vocab::{ModelKind, SpecialIds, StrList, Vocab, VocabView};
 use std::borrow::Cow;
 use synapse_formats::gguf::{GgufArray, GgufFile, GgufValue};
 
@@ -46,12 +46,12 @@ fn get_id(f: &GgufFile, key: &str) -> Result<Option<u32>> {
     }
 }
 
-fn get_strings<'a>(f: &'a GgufFile, key: &str) -> Result<Option<&'a [String]>> {
+fn get_strings<'a>(f: &'a GgufFile, key: &str) -> Result<Option<StrList<'a>>> {
     match f.get(key) {
         None => Ok(None),
         Some(v) => v
             .as_strings()
-            .map(Some)
+            .map(|s| Some(StrList::Gguf(s)))
             .ok_or_else(|| invalid(key, "expected an array of strings")),
     }
 }
@@ -110,7 +110,7 @@ fn vocab_view_from_gguf(f: &GgufFile) -> Result<(VocabView<'_>, Option<&str>)> {
             .as_i32s()
             .ok_or_else(|| invalid("tokenizer.ggml.token_type", "expected i32 elements"))?;
     }
-    let mut merges = &[][..];
+    let mut merges = StrList::Strings(&[]);
     if matches!(model, ModelKind::Bpe | ModelKind::Gemma4) {
         merges =
             get_strings(f, "tokenizer.ggml.merges")?.ok_or_else(|| TokenizerError::MissingKey {

@@ -8,6 +8,7 @@
 //! ones (which glibc would keep resident after they are freed).
 
 use crate::error::{Result, TokenizerError};
+use crate::vocab::StrList;
 use hashbrown::HashTable;
 use std::hash::{BuildHasher, RandomState};
 
@@ -170,20 +171,20 @@ impl MergeRanks {
     /// Builds the table from `"left right"` lines in rank order. The line is split at the first
     /// space after its first byte; a line without one names the pair `("", "")`, which no
     /// lookup asks for. The first rank of a repeated pair wins.
-    pub(crate) fn new(merges: &[String]) -> Result<Self> {
+    pub(crate) fn new(merges: StrList<'_>) -> Result<Self> {
         const WHAT: &str = "tokenizer.ggml.merges";
         let n = u32::try_from(merges.len()).map_err(|_| TokenizerError::InvalidKey {
             key: WHAT.into(),
             reason: "more than 2^32 merges".into(),
         })?;
-        let bytes = merges.iter().map(String::len).sum();
+        let bytes = merges.iter().map(str::len).sum();
         let mut r = Self {
             buf: String::with_capacity(bytes),
             bounds: Vec::with_capacity(2 * merges.len()),
             table: HashTable::with_capacity(merges.len()),
             hasher: RandomState::new(),
         };
-        for (rank, m) in (0..n).zip(merges) {
+        for (rank, m) in (0..n).zip(merges.iter()) {
             // Byte search (the first character may be multi-byte); a space is always a boundary.
             let (left, right) = match m.as_bytes().iter().skip(1).position(|&b| b == b' ') {
                 Some(p) => (&m[..p + 1], &m[p + 2..]),
@@ -274,7 +275,7 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let r = MergeRanks::new(&merges).unwrap();
+        let r = MergeRanks::new(StrList::Strings(&merges)).unwrap();
         assert_eq!(r.rank("a", "b"), Some(0));
         assert_eq!(r.rank("é", "x"), Some(1));
         assert_eq!(r.rank("ab", "c"), Some(4));

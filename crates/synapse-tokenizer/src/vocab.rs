@@ -6,6 +6,8 @@
 
 use std::borrow::Cow;
 
+use synapse_formats::gguf::{GgufStrings, GgufStringsIter};
+
 /// GGUF token types (`tokenizer.ggml.token_type`), as llama.cpp numbers them.
 pub mod token_type {
     /// Undefined.
@@ -68,16 +70,73 @@ pub struct SpecialIds {
     pub fim_sep: Option<u32>,
 }
 
+/// A list of strings borrowed from a [`Vocab`]'s `Vec<String>` or from a GGUF file's compact
+/// string array (which holds no `String`s to borrow).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum StrList<'a> {
+    /// A [`Vocab`] field.
+    Strings(&'a [String]),
+    /// A GGUF metadata array.
+    Gguf(&'a GgufStrings),
+}
+
+impl<'a> StrList<'a> {
+    pub(crate) fn len(self) -> usize {
+        match self {
+            StrList::Strings(v) => v.len(),
+            StrList::Gguf(v) => v.len(),
+        }
+    }
+
+    pub(crate) fn iter(self) -> StrIter<'a> {
+        match self {
+            StrList::Strings(v) => StrIter::Strings(v.iter()),
+            StrList::Gguf(v) => StrIter::Gguf(v.iter()),
+        }
+    }
+
+    pub(crate) fn to_vec(self) -> Vec<String> {
+        self.iter().map(str::to_owned).collect()
+    }
+}
+
+/// [`StrList::iter`].
+#[derive(Debug, Clone)]
+pub(crate) enum StrIter<'a> {
+    Strings(std::slice::Iter<'a, String>),
+    Gguf(GgufStringsIter<'a>),
+}
+
+impl<'a> Iterator for StrIter<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        match self {
+            StrIter::Strings(i) => i.next().map(String::as_str),
+            StrIter::Gguf(i) => i.next(),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match self {
+            StrIter::Strings(i) => i.size_hint(),
+            StrIter::Gguf(i) => i.size_hint(),
+        }
+    }
+}
+
+impl ExactSizeIterator for StrIter<'_> {}
+
 /// A [`Vocab`] borrowed from wherever it lives (a [`Vocab`] or a GGUF file's metadata), so a
 /// tokenizer can be built without first copying a few hundred thousand strings.
 #[derive(Debug, Clone)]
 pub(crate) struct VocabView<'a> {
     pub(crate) model: ModelKind,
     pub(crate) pre: Option<&'a str>,
-    pub(crate) tokens: &'a [String],
+    pub(crate) tokens: StrList<'a>,
     pub(crate) scores: Cow<'a, [f32]>,
     pub(crate) token_types: &'a [i32],
-    pub(crate) merges: &'a [String],
+    pub(crate) merges: StrList<'a>,
     pub(crate) special: SpecialIds,
     pub(crate) add_bos: Option<bool>,
     pub(crate) add_eos: Option<bool>,
@@ -137,10 +196,10 @@ impl Vocab {
         VocabView {
             model: self.model,
             pre: self.pre.as_deref(),
-            tokens: &self.tokens,
+            tokens: StrList::Strings(&self.tokens),
             scores: Cow::Borrowed(&self.scores),
             token_types: &self.token_types,
-            merges: &self.merges,
+            merges: StrList::Strings(&self.merges),
             special: self.special.clone(),
             add_bos: self.add_bos,
             add_eos: self.add_eos,

@@ -9,7 +9,7 @@
 //! - every count (metadata pairs, tensors, array elements, string lengths) is bounded by the
 //!   bytes left in the file times the smallest encoding of one item **before** any allocation,
 //!   so no header field can request a multi-GB buffer;
-//! - strings must be UTF-8; metadata value types must be 0–12; arrays may nest at most
+//! - strings must be UTF-8 (checked at open, string arrays included); metadata value types must be 0–12; arrays may nest at most
 //!   [`MAX_ARRAY_DEPTH`] levels; keys and tensor names must be unique;
 //! - `general.alignment` (if present) must be a `u32` power of two (default 32);
 //! - a tensor has at most [`MAX_DIMS`] dims, each ≤ `i64::MAX` with an element count that does
@@ -33,11 +33,13 @@
 //!    a misread.
 
 mod reader;
+mod strings;
 mod tensor;
 mod value;
 mod writer;
 
 pub use reader::GgufFile;
+pub use strings::{GgufStrings, Iter as GgufStringsIter};
 pub use tensor::{BitnetType, TensorInfo, TensorType};
 pub use value::{GgufArray, GgufValue, GgufValueType};
 pub use writer::GgufWriter;

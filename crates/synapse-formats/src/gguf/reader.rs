@@ -4,9 +4,11 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
+use std::sync::Arc;
 
 use memmap2::Mmap;
 
+use super::strings::{Backing, GgufStrings};
 use super::tensor::{BitnetType, TensorInfo, TensorType};
 use super::value::{GgufArray, GgufValue, GgufValueType};
 use super::{DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, MAX_ARRAY_DEPTH, MAX_DIMS};
@@ -18,24 +20,11 @@ const MIN_TENSOR_INFO: u64 = 8 + 4 + 4 + 8;
 /// Bytes of one key/value pair at minimum: key length, value type, a one-byte value.
 const MIN_KV: u64 = 8 + 4 + 1;
 
-enum Backing {
-    Mmap(Mmap),
-    Bytes(Vec<u8>),
-}
-
-impl Backing {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Backing::Mmap(m) => m,
-            Backing::Bytes(b) => b,
-        }
-    }
-}
-
 /// A validated GGUF v3 file. Every offset and size was checked at open; tensor data is a
 /// zero-copy view into the mapping.
 pub struct GgufFile {
-    backing: Backing,
+    /// Shared with the string arrays of `metadata`, which borrow their bytes from it.
+    backing: Arc<Backing>,
     version: u32,
     alignment: u64,
     data_start: u64,
@@ -139,9 +128,14 @@ impl GgufFile {
     }
 
     fn parse(backing: Backing) -> Result<Self> {
+        let backing = Arc::new(backing);
         let bytes = backing.bytes();
         let file_len = bytes.len() as u64;
-        let mut c = Cursor { buf: bytes, pos: 0 };
+        let mut c = Cursor {
+            buf: bytes,
+            pos: 0,
+            backing: &backing,
+        };
 
         let magic = c.take(4, "magic")?;
         if magic != GGUF_MAGIC {
@@ -421,6 +415,8 @@ fn align_up(x: u64, alignment: u64) -> Option<u64> {
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// What `buf` is the bytes of (string arrays keep a handle to it).
+    backing: &'a Arc<Backing>,
 }
 
 impl<'a> Cursor<'a> {
@@ -472,6 +468,11 @@ impl<'a> Cursor<'a> {
     }
 
     fn string(&mut self, what: &str) -> Result<String> {
+        self.str(what).map(str::to_owned)
+    }
+
+    /// The next string, borrowed from the file image.
+    fn str(&mut self, what: &str) -> Result<&'a str> {
         let len_off = self.pos as u64;
         let len = self.u64(what)?;
         if len > self.remaining() {
@@ -485,7 +486,7 @@ impl<'a> Cursor<'a> {
         let off = self.pos as u64;
         let bytes = self.take(len, what)?;
         match std::str::from_utf8(bytes) {
-            Ok(s) => Ok(s.to_owned()),
+            Ok(s) => Ok(s),
             Err(_) => Err(FormatError::InvalidUtf8 {
                 what: what.to_string(),
                 offset: off,
@@ -566,11 +567,19 @@ impl<'a> Cursor<'a> {
             T::I64 => GgufArray::I64(fixed(self, n, key, i64::from_le_bytes)?),
             T::F64 => GgufArray::F64(fixed(self, n, key, f64::from_le_bytes)?),
             T::String => {
-                let mut v = Vec::with_capacity(n);
+                // Validate every string (length in bounds, UTF-8) before allocating anything,
+                // then index them in place: no per-string allocation, nothing sized by `count`
+                // until the data behind it has been seen.
+                let start = self.pos;
                 for _ in 0..n {
-                    v.push(self.string(key)?);
+                    self.str(key)?;
                 }
-                GgufArray::String(v)
+                // SAFETY: the loop just read `n` strings from `start` in `self.backing`'s
+                // bytes, each checked to be UTF-8 by `str`.
+                let span = self.pos - start;
+                let strings =
+                    unsafe { GgufStrings::from_validated(self.backing.clone(), start, span, n) };
+                GgufArray::String(strings)
             }
             T::Array => {
                 let mut v = Vec::with_capacity(n);

@@ -1,5 +1,7 @@
 //! GGUF metadata values: scalars, strings and (nested) typed arrays.
 
+use super::strings::GgufStrings;
+
 /// The GGUF metadata value type ids (`gguf_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
@@ -101,8 +103,9 @@ pub enum GgufValue {
     F64(f64),
 }
 
-/// A typed metadata array: one vector per element type, so a 262,144-entry token list is a
-/// plain `Vec<String>` and score lists are `Vec<f32>`.
+/// A typed metadata array: one vector per element type, so score lists are `Vec<f32>`; string
+/// arrays are a compact [`GgufStrings`] (one buffer plus offsets, borrowed from the file when
+/// read), so a 262,144-entry token list is not 262,144 allocations.
 #[derive(Debug, Clone, PartialEq)]
 #[allow(missing_docs)]
 pub enum GgufArray {
@@ -114,7 +117,7 @@ pub enum GgufArray {
     I32(Vec<i32>),
     F32(Vec<f32>),
     Bool(Vec<bool>),
-    String(Vec<String>),
+    String(GgufStrings),
     /// Arrays of arrays; each inner array has its own element type.
     Array(Vec<GgufArray>),
     U64(Vec<u64>),
@@ -218,8 +221,8 @@ impl GgufValue {
         }
     }
 
-    /// A string array as a slice (e.g. `tokenizer.ggml.tokens`), without copying.
-    pub fn as_strings(&self) -> Option<&[String]> {
+    /// A string array (e.g. `tokenizer.ggml.tokens`), without copying.
+    pub fn as_strings(&self) -> Option<&GgufStrings> {
         self.as_array().and_then(GgufArray::as_strings)
     }
 
@@ -294,7 +297,7 @@ impl GgufArray {
             A::I32(v) => V::I32(*v.get(i)?),
             A::F32(v) => V::F32(*v.get(i)?),
             A::Bool(v) => V::Bool(*v.get(i)?),
-            A::String(v) => V::String(v.get(i)?.clone()),
+            A::String(v) => V::String(v.get(i)?.to_owned()),
             A::Array(v) => V::Array(v.get(i)?.clone()),
             A::U64(v) => V::U64(*v.get(i)?),
             A::I64(v) => V::I64(*v.get(i)?),
@@ -308,7 +311,7 @@ impl GgufArray {
     }
 
     /// The strings of a string array.
-    pub fn as_strings(&self) -> Option<&[String]> {
+    pub fn as_strings(&self) -> Option<&GgufStrings> {
         match self {
             GgufArray::String(v) => Some(v),
             _ => None,

@@ -237,11 +237,7 @@ fn encode_array(buf: &mut Vec<u8>, a: &GgufArray) {
         GgufArray::I32(v) => le!(v),
         GgufArray::F32(v) => le!(v),
         GgufArray::Bool(v) => buf.extend(v.iter().map(|&x| u8::from(x))),
-        GgufArray::String(v) => {
-            for s in v {
-                encode_string(buf, s);
-            }
-        }
+        GgufArray::String(v) => buf.extend_from_slice(v.encoded()),
         GgufArray::Array(v) => {
             for inner in v {
                 encode_array(buf, inner);

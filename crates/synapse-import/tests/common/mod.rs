@@ -188,7 +188,7 @@ pub fn write_gguf(path: &Path, d: Dims, extra: &[&str]) {
         .collect();
     w.add_metadata(
         "tokenizer.ggml.tokens",
-        GgufValue::Array(GgufArray::String(tokens)),
+        GgufValue::Array(GgufArray::String(tokens.into())),
     )
     .unwrap();
     w.add_metadata(
