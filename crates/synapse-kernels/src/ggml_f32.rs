@@ -443,7 +443,8 @@ pub fn scores_f32(keys: &[f32], offs: &[usize], q: &[f32], scale: f32, out: &mut
 /// long) in tinyBLAS's order ([`PvOrder::Gemm`]): 16 lane accumulators (cell mod 16), each
 /// an FMA chain over its cells, reduced as `_mm512_reduce_add_ps`. The same bits as
 /// [`PvAcc`] with `Gemm` order (except that a lane summing to −0.0 yields +0.0, as in ggml
-/// where every lane starts at +0.0); on AVX-512 in 16-wide steps over each value row.
+/// where every lane starts at +0.0); on AVX-512 each lane's chain runs in registers over a
+/// slice of the head (no load/store of partial sums per cell).
 pub fn pv_gemm_f32(
     values: &[f32],
     offs: &[usize],
@@ -474,8 +475,7 @@ pub fn pv_gemm_f32(
 /// `Σ_j p[j]·v_j` over KV cells `first_cell + j` in `ggml_vec_dot_f32`'s order over the cells
 /// ([`PvOrder::VecDot`], one query row): 64 lane accumulators (cell mod 64) folded as
 /// `(l + l₃₂) + (l₁₆ + l₄₈)`, then reduced as `_mm512_reduce_add_ps`. The same bits as
-/// [`PvAcc`] with `VecDot` order; on AVX-512 in 64-wide slices of the head so the 64 lane rows
-/// of a slice (16 KB) stay in L1.
+/// [`PvAcc`] with `VecDot` order; on AVX-512 each lane's chain runs in registers.
 pub fn pv_vecdot_f32(
     values: &[f32],
     offs: &[usize],
@@ -591,6 +591,80 @@ mod avx512 {
         }
     }
 
+    /// Lane rows: row `l` (of `lanes`) = `Σ p[j]·v_j` over the cells `first_cell + j ≡ l (mod
+    /// lanes)`, an FMA chain from +0.0 in increasing `j`, kept in registers over a slice of
+    /// `16·NZ` values of the head and stored once. Returns which lanes received a cell.
+    ///
+    /// # Safety
+    /// AVX-512F; `offs[j] + hd <= values.len()`; `hd` a multiple of `16·NZ`; `rows` holds
+    /// `lanes·hd` floats; `lanes <= 64`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn lane_rows<const NZ: usize>(
+        values: &[f32],
+        offs: &[usize],
+        first_cell: usize,
+        p: &[f32],
+        hd: usize,
+        lanes: usize,
+        rows: *mut f32,
+    ) -> [bool; 64] {
+        let n = offs.len();
+        let vp = values.as_ptr();
+        let mut touched = [false; 64];
+        for (l, t) in touched.iter_mut().enumerate().take(lanes) {
+            // The first j with (first_cell + j) mod lanes == l.
+            let j0 = (l + lanes - first_cell % lanes) % lanes;
+            if j0 >= n {
+                continue;
+            }
+            *t = true;
+            for s0 in (0..hd).step_by(16 * NZ) {
+                let mut acc = [_mm512_setzero_ps(); NZ];
+                for j in (j0..n).step_by(lanes) {
+                    let pv = _mm512_set1_ps(p[j]);
+                    // SAFETY: row j is caller-checked and s0 + 16·NZ <= hd.
+                    let src = unsafe { vp.add(offs[j] + s0) };
+                    for (c, a) in acc.iter_mut().enumerate() {
+                        *a = _mm512_fmadd_ps(unsafe { _mm512_loadu_ps(src.add(16 * c)) }, pv, *a);
+                    }
+                }
+                for (c, a) in acc.iter().enumerate() {
+                    // SAFETY: lane row l has hd floats.
+                    unsafe { _mm512_storeu_ps(rows.add(l * hd + s0 + 16 * c), *a) };
+                }
+            }
+        }
+        touched
+    }
+
+    /// [`lane_rows`] with the widest register slice `hd` allows.
+    ///
+    /// # Safety
+    /// As [`lane_rows`], `hd` a multiple of 16.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn lane_rows_any(
+        values: &[f32],
+        offs: &[usize],
+        first_cell: usize,
+        p: &[f32],
+        hd: usize,
+        lanes: usize,
+        rows: *mut f32,
+    ) -> [bool; 64] {
+        // SAFETY: forwarded; each arm's slice width divides hd.
+        unsafe {
+            if hd.is_multiple_of(256) {
+                lane_rows::<16>(values, offs, first_cell, p, hd, lanes, rows)
+            } else if hd.is_multiple_of(64) {
+                lane_rows::<4>(values, offs, first_cell, p, hd, lanes, rows)
+            } else {
+                lane_rows::<1>(values, offs, first_cell, p, hd, lanes, rows)
+            }
+        }
+    }
+
     /// # Safety
     /// AVX-512F is available; `offs[j] + out.len() <= values.len()`; `p.len() == offs.len()`;
     /// `out.len()` is a multiple of 64.
@@ -601,58 +675,36 @@ mod avx512 {
         first_cell: usize,
         p: &[f32],
         out: &mut [f32],
-        lanes: &mut Vec<f32>,
+        buf: &mut Vec<f32>,
     ) {
-        // 64 lane rows of one 64-wide slice of the head: 16 KB, in L1.
-        const S: usize = 64;
-        if lanes.len() < 64 * S {
-            lanes.resize(64 * S, 0.0);
+        let hd = out.len();
+        if buf.len() < 64 * hd {
+            buf.resize(64 * hd, 0.0);
         }
-        let vp = values.as_ptr();
-        let lp = lanes.as_mut_ptr();
-        for s0 in (0..out.len()).step_by(S) {
-            let mut touched = [false; 64];
-            for (j, (&at, &w)) in offs.iter().zip(p).enumerate() {
-                let l = (first_cell + j) & 63;
-                let pv = _mm512_set1_ps(w);
-                let first = !touched[l];
-                // SAFETY: row `at` is caller-checked (s0 + 64 <= hd); lane row l has S floats.
-                unsafe {
-                    let (src, dst) = (vp.add(at + s0), lp.add(l * S));
-                    for c in 0..S / 16 {
-                        let v = _mm512_loadu_ps(src.add(16 * c));
-                        let a = if first {
-                            _mm512_setzero_ps()
-                        } else {
-                            _mm512_loadu_ps(dst.add(16 * c))
-                        };
-                        _mm512_storeu_ps(dst.add(16 * c), _mm512_fmadd_ps(v, pv, a));
-                    }
+        let lp = buf.as_mut_ptr();
+        // SAFETY: forwarded contract; buf holds 64 lane rows.
+        let touched = unsafe { lane_rows_any(values, offs, first_cell, p, hd, 64, lp) };
+        for s in (0..hd).step_by(16) {
+            // SAFETY: lane rows hold hd floats; untouched lanes are +0.0.
+            let lane = |l: usize| {
+                if touched[l] {
+                    unsafe { _mm512_loadu_ps(lp.add(l * hd + s)) }
+                } else {
+                    _mm512_setzero_ps()
                 }
-                touched[l] = true;
-            }
-            for c in 0..S / 16 {
-                // SAFETY: lane rows hold S floats; untouched lanes are +0.0.
-                let lane = |l: usize| {
-                    if touched[l] {
-                        unsafe { _mm512_loadu_ps(lp.add(l * S + 16 * c)) }
-                    } else {
-                        _mm512_setzero_ps()
-                    }
-                };
-                // GGML_F32x16_REDUCE's fold of the four accumulators, lane by lane.
-                let v: [__m512; 16] = std::array::from_fn(|l| {
-                    _mm512_add_ps(
-                        _mm512_add_ps(lane(l), lane(32 + l)),
-                        _mm512_add_ps(lane(16 + l), lane(48 + l)),
-                    )
-                });
-                let t: [__m512; 8] = std::array::from_fn(|i| _mm512_add_ps(v[8 + i], v[i]));
-                let u: [__m512; 4] = std::array::from_fn(|i| _mm512_add_ps(t[4 + i], t[i]));
-                let r = _mm512_add_ps(_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3]));
-                // SAFETY: s0 + 16c + 16 <= out.len().
-                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(s0 + 16 * c), r) };
-            }
+            };
+            // GGML_F32x16_REDUCE's fold of the four accumulators, lane by lane.
+            let v: [__m512; 16] = std::array::from_fn(|l| {
+                _mm512_add_ps(
+                    _mm512_add_ps(lane(l), lane(32 + l)),
+                    _mm512_add_ps(lane(16 + l), lane(48 + l)),
+                )
+            });
+            let t: [__m512; 8] = std::array::from_fn(|i| _mm512_add_ps(v[8 + i], v[i]));
+            let u: [__m512; 4] = std::array::from_fn(|i| _mm512_add_ps(t[4 + i], t[i]));
+            let r = _mm512_add_ps(_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3]));
+            // SAFETY: s + 16 <= out.len().
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(s), r) };
         }
     }
 
@@ -666,41 +718,15 @@ mod avx512 {
         first_cell: usize,
         p: &[f32],
         out: &mut [f32],
-        lanes: &mut Vec<f32>,
+        buf: &mut Vec<f32>,
     ) {
-        // Each value row is read once, contiguously, into its lane's row of sums (16 rows of
-        // head_dim, in L1); a lane's first cell initialises its row (fma onto +0.0).
         let hd = out.len();
-        if lanes.len() < 16 * hd {
-            lanes.resize(16 * hd, 0.0);
+        if buf.len() < 16 * hd {
+            buf.resize(16 * hd, 0.0);
         }
-        let vp = values.as_ptr();
-        let lp = lanes.as_mut_ptr();
-        let mut touched = [false; 16];
-        for (j, (&at, &w)) in offs.iter().zip(p).enumerate() {
-            let l = (first_cell + j) & 15;
-            let pv = _mm512_set1_ps(w);
-            // SAFETY: row `at` is caller-checked; lane row l has hd floats.
-            unsafe {
-                let (src, dst) = (vp.add(at), lp.add(l * hd));
-                if touched[l] {
-                    for s in (0..hd).step_by(16) {
-                        let a = _mm512_loadu_ps(dst.add(s));
-                        _mm512_storeu_ps(
-                            dst.add(s),
-                            _mm512_fmadd_ps(_mm512_loadu_ps(src.add(s)), pv, a),
-                        );
-                    }
-                } else {
-                    touched[l] = true;
-                    for s in (0..hd).step_by(16) {
-                        let v =
-                            _mm512_fmadd_ps(_mm512_loadu_ps(src.add(s)), pv, _mm512_setzero_ps());
-                        _mm512_storeu_ps(dst.add(s), v);
-                    }
-                }
-            }
-        }
+        let lp = buf.as_mut_ptr();
+        // SAFETY: forwarded contract; buf holds 16 lane rows.
+        let touched = unsafe { lane_rows_any(values, offs, first_cell, p, hd, 16, lp) };
         for s in (0..hd).step_by(16) {
             // SAFETY: lane rows hold hd floats; untouched lanes are +0.0.
             let a: [__m512; 16] = std::array::from_fn(|l| {
