@@ -506,8 +506,10 @@ impl QuantMatrix {
 }
 
 /// A byte buffer's base pointer, shared by chunks that write disjoint ranges of it.
+#[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 struct SyncBytes(*mut u8);
+#[cfg(target_arch = "x86_64")]
 impl SyncBytes {
     /// By-value access, so closures capture the whole (Sync) wrapper, not the raw field.
     fn get(self) -> *mut u8 {
@@ -515,8 +517,10 @@ impl SyncBytes {
     }
 }
 // SAFETY: chunks write disjoint byte ranges (one range per group of activation rows).
+#[cfg(target_arch = "x86_64")]
 unsafe impl Send for SyncBytes {}
 // SAFETY: as above.
+#[cfg(target_arch = "x86_64")]
 unsafe impl Sync for SyncBytes {}
 
 #[derive(Clone, Copy)]
