@@ -300,11 +300,11 @@ impl QuantMatrix {
             k.dot4 = None;
         }
         #[cfg(target_arch = "x86_64")]
-        if n == 1
+        if n < kernels::tiled::G
             && ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
             && kernels::gemv32::supports(ty)
         {
-            return self.gemv32(ty, x, y, ctx);
+            return self.gemv32(ty, x, n, y, ctx);
         }
         #[cfg(target_arch = "x86_64")]
         if n == 1
@@ -428,27 +428,35 @@ impl QuantMatrix {
         Ok(())
     }
 
-    /// One activation row against Q8_0/Q5_0/Q4_0 on AVX-512 VNNI: two weight rows per
-    /// register (see `kernels::gemv32`), ggml's per-row order.
+    /// Fewer than 16 activation rows against Q8_0/Q5_0/Q4_0 on AVX-512 VNNI: two weight rows
+    /// per register, up to 8 activation rows per pass (see `kernels::gemv32`), ggml's per-row
+    /// order.
     #[cfg(target_arch = "x86_64")]
-    fn gemv32(&self, ty: GgmlType, x: &[f32], y: &mut [f32], ctx: &mut KernelCtx) -> Result<()> {
+    fn gemv32(
+        &self,
+        ty: GgmlType,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+        ctx: &mut KernelCtx,
+    ) -> Result<()> {
         use crate::act::BlockQ8x32;
         use kernels::gemv32;
         let nb = self.cols / 32;
         let (act_scratch, pack, pool) = ctx.parts2();
-        act_scratch.set_len(ActKind::Q8x32.row_bytes(self.cols));
+        act_scratch.set_len(n * ActKind::Q8x32.row_bytes(self.cols));
         quantize_rows(ActKind::Q8x32, x, self.cols, act_scratch.as_bytes_mut());
         let act: &[BlockQ8x32] = bytemuck::cast_slice(act_scratch.as_bytes());
-        pack.set_len(nb * 8 * 4);
+        pack.set_len(n * nb * 8 * 4);
         let init: &mut [i32] = bytemuck::cast_slice_mut(pack.as_bytes_mut());
         gemv32::lane_init(ty, act, init);
         let init: &[i32] = init;
         let yp = SyncPtr(y.as_mut_ptr());
         let (w, rb, rows) = (self.data.as_bytes(), self.row_bytes, self.rows);
-        pool.run_rows(rows, 8, 2 * rows * self.cols, &|r0, r1| {
+        pool.run_rows(rows, 8, 2 * rows * self.cols * n, &|r0, r1| {
             // SAFETY: this path is taken only on Avx512Vnni, which KernelCtx holds only when
-            // the CPU supports it; `act`/`init` hold nb blocks; chunks write disjoint rows.
-            unsafe { gemv32::rows(ty, w, rb, act, init, yp.get(), r0, r1) };
+            // the CPU supports it; `act`/`init` hold n·nb blocks; chunks write disjoint rows.
+            unsafe { gemv32::rows(ty, w, rb, nb, act, init, yp.get(), rows, r0, r1) };
         });
         Ok(())
     }

@@ -81,10 +81,10 @@ const Q8: u8 = 0;
 const Q5: u8 = 1;
 const Q4: u8 = 2;
 
-/// `d_a·d_w` of both rows' blocks as one register: row `a` in the low 8 lanes.
+/// Both rows' block scales `[d_a, d_b]` in lanes 0 and 1 (one `vcvtph2ps`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn scales(a: *const u8, b: *const u8, da: f32) -> __m512 {
+unsafe fn dpair(a: *const u8, b: *const u8) -> __m128 {
     // SAFETY: both point at a block's f16 scale.
     unsafe {
         let bits = std::ptr::read_unaligned(a.cast::<u16>()) as u32
@@ -98,10 +98,17 @@ unsafe fn scales(a: *const u8, b: *const u8, da: f32) -> __m512 {
             x = out(xmm_reg) x,
             options(pure, nomem, nostack),
         );
-        let d = _mm_mul_ps(x, _mm_set1_ps(da));
-        let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-        _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d))
+        x
     }
+}
+
+/// `d_w·d_a` of both rows as one register: row `a` in the low 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn spread(dw: __m128, da: f32) -> __m512 {
+    let d = _mm_mul_ps(dw, _mm_set1_ps(da));
+    let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d))
 }
 
 /// `hsum_float_8`: ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
@@ -115,78 +122,112 @@ fn hsum8(v: __m256) -> f32 {
     }
 }
 
+/// `N` activation rows (`act`/`init` row `t` at `t·nb` blocks) against weight rows
+/// `r0..r1`, two weight rows at a time: each pair's codes are unpacked once for all `N`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows_impl<const T: u8>(
+unsafe fn rows_impl<const T: u8, const N: usize>(
     ts: usize,
     w: &[u8],
     row_bytes: usize,
+    nb: usize,
     act: &[BlockQ8x32],
     init: &[i32],
     y: *mut f32,
+    ystride: usize,
     r0: usize,
     r1: usize,
 ) {
     let mut r = r0;
     while r < r1 {
         let rb = if r + 1 < r1 { r + 1 } else { r };
-        // SAFETY: rows r and rb < rows; blocks, activations and lane starts sized by the
-        // caller (nb blocks each).
+        // SAFETY: rows r and rb < rows; N rows of nb blocks of activations and lane starts
+        // (caller); outputs t·ystride + r, t·ystride + rb are this call's.
         unsafe {
             let (pa, pb) = (
                 w.as_ptr().add(r * row_bytes),
                 w.as_ptr().add(rb * row_bytes),
             );
-            let mut acc = _mm512_setzero_ps();
-            for (b, ab) in act.iter().enumerate() {
+            let mut acc = [_mm512_setzero_ps(); N];
+            for b in 0..nb {
                 let (wa, wb) = (pa.add(b * ts), pb.add(b * ts));
                 _mm_prefetch::<_MM_HINT_T0>(wa.wrapping_add(PREFETCH).cast());
                 _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
-                let av = _mm512_broadcast_i64x4(_mm256_loadu_si256(ab.qs.as_ptr().cast()));
-                let iv =
-                    _mm512_broadcast_i64x4(_mm256_loadu_si256(init.as_ptr().add(8 * b).cast()));
-                let lane = _mm512_dpbusd_epi32(iv, codes::<T>(wa, wb), av);
-                acc = _mm512_fmadd_ps(scales(wa, wb, ab.d), _mm512_cvtepi32_ps(lane), acc);
+                let c = codes::<T>(wa, wb);
+                let dw = dpair(wa, wb);
+                for (t, at) in acc.iter_mut().enumerate() {
+                    let ab = act.get_unchecked(t * nb + b);
+                    let av = _mm512_broadcast_i64x4(_mm256_loadu_si256(ab.qs.as_ptr().cast()));
+                    let iv = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                        init.as_ptr().add(8 * (t * nb + b)).cast(),
+                    ));
+                    let lane = _mm512_dpbusd_epi32(iv, c, av);
+                    *at = _mm512_fmadd_ps(spread(dw, ab.d), _mm512_cvtepi32_ps(lane), *at);
+                }
             }
-            *y.add(r) = hsum8(_mm512_castps512_ps256(acc));
-            if rb != r {
-                *y.add(rb) = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(
-                    _mm512_castps_pd(acc),
-                    1,
-                )));
+            for (t, at) in acc.iter().enumerate() {
+                *y.add(t * ystride + r) = hsum8(_mm512_castps512_ps256(*at));
+                if rb != r {
+                    *y.add(t * ystride + rb) = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(
+                        _mm512_castps_pd(*at),
+                        1,
+                    )));
+                }
             }
         }
         r += 2;
     }
 }
 
-/// Output rows `r0..r1` of `W·x` for one activation row (`act`, `nb` blocks; `init` from
-/// [`lane_init`]), written to `y[r]`.
+/// Output rows `r0..r1` of `W·X` for `n` activation rows (`act`: `n·nb` blocks, row `t` at
+/// `t·nb`; `init` from [`lane_init`] over all of them), written to `y[t·ystride + r]`.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `w` holds the rows (`row_bytes` each)
-/// of `nb = act.len()` blocks of `ty`; `init.len() == 8·nb`; `y` is valid for writes at
-/// `r0..r1`, which this call alone writes.
+/// of `nb` blocks of `ty`; `act.len() == n·nb`, `init.len() == 8·n·nb`; `y` is valid for
+/// writes at `t·ystride + r` (`t < n`, `r0 <= r < r1`), which this call alone writes.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn rows(
     ty: GgmlType,
     w: &[u8],
     row_bytes: usize,
+    nb: usize,
     act: &[BlockQ8x32],
     init: &[i32],
     y: *mut f32,
+    ystride: usize,
     r0: usize,
     r1: usize,
 ) {
     let ts = ty.type_size();
-    // SAFETY: forwarded contract.
-    unsafe {
-        match ty {
-            GgmlType::Q8_0 => rows_impl::<Q8>(ts, w, row_bytes, act, init, y, r0, r1),
-            GgmlType::Q5_0 => rows_impl::<Q5>(ts, w, row_bytes, act, init, y, r0, r1),
-            _ => rows_impl::<Q4>(ts, w, row_bytes, act, init, y, r0, r1),
+    let n = act.len() / nb.max(1);
+    // Activation rows in groups of up to 8 (one accumulator each).
+    let mut t0 = 0;
+    while t0 < n {
+        let k = (n - t0).min(8);
+        let (a, i) = (
+            &act[t0 * nb..(t0 + k) * nb],
+            &init[8 * t0 * nb..8 * (t0 + k) * nb],
+        );
+        // SAFETY: forwarded contract, for activation rows t0..t0 + k.
+        unsafe {
+            let yt = y.add(t0 * ystride);
+            macro_rules! go {
+                ($t:ident, $($k:literal)*) => {
+                    match k {
+                        $($k => rows_impl::<$t, $k>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),)*
+                        _ => unreachable!("1..=8 rows"),
+                    }
+                };
+            }
+            match ty {
+                GgmlType::Q8_0 => go!(Q8, 1 2 3 4 5 6 7 8),
+                GgmlType::Q5_0 => go!(Q5, 1 2 3 4 5 6 7 8),
+                _ => go!(Q4, 1 2 3 4 5 6 7 8),
+            }
         }
+        t0 += k;
     }
 }
