@@ -139,6 +139,9 @@ unsafe fn rows_impl<const T: u8, const N: usize>(
     r0: usize,
     r1: usize,
 ) {
+    // Prefetch at least the next pair's rows: the pair reads rows r and r + 1 side by side,
+    // so a fixed distance shorter than two rows would only touch data already streaming.
+    let dist = PREFETCH.max(2 * row_bytes);
     let mut r = r0;
     while r < r1 {
         let rb = if r + 1 < r1 { r + 1 } else { r };
@@ -152,8 +155,8 @@ unsafe fn rows_impl<const T: u8, const N: usize>(
             let mut acc = [_mm512_setzero_ps(); N];
             for b in 0..nb {
                 let (wa, wb) = (pa.add(b * ts), pb.add(b * ts));
-                _mm_prefetch::<_MM_HINT_T0>(wa.wrapping_add(PREFETCH).cast());
-                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
+                _mm_prefetch::<_MM_HINT_T0>(wa.wrapping_add(dist).cast());
+                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(dist).cast());
                 let c = codes::<T>(wa, wb);
                 let dw = dpair(wa, wb);
                 for (t, at) in acc.iter_mut().enumerate() {

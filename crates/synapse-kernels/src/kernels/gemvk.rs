@@ -106,6 +106,9 @@ unsafe fn q4k_rows(
     r1: usize,
 ) {
     let m4 = _mm512_set1_epi8(15);
+    // Prefetch at least the next pair's rows: the pair reads rows r and r + 1 side by side,
+    // so a fixed distance shorter than two rows would only touch data already streaming.
+    let dist = PREFETCH.max(2 * row_bytes);
     let mut r = r0;
     while r < r1 {
         let rb = if r + 1 < r1 { r + 1 } else { r };
@@ -120,8 +123,8 @@ unsafe fn q4k_rows(
             for i in 0..nb {
                 let (wa, wb, ab) = (pa.add(i * TS), pb.add(i * TS), a.as_ptr().add(i * AK));
                 for k in [0, 64, 128] {
-                    _mm_prefetch::<_MM_HINT_T0>(wa.wrapping_add(PREFETCH + k).cast());
-                    _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH + k).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(wa.wrapping_add(dist + k).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(dist + k).cast());
                 }
                 let da = std::ptr::read_unaligned(ab.cast::<f32>());
                 let (sca, ma) = k4_scales(wa.add(Q4K_SCALES));
@@ -291,6 +294,9 @@ unsafe fn q6k_rows(
 ) {
     let m4 = _mm512_set1_epi8(15);
     let m2 = _mm512_set1_epi8(3);
+    // Prefetch at least the next pair's rows: the pair reads rows r and r + 1 side by side,
+    // so a fixed distance shorter than two rows would only touch data already streaming.
+    let dist = PREFETCH.max(2 * row_bytes);
     let mut r = r0;
     while r < r1 {
         let rb = if r + 1 < r1 { r + 1 } else { r };
@@ -304,8 +310,8 @@ unsafe fn q6k_rows(
             for i in 0..nb {
                 let (wa, wb, ab) = (pa.add(i * TS6), pb.add(i * TS6), a.as_ptr().add(i * AK));
                 for k in [0, 64, 128, 192] {
-                    _mm_prefetch::<_MM_HINT_T0>(wa.wrapping_add(PREFETCH + k).cast());
-                    _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH + k).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(wa.wrapping_add(dist + k).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(dist + k).cast());
                 }
                 // Scales as words: row a's 16 in words 0..16, row b's in 16..32.
                 let sc16 = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
