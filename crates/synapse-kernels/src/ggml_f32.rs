@@ -440,12 +440,15 @@ pub fn scores_f32(keys: &[f32], offs: &[usize], q: &[f32], scale: f32, out: &mut
 }
 
 /// `Σ_j p[j]·v_j` over KV cells `first_cell + j` (row `j` at `values[offs[j]..]`, `out.len()`
-/// long) in tinyBLAS's order ([`PvOrder::Gemm`]): 16 lane accumulators (cell mod 16), each
-/// an FMA chain over its cells, reduced as `_mm512_reduce_add_ps`. The same bits as
-/// [`PvAcc`] with `Gemm` order (except that a lane summing to −0.0 yields +0.0, as in ggml
-/// where every lane starts at +0.0); on AVX-512 each lane's chain runs in registers over a
-/// slice of the head (no load/store of partial sums per cell).
-pub fn pv_gemm_f32(
+/// long) in `order`: [`PvOrder::Gemm`] (tinyBLAS, a batch) keeps 16 lane accumulators (cell
+/// mod 16) reduced as `_mm512_reduce_add_ps`; [`PvOrder::VecDot`] (`ggml_vec_dot_f32`, one
+/// query row) keeps 64 (cell mod 64), folded as `(l + l₃₂) + (l₁₆ + l₄₈)` first. Each lane is
+/// an FMA chain over its cells from +0.0. The same bits as [`PvAcc`] in that order (except
+/// that a lane summing to −0.0 yields +0.0, as in ggml where every lane starts at +0.0); on
+/// AVX-512 each lane's chain runs in registers over a slice of the head (no load/store of
+/// partial sums per cell).
+pub fn pv_f32(
+    order: PvOrder,
     values: &[f32],
     offs: &[usize],
     first_cell: usize,
@@ -461,42 +464,25 @@ pub fn pv_gemm_f32(
     );
     #[cfg(target_arch = "x86_64")]
     if has_avx512() && hd.is_multiple_of(16) {
+        let lanes = match order {
+            PvOrder::VecDot => 64,
+            PvOrder::Gemm => 16,
+        };
         // SAFETY: the CPU has AVX-512F (checked at run time); rows in range (asserted).
-        unsafe { avx512::pv_gemm(values, &offs[..n], first_cell, &p[..n], out, &mut acc.acc) };
+        unsafe {
+            avx512::pv(
+                lanes,
+                values,
+                &offs[..n],
+                first_cell,
+                &p[..n],
+                out,
+                &mut acc.acc,
+            )
+        };
         return;
     }
-    acc.reset(hd, PvOrder::Gemm);
-    for (j, &at) in offs[..n].iter().enumerate() {
-        acc.add(first_cell + j, p[j], &values[at..at + hd]);
-    }
-    acc.finish(out);
-}
-
-/// `Σ_j p[j]·v_j` over KV cells `first_cell + j` in `ggml_vec_dot_f32`'s order over the cells
-/// ([`PvOrder::VecDot`], one query row): 64 lane accumulators (cell mod 64) folded as
-/// `(l + l₃₂) + (l₁₆ + l₄₈)`, then reduced as `_mm512_reduce_add_ps`. The same bits as
-/// [`PvAcc`] with `VecDot` order; on AVX-512 each lane's chain runs in registers.
-pub fn pv_vecdot_f32(
-    values: &[f32],
-    offs: &[usize],
-    first_cell: usize,
-    p: &[f32],
-    out: &mut [f32],
-    acc: &mut PvAcc,
-) {
-    let hd = out.len();
-    let n = offs.len().min(p.len());
-    assert!(
-        offs[..n].iter().all(|&o| o + hd <= values.len()),
-        "value offset out of range"
-    );
-    #[cfg(target_arch = "x86_64")]
-    if has_avx512() && hd.is_multiple_of(64) {
-        // SAFETY: the CPU has AVX-512F (checked at run time); rows in range (asserted).
-        unsafe { avx512::pv_vecdot(values, &offs[..n], first_cell, &p[..n], out, &mut acc.acc) };
-        return;
-    }
-    acc.reset(hd, PvOrder::VecDot);
+    acc.reset(hd, order);
     for (j, &at) in offs[..n].iter().enumerate() {
         acc.add(first_cell + j, p[j], &values[at..at + hd]);
     }
@@ -667,9 +653,10 @@ mod avx512 {
 
     /// # Safety
     /// AVX-512F is available; `offs[j] + out.len() <= values.len()`; `p.len() == offs.len()`;
-    /// `out.len()` is a multiple of 64.
+    /// `out.len()` is a multiple of 16; `lanes` is 16 or 64.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn pv_vecdot(
+    pub(super) unsafe fn pv(
+        lanes: usize,
         values: &[f32],
         offs: &[usize],
         first_cell: usize,
@@ -678,12 +665,12 @@ mod avx512 {
         buf: &mut Vec<f32>,
     ) {
         let hd = out.len();
-        if buf.len() < 64 * hd {
-            buf.resize(64 * hd, 0.0);
+        if buf.len() < lanes * hd {
+            buf.resize(lanes * hd, 0.0);
         }
         let lp = buf.as_mut_ptr();
-        // SAFETY: forwarded contract; buf holds 64 lane rows.
-        let touched = unsafe { lane_rows_any(values, offs, first_cell, p, hd, 64, lp) };
+        // SAFETY: forwarded contract; buf holds `lanes` lane rows.
+        let touched = unsafe { lane_rows_any(values, offs, first_cell, p, hd, lanes, lp) };
         for s in (0..hd).step_by(16) {
             // SAFETY: lane rows hold hd floats; untouched lanes are +0.0.
             let lane = |l: usize| {
@@ -693,50 +680,18 @@ mod avx512 {
                     _mm512_setzero_ps()
                 }
             };
-            // GGML_F32x16_REDUCE's fold of the four accumulators, lane by lane.
             let v: [__m512; 16] = std::array::from_fn(|l| {
-                _mm512_add_ps(
-                    _mm512_add_ps(lane(l), lane(32 + l)),
-                    _mm512_add_ps(lane(16 + l), lane(48 + l)),
-                )
-            });
-            let t: [__m512; 8] = std::array::from_fn(|i| _mm512_add_ps(v[8 + i], v[i]));
-            let u: [__m512; 4] = std::array::from_fn(|i| _mm512_add_ps(t[4 + i], t[i]));
-            let r = _mm512_add_ps(_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3]));
-            // SAFETY: s + 16 <= out.len().
-            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(s), r) };
-        }
-    }
-
-    /// # Safety
-    /// AVX-512F is available; `offs[j] + out.len() <= values.len()`; `p.len() == offs.len()`;
-    /// `out.len()` is a multiple of 16.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn pv_gemm(
-        values: &[f32],
-        offs: &[usize],
-        first_cell: usize,
-        p: &[f32],
-        out: &mut [f32],
-        buf: &mut Vec<f32>,
-    ) {
-        let hd = out.len();
-        if buf.len() < 16 * hd {
-            buf.resize(16 * hd, 0.0);
-        }
-        let lp = buf.as_mut_ptr();
-        // SAFETY: forwarded contract; buf holds 16 lane rows.
-        let touched = unsafe { lane_rows_any(values, offs, first_cell, p, hd, 16, lp) };
-        for s in (0..hd).step_by(16) {
-            // SAFETY: lane rows hold hd floats; untouched lanes are +0.0.
-            let a: [__m512; 16] = std::array::from_fn(|l| {
-                if touched[l] {
-                    unsafe { _mm512_loadu_ps(lp.add(l * hd + s)) }
+                if lanes == 64 {
+                    // GGML_F32x16_REDUCE's fold of the four accumulators, lane by lane.
+                    _mm512_add_ps(
+                        _mm512_add_ps(lane(l), lane(32 + l)),
+                        _mm512_add_ps(lane(16 + l), lane(48 + l)),
+                    )
                 } else {
-                    _mm512_setzero_ps()
+                    lane(l)
                 }
             });
-            let t: [__m512; 8] = std::array::from_fn(|i| _mm512_add_ps(a[8 + i], a[i]));
+            let t: [__m512; 8] = std::array::from_fn(|i| _mm512_add_ps(v[8 + i], v[i]));
             let u: [__m512; 4] = std::array::from_fn(|i| _mm512_add_ps(t[4 + i], t[i]));
             let r = _mm512_add_ps(_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3]));
             // SAFETY: s + 16 <= out.len().
@@ -828,7 +783,7 @@ mod tests {
             let mut want = vec![0f32; hd];
             acc.finish(&mut want);
             let mut out = vec![0f32; hd];
-            pv_gemm_f32(&cache, &offs, first, &p, &mut out, &mut acc);
+            pv_f32(PvOrder::Gemm, &cache, &offs, first, &p, &mut out, &mut acc);
             for d in 0..hd {
                 assert_eq!(
                     out[d].to_bits(),
@@ -841,7 +796,15 @@ mod tests {
                 acc.add(first + j, p[j], &cache[at..at + hd]);
             }
             acc.finish(&mut want);
-            pv_vecdot_f32(&cache, &offs, first, &p, &mut out, &mut acc);
+            pv_f32(
+                PvOrder::VecDot,
+                &cache,
+                &offs,
+                first,
+                &p,
+                &mut out,
+                &mut acc,
+            );
             for d in 0..hd {
                 assert_eq!(
                     out[d].to_bits(),

@@ -542,10 +542,7 @@ fn attend_one(
         let sc = &mut scores[..n_keys];
         ggml_f32::scores_f32(k, offs, qh, l.scale, sc);
         ggml_f32::softmax_cells(sc, lo);
-        match order {
-            PvOrder::Gemm => ggml_f32::pv_gemm_f32(v, offs, lo, sc, &mut o[..hdim], pv),
-            PvOrder::VecDot => ggml_f32::pv_vecdot_f32(v, offs, lo, sc, &mut o[..hdim], pv),
-        }
+        ggml_f32::pv_f32(order, v, offs, lo, sc, &mut o[..hdim], pv);
         return;
     }
     let sc = &mut scores[..n_keys];

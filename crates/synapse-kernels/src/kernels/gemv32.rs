@@ -84,7 +84,7 @@ const Q4: u8 = 2;
 /// Both rows' block scales `[d_a, d_b]` in lanes 0 and 1 (one `vcvtph2ps`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dpair(a: *const u8, b: *const u8) -> __m128 {
+pub(crate) unsafe fn dpair(a: *const u8, b: *const u8) -> __m128 {
     // SAFETY: both point at a block's f16 scale.
     unsafe {
         let bits = std::ptr::read_unaligned(a.cast::<u16>()) as u32
@@ -105,7 +105,7 @@ unsafe fn dpair(a: *const u8, b: *const u8) -> __m128 {
 /// `d_w·d_a` of both rows as one register: row `a` in the low 8 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn spread(dw: __m128, da: f32) -> __m512 {
+pub(crate) fn spread(dw: __m128, da: f32) -> __m512 {
     let d = _mm_mul_ps(dw, _mm_set1_ps(da));
     let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d))
@@ -115,11 +115,17 @@ fn spread(dw: __m128, da: f32) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn hsum8(v: __m256) -> f32 {
-    {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
-    }
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+}
+
+/// `hsum_float_8` of each half of a paired register: (row `a`, row `b`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) fn halves(v: __m512) -> (f32, f32) {
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    (hsum8(_mm512_castps512_ps256(v)), hsum8(hi))
 }
 
 /// `N` activation rows (`act`/`init` row `t` at `t·nb` blocks) against weight rows
@@ -170,12 +176,10 @@ unsafe fn rows_impl<const T: u8, const N: usize>(
                 }
             }
             for (t, at) in acc.iter().enumerate() {
-                *y.add(t * ystride + r) = hsum8(_mm512_castps512_ps256(*at));
+                let (ya, yb) = halves(*at);
+                *y.add(t * ystride + r) = ya;
                 if rb != r {
-                    *y.add(t * ystride + rb) = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(
-                        _mm512_castps_pd(*at),
-                        1,
-                    )));
+                    *y.add(t * ystride + rb) = yb;
                 }
             }
         }

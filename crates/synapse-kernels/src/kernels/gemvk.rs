@@ -8,6 +8,7 @@
 
 use std::arch::x86_64::*;
 
+use super::gemv32::{dpair, halves, spread};
 use super::x86::avx512vnni::k4_scales;
 use crate::blocks::{Q4K_QS, Q4K_SCALES, Q6K_D, Q6K_QH, Q6K_SCALES};
 use synapse_formats::GgmlType;
@@ -22,36 +23,6 @@ const TS: usize = 144;
 const AK: usize = 292;
 /// Bytes ahead of the current block to prefetch (each row is streamed once).
 const PREFETCH: usize = 1536;
-
-/// The f16 values at `a` and `b`, times `da`, in lanes 0 and 1 (one `vcvtph2ps`).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn pair(a: *const u8, b: *const u8, da: f32) -> __m128 {
-    // SAFETY: both point at an f16.
-    unsafe {
-        let bits = std::ptr::read_unaligned(a.cast::<u16>()) as u32
-            | (std::ptr::read_unaligned(b.cast::<u16>()) as u32) << 16;
-        let x: __m128;
-        // `vmovd` in asm: no false dependency on an accumulator (see the x86 kernels' `f16`).
-        std::arch::asm!(
-            "vmovd {x}, {b:e}",
-            "vcvtph2ps {x}, {x}",
-            b = in(reg) bits,
-            x = out(xmm_reg) x,
-            options(pure, nomem, nostack),
-        );
-        _mm_mul_ps(x, _mm_set1_ps(da))
-    }
-}
-
-/// `hsum_float_8`: ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn hsum8(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
-}
 
 /// The mins' 4 lanes reduced as the per-row kernel does: `(m0 + m2) + (m1 + m3)`.
 #[inline]
@@ -235,12 +206,8 @@ unsafe fn q4k_rows(
                     i64::from_le_bytes(ma),
                 ));
                 let prod = _mm256_madd_epi16(mv, _mm256_set_m128i(q8s, q8s));
-                let d = pair(wa, wb, da);
-                let dmin = pair(wa.add(2), wb.add(2), -da);
-                let dv = _mm512_permutexvar_ps(
-                    _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
-                    _mm512_castps128_ps512(d),
-                );
+                let dv = spread(dpair(wa, wb), da);
+                let dmin = _mm_mul_ps(dpair(wa.add(2), wb.add(2)), _mm_set1_ps(-da));
                 let dm = _mm256_permutexvar_ps(
                     _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0),
                     _mm256_castps128_ps256(dmin),
@@ -248,12 +215,11 @@ unsafe fn q4k_rows(
                 accm = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(prod), accm);
                 acc = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(sumi), acc);
             }
-            let lo = _mm512_castps512_ps256(acc);
-            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+            let (ya, yb) = halves(acc);
             // `+ 0.0`: the per-row kernel adds Q5_K's (here empty) scalar min sum there.
-            *y.add(r) = hsum8(lo) + (hsum4(_mm256_castps256_ps128(accm)) + 0.0);
+            *y.add(r) = ya + (hsum4(_mm256_castps256_ps128(accm)) + 0.0);
             if rb != r {
-                *y.add(rb) = hsum8(hi) + (hsum4(_mm256_extractf128_ps(accm, 1)) + 0.0);
+                *y.add(rb) = yb + (hsum4(_mm256_extractf128_ps(accm, 1)) + 0.0);
             }
         }
         r += 2;
@@ -359,19 +325,13 @@ unsafe fn q6k_rows(
                     }
                 }
                 let da = std::ptr::read_unaligned(ab.cast::<f32>());
-                let d = pair(wa.add(Q6K_D), wb.add(Q6K_D), da);
-                let dv = _mm512_permutexvar_ps(
-                    _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
-                    _mm512_castps128_ps512(d),
-                );
+                let dv = spread(dpair(wa.add(Q6K_D), wb.add(Q6K_D)), da);
                 acc = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(sumi), acc);
             }
-            *y.add(r) = hsum8(_mm512_castps512_ps256(acc));
+            let (ya, yb) = halves(acc);
+            *y.add(r) = ya;
             if rb != r {
-                *y.add(rb) = hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(
-                    _mm512_castps_pd(acc),
-                    1,
-                )));
+                *y.add(rb) = yb;
             }
         }
         r += 2;
