@@ -15,7 +15,8 @@
 //! to `--max-redo` times, then kept and flagged. The outputs of copy 0 for n = 1..8 and the timed
 //! `n` are compared element by element (Synapse reproduces ggml's plain kernels bit for bit).
 //! The machine's streaming bandwidth is measured before and after with `cargo xtask membw`'s code
-//! (this binary's `membw` subcommand, 2 threads), so n = 1 is reported as GB/s and % of it.
+//! (this binary's `membw` subcommand, 2 threads), and again before and after each case (the VM's
+//! bandwidth drifts over minutes), so n = 1 is reported as GB/s and % of both.
 
 use crate::oracle_env;
 use anyhow::{Context, Result, anyhow, bail};
@@ -445,7 +446,7 @@ pub fn run(args: Args) -> Result<()> {
         args.threads, args.membw_mib, bw0.0, bw0.1
     );
 
-    let mut all: Vec<(Case, Engines, Diffs)> = Vec::new();
+    let mut all: Vec<(Case, Engines, Diffs, (f64, f64))> = Vec::new();
     for c in cases {
         output(
             Command::new(&runner.kbench)
@@ -469,6 +470,8 @@ pub fn run(args: Args) -> Result<()> {
             .iter()
             .map(|e| (e.clone(), Acc::default()))
             .collect();
+        // The bandwidth right beside this case (the VM's drifts over minutes): before and after.
+        let near0 = membw(args.membw_mib, args.threads)?;
         for round in 0..args.rounds.max(1) {
             for i in 0..engines.len() {
                 let e = (i + round) % engines.len();
@@ -510,8 +513,10 @@ pub fn run(args: Args) -> Result<()> {
                 .collect();
             line += &format!(" | {e}: {} GF/s", t.join(" "));
         }
-        println!("{line}");
-        all.push((c, accs, diffs));
+        let near1 = membw(args.membw_mib, args.threads)?;
+        let near = (near0.0.max(near1.0), near0.1.max(near1.1));
+        println!("{line} | membw beside {:.2}/{:.2} GB/s", near.0, near.1);
+        all.push((c, accs, diffs, near));
     }
     let bw1 = membw(args.membw_mib, args.threads)?;
     let (bw, bwp) = (bw0.0.max(bw1.0), bw0.1.max(bw1.1));
@@ -523,11 +528,11 @@ pub fn run(args: Args) -> Result<()> {
     // the table
     println!(
         "\nmedian (best) per-call GFLOP/s, {} threads; ratio = Synapse GF/s / ggml GF/s (> 1: Synapse faster), median (best); * = a tensor of the default model; \
-         n=1 also as weight GB/s and % of the pass/p90 bandwidth; diff = max |y_synapse - y_ggml| over n = 1..8 and the timed n",
+         n=1 also as weight GB/s and % of the streaming pass measured beside the case / of the run's pass reference / of its p90; diff = max |y_synapse - y_ggml| over n = 1..8 and the timed n",
         args.threads
     );
     println!(
-        "{:5} {:>12} {:>4} | {:>15} {:>15} {:>13} | {:>15} {:>6} | {:>17} {:>17} | {:>9} {:>9}",
+        "{:5} {:>12} {:>4} | {:>15} {:>15} {:>13} | {:>15} {:>6} | {:>22} {:>22} | {:>9} {:>9}",
         "type",
         "rows x K",
         "n",
@@ -536,13 +541,13 @@ pub fn run(args: Args) -> Result<()> {
         "ratio",
         "ggml-rp GF/s",
         "ratio",
-        "syn GB/s %pass/p90",
-        "ggml GB/s %pass/p90",
+        "syn GB/s %near/pass/p90",
+        "ggml GB/s %near/pass/p90",
         "diff",
         "diff-rp"
     );
     let mut jcases = Vec::new();
-    for (c, accs, diffs) in &all {
+    for (c, accs, diffs, near) in &all {
         let get = |e: &str| accs.iter().find(|(n, _)| n == e).map(|(_, a)| a);
         let flops = |n: usize| (2 * c.rows * c.k * n) as f64;
         let mut jeng = serde_json::Map::new();
@@ -578,7 +583,12 @@ pub fn run(args: Args) -> Result<()> {
             let bwcol = |x: Option<(f64, f64)>| match x {
                 Some((m, _)) if n == 1 => {
                     let gbs = wbytes as f64 / m;
-                    format!("{gbs:.2} {:.0}/{:.0}%", 100.0 * gbs / bw, 100.0 * gbs / bwp)
+                    format!(
+                        "{gbs:.2} {:.0}/{:.0}/{:.0}%",
+                        100.0 * gbs / near.0,
+                        100.0 * gbs / bw,
+                        100.0 * gbs / bwp
+                    )
                 }
                 _ => String::new(),
             };
@@ -594,7 +604,7 @@ pub fn run(args: Args) -> Result<()> {
             };
             let flag = if c.in_model() { "*" } else { "" };
             println!(
-                "{:5} {:>12} {:>4} | {:>15} {:>15} {:>13} | {:>15} {:>6} | {:>17} {:>17} | {:>9} {:>9}",
+                "{:5} {:>12} {:>4} | {:>15} {:>15} {:>13} | {:>15} {:>6} | {:>22} {:>22} | {:>9} {:>9}",
                 c.ty,
                 format!("{flag}{}x{}", c.rows, c.k),
                 n,
@@ -628,6 +638,7 @@ pub fn run(args: Args) -> Result<()> {
         jcases.push(json!({
             "type": c.ty, "rows": c.rows, "k": c.k, "weight_bytes": wbytes, "model_tensor": c.in_model(),
             "engines": jeng,
+            "membw_beside_gbs": {"pass": near.0, "segment_p90": near.1},
             "max_abs_diff_vs_synapse": diffs,
         }));
     }

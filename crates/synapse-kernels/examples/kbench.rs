@@ -2,7 +2,8 @@
 //! the *minimum* over many calls is reported (a call that was not preempted), with the median
 //! beside it; with one thread, the on-CPU time of the calling thread (`CLOCK_THREAD_CPUTIME_ID`)
 //! is reported too, which stays meaningful for calls longer than a scheduler time slice. `cargo run --release -p synapse-kernels --example kbench -- [path] [threads] [filter]`.
-//! Reports weight GB/s and GFLOP/s at Gemma 3 270M's shapes (rows × K).
+//! Reports weight GB/s and GFLOP/s at Gemma 3 270M's shapes (rows × K), for the activation-row
+//! counts in `KBENCH_NS` (default `1,4,8,128`).
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -61,6 +62,15 @@ fn main() {
         .and_then(|t| t.parse().ok())
         .unwrap_or(1);
     let filter = std::env::args().nth(3).unwrap_or_default();
+    // Activation-row counts, e.g. `KBENCH_NS=1,2,4,8,12` (default 1, 4, 8, 128).
+    let ns: Vec<usize> = std::env::var("KBENCH_NS")
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .map(|n| n.trim().parse().expect("KBENCH_NS"))
+                .collect()
+        })
+        .unwrap_or_else(|| vec![1, 4, 8, 128]);
     let mut ctx = KernelCtx::with_path_and_threads(path, threads).expect("ctx");
     println!(
         "path {path}, threads {threads}, pool {:?}; best-of-N call times",
@@ -90,7 +100,7 @@ fn main() {
             }
             let m = QuantMatrix::from_ggml(ty, &weights(ty, rows, k), rows, k).expect("m");
             let mut line = format!("{:>5} {rows:>5}x{k:<5}", ty.name());
-            for n in [1usize, 4, 8, 128] {
+            for &n in &ns {
                 let x: Vec<f32> = (0..n * k)
                     .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
                     .collect();

@@ -307,12 +307,13 @@ impl QuantMatrix {
             return self.gemv32(ty, x, n, y, ctx);
         }
         #[cfg(target_arch = "x86_64")]
-        if n == 1
+        if n < kernels::gemvk::UNTIL
             && ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
             && kernels::gemvk::supports(ty)
         {
             let (act_scratch, pool) = ctx.parts();
-            act_scratch.set_len(ActKind::Q8K.row_bytes(self.cols));
+            let arb = ActKind::Q8K.row_bytes(self.cols);
+            act_scratch.set_len(n * arb);
             quantize_rows(ActKind::Q8K, x, self.cols, act_scratch.as_bytes_mut());
             let a = act_scratch.as_bytes();
             let yp = SyncPtr(y.as_mut_ptr());
@@ -322,17 +323,18 @@ impl QuantMatrix {
                 self.rows,
                 self.cols / 256,
             );
-            pool.run_rows(rows, 8, 2 * rows * self.cols, &|r0, r1| {
+            pool.run_rows(rows, 8, 2 * rows * self.cols * n, &|r0, r1| {
                 // SAFETY: this path is taken only on Avx512Vnni, which KernelCtx holds only
-                // when the CPU supports it; `a` holds nb Q8_K blocks; chunks write disjoint rows.
-                unsafe { kernels::gemvk::rows(ty, w, rb, nb, a, yp.get(), r0, r1) };
+                // when the CPU supports it; `a` holds n·nb Q8_K blocks; chunks write
+                // disjoint rows of every output row.
+                unsafe { kernels::gemvk::rows(ty, w, rb, nb, a, n, yp.get(), rows, r0, r1) };
             });
             return Ok(());
         }
         #[cfg(target_arch = "x86_64")]
-        // The tiled GEMM from 8 rows for the K-quants (half a 16-row group; measured on
-        // kbench at 8 rows: Q6_K 52 -> 60 GF/s, Q4_K even), from a full group for the 32-block
-        // types (at 8 rows their per-row kernels were as fast or faster); same bits either way.
+        // The tiled GEMM from 8 rows for Q5_K (half a 16-row group; Q4_K/Q6_K below 32 rows
+        // took the few-row kernel above), from a full group for the 32-block types (at 8 rows
+        // their per-row kernels were as fast or faster); same bits either way.
         if ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
             && ((n >= 8 && kernels::tiled::supports(ty))
                 || (n >= kernels::tiled::G && kernels::tiled::supports32(ty)))

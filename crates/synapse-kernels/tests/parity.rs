@@ -227,3 +227,30 @@ fn tiled_gemm_many_groups_is_bit_identical() {
         }
     }
 }
+
+/// Every activation-row count from 1 to 17 against the K-quants (the few-row kernels take
+/// groups of up to 4 rows, the tiled GEMM the rest), odd weight-row counts: the scalar bits.
+#[test]
+fn kquant_few_rows_every_count_is_bit_identical() {
+    use GgmlType as T;
+    for path in KernelPath::supported() {
+        for (ty, cols, rows) in [(T::Q4_K, 512, 7), (T::Q6_K, 768, 5), (T::Q4_K, 256, 1)] {
+            let w = random_weights(ty, rows, cols, 11 + cols as u64);
+            let m = QuantMatrix::from_ggml(ty, &w, rows, cols).unwrap();
+            for n in 1..=17 {
+                let x: Vec<f32> = (0..n)
+                    .flat_map(|t| generate_data(0.3 + t as f32, cols, 2.5))
+                    .collect();
+                let want = run(&m, &x, n, KernelPath::Scalar, 1);
+                let got = run(&m, &x, n, path, 2);
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        e.to_bits(),
+                        "{path} {ty} {rows}x{cols} n={n} element {i}: {g} vs {e}"
+                    );
+                }
+            }
+        }
+    }
+}
