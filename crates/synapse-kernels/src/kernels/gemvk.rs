@@ -312,11 +312,8 @@ unsafe fn q4k_rows<const N: usize, const TILED: bool>(
                     let s1 = _mm512_cvtepi32_ps(reduce8(s1));
                     let s2 = _mm512_cvtepi32_ps(reduce_mins(mins));
                     // r = s1·d; r = fma(−dmin, s2, r) (`fnmadd`: the same single rounding).
-                    let r = _mm512_fnmadd_ps(
-                        spread_rows(dmw),
-                        s2,
-                        _mm512_mul_ps(s1, spread_rows(dw)),
-                    );
+                    let r =
+                        _mm512_fnmadd_ps(spread_rows(dmw), s2, _mm512_mul_ps(s1, spread_rows(dw)));
                     acc1 = _mm512_fmadd_ps(r, spread_acts::<N>(ai, astride), acc1);
                     continue;
                 }
