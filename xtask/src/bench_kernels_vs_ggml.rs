@@ -213,6 +213,8 @@ type Engines = Vec<(String, Acc)>;
 #[derive(Default)]
 struct Acc {
     times: BTreeMap<usize, Vec<u64>>,
+    /// (kernel ns, paired streaming-read ns) per call, for the n the reference is paired with.
+    pairs: BTreeMap<usize, Vec<(u64, u64)>>,
     copies: u64,
     weight_bytes: u64,
     flagged: usize,
@@ -246,6 +248,9 @@ impl Runner<'_> {
         }
         if engine == "ggml-repack" {
             cmd.arg("--repack");
+        }
+        if engine == "synapse" {
+            cmd.args(["--stream-ns", "1"]);
         }
         cmd
     }
@@ -316,6 +321,13 @@ impl Runner<'_> {
                     .entry(n)
                     .or_default()
                     .extend(ts.iter().filter_map(|t| t.as_u64()));
+                if let Some(ss) = r["stream_ns"].as_array().filter(|v| v.len() == ts.len()) {
+                    acc.pairs.entry(n).or_default().extend(
+                        ts.iter()
+                            .zip(ss)
+                            .filter_map(|(t, s)| Some((t.as_u64()?, s.as_u64()?))),
+                    );
+                }
             }
             return Ok(());
         }
@@ -344,6 +356,22 @@ fn read_f32(p: &Path) -> Result<Vec<f32>> {
     Ok(b.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())
+}
+
+/// Median over calls of (paired streaming-read time / kernel time): the kernel's bandwidth as
+/// a fraction of a plain read of the same bytes right after it.
+fn paired_fraction(acc: Option<&Acc>, n: usize) -> Option<f64> {
+    let mut r: Vec<f64> = acc?
+        .pairs
+        .get(&n)?
+        .iter()
+        .map(|&(k, s)| s as f64 / k.max(1) as f64)
+        .collect();
+    if r.is_empty() {
+        return None;
+    }
+    r.sort_by(f64::total_cmp);
+    Some(r[r.len() / 2])
 }
 
 /// `(median, best)` of `v` in ns.
@@ -528,11 +556,11 @@ pub fn run(args: Args) -> Result<()> {
     // the table
     println!(
         "\nmedian (best) per-call GFLOP/s, {} threads; ratio = Synapse GF/s / ggml GF/s (> 1: Synapse faster), median (best); * = a tensor of the default model; \
-         n=1 also as weight GB/s and % of the streaming pass measured beside the case / of the run's pass reference / of its p90; diff = max |y_synapse - y_ggml| over n = 1..8 and the timed n",
+         n=1 also as weight GB/s and % of: a plain streaming read of as many cold bytes through the same pool timed right after each call (median of the per-pair ratios; Synapse only) / the 512 MiB streaming pass measured beside the case / the run's pass reference / its p90; diff = max |y_synapse - y_ggml| over n = 1..8 and the timed n",
         args.threads
     );
     println!(
-        "{:5} {:>12} {:>4} | {:>15} {:>15} {:>13} | {:>15} {:>6} | {:>22} {:>22} | {:>9} {:>9}",
+        "{:5} {:>12} {:>4} | {:>15} {:>15} {:>13} | {:>15} {:>6} | {:>29} {:>22} | {:>9} {:>9}",
         "type",
         "rows x K",
         "n",
@@ -541,7 +569,7 @@ pub fn run(args: Args) -> Result<()> {
         "ratio",
         "ggml-rp GF/s",
         "ratio",
-        "syn GB/s %near/pass/p90",
+        "syn GB/s %paired/near/pass/p90",
         "ggml GB/s %near/pass/p90",
         "diff",
         "diff-rp"
@@ -580,11 +608,12 @@ pub fn run(args: Args) -> Result<()> {
                 (Some((sm, sb)), Some((xm, xb))) => format!("{:.2} ({:.2})", xm / sm, xb / sb),
                 _ => "-".into(),
             };
-            let bwcol = |x: Option<(f64, f64)>| match x {
+            let bwcol = |x: Option<(f64, f64)>, paired: Option<f64>| match x {
                 Some((m, _)) if n == 1 => {
                     let gbs = wbytes as f64 / m;
                     format!(
-                        "{gbs:.2} {:.0}/{:.0}/{:.0}%",
+                        "{gbs:.2} {}{:.0}/{:.0}/{:.0}%",
+                        paired.map_or(String::new(), |p| format!("{:.0}/", 100.0 * p)),
                         100.0 * gbs / near.0,
                         100.0 * gbs / bw,
                         100.0 * gbs / bwp
@@ -592,6 +621,7 @@ pub fn run(args: Args) -> Result<()> {
                 }
                 _ => String::new(),
             };
+            let paired = paired_fraction(get("synapse"), n);
             let dmax = |e: &str| {
                 diffs.get(e).map_or(String::new(), |m| {
                     let d = m.values().fold(0f32, |a, v| a.max(*v));
@@ -604,7 +634,7 @@ pub fn run(args: Args) -> Result<()> {
             };
             let flag = if c.in_model() { "*" } else { "" };
             println!(
-                "{:5} {:>12} {:>4} | {:>15} {:>15} {:>13} | {:>15} {:>6} | {:>22} {:>22} | {:>9} {:>9}",
+                "{:5} {:>12} {:>4} | {:>15} {:>15} {:>13} | {:>15} {:>6} | {:>29} {:>22} | {:>9} {:>9}",
                 c.ty,
                 format!("{flag}{}x{}", c.rows, c.k),
                 n,
@@ -617,8 +647,8 @@ pub fn run(args: Args) -> Result<()> {
                 } else {
                     String::new()
                 },
-                bwcol(s),
-                bwcol(g),
+                bwcol(s, paired),
+                bwcol(g, None),
                 if n == args.ns[0] {
                     dmax("ggml")
                 } else {
@@ -639,6 +669,7 @@ pub fn run(args: Args) -> Result<()> {
             "type": c.ty, "rows": c.rows, "k": c.k, "weight_bytes": wbytes, "model_tensor": c.in_model(),
             "engines": jeng,
             "membw_beside_gbs": {"pass": near.0, "segment_p90": near.1},
+            "synapse_n1_fraction_of_paired_stream": paired_fraction(get("synapse"), 1),
             "max_abs_diff_vs_synapse": diffs,
         }));
     }

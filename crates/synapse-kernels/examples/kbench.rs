@@ -89,12 +89,15 @@ fn main() {
         (2048, 640),
         (640, 2048),
         (256, 640),
+        (262144, 640),
     ];
     for ty in types {
         for &(rows, k) in &shapes {
             let (rows, k): (usize, usize) = (rows, k);
+            // The LM head (Q8_0 only) when the filter names it.
             if !k.is_multiple_of(ty.block_size())
                 || !format!("{}/{rows}x{k}", ty.name()).contains(&filter)
+                || (rows == 262144 && (ty != GgmlType::Q8_0 || !filter.contains("262144")))
             {
                 continue;
             }

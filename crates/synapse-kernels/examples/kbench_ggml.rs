@@ -5,11 +5,13 @@
 //! scales in [0.005, 0.015), `ROWS × K`) and `DIR/x.bin` (`NMAX × K` f32 activations in [-1, 1)).
 //!
 //! `kbench_ggml run TYPE ROWS K DIR [--threads T] [--ns 1,4,8,128] [--check-ns 1,2,..] [--cold-mib M]
-//! [--budget-ms B] [--min-calls A] [--max-calls Z]` builds enough distinct copies of the matrix
+//! [--budget-ms B] [--min-calls A] [--max-calls Z] [--stream-ns 1]` builds enough distinct copies of the matrix
 //! (`QuantMatrix::from_ggml` + clone) that together they exceed `M` MiB, so that cycling through
 //! them makes every call stream its weights from DRAM rather than from cache (`--cold-mib 0`: one
 //! copy, cache-resident), then for each `n` times single `matmul` calls (after 3 warm-up calls)
-//! until `B` ms have passed and at least `A` calls ran (at most `Z`). It writes
+//! until `B` ms have passed and at least `A` calls ran (at most `Z`); for the `n` in
+//! `--stream-ns`, each call is followed by a timed plain streaming read of another copy's
+//! weight bytes through the same pool (`stream_ns`: the paired bandwidth reference). It writes
 //! `DIR/y_synapse_n{n}.bin` for every check `n` (copy 0) and prints one JSON line:
 //! `{"engine", "weight_bytes", "copies", "results": [{"n", "ns": [per-call ns...], "busy_ticks",
 //! "self_ticks"}]}`, where the tick counts are the system-wide busy and this process's CPU ticks
@@ -134,6 +136,7 @@ fn run(
     let budget_ms: f64 = get("budget-ms", "200").parse()?;
     let min_calls: usize = get("min-calls", "5").parse()?;
     let max_calls: usize = get("max-calls", "2000").parse()?;
+    let stream_ns = list(&get("stream-ns", ""))?;
 
     let w = std::fs::read(dir.join("w.bin")).context("reading w.bin")?;
     let x = read_f32(&dir.join("x.bin"))?;
@@ -166,21 +169,33 @@ fn run(
         let (b0, s0) = (busy_ticks(), self_ticks());
         let start = Instant::now();
         let mut times = Vec::new();
+        let mut stream_times: Vec<u64> = Vec::new();
         while times.len() < max_calls
             && (times.len() < min_calls || start.elapsed().as_secs_f64() * 1e3 < budget_ms)
         {
             let m = &mats[next % copies];
-            next += 1;
             let t0 = Instant::now();
             m.matmul(xs, n, &mut y, &mut ctx)?;
             times.push(t0.elapsed().as_nanos() as u64);
+            if stream_ns.contains(&n) {
+                // The paired reference: a plain streaming read of as many bytes, through the
+                // same pool, from the copy furthest from the ones just used (as cold).
+                let s = &mats[(next + copies / 2) % copies];
+                let t0 = Instant::now();
+                let sum = stream(s, &mut ctx);
+                stream_times.push(t0.elapsed().as_nanos() as u64);
+                std::hint::black_box(sum);
+            }
+            next += 1;
         }
         let (b1, s1) = (busy_ticks(), self_ticks());
         std::hint::black_box(&y);
         let ts: Vec<String> = times.iter().map(|t| t.to_string()).collect();
+        let ss: Vec<String> = stream_times.iter().map(|t| t.to_string()).collect();
         results.push(format!(
-            "{{\"n\":{n},\"ns\":[{}],\"busy_ticks\":{},\"self_ticks\":{},\"wall_s\":{}}}",
+            "{{\"n\":{n},\"ns\":[{}],\"stream_ns\":[{}],\"busy_ticks\":{},\"self_ticks\":{},\"wall_s\":{}}}",
             ts.join(","),
+            ss.join(","),
             b1.saturating_sub(b0),
             s1.saturating_sub(s0),
             start.elapsed().as_secs_f64()
@@ -194,6 +209,80 @@ fn run(
         results.join(",")
     );
     Ok(())
+}
+
+/// Reads every weight byte of `m` once, split over `ctx`'s pool by rows like a GEMV (each chunk
+/// of rows is one contiguous range): 512-bit loads into 4 independent XOR chains, software
+/// prefetch 1.5 KB ahead as the GEMVs do — no arithmetic to speak of, so the rate a
+/// bandwidth-bound GEMV of this size and access pattern can at best reach here.
+fn stream(m: &QuantMatrix, ctx: &mut KernelCtx) -> u64 {
+    let total = std::sync::atomic::AtomicU64::new(0);
+    ctx.parallel_for(m.rows(), 2 * m.rows() * m.cols(), &|r0, r1| {
+        let (Some(first), Some(last)) = (m.row_bytes(r0), m.row_bytes(r1 - 1)) else {
+            return;
+        };
+        // SAFETY: rows r0..r1 of one matrix are one contiguous allocation.
+        let bytes = unsafe {
+            let len = last.as_ptr().offset_from(first.as_ptr()) as usize + last.len();
+            std::slice::from_raw_parts(first.as_ptr(), len)
+        };
+        total.fetch_add(read_all(bytes), std::sync::atomic::Ordering::Relaxed);
+    });
+    total.into_inner()
+}
+
+/// The streaming read's prefetch distance in bytes (`KBENCH_STREAM_PREFETCH`, default 6144).
+fn stream_prefetch() -> usize {
+    static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *D.get_or_init(|| {
+        std::env::var("KBENCH_STREAM_PREFETCH")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(6144)
+    })
+}
+
+fn read_all(b: &[u8]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has AVX-512F.
+        return unsafe { read_all_avx512(b) };
+    }
+    b.chunks(8).fold(0u64, |a, c| {
+        a ^ c.iter().fold(0u64, |x, &v| (x << 8) | v as u64)
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn read_all_avx512(b: &[u8]) -> u64 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_setzero_si512(); 4];
+    let d = stream_prefetch();
+    let mut chunks = b.chunks_exact(256);
+    for c in &mut chunks {
+        // SAFETY: 256 bytes at c; prefetch of any address is allowed.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(c.as_ptr().wrapping_add(d).cast());
+            _mm_prefetch::<_MM_HINT_T0>(c.as_ptr().wrapping_add(d + 64).cast());
+            _mm_prefetch::<_MM_HINT_T0>(c.as_ptr().wrapping_add(d + 128).cast());
+            _mm_prefetch::<_MM_HINT_T0>(c.as_ptr().wrapping_add(d + 192).cast());
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_xor_si512(*a, _mm512_loadu_si512(c.as_ptr().add(64 * k).cast()));
+            }
+        }
+    }
+    let v = _mm512_xor_si512(
+        _mm512_xor_si512(acc[0], acc[1]),
+        _mm512_xor_si512(acc[2], acc[3]),
+    );
+    let mut w = [0u64; 8];
+    // SAFETY: 64 bytes to a local array.
+    unsafe { _mm512_storeu_si512(w.as_mut_ptr().cast(), v) };
+    chunks
+        .remainder()
+        .iter()
+        .fold(w.iter().fold(0, |a, x| a ^ x), |a, &v| a ^ v as u64)
 }
 
 fn main() -> Result<()> {
