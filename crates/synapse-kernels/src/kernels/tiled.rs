@@ -16,8 +16,12 @@ use synapse_formats::GgmlType;
 
 /// Activation rows per group (one i32 lane each).
 pub(crate) const G: usize = 16;
-/// Bytes of one packed (group, super-block): codes, 16 bsums per row as i32, d per row.
-pub(crate) const PACK: usize = 256 * G + 16 * G * 4 + G * 4;
+/// Bytes of one packed (group, super-block): codes, 16 bsums per row as i32, d per row, and
+/// per row the 8 sums of 32 (two 16-sums each) as i16 pairs `[4][row]` (the Q4_K/Q5_K mins'
+/// operand: one `vpdpwssd` covers two sub-blocks).
+pub(crate) const PACK: usize = 256 * G + 16 * G * 4 + G * 4 + 4 * G * 4;
+/// Offset of the i16-pair sums in a packed super-block.
+const PAIRS: usize = 256 * G + 16 * G * 4 + G * 4;
 
 /// The K-quants this GEMM handles.
 pub(crate) fn supports(ty: GgmlType) -> bool {
@@ -33,7 +37,8 @@ pub(crate) fn pack(act: &[BlockQ8K], n: usize, nb: usize, out: &mut [u8]) {
         for kb in 0..nb {
             let p = &mut out[(g * nb + kb) * PACK..(g * nb + kb + 1) * PACK];
             let (q, rest) = p.split_at_mut(256 * G);
-            let (bs, d) = rest.split_at_mut(16 * G * 4);
+            let (bs, rest) = rest.split_at_mut(16 * G * 4);
+            let (d, pairs) = rest.split_at_mut(G * 4);
             for c in 0..G {
                 let t = g * G + c;
                 let blk = (t < n).then(|| &act[t * nb + kb]);
@@ -54,6 +59,14 @@ pub(crate) fn pack(act: &[BlockQ8K], n: usize, nb: usize, out: &mut [u8]) {
                 }
                 let dv = blk.map_or(0f32, |b| b.d);
                 d[c * 4..c * 4 + 4].copy_from_slice(&dv.to_le_bytes());
+                for j in 0..4 {
+                    // |sum of 32 quants| <= 32·127: an i16.
+                    let s32 = |s: usize| blk.map_or(0i16, |b| b.bsums[2 * s] + b.bsums[2 * s + 1]);
+                    let (lo, hi) = (s32(2 * j), s32(2 * j + 1));
+                    pairs[(j * G + c) * 4..(j * G + c) * 4 + 2].copy_from_slice(&lo.to_le_bytes());
+                    pairs[(j * G + c) * 4 + 2..(j * G + c) * 4 + 4]
+                        .copy_from_slice(&hi.to_le_bytes());
+                }
             }
         }
     }
@@ -63,7 +76,8 @@ pub(crate) fn pack(act: &[BlockQ8K], n: usize, nb: usize, out: &mut [u8]) {
 struct Unpacked {
     codes: [u8; 256],
     sc: [i32; 16],
-    m: [i32; 8],
+    /// Mins of sub-blocks 2j, 2j+1 as the i16 pair `m[2j] | m[2j+1] << 16`.
+    m2: [i32; 4],
     d: f32,
     dmin: f32,
 }
@@ -72,7 +86,7 @@ fn unpack(ty: GgmlType, b: &[u8]) -> Unpacked {
     let mut u = Unpacked {
         codes: [0; 256],
         sc: [0; 16],
-        m: [0; 8],
+        m2: [0; 4],
         d: 0.0,
         dmin: 0.0,
     };
@@ -93,7 +107,7 @@ fn unpack(ty: GgmlType, b: &[u8]) -> Unpacked {
             for j in 0..8 {
                 let (s, m) = scale_min_k4(j, &b[Q4K_SCALES..Q4K_SCALES + 12]);
                 u.sc[j] = s as i32;
-                u.m[j] = m as i32;
+                u.m2[j / 2] |= (m as i32) << (16 * (j % 2));
             }
             u.d = f16_at(b, 0);
             u.dmin = f16_at(b, 2);
@@ -243,9 +257,15 @@ unsafe fn superblock2(
         } else {
             s1a = _mm512_add_epi32(s1a, _mm512_mullo_epi32(ra, _mm512_set1_epi32(ua.sc[s])));
             s1b = _mm512_add_epi32(s1b, _mm512_mullo_epi32(rb, _mm512_set1_epi32(ub.sc[s])));
-            let bs = _mm512_add_epi32(bsum(2 * s), bsum(2 * s + 1));
-            s2a = _mm512_add_epi32(s2a, _mm512_mullo_epi32(bs, _mm512_set1_epi32(ua.m[s])));
-            s2b = _mm512_add_epi32(s2b, _mm512_mullo_epi32(bs, _mm512_set1_epi32(ub.m[s])));
+        }
+    }
+    if !six {
+        // s2 = Σ_s m_s·(sum of sub-block s): two sub-blocks per `vpdpwssd` (exact integers).
+        for j in 0..4 {
+            // SAFETY: 64 bytes of pairs inside the packed block.
+            let bs = unsafe { _mm512_loadu_si512(q.add(PAIRS + j * G * 4).cast()) };
+            s2a = _mm512_dpwssd_epi32(s2a, bs, _mm512_set1_epi32(ua.m2[j]));
+            s2b = _mm512_dpwssd_epi32(s2b, bs, _mm512_set1_epi32(ub.m2[j]));
         }
     }
     let mut ra = _mm512_mul_ps(_mm512_cvtepi32_ps(s1a), _mm512_set1_ps(ua.d));
