@@ -36,7 +36,8 @@ pub(crate) fn lane_init(ty: GgmlType, act: &[BlockQ8x32], out: &mut [i32]) {
 
 /// Bytes ahead of the current block to prefetch (each row is streamed once). Measured on the
 /// 178 MB Q8_0 LM head against a plain streaming read of the same bytes right after each call
-/// (`kbench_ggml --stream-ns 1`): 1536 B ahead reached 0.70–0.73 of it, 3–12 KB 0.84–0.87.
+/// (`kbench_ggml --stream-ns 1`): 1536 B ahead reached 0.70–0.73 of it, 3–12 KB 0.84–0.87,
+/// and 6 KB into L2 (`T1`, not `T0`) 0.88–0.89.
 const PREFETCH: usize = 6144;
 
 /// Two blocks' codes (rows `a` and `b`) as unsigned bytes, block `a` in the low half.
@@ -163,8 +164,8 @@ unsafe fn rows_impl<const T: u8, const N: usize>(
             let mut acc = [_mm512_setzero_ps(); N];
             for b in 0..nb {
                 let (wa, wb) = (pa.add(b * ts), pb.add(b * ts));
-                _mm_prefetch::<_MM_HINT_T0>(wa.wrapping_add(dist).cast());
-                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(dist).cast());
+                _mm_prefetch::<_MM_HINT_T1>(wa.wrapping_add(dist).cast());
+                _mm_prefetch::<_MM_HINT_T1>(wb.wrapping_add(dist).cast());
                 let c = codes::<T>(wa, wb);
                 let dw = dpair(wa, wb);
                 for (t, at) in acc.iter_mut().enumerate() {

@@ -25,7 +25,8 @@ const TS: usize = 144;
 const AK: usize = 292;
 /// Bytes ahead of the current block to prefetch (each row is streamed once). Measured on the
 /// 178 MB Q8_0 LM head against a plain streaming read of the same bytes right after each call
-/// (`kbench_ggml --stream-ns 1`): 1536 B ahead reached 0.70–0.73 of it, 3–12 KB 0.84–0.87.
+/// (`kbench_ggml --stream-ns 1`): 1536 B ahead reached 0.70–0.73 of it, 3–12 KB 0.84–0.87,
+/// and 6 KB into L2 (`T1`, not `T0`) 0.88–0.89.
 const PREFETCH: usize = 6144;
 
 /// The mins' 4 lanes reduced as the per-row kernel does: `(m0 + m2) + (m1 + m3)`.
@@ -265,8 +266,8 @@ unsafe fn q4k_rows<const N: usize, const TILED: bool>(
             for i in 0..nb {
                 let (wa, wb, ai) = (pa.add(i * TS), pb.add(i * TS), a.add(i * AK));
                 for k in [0, 64, 128] {
-                    _mm_prefetch::<_MM_HINT_T0>(wa.wrapping_add(dist + k).cast());
-                    _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(dist + k).cast());
+                    _mm_prefetch::<_MM_HINT_T1>(wa.wrapping_add(dist + k).cast());
+                    _mm_prefetch::<_MM_HINT_T1>(wb.wrapping_add(dist + k).cast());
                 }
                 let (sca, ma) = k4_scales(wa.add(Q4K_SCALES));
                 let (scb, mb) = k4_scales(wb.add(Q4K_SCALES));
@@ -408,8 +409,8 @@ unsafe fn q6k_rows<const N: usize, const TILED: bool>(
             for i in 0..nb {
                 let (wa, wb, ai) = (pa.add(i * TS6), pb.add(i * TS6), a.add(i * AK));
                 for k in [0, 64, 128, 192] {
-                    _mm_prefetch::<_MM_HINT_T0>(wa.wrapping_add(dist + k).cast());
-                    _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(dist + k).cast());
+                    _mm_prefetch::<_MM_HINT_T1>(wa.wrapping_add(dist + k).cast());
+                    _mm_prefetch::<_MM_HINT_T1>(wb.wrapping_add(dist + k).cast());
                 }
                 // Scales as words: row a's 16 in words 0..16, row b's in 16..32.
                 let sc16 = _mm512_cvtepi8_epi16(_mm256_inserti128_si256(
