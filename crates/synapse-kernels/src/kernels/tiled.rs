@@ -16,12 +16,15 @@ use synapse_formats::GgmlType;
 
 /// Activation rows per group (one i32 lane each).
 pub(crate) const G: usize = 16;
-/// Bytes of one packed (group, super-block): codes, 16 bsums per row as i32, d per row, and
-/// per row the 8 sums of 32 (two 16-sums each) as i16 pairs `[4][row]` (the Q4_K/Q5_K mins'
-/// operand: one `vpdpwssd` covers two sub-blocks).
-pub(crate) const PACK: usize = 256 * G + 16 * G * 4 + G * 4 + 4 * G * 4;
-/// Offset of the i16-pair sums in a packed super-block.
-const PAIRS: usize = 256 * G + 16 * G * 4 + G * 4;
+/// Bytes of one packed (group, super-block): codes, d per row, per row the 8 sums of 32 (two
+/// 16-sums each) as i16 pairs `[4][row]` (the Q4_K/Q5_K mins' operand: one `vpdpwssd` covers
+/// two sub-blocks), then the 16 sums of 16 as i16 pairs `[8][row]` (Q6_K's `−32·Σ sc·bsum`,
+/// likewise).
+pub(crate) const PACK: usize = 256 * G + G * 4 + 4 * G * 4 + 8 * G * 4;
+/// Offset of the i16-pair sums of 32 in a packed super-block.
+const PAIRS: usize = 256 * G + G * 4;
+/// Offset of the i16-pair sums of 16.
+const PAIRS16: usize = PAIRS + 4 * G * 4;
 
 /// The K-quants this GEMM handles.
 pub(crate) fn supports(ty: GgmlType) -> bool {
@@ -37,8 +40,8 @@ pub(crate) fn pack(act: &[BlockQ8K], n: usize, nb: usize, out: &mut [u8]) {
         for kb in 0..nb {
             let p = &mut out[(g * nb + kb) * PACK..(g * nb + kb + 1) * PACK];
             let (q, rest) = p.split_at_mut(256 * G);
-            let (bs, rest) = rest.split_at_mut(16 * G * 4);
-            let (d, pairs) = rest.split_at_mut(G * 4);
+            let (d, rest) = rest.split_at_mut(G * 4);
+            let (pairs, pairs16) = rest.split_at_mut(4 * G * 4);
             for c in 0..G {
                 let t = g * G + c;
                 let blk = (t < n).then(|| &act[t * nb + kb]);
@@ -53,10 +56,6 @@ pub(crate) fn pack(act: &[BlockQ8K], n: usize, nb: usize, out: &mut [u8]) {
                         None => dst.fill(0),
                     }
                 }
-                for s in 0..16 {
-                    let v = blk.map_or(0i32, |b| b.bsums[s] as i32);
-                    bs[(s * G + c) * 4..(s * G + c) * 4 + 4].copy_from_slice(&v.to_le_bytes());
-                }
                 let dv = blk.map_or(0f32, |b| b.d);
                 d[c * 4..c * 4 + 4].copy_from_slice(&dv.to_le_bytes());
                 for j in 0..4 {
@@ -66,6 +65,12 @@ pub(crate) fn pack(act: &[BlockQ8K], n: usize, nb: usize, out: &mut [u8]) {
                     pairs[(j * G + c) * 4..(j * G + c) * 4 + 2].copy_from_slice(&lo.to_le_bytes());
                     pairs[(j * G + c) * 4 + 2..(j * G + c) * 4 + 4]
                         .copy_from_slice(&hi.to_le_bytes());
+                }
+                for j in 0..8 {
+                    let b16 = |s: usize| blk.map_or(0i16, |b| b.bsums[s]);
+                    let o = (j * G + c) * 4;
+                    pairs16[o..o + 2].copy_from_slice(&b16(2 * j).to_le_bytes());
+                    pairs16[o + 2..o + 4].copy_from_slice(&b16(2 * j + 1).to_le_bytes());
                 }
             }
         }
@@ -78,6 +83,8 @@ struct Unpacked {
     sc: [i32; 16],
     /// Mins of sub-blocks 2j, 2j+1 as the i16 pair `m[2j] | m[2j+1] << 16`.
     m2: [i32; 4],
+    /// Q6_K: scales of sub-blocks 2j, 2j+1 as an i16 pair.
+    sc2: [i32; 8],
     d: f32,
     dmin: f32,
 }
@@ -87,6 +94,7 @@ fn unpack(ty: GgmlType, b: &[u8]) -> Unpacked {
         codes: [0; 256],
         sc: [0; 16],
         m2: [0; 4],
+        sc2: [0; 8],
         d: 0.0,
         dmin: 0.0,
     };
@@ -95,6 +103,7 @@ fn unpack(ty: GgmlType, b: &[u8]) -> Unpacked {
             u.codes = unpack_q6k(&b[..128], &b[Q6K_QH..Q6K_QH + 64]);
             for (s, v) in u.sc.iter_mut().enumerate() {
                 *v = (b[Q6K_SCALES + s] as i8) as i32;
+                u.sc2[s / 2] |= ((*v as i16 as u16) as i32) << (16 * (s % 2));
             }
             u.d = f16_at(b, Q6K_D);
         }
@@ -225,8 +234,7 @@ unsafe fn superblock2(
 ) -> (__m512, __m512) {
     let q = p.as_ptr();
     // SAFETY: offsets inside the PACK-byte packed block.
-    let (bsp, dp) = unsafe { (q.add(256 * G).cast::<i32>(), q.add(256 * G + 16 * G * 4)) };
-    let bsum = |s: usize| unsafe { _mm512_loadu_si512(bsp.add(s * G).cast()) };
+    let dp = unsafe { q.add(256 * G) };
     let code = |u: &Unpacked, k4: usize| {
         u32::from_le_bytes([
             u.codes[4 * k4],
@@ -248,16 +256,21 @@ unsafe fn superblock2(
             ra = _mm512_dpbusd_epi32(ra, _mm512_set1_epi32(code(ua, k4)), a);
             rb = _mm512_dpbusd_epi32(rb, _mm512_set1_epi32(code(ub, k4)), a);
         }
-        if six {
-            let b32 = _mm512_slli_epi32(bsum(s), 5);
-            ra = _mm512_sub_epi32(ra, b32);
-            rb = _mm512_sub_epi32(rb, b32);
-            s1a = _mm512_add_epi32(s1a, _mm512_mullo_epi32(ra, _mm512_set1_epi32(ua.sc[s])));
-            s1b = _mm512_add_epi32(s1b, _mm512_mullo_epi32(rb, _mm512_set1_epi32(ub.sc[s])));
-        } else {
-            s1a = _mm512_add_epi32(s1a, _mm512_mullo_epi32(ra, _mm512_set1_epi32(ua.sc[s])));
-            s1b = _mm512_add_epi32(s1b, _mm512_mullo_epi32(rb, _mm512_set1_epi32(ub.sc[s])));
+        s1a = _mm512_add_epi32(s1a, _mm512_mullo_epi32(ra, _mm512_set1_epi32(ua.sc[s])));
+        s1b = _mm512_add_epi32(s1b, _mm512_mullo_epi32(rb, _mm512_set1_epi32(ub.sc[s])));
+    }
+    if six {
+        // s1 −= 32·Σ_s sc_s·bsum_s: two sub-blocks per `vpdpwssd` (exact integers, so the
+        // same s1 as subtracting 32·bsum from each sub-block's sum first).
+        let (mut ca, mut cb) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+        for j in 0..8 {
+            // SAFETY: 64 bytes of pairs inside the packed block.
+            let bs = unsafe { _mm512_loadu_si512(q.add(PAIRS16 + j * G * 4).cast()) };
+            ca = _mm512_dpwssd_epi32(ca, bs, _mm512_set1_epi32(ua.sc2[j]));
+            cb = _mm512_dpwssd_epi32(cb, bs, _mm512_set1_epi32(ub.sc2[j]));
         }
+        s1a = _mm512_sub_epi32(s1a, _mm512_slli_epi32(ca, 5));
+        s1b = _mm512_sub_epi32(s1b, _mm512_slli_epi32(cb, 5));
     }
     if !six {
         // s2 = Σ_s m_s·(sum of sub-block s): two sub-blocks per `vpdpwssd` (exact integers).
