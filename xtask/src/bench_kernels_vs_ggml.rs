@@ -16,7 +16,10 @@
 //! `n` are compared element by element (Synapse reproduces ggml's plain kernels bit for bit).
 //! The machine's streaming bandwidth is measured before and after with `cargo xtask membw`'s code
 //! (this binary's `membw` subcommand, 2 threads), and again before and after each case (the VM's
-//! bandwidth drifts over minutes), so n = 1 is reported as GB/s and % of both.
+//! bandwidth drifts over minutes), so n = 1 is reported as GB/s and % of both; and Synapse's
+//! n = 1 calls are each followed by a timed plain streaming read of as many cold bytes through
+//! the same thread pool (`kbench_ggml --stream-ns 1`), reported as the median per-pair fraction:
+//! the tightest reference, same size, same threads, same coldness, seconds apart.
 
 use crate::oracle_env;
 use anyhow::{Context, Result, anyhow, bail};
