@@ -52,6 +52,18 @@ fn shapes(ty: GgmlType) -> Vec<(usize, usize, usize)> {
     ]
 }
 
+/// Every element of `got` has exactly the bits of the scalar path's `want`.
+fn assert_same_bits(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, e)) in got.iter().zip(want).enumerate() {
+        assert_eq!(
+            g.to_bits(),
+            e.to_bits(),
+            "{what} element {i}: {g} vs scalar {e}"
+        );
+    }
+}
+
 fn run(m: &QuantMatrix, x: &[f32], n: usize, path: KernelPath, threads: usize) -> Vec<f32> {
     let mut ctx = KernelCtx::with_path_and_threads(path, threads).unwrap();
     let mut y = vec![f32::NAN; n * m.rows()];
@@ -179,13 +191,7 @@ fn ggml_order_encodings_are_bit_identical_on_every_path() {
                     .collect();
                 let want = run(&m, &x, n, KernelPath::Scalar, 1);
                 let got = run(&m, &x, n, path, 2);
-                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                    assert_eq!(
-                        g.to_bits(),
-                        e.to_bits(),
-                        "{path} {ty} {rows}x{cols} n={n} element {i}: {g} vs scalar {e}"
-                    );
-                }
+                assert_same_bits(&got, &want, &format!("{path} {ty} {rows}x{cols} n={n}"));
             }
         }
     }
@@ -217,13 +223,7 @@ fn tiled_gemm_many_groups_is_bit_identical() {
                 .collect();
             let want = run(&m, &x, n, KernelPath::Scalar, 1);
             let got = run(&m, &x, n, path, 2);
-            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                assert_eq!(
-                    g.to_bits(),
-                    e.to_bits(),
-                    "{path} {ty} element {i}: {g} vs {e}"
-                );
-            }
+            assert_same_bits(&got, &want, &format!("{path} {ty}"));
         }
     }
 }
@@ -243,13 +243,7 @@ fn kquant_few_rows_every_count_is_bit_identical() {
                     .collect();
                 let want = run(&m, &x, n, KernelPath::Scalar, 1);
                 let got = run(&m, &x, n, path, 2);
-                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                    assert_eq!(
-                        g.to_bits(),
-                        e.to_bits(),
-                        "{path} {ty} {rows}x{cols} n={n} element {i}: {g} vs {e}"
-                    );
-                }
+                assert_same_bits(&got, &want, &format!("{path} {ty} {rows}x{cols} n={n}"));
             }
         }
     }

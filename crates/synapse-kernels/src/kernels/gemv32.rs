@@ -40,6 +40,30 @@ pub(crate) fn lane_init(ty: GgmlType, act: &[BlockQ8x32], out: &mut [i32]) {
 /// and 6 KB into L2 (`T1`, not `T0`) 0.88–0.89.
 const PREFETCH: usize = 6144;
 
+/// How far ahead the pair-per-register GEMVs (here and `gemvk`) prefetch: [`PREFETCH`], and at
+/// least the next pair's rows — a pair reads rows r and r + 1 side by side, so a distance
+/// shorter than two rows would only touch data already streaming.
+pub(crate) fn prefetch_dist(row_bytes: usize) -> usize {
+    PREFETCH.max(2 * row_bytes)
+}
+
+/// The pair of weight rows starting at `r` (of `r0..r1`): `(rb, row r, row rb)`, `rb = r` for
+/// an odd last row (both halves then compute it; the kernels store it once).
+#[inline]
+pub(crate) fn row_pair(
+    w: &[u8],
+    row_bytes: usize,
+    r: usize,
+    r1: usize,
+) -> (usize, *const u8, *const u8) {
+    let rb = if r + 1 < r1 { r + 1 } else { r };
+    (
+        rb,
+        w[r * row_bytes..].as_ptr(),
+        w[rb * row_bytes..].as_ptr(),
+    )
+}
+
 /// Two blocks' codes (rows `a` and `b`) as unsigned bytes, block `a` in the low half.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -148,19 +172,13 @@ unsafe fn rows_impl<const T: u8, const N: usize>(
     r0: usize,
     r1: usize,
 ) {
-    // Prefetch at least the next pair's rows: the pair reads rows r and r + 1 side by side,
-    // so a fixed distance shorter than two rows would only touch data already streaming.
-    let dist = PREFETCH.max(2 * row_bytes);
+    let dist = prefetch_dist(row_bytes);
     let mut r = r0;
     while r < r1 {
-        let rb = if r + 1 < r1 { r + 1 } else { r };
+        let (rb, pa, pb) = row_pair(w, row_bytes, r, r1);
         // SAFETY: rows r and rb < rows; N rows of nb blocks of activations and lane starts
         // (caller); outputs t·ystride + r, t·ystride + rb are this call's.
         unsafe {
-            let (pa, pb) = (
-                w.as_ptr().add(r * row_bytes),
-                w.as_ptr().add(rb * row_bytes),
-            );
             let mut acc = [_mm512_setzero_ps(); N];
             for b in 0..nb {
                 let (wa, wb) = (pa.add(b * ts), pb.add(b * ts));

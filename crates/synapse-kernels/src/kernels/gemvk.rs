@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::gemv32::{dpair, halves, spread};
+use super::gemv32::{dpair, halves, prefetch_dist, row_pair, spread};
 use super::x86::avx512vnni::k4_scales;
 use crate::blocks::{Q4K_QS, Q4K_SCALES, Q6K_D, Q6K_QH, Q6K_SCALES};
 use synapse_formats::GgmlType;
@@ -23,11 +23,6 @@ pub(crate) fn supports(ty: GgmlType) -> bool {
 /// Bytes of a Q4_K block and of a Q8_K activation block (`d`, `qs[256]`, `bsums[16]`).
 const TS: usize = 144;
 const AK: usize = 292;
-/// Bytes ahead of the current block to prefetch (each row is streamed once). Measured on the
-/// 178 MB Q8_0 LM head against a plain streaming read of the same bytes right after each call
-/// (`kbench_ggml --stream-ns 1`): 1536 B ahead reached 0.70–0.73 of it, 3–12 KB 0.84–0.87,
-/// and 6 KB into L2 (`T1`, not `T0`) 0.88–0.89.
-const PREFETCH: usize = 6144;
 
 /// The mins' 4 lanes reduced as the per-row kernel does: `(m0 + m2) + (m1 + m3)`.
 #[inline]
@@ -75,6 +70,20 @@ fn widx4(a0: i16, a1: i16, b0: i16, b1: i16) -> __m512i {
     )
 }
 
+/// Per 128-bit chunk of `x` and `y`: `[x0+x2, y0+y2, x1+x3, y1+y3]` (32-bit lanes).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn p2(x: __m512i, y: __m512i) -> __m512i {
+    _mm512_add_epi32(_mm512_unpacklo_epi32(x, y), _mm512_unpackhi_epi32(x, y))
+}
+
+/// Per 128-bit chunk of two [`p2`] results: `[Σx, Σy, Σz, Σw]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn q2(x: __m512i, y: __m512i) -> __m512i {
+    _mm512_add_epi32(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y))
+}
+
 /// The tiled order's 16 outputs of a row pair and 8 activation rows, as lanes
 /// `[a t0..4, b t0..4, a t4..8, b t4..8]` (`a`, `b` the weight rows, `t` the activation rows).
 ///
@@ -82,13 +91,6 @@ fn widx4(a0: i16, a1: i16, b0: i16, b1: i16) -> __m512i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn reduce8(v: [__m512i; 8]) -> __m512i {
-    // Per 128-bit chunk: [x0+x2, y0+y2, x1+x3, y1+y3], then [Σx, Σy, Σz, Σw].
-    let p2 = |x: __m512i, y: __m512i| {
-        _mm512_add_epi32(_mm512_unpacklo_epi32(x, y), _mm512_unpackhi_epi32(x, y))
-    };
-    let q2 = |x: __m512i, y: __m512i| {
-        _mm512_add_epi32(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y))
-    };
     let lo = q2(p2(v[0], v[1]), p2(v[2], v[3]));
     let hi = q2(p2(v[4], v[5]), p2(v[6], v[7]));
     // Chunks 0+1 are row a, 2+3 row b.
@@ -105,11 +107,7 @@ fn reduce8(v: [__m512i; 8]) -> __m512i {
 fn reduce_mins(m: [__m256i; 8]) -> __m512i {
     // [a_t, b_t, a_t+4, b_t+4] per register: the layout reduce8's first two levels leave.
     let z = |t: usize| _mm512_inserti64x4(_mm512_castsi256_si512(m[t]), m[t + 4], 1);
-    let p2 = |x: __m512i, y: __m512i| {
-        _mm512_add_epi32(_mm512_unpacklo_epi32(x, y), _mm512_unpackhi_epi32(x, y))
-    };
-    let (x, y) = (p2(z(0), z(1)), p2(z(2), z(3)));
-    _mm512_add_epi32(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y))
+    q2(p2(z(0), z(1)), p2(z(2), z(3)))
 }
 
 /// Weight scales `[d_a, d_b]` (lanes 0, 1) spread to [`reduce8`]'s layout.
@@ -248,18 +246,12 @@ unsafe fn q4k_rows<const N: usize, const TILED: bool>(
 ) {
     let m4 = _mm512_set1_epi8(15);
     let astride = nb * AK;
-    // Prefetch at least the next pair's rows: the pair reads rows r and r + 1 side by side,
-    // so a fixed distance shorter than two rows would only touch data already streaming.
-    let dist = PREFETCH.max(2 * row_bytes);
+    let dist = prefetch_dist(row_bytes);
     let mut r = r0;
     while r < r1 {
-        let rb = if r + 1 < r1 { r + 1 } else { r };
+        let (rb, pa, pb) = row_pair(w, row_bytes, r, r1);
         // SAFETY: rows r and rb are inside `w`; blocks and activations sized by the caller.
         unsafe {
-            let (pa, pb) = (
-                w.as_ptr().add(r * row_bytes),
-                w.as_ptr().add(rb * row_bytes),
-            );
             let mut acc = [_mm512_setzero_ps(); N];
             let mut accm = [_mm256_setzero_ps(); N];
             let mut acc1 = _mm512_setzero_ps();
@@ -392,18 +384,12 @@ unsafe fn q6k_rows<const N: usize, const TILED: bool>(
     let m4 = _mm512_set1_epi8(15);
     let m2 = _mm512_set1_epi8(3);
     let astride = nb * AK;
-    // Prefetch at least the next pair's rows: the pair reads rows r and r + 1 side by side,
-    // so a fixed distance shorter than two rows would only touch data already streaming.
-    let dist = PREFETCH.max(2 * row_bytes);
+    let dist = prefetch_dist(row_bytes);
     let mut r = r0;
     while r < r1 {
-        let rb = if r + 1 < r1 { r + 1 } else { r };
+        let (rb, pa, pb) = row_pair(w, row_bytes, r, r1);
         // SAFETY: rows r and rb are inside `w`; blocks and activations sized by the caller.
         unsafe {
-            let (pa, pb) = (
-                w.as_ptr().add(r * row_bytes),
-                w.as_ptr().add(rb * row_bytes),
-            );
             let mut acc = [_mm512_setzero_ps(); N];
             let mut acc1 = _mm512_setzero_ps();
             for i in 0..nb {
