@@ -15,6 +15,7 @@
 //! family-specific is an attribute in the IR.
 #![deny(missing_docs)]
 
+pub mod engine;
 pub mod error;
 pub mod executor;
 pub mod generate;
