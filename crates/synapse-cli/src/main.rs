@@ -32,6 +32,8 @@ enum Command {
     FetchModel(cmd::fetch_model::Args),
     /// Generate text from a prompt (default model: Gemma 3 270M Q4_K_M).
     Generate(cmd::generate::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API (llama-server's flags).
+    Serve(cmd::serve::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,7 +44,7 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(cmd::serve::llama_args(std::env::args_os()));
     match cli.command {
         Command::Types(a) => cmd::types::run(a),
         Command::Import(a) => cmd::import::run(a),
@@ -52,5 +54,6 @@ fn main() -> anyhow::Result<()> {
         Command::Tensor(a) => cmd::tensor::run(a),
         Command::FetchModel(a) => cmd::fetch_model::run(a),
         Command::Generate(a) => cmd::generate::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
     }
 }

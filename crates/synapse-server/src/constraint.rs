@@ -111,11 +111,14 @@ impl Grammars {
             .apply_to(&mut schema);
         }
         let grammar = TopLevelGrammar::from_json_schema(schema);
-        let parser: TokenParser = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            self.factory.create_parser(grammar)
-        }))
-        .map_err(|_| ServerError::invalid("response_format", "the schema could not be compiled"))?
-        .map_err(|e| ServerError::invalid("response_format", format!("invalid schema: {e}")))?;
+        let parser: TokenParser =
+            std::panic::catch_unwind(AssertUnwindSafe(|| self.factory.create_parser(grammar)))
+                .map_err(|_| {
+                    ServerError::invalid("response_format", "the schema could not be compiled")
+                })?
+                .map_err(|e| {
+                    ServerError::invalid("response_format", format!("invalid schema: {e}"))
+                })?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(ServerError::invalid(
@@ -139,7 +142,10 @@ struct GrammarConstraint {
 impl Constraint for GrammarConstraint {
     fn mask(&mut self, logits: &mut [f32]) -> std::result::Result<(), String> {
         let accepting = self.matcher.is_accepting().map_err(|e| e.to_string())?;
-        let allowed = self.matcher.compute_mask_or_eos().map_err(|e| e.to_string())?;
+        let allowed = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| e.to_string())?;
         let n = allowed.len();
         for (i, l) in logits.iter_mut().enumerate() {
             if i >= n || !allowed.is_allowed(i as TokenId) {

@@ -134,7 +134,11 @@ impl ServerError {
                 Some("context_length_exceeded"),
             ),
             Tokenizer(_) => ("invalid_request_error", None, None),
-            ModelNotFound(_) => ("invalid_request_error", Some("model"), Some("model_not_found")),
+            ModelNotFound(_) => (
+                "invalid_request_error",
+                Some("model"),
+                Some("model_not_found"),
+            ),
             NotFound(_) => ("invalid_request_error", None, Some("not_found")),
             Unauthorized => ("invalid_request_error", None, Some("invalid_api_key")),
             PayloadTooLarge { .. } => ("invalid_request_error", None, Some("payload_too_large")),

@@ -125,7 +125,9 @@ async fn run(
     for ids in &prompts {
         for j in 0..p.n {
             let constraint = match (&grammars, &p.response_format) {
-                (Some(g), ResponseFormat::Json(schema)) => Some(g.json_constraint(schema.as_ref())?),
+                (Some(g), ResponseFormat::Json(schema)) => {
+                    Some(g.json_constraint(schema.as_ref())?)
+                }
                 _ => None,
             };
             let mut sampling = p.sampling.clone();
@@ -172,7 +174,10 @@ async fn run(
         ),
         created: unix_now(),
         model: state.config().model_id.clone(),
-        fingerprint: format!("synapse-{}", &info.fingerprint[..info.fingerprint.len().min(12)]),
+        fingerprint: format!(
+            "synapse-{}",
+            &info.fingerprint[..info.fingerprint.len().min(12)]
+        ),
         request_id,
         t0,
         n_prompts: prompts.len(),

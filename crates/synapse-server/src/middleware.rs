@@ -39,8 +39,7 @@ pub async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Re
         return next.run(req).await;
     };
     let path = req.uri().path();
-    if path == "/health" || path == "/v1/health" || req.method() == axum::http::Method::OPTIONS
-    {
+    if path == "/health" || path == "/v1/health" || req.method() == axum::http::Method::OPTIONS {
         return next.run(req).await;
     }
     let given = req

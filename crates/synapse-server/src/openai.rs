@@ -294,7 +294,11 @@ mod tests {
             vec![PromptItem::Text("hi".into())]
         );
         assert_eq!(
-            parse(r#"{"prompt":["a","b"]}"#).prompt.unwrap().items().len(),
+            parse(r#"{"prompt":["a","b"]}"#)
+                .prompt
+                .unwrap()
+                .items()
+                .len(),
             2
         );
         assert_eq!(
@@ -303,10 +307,7 @@ mod tests {
         );
         assert_eq!(
             parse(r#"{"prompt":[[1,2],[3]]}"#).prompt.unwrap().items(),
-            vec![
-                PromptItem::Tokens(vec![1, 2]),
-                PromptItem::Tokens(vec![3])
-            ]
+            vec![PromptItem::Tokens(vec![1, 2]), PromptItem::Tokens(vec![3])]
         );
         assert!(serde_json::from_str::<GenerationRequest>(r#"{"prompt":[-1]}"#).is_err());
         assert!(serde_json::from_str::<GenerationRequest>(r#"{"prompt":{"a":1}}"#).is_err());

@@ -133,7 +133,10 @@ pub fn validate(req: &GenerationRequest, api: Api, lim: Limits) -> Result<GenPar
     let temperature = range_f("temperature", req.temperature, 0.0, 2.0, 1.0)?;
     let top_p = range_f("top_p", req.top_p, 0.0, 1.0, 1.0)?;
     if top_p <= 0.0 {
-        return Err(ServerError::invalid("top_p", "top_p must be greater than 0"));
+        return Err(ServerError::invalid(
+            "top_p",
+            "top_p must be greater than 0",
+        ));
     }
     let presence_penalty = range_f("presence_penalty", req.presence_penalty, -2.0, 2.0, 0.0)?;
     let frequency_penalty = range_f("frequency_penalty", req.frequency_penalty, -2.0, 2.0, 0.0)?;
@@ -351,7 +354,10 @@ mod tests {
             (r#"{"logprobs":true,"top_logprobs":1000}"#, "top_logprobs"),
             (r#"{"tools":[{"type":"function"}]}"#, "tools"),
             (r#"{"response_format":{"type":"yaml"}}"#, "response_format"),
-            (r#"{"response_format":{"type":"json_schema","json_schema":{"schema":3}}}"#, "response_format"),
+            (
+                r#"{"response_format":{"type":"json_schema","json_schema":{"schema":3}}}"#,
+                "response_format",
+            ),
         ] {
             assert_eq!(param_of(check(Api::Chat, body)), param, "{body}");
         }

