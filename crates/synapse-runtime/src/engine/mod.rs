@@ -168,7 +168,8 @@ impl Engine {
             return Err(SubmitError::Stopped);
         };
         let q = self.counters.queued.load(Ordering::Relaxed);
-        if q >= self.cfg.queue + self.cfg.slots {
+        let busy = q + self.counters.active.load(Ordering::Relaxed);
+        if busy >= self.cfg.queue + self.cfg.slots {
             self.counters.rejected.fetch_add(1, Ordering::Relaxed);
             return Err(SubmitError::QueueFull {
                 queued: q,
