@@ -15,7 +15,6 @@
 //! family-specific is an attribute in the IR.
 #![deny(missing_docs)]
 
-pub mod engine;
 pub mod error;
 pub mod executor;
 pub mod generate;
