@@ -10,6 +10,7 @@
 //!   type): the executor refuses a cache made for another model or precision.
 
 use half::f16;
+use synapse_kernels::OrderClass;
 
 use crate::error::{Result, RuntimeError};
 use crate::load::Model;
@@ -110,6 +111,8 @@ pub(crate) struct Slot {
     pub v: Vec<Buf>,
     /// Tokens held, position by position.
     pub tokens: Vec<u32>,
+    /// The float order each position was computed in (its K/V bits depend on it).
+    pub orders: Vec<OrderClass>,
 }
 
 /// The KV cache of one executor.
@@ -202,7 +205,10 @@ impl KvCache {
             .get_mut(slot as usize)
             .ok_or(RuntimeError::UnknownSlot(slot))?;
         match s {
-            Some(existing) => existing.tokens.clear(),
+            Some(existing) => {
+                existing.tokens.clear();
+                existing.orders.clear();
+            }
             None => {
                 *s = Some(Slot {
                     k: self
@@ -216,6 +222,7 @@ impl KvCache {
                         .map(|g| Buf::new(dtype, g.rows * g.width))
                         .collect(),
                     tokens: Vec::with_capacity(self.capacity),
+                    orders: Vec::with_capacity(self.capacity),
                 })
             }
         }
@@ -251,10 +258,38 @@ impl KvCache {
             .ok_or(RuntimeError::UnknownSlot(slot))
     }
 
-    /// Keeps the longest prefix of the session that `tokens` starts with and that the cache
-    /// can still serve, drops the rest, and returns its length. At least one token is always
-    /// left to run, so that the caller gets fresh logits.
-    pub fn reuse_prefix(&mut self, slot: SlotId, tokens: &[u32]) -> Result<usize> {
+    /// The float order each held position was computed in.
+    pub fn orders(&self, slot: SlotId) -> Result<&[OrderClass]> {
+        Ok(&self.slot(slot)?.orders)
+    }
+
+    /// Positions of the session that a run of `tokens` computed in `orders` (one per token)
+    /// would reproduce bit for bit: the longest common prefix of (token, order) pairs.
+    pub fn common_prefix(&self, slot: SlotId, tokens: &[u32], orders: &[OrderClass]) -> usize {
+        match self.slot(slot) {
+            Ok(s) => s
+                .tokens
+                .iter()
+                .zip(&s.orders)
+                .zip(tokens.iter().zip(orders))
+                .take_while(|((a, oa), (b, ob))| a == b && oa == ob)
+                .count(),
+            Err(_) => 0,
+        }
+    }
+
+    /// Keeps the longest prefix of the session that `tokens` (to be computed in `orders`,
+    /// one per token) starts with and that the cache can still serve, drops the rest, and
+    /// returns its length. A position is kept only if it was computed in the order the new
+    /// run would use, so the result is bit-identical to running `tokens` afresh. At least one
+    /// token is always left to run, so that the caller gets fresh logits.
+    pub fn reuse_prefix(
+        &mut self,
+        slot: SlotId,
+        tokens: &[u32],
+        orders: &[OrderClass],
+    ) -> Result<usize> {
+        let mut keep = self.common_prefix(slot, tokens, orders);
         let geom = self.geom.clone();
         let s = self
             .slots
@@ -262,12 +297,6 @@ impl KvCache {
             .and_then(|s| s.as_mut())
             .ok_or(RuntimeError::UnknownSlot(slot))?;
         let old = s.tokens.len();
-        let mut keep = s
-            .tokens
-            .iter()
-            .zip(tokens)
-            .take_while(|(a, b)| a == b)
-            .count();
         if keep == tokens.len() {
             keep = keep.saturating_sub(1);
         }
@@ -284,6 +313,7 @@ impl KvCache {
             }
         }
         s.tokens.truncate(keep);
+        s.orders.truncate(keep);
         Ok(keep)
     }
 }

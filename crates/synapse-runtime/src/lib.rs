@@ -25,9 +25,10 @@ pub mod profile;
 pub mod sampling;
 
 pub use error::{Result, RuntimeError};
-pub use executor::{Executor, Row};
+pub use executor::{Executor, Row, prompt_order};
 pub use generate::{GenerateParams, Generated, StopReason, Timings, generate};
 pub use kv::{KvCache, KvDtype, KvIdentity, SlotId};
 pub use load::Model;
 pub use profile::PrecisionProfile;
 pub use sampling::{Sampler, SamplingParams, StopStrings, argmax};
+pub use synapse_kernels::OrderClass;
