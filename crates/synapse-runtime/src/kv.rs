@@ -278,6 +278,76 @@ impl KvCache {
         }
     }
 
+    /// Whether a slot is open (holds buffers).
+    pub fn is_open(&self, slot: SlotId) -> bool {
+        self.slots.get(slot as usize).is_some_and(|s| s.is_some())
+    }
+
+    /// Number of slots.
+    pub fn n_slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Makes slot `dst` hold the first `n` positions of slot `src` (their K/V rows, tokens and
+    /// orders), opening `dst` if needed; returns how many positions it holds then (fewer than
+    /// `n` when a sliding-window ring of `src` no longer has the rows position `n` needs:
+    /// then nothing is copied and 0 is returned).
+    pub fn copy_prefix(&mut self, src: SlotId, dst: SlotId, n: usize) -> Result<usize> {
+        if src == dst {
+            return Ok(n.min(self.len(src)?));
+        }
+        let src_len = self.len(src)?;
+        let n = n.min(src_len);
+        if !self.is_open(dst) {
+            self.open(dst)?;
+        }
+        // Ring layers: the `window` positions before `n` must still be in src's ring.
+        for g in self.geom.iter().filter(|g| g.ring) {
+            let window = g.rows - self.max_chunk;
+            let needed_from = (n + 1).saturating_sub(window);
+            let present_from = src_len.saturating_sub(g.rows);
+            if needed_from < present_from {
+                if let Some(Some(d)) = self.slots.get_mut(dst as usize) {
+                    d.tokens.clear();
+                    d.orders.clear();
+                }
+                return Ok(0);
+            }
+        }
+        let (lo, hi) = if src < dst {
+            let (a, b) = self.slots.split_at_mut(dst as usize);
+            (a[src as usize].as_ref(), b[0].as_mut())
+        } else {
+            let (a, b) = self.slots.split_at_mut(src as usize);
+            (b[0].as_ref(), a[dst as usize].as_mut())
+        };
+        let (Some(s), Some(d)) = (lo, hi) else {
+            return Err(RuntimeError::UnknownSlot(src));
+        };
+        for (il, g) in self.geom.iter().enumerate() {
+            let from = if g.ring { n.saturating_sub(g.rows) } else { 0 };
+            for p in from..n {
+                let at = g.row_of(p) * g.width;
+                for (sb, db) in [(&s.k[il], &mut d.k[il]), (&s.v[il], &mut d.v[il])] {
+                    match (sb, db) {
+                        (Buf::F32(a), Buf::F32(b)) => {
+                            b[at..at + g.width].copy_from_slice(&a[at..at + g.width])
+                        }
+                        (Buf::F16(a), Buf::F16(b)) => {
+                            b[at..at + g.width].copy_from_slice(&a[at..at + g.width])
+                        }
+                        _ => unreachable!("one cache has one element type"),
+                    }
+                }
+            }
+        }
+        d.tokens.clear();
+        d.tokens.extend_from_slice(&s.tokens[..n]);
+        d.orders.clear();
+        d.orders.extend_from_slice(&s.orders[..n]);
+        Ok(n)
+    }
+
     /// Keeps the longest prefix of the session that `tokens` (to be computed in `orders`,
     /// one per token) starts with and that the cache can still serve, drops the rest, and
     /// returns its length. A position is kept only if it was computed in the order the new

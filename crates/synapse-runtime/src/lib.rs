@@ -8,13 +8,16 @@
 //!   token), several sessions per pass, logits only where asked.
 //! - [`KvCache`]: per-session slots, f32 or f16, sliding-window rings, prefix reuse, an
 //!   identity that includes the precision-profile hash.
-//! - [`Sampler`] and [`generate`]: sampling and the generation loop (chunked prefill, stop
-//!   rules, timings).
+//! - [`Sampler`] and [`generate`]: sampling and the generation loop for one session (chunked
+//!   prefill, stop rules, timings).
+//! - [`engine`]: continuous batching of many sessions ([`engine::Engine`] on its own thread,
+//!   [`engine::Scheduler`] the step logic), bounded admission, cancellation, prefix cache.
 //!
 //! Architecture invariant: the runtime never names a model family; everything
 //! family-specific is an attribute in the IR.
 #![deny(missing_docs)]
 
+pub mod engine;
 pub mod error;
 pub mod executor;
 pub mod generate;
