@@ -97,6 +97,8 @@ fn ensure(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 /// Runs forward passes of one model.
 pub struct Executor {
     model: Arc<Model>,
+    /// The model's precision-profile hash (checked against the cache's identity each pass).
+    profile_hash: String,
     ctx: KernelCtx,
     threads: usize,
     s: Scratch,
@@ -118,6 +120,7 @@ impl Executor {
         let threads = threads.max(1);
         let ctx = KernelCtx::with_path_and_threads(KernelPath::from_env()?, threads)?;
         Ok(Executor {
+            profile_hash: model.profile.hash(),
             model,
             ctx,
             threads,
@@ -140,10 +143,10 @@ impl Executor {
     pub fn forward(&mut self, kv: &mut KvCache, rows: &[Row]) -> Result<&[f32]> {
         let m = self.model.clone();
         let id = kv.identity();
-        if id.model != m.ir.fingerprint || id.profile != m.profile.hash() {
+        if id.model != m.ir.fingerprint || id.profile != self.profile_hash {
             return Err(RuntimeError::KvIdentity {
                 cache: id.to_string(),
-                executor: format!("{}/{}", &m.ir.fingerprint[..12], &m.profile.hash()[..12]),
+                executor: format!("{}/{}", &m.ir.fingerprint[..12], &self.profile_hash[..12]),
             });
         }
         self.validate(kv, rows)?;
@@ -600,8 +603,13 @@ fn attend_one(
         None => 0,
     };
     let n_keys = pos + 1 - lo;
-    if scores.len() < n_keys {
-        scores.resize(n_keys, 0.0);
+    // Sized for the most keys this layer can hold at once, so a session whose context grows
+    // does not reallocate step after step.
+    if scores.len() < n_keys.max(g.rows) {
+        scores.resize(n_keys.max(g.rows), 0.0);
+    }
+    if offs.capacity() < n_keys.max(g.rows) {
+        offs.reserve(n_keys.max(g.rows) - offs.len());
     }
     let (kb, vb) = (&slot.k[il], &slot.v[il]);
     let kvh = h / group;
