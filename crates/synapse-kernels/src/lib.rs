@@ -33,5 +33,5 @@ pub use attention::{AttentionParams, KvView, attention};
 pub use ctx::{KernelCtx, POOL_ENV, PoolKind};
 pub use dispatch::KernelPath;
 pub use error::{KernelError, Result};
-pub use matrix::{Encoding, QuantMatrix, WeightSource};
+pub use matrix::{Encoding, OrderClass, QuantMatrix, WeightSource};
 pub use ops::{Activation, Rope, RopeMode};

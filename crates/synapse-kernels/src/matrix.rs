@@ -278,6 +278,73 @@ impl QuantMatrix {
     /// `Y = X·Wᵀ` for `n` activation rows: `x` is `n × cols` row-major, `y` is `n × rows`
     /// row-major (`y[t·rows + r] = W[r]·x[t]`).
     pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32], ctx: &mut KernelCtx) -> Result<()> {
+        self.matmul_as(x, n, y, n, ctx)
+    }
+
+    /// [`Self::matmul_as`] over consecutive runs of rows, each run `(rows, order)` in its own
+    /// order: `x` and `y` hold the runs' rows one after another. Adjacent runs whose orders
+    /// coincide for this encoding go through one call, so the weights stream once for them.
+    pub fn matmul_runs(
+        &self,
+        x: &[f32],
+        runs: &[(usize, OrderClass)],
+        y: &mut [f32],
+        ctx: &mut KernelCtx,
+    ) -> Result<()> {
+        let n: usize = runs.iter().map(|r| r.0).sum();
+        check_len("matmul_runs", "x", n * self.cols, x.len())?;
+        check_len("matmul_runs", "y", n * self.rows, y.len())?;
+        let (mut at, mut i) = (0usize, 0usize);
+        while i < runs.len() {
+            let (mut len, class) = runs[i];
+            let key = self.order_key(class);
+            let mut j = i + 1;
+            while j < runs.len() && self.order_key(runs[j].1) == key {
+                len += runs[j].0;
+                j += 1;
+            }
+            self.matmul_as(
+                &x[at * self.cols..(at + len) * self.cols],
+                len,
+                &mut y[at * self.rows..(at + len) * self.rows],
+                class.rows(),
+                ctx,
+            )?;
+            at += len;
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Order classes that sum this encoding's outputs alike map to the same key.
+    fn order_key(&self, class: OrderClass) -> usize {
+        let ty = match &self.store {
+            Store::Ggml(t) => *t,
+            Store::Codec { .. } => return 0,
+        };
+        match ty {
+            GgmlType::F32 | GgmlType::F16 => (class != OrderClass::One) as usize,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                (class == OrderClass::Many) as usize
+            }
+            _ => 0,
+        }
+    }
+
+    /// [`Self::matmul`] with every output summed in the float order ggml uses for a call of
+    /// `order_rows` activation rows, whatever `n` is: each row's bits then equal those of the
+    /// row inside an `order_rows`-row call. This is how a batch of several sessions keeps each
+    /// session's own order (batch invariance). See [`order_class`] for which counts share an
+    /// order.
+    pub fn matmul_as(
+        &self,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+        order_rows: usize,
+        ctx: &mut KernelCtx,
+    ) -> Result<()> {
+        let order_rows = order_rows.max(1);
         check_len("matmul", "x", n * self.cols, x.len())?;
         check_len("matmul", "y", n * self.rows, y.len())?;
         if n == 0 || self.rows == 0 {
@@ -294,7 +361,7 @@ impl QuantMatrix {
         let mut k = kernels::select(ty, ctx.path())
             .ok_or_else(|| KernelError::UnsupportedEncoding(ty.name().to_string()))?;
         if let Some((from, many)) = k.many
-            && n >= from
+            && order_rows >= from
         {
             k.dot = many;
             k.dot4 = None;
@@ -307,7 +374,9 @@ impl QuantMatrix {
             return self.gemv32(ty, x, n, y, ctx);
         }
         #[cfg(target_arch = "x86_64")]
-        if n < kernels::gemvk::UNTIL
+        let tiled_order = order_rows >= kernels::MANY_ROWS;
+        #[cfg(target_arch = "x86_64")]
+        if (n < kernels::gemvk::UNTIL || !tiled_order)
             && ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
             && kernels::gemvk::supports(ty)
         {
@@ -327,7 +396,9 @@ impl QuantMatrix {
                 // SAFETY: this path is taken only on Avx512Vnni, which KernelCtx holds only
                 // when the CPU supports it; `a` holds n·nb Q8_K blocks; chunks write
                 // disjoint rows of every output row.
-                unsafe { kernels::gemvk::rows(ty, w, rb, nb, a, n, yp.get(), rows, r0, r1) };
+                unsafe {
+                    kernels::gemvk::rows(ty, w, rb, nb, a, n, tiled_order, yp.get(), rows, r0, r1)
+                };
             });
             return Ok(());
         }
@@ -336,7 +407,7 @@ impl QuantMatrix {
         // took the few-row kernel above), from a full group for the 32-block types (at 8 rows
         // their per-row kernels were as fast or faster); same bits either way.
         if ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
-            && ((n >= 8 && kernels::tiled::supports(ty))
+            && ((n >= 8 && tiled_order && kernels::tiled::supports(ty))
                 || (n >= kernels::tiled::G && kernels::tiled::supports32(ty)))
         {
             return self.tiled_matmul(ty, x, n, y, ctx);
@@ -608,5 +679,41 @@ pub(crate) fn check_len(
             expected,
             got,
         })
+    }
+}
+
+/// The float-order classes of an activation-row count, over every encoding and operation of
+/// this crate: two calls whose row counts share a class sum every output in the same order
+/// (ggml switches order at 2 rows for f32/f16 weights and attention's P·V, and at
+/// [`kernels::MANY_ROWS`] for the K-quants; the 32-block types never do).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OrderClass {
+    /// One row: ggml's `vec_dot` orders.
+    One,
+    /// 2 to 7 rows: batched f32 GEMM and P·V orders, K-quant `vec_dot`.
+    Few,
+    /// 8 rows or more: also the K-quants' tiled order.
+    Many,
+}
+
+impl OrderClass {
+    /// The class of a call with `rows` activation rows.
+    pub fn of(rows: usize) -> Self {
+        if rows <= 1 {
+            OrderClass::One
+        } else if rows < kernels::MANY_ROWS {
+            OrderClass::Few
+        } else {
+            OrderClass::Many
+        }
+    }
+
+    /// A row count of this class (pass it as `order_rows` to [`QuantMatrix::matmul_as`]).
+    pub fn rows(self) -> usize {
+        match self {
+            OrderClass::One => 1,
+            OrderClass::Few => 2,
+            OrderClass::Many => kernels::MANY_ROWS,
+        }
     }
 }

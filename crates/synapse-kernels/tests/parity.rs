@@ -248,3 +248,84 @@ fn kquant_few_rows_every_count_is_bit_identical() {
         }
     }
 }
+
+/// `matmul_as`: any number of rows summed in the order of a call of another size (batch
+/// invariance): every row equals that row inside a plain call of the class's size on the
+/// same path, bit for bit, on every path (and the ggml-order encodings equal the scalar path
+/// there, tested above).
+#[test]
+fn matmul_as_keeps_the_requested_order_for_any_row_count() {
+    use GgmlType as T;
+    use synapse_kernels::OrderClass;
+    let tys = [
+        T::F32,
+        T::F16,
+        T::Q8_0,
+        T::Q4_0,
+        T::Q4_1,
+        T::Q5_0,
+        T::Q5_1,
+        T::Q4_K,
+        T::Q5_K,
+        T::Q6_K,
+    ];
+    for path in KernelPath::supported() {
+        for (i, ty) in tys.into_iter().enumerate() {
+            let (rows, cols) = (11, 512);
+            let w = random_weights(ty, rows, cols, 5 + i as u64);
+            let m = QuantMatrix::from_ggml(ty, &w, rows, cols).unwrap();
+            for class in [OrderClass::One, OrderClass::Few, OrderClass::Many] {
+                for n in [1usize, 3, 9, 20, 37] {
+                    let x: Vec<f32> = (0..n)
+                        .flat_map(|t| generate_data(0.2 + t as f32, cols, 2.0))
+                        .collect();
+                    let mut ctx = KernelCtx::with_path_and_threads(path, 2).unwrap();
+                    let mut got = vec![f32::NAN; n * rows];
+                    m.matmul_as(&x, n, &mut got, class.rows(), &mut ctx)
+                        .unwrap();
+                    for t in 0..n {
+                        // Row t alone, repeated to fill a call of the class's size.
+                        let k = class.rows();
+                        let xt = &x[t * cols..(t + 1) * cols];
+                        let xr: Vec<f32> = (0..k).flat_map(|_| xt.iter().copied()).collect();
+                        let want = run(&m, &xr, k, path, 1);
+                        assert_same_bits(
+                            &got[t * rows..(t + 1) * rows],
+                            &want[..rows],
+                            &format!("{path} {ty} {class:?} n={n} row {t}"),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The order classes change where the kernels' orders do (a mutation of either shows here).
+#[test]
+fn order_classes_separate_orders_that_differ() {
+    use synapse_kernels::OrderClass;
+    assert_eq!(OrderClass::of(0), OrderClass::One);
+    assert_eq!(OrderClass::of(1), OrderClass::One);
+    assert_eq!(OrderClass::of(2), OrderClass::Few);
+    assert_eq!(OrderClass::of(7), OrderClass::Few);
+    assert_eq!(OrderClass::of(8), OrderClass::Many);
+    for c in [OrderClass::One, OrderClass::Few, OrderClass::Many] {
+        assert_eq!(OrderClass::of(c.rows()), c);
+    }
+    // K-quants: 7 and 8 rows sum differently somewhere on random data; F32: 1 and 2.
+    let (rows, cols) = (16, 1024);
+    for (ty, a, b) in [(GgmlType::Q4_K, 7, 8), (GgmlType::F32, 1, 2)] {
+        let w = random_weights(ty, rows, cols, 77);
+        let m = QuantMatrix::from_ggml(ty, &w, rows, cols).unwrap();
+        let x = generate_data(0.7, cols, 3.0);
+        let mut ctx = KernelCtx::with_path_and_threads(KernelPath::Scalar, 1).unwrap();
+        let (mut ya, mut yb) = (vec![0.0; rows], vec![0.0; rows]);
+        m.matmul_as(&x, 1, &mut ya, a, &mut ctx).unwrap();
+        m.matmul_as(&x, 1, &mut yb, b, &mut ctx).unwrap();
+        assert!(
+            ya.iter().zip(&yb).any(|(p, q)| p.to_bits() != q.to_bits()),
+            "{ty}: orders of {a} and {b} rows gave the same bits everywhere"
+        );
+    }
+}

@@ -45,6 +45,7 @@ fn main() -> anyhow::Result<()> {
                 pos: pos + i as u32,
                 token: t,
                 logits: last && i + 1 == part.len(),
+                order: synapse_runtime::OrderClass::of(part.len()),
             })
             .collect();
         pos += part.len() as u32;
@@ -58,15 +59,7 @@ fn main() -> anyhow::Result<()> {
     let mut steps = Vec::with_capacity(ndec);
     for _ in 0..ndec {
         let ts = Instant::now();
-        let out = exec.forward(
-            &mut kv,
-            &[Row {
-                slot: 0,
-                pos,
-                token: next,
-                logits: true,
-            }],
-        )?;
+        let out = exec.forward(&mut kv, &[Row::decode(0, pos, next)])?;
         next = argmax(out);
         steps.push(ts.elapsed().as_secs_f64());
         pos += 1;

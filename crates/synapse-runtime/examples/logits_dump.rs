@@ -21,6 +21,7 @@ fn main() -> anyhow::Result<()> {
             pos: i as u32,
             token: t,
             logits: i + 1 == ids.len(),
+            order: synapse_runtime::OrderClass::of(ids.len()),
         })
         .collect();
     let out = exec.forward(&mut kv, &rows)?;

@@ -1,9 +1,17 @@
 //! The executor: one forward pass over a ragged batch of rows.
 //!
-//! A row is `(session slot, position, token, wants logits)`. Rows of several sessions mix in
-//! one pass: the projections run as one matrix–matrix product over all rows (weights stream
-//! once per pass, whatever the number of sessions), attention runs per row against that row's
-//! session cache, and logits are computed only for the rows that ask for them.
+//! A row is `(session slot, position, token, wants logits, float order)`. Rows of several
+//! sessions mix in one pass: the projections run as one matrix–matrix product over all rows of
+//! one float order (weights stream once per order present in the pass, whatever the number of
+//! sessions), attention runs per row against that row's session cache, and logits are
+//! computed only for the rows that ask for them.
+//!
+//! Architecture invariant (batch invariance): a row's results depend on its own session's
+//! cache, its token, position and [`OrderClass`], never on what else shares the pass. The
+//! projections run per run of rows of one order class (`QuantMatrix::matmul_runs`),
+//! attention's P·V in the row's own order, and the LM head in the order of as many rows as
+//! the row's own session asks logits for in the pass, so a session's logits are
+//! bit-identical alone or beside any other sessions.
 //!
 //! Architecture invariant: the executor knows operations and attributes from the IR (through
 //! [`Model`]), never a family name; adding a family never touches this file.
@@ -11,7 +19,7 @@
 use std::sync::Arc;
 
 use synapse_kernels::ggml_f32::{self, PvAcc, PvOrder};
-use synapse_kernels::{KernelCtx, KernelPath, QuantMatrix};
+use synapse_kernels::{KernelCtx, KernelPath, OrderClass, QuantMatrix};
 use synapse_model::Activation;
 
 use crate::error::{Result, RuntimeError};
@@ -30,6 +38,33 @@ pub struct Row {
     pub token: u32,
     /// Whether to compute logits for this row.
     pub logits: bool,
+    /// The float order the row's projections and attention sum in: llama.cpp's for a batch
+    /// of this class's size. A decode step is [`OrderClass::One`]; a prompt row takes the
+    /// class of the size of the prompt batch it falls in ([`prompt_order`]).
+    pub order: OrderClass,
+}
+
+impl Row {
+    /// A decode-step row (one-row order, logits wanted).
+    pub fn decode(slot: SlotId, pos: u32, token: u32) -> Self {
+        Row {
+            slot,
+            pos,
+            token,
+            logits: true,
+            order: OrderClass::One,
+        }
+    }
+}
+
+/// The order class of prompt position `pos` of a session whose prompt has `len` tokens, run
+/// in batches of `ubatch` rows from position 0 (llama.cpp's `n_ubatch` split): the class of
+/// the size of the batch `pos` falls in. It depends only on the session's own prompt, so
+/// the scheduler may cut the prompt into passes anywhere.
+pub fn prompt_order(pos: usize, len: usize, ubatch: usize) -> OrderClass {
+    let ubatch = ubatch.max(1);
+    let start = pos / ubatch * ubatch;
+    OrderClass::of(ubatch.min(len.saturating_sub(start)))
 }
 
 /// Grow-only scratch buffers: after the largest pass has been seen, a pass allocates nothing.
@@ -48,6 +83,8 @@ struct Scratch {
     sel: Vec<f32>,
     logits: Vec<f32>,
     slots: Vec<(SlotId, u32, usize)>,
+    /// Consecutive rows of one order class: `(rows, class)`.
+    runs: Vec<(usize, OrderClass)>,
 }
 
 fn ensure(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -60,6 +97,8 @@ fn ensure(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 /// Runs forward passes of one model.
 pub struct Executor {
     model: Arc<Model>,
+    /// The model's precision-profile hash (checked against the cache's identity each pass).
+    profile_hash: String,
     ctx: KernelCtx,
     threads: usize,
     s: Scratch,
@@ -81,6 +120,7 @@ impl Executor {
         let threads = threads.max(1);
         let ctx = KernelCtx::with_path_and_threads(KernelPath::from_env()?, threads)?;
         Ok(Executor {
+            profile_hash: model.profile.hash(),
             model,
             ctx,
             threads,
@@ -103,10 +143,10 @@ impl Executor {
     pub fn forward(&mut self, kv: &mut KvCache, rows: &[Row]) -> Result<&[f32]> {
         let m = self.model.clone();
         let id = kv.identity();
-        if id.model != m.ir.fingerprint || id.profile != m.profile.hash() {
+        if id.model != m.ir.fingerprint || id.profile != self.profile_hash {
             return Err(RuntimeError::KvIdentity {
                 cache: id.to_string(),
-                executor: format!("{}/{}", &m.ir.fingerprint[..12], &m.profile.hash()[..12]),
+                executor: format!("{}/{}", &m.ir.fingerprint[..12], &self.profile_hash[..12]),
             });
         }
         self.validate(kv, rows)?;
@@ -116,6 +156,13 @@ impl Executor {
         }
         let hd = m.hidden();
         let s = &mut self.s;
+        s.runs.clear();
+        for row in rows {
+            match s.runs.last_mut() {
+                Some(r) if r.1 == row.order => r.0 += 1,
+                _ => s.runs.push((1, row.order)),
+            }
+        }
 
         // Embedding.
         let x = ensure(&mut s.x, n * hd);
@@ -143,21 +190,21 @@ impl Executor {
             linear(
                 &l.q,
                 &s.xn[..n * hd],
-                n,
+                &s.runs,
                 ensure(&mut s.q, n * qd),
                 &mut self.ctx,
             )?;
             linear(
                 &l.k,
                 &s.xn[..n * hd],
-                n,
+                &s.runs,
                 ensure(&mut s.k, n * kvd),
                 &mut self.ctx,
             )?;
             linear(
                 &l.v,
                 &s.xn[..n * hd],
-                n,
+                &s.runs,
                 ensure(&mut s.v, n * kvd),
                 &mut self.ctx,
             )?;
@@ -210,7 +257,7 @@ impl Executor {
             linear(
                 &l.o,
                 &s.att[..n * qd],
-                n,
+                &s.runs,
                 ensure(&mut s.tmp, n * hd),
                 &mut self.ctx,
             )?;
@@ -234,14 +281,14 @@ impl Executor {
             linear(
                 &l.gate,
                 &s.xn[..n * hd],
-                n,
+                &s.runs,
                 ensure(&mut s.g, n * ff),
                 &mut self.ctx,
             )?;
             linear(
                 &l.up,
                 &s.xn[..n * hd],
-                n,
+                &s.runs,
                 ensure(&mut s.u, n * ff),
                 &mut self.ctx,
             )?;
@@ -262,7 +309,7 @@ impl Executor {
             linear(
                 &l.down,
                 &s.h[..n * ff],
-                n,
+                &s.runs,
                 ensure(&mut s.tmp, n * hd),
                 &mut self.ctx,
             )?;
@@ -280,6 +327,7 @@ impl Executor {
         for row in rows {
             if let Some(slot) = kv.slots[row.slot as usize].as_mut() {
                 slot.tokens.push(row.token);
+                slot.orders.push(row.order);
             }
         }
 
@@ -288,10 +336,28 @@ impl Executor {
         if nl == 0 {
             return Ok(&[]);
         }
+        // The LM head sums a session's logits rows in the order of a call with as many rows
+        // as that session asks logits for in this pass (llama.cpp's `n_outputs` of a batch: one
+        // for a prompt's last row and for a decode step), whatever else shares the pass.
+        let heads = &mut s.slots;
+        heads.clear();
+        for row in rows.iter().filter(|r| r.logits) {
+            match heads.iter_mut().find(|e| e.0 == row.slot) {
+                Some(e) => e.2 += 1,
+                None => heads.push((row.slot, 0, 1)),
+            }
+        }
+        s.runs.clear();
         let sel = ensure(&mut s.sel, nl * hd);
         let mut j = 0;
         for (r, row) in rows.iter().enumerate() {
             if row.logits {
+                let count = heads.iter().find(|e| e.0 == row.slot).map_or(1, |e| e.2);
+                let class = OrderClass::of(count);
+                match s.runs.last_mut() {
+                    Some(run) if run.1 == class => run.0 += 1,
+                    _ => s.runs.push((1, class)),
+                }
                 ops::rms_norm(
                     &s.x[r * hd..(r + 1) * hd],
                     &m.final_norm.w,
@@ -303,7 +369,7 @@ impl Executor {
         }
         let vocab = m.vocab();
         let logits = ensure(&mut s.logits, nl * vocab);
-        linear(&m.head, &s.sel[..nl * hd], nl, logits, &mut self.ctx)?;
+        linear(&m.head, &s.sel[..nl * hd], &s.runs, logits, &mut self.ctx)?;
         if let Some(c) = m.softcap {
             for v in logits.iter_mut() {
                 *v = c * (*v / c).tanh();
@@ -412,9 +478,15 @@ thread_local! {
     static ROPE_CS: std::cell::RefCell<Vec<(f32, f32)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-fn linear(l: &LinearW, x: &[f32], n: usize, y: &mut [f32], ctx: &mut KernelCtx) -> Result<()> {
+fn linear(
+    l: &LinearW,
+    x: &[f32],
+    runs: &[(usize, OrderClass)],
+    y: &mut [f32],
+    ctx: &mut KernelCtx,
+) -> Result<()> {
     let m: &QuantMatrix = &l.m;
-    m.matmul(x, n, y, ctx)?;
+    m.matmul_runs(x, runs, y, ctx)?;
     if let Some(b) = &l.bias {
         for yr in y.chunks_exact_mut(b.len()) {
             for (y, &b) in yr.iter_mut().zip(b) {
@@ -437,12 +509,6 @@ fn attention(
     out: &mut [f32],
     ctx: &mut KernelCtx,
 ) {
-    // ggml sums P·V with its f32 GEMM when the batch has two or more rows, else vec_dot.
-    let order = if rows.len() >= 2 {
-        PvOrder::Gemm
-    } else {
-        PvOrder::VecDot
-    };
     let hdim = l.head_dim;
     let qd = l.n_heads * hdim;
     // One item per (row, head); each writes its own head of `out`.
@@ -456,6 +522,13 @@ fn attention(
             for i in i0..i1 {
                 let (r, h) = (i / l.n_heads, i % l.n_heads);
                 let Some(row) = rows.get(r) else { continue };
+                // ggml sums P·V with its f32 GEMM when the batch has two or more rows, else
+                // vec_dot: the row's own order class says which.
+                let order = if row.order == OrderClass::One {
+                    PvOrder::VecDot
+                } else {
+                    PvOrder::Gemm
+                };
                 let at = r * qd + h * hdim;
                 // SAFETY: item i alone writes out[at .. at + hdim] (distinct (r, h) pairs
                 // map to disjoint head slices inside `out`, which is rows·qd long).
@@ -530,8 +603,13 @@ fn attend_one(
         None => 0,
     };
     let n_keys = pos + 1 - lo;
-    if scores.len() < n_keys {
-        scores.resize(n_keys, 0.0);
+    // Sized for the most keys this layer can hold at once, so a session whose context grows
+    // does not reallocate step after step.
+    if scores.len() < n_keys.max(g.rows) {
+        scores.resize(n_keys.max(g.rows), 0.0);
+    }
+    if offs.capacity() < n_keys.max(g.rows) {
+        offs.reserve(n_keys.max(g.rows) - offs.len());
     }
     let (kb, vb) = (&slot.k[il], &slot.v[il]);
     let kvh = h / group;

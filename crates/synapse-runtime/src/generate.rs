@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use crate::error::{Result, RuntimeError};
-use crate::executor::{Executor, Row};
+use crate::executor::{Executor, Row, prompt_order};
 use crate::kv::{KvCache, SlotId};
 use crate::sampling::{Sampler, SamplingParams, StopStrings};
 
@@ -120,7 +120,11 @@ pub fn generate(
     if kv.slot(slot).is_err() {
         kv.open(slot)?;
     }
-    let reused = kv.reuse_prefix(slot, prompt)?;
+    // Prompt rows sum in llama.cpp's order for the `chunk`-row batch they fall in.
+    let orders: Vec<_> = (0..prompt.len())
+        .map(|p| prompt_order(p, prompt.len(), chunk))
+        .collect();
+    let reused = kv.reuse_prefix(slot, prompt, &orders)?;
     let mut timings = Timings::default();
     let mut logits = vec![0.0f32; vocab];
     let mut history: Vec<u32> = Vec::with_capacity(prompt.len() + params.max_tokens);
@@ -140,6 +144,7 @@ pub fn generate(
                 pos,
                 token: t,
                 logits: last_chunk && i + 1 == part.len(),
+                order: orders[pos as usize],
             });
             pos += 1;
         }
@@ -179,12 +184,7 @@ pub fn generate(
         if pos as usize >= kv.capacity() {
             break StopReason::ContextFull;
         }
-        let row = [Row {
-            slot,
-            pos,
-            token: tok,
-            logits: true,
-        }];
+        let row = [Row::decode(slot, pos, tok)];
         pos += 1;
         let out = exec.forward(kv, &row)?;
         logits.copy_from_slice(&out[..vocab]);

@@ -10,6 +10,7 @@
 //!   type): the executor refuses a cache made for another model or precision.
 
 use half::f16;
+use synapse_kernels::OrderClass;
 
 use crate::error::{Result, RuntimeError};
 use crate::load::Model;
@@ -110,6 +111,8 @@ pub(crate) struct Slot {
     pub v: Vec<Buf>,
     /// Tokens held, position by position.
     pub tokens: Vec<u32>,
+    /// The float order each position was computed in (its K/V bits depend on it).
+    pub orders: Vec<OrderClass>,
 }
 
 /// The KV cache of one executor.
@@ -202,7 +205,10 @@ impl KvCache {
             .get_mut(slot as usize)
             .ok_or(RuntimeError::UnknownSlot(slot))?;
         match s {
-            Some(existing) => existing.tokens.clear(),
+            Some(existing) => {
+                existing.tokens.clear();
+                existing.orders.clear();
+            }
             None => {
                 *s = Some(Slot {
                     k: self
@@ -216,6 +222,7 @@ impl KvCache {
                         .map(|g| Buf::new(dtype, g.rows * g.width))
                         .collect(),
                     tokens: Vec::with_capacity(self.capacity),
+                    orders: Vec::with_capacity(self.capacity),
                 })
             }
         }
@@ -251,10 +258,108 @@ impl KvCache {
             .ok_or(RuntimeError::UnknownSlot(slot))
     }
 
-    /// Keeps the longest prefix of the session that `tokens` starts with and that the cache
-    /// can still serve, drops the rest, and returns its length. At least one token is always
-    /// left to run, so that the caller gets fresh logits.
-    pub fn reuse_prefix(&mut self, slot: SlotId, tokens: &[u32]) -> Result<usize> {
+    /// The float order each held position was computed in.
+    pub fn orders(&self, slot: SlotId) -> Result<&[OrderClass]> {
+        Ok(&self.slot(slot)?.orders)
+    }
+
+    /// Positions of the session that a run of `tokens` computed in `orders` (one per token)
+    /// would reproduce bit for bit: the longest common prefix of (token, order) pairs.
+    pub fn common_prefix(&self, slot: SlotId, tokens: &[u32], orders: &[OrderClass]) -> usize {
+        match self.slot(slot) {
+            Ok(s) => s
+                .tokens
+                .iter()
+                .zip(&s.orders)
+                .zip(tokens.iter().zip(orders))
+                .take_while(|((a, oa), (b, ob))| a == b && oa == ob)
+                .count(),
+            Err(_) => 0,
+        }
+    }
+
+    /// Whether a slot is open (holds buffers).
+    pub fn is_open(&self, slot: SlotId) -> bool {
+        self.slots.get(slot as usize).is_some_and(|s| s.is_some())
+    }
+
+    /// Number of slots.
+    pub fn n_slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Makes slot `dst` hold the first `n` positions of slot `src` (their K/V rows, tokens and
+    /// orders), opening `dst` if needed; returns how many positions it holds then (fewer than
+    /// `n` when a sliding-window ring of `src` no longer has the rows position `n` needs:
+    /// then nothing is copied and 0 is returned).
+    pub fn copy_prefix(&mut self, src: SlotId, dst: SlotId, n: usize) -> Result<usize> {
+        if src == dst {
+            return Ok(n.min(self.len(src)?));
+        }
+        let src_len = self.len(src)?;
+        let n = n.min(src_len);
+        if !self.is_open(dst) {
+            self.open(dst)?;
+        }
+        // Ring layers: the `window` positions before `n` must still be in src's ring.
+        for g in self.geom.iter().filter(|g| g.ring) {
+            let window = g.rows - self.max_chunk;
+            let needed_from = (n + 1).saturating_sub(window);
+            let present_from = src_len.saturating_sub(g.rows);
+            if needed_from < present_from {
+                if let Some(Some(d)) = self.slots.get_mut(dst as usize) {
+                    d.tokens.clear();
+                    d.orders.clear();
+                }
+                return Ok(0);
+            }
+        }
+        let (lo, hi) = if src < dst {
+            let (a, b) = self.slots.split_at_mut(dst as usize);
+            (a[src as usize].as_ref(), b[0].as_mut())
+        } else {
+            let (a, b) = self.slots.split_at_mut(src as usize);
+            (b[0].as_ref(), a[dst as usize].as_mut())
+        };
+        let (Some(s), Some(d)) = (lo, hi) else {
+            return Err(RuntimeError::UnknownSlot(src));
+        };
+        for (il, g) in self.geom.iter().enumerate() {
+            let from = if g.ring { n.saturating_sub(g.rows) } else { 0 };
+            for p in from..n {
+                let at = g.row_of(p) * g.width;
+                for (sb, db) in [(&s.k[il], &mut d.k[il]), (&s.v[il], &mut d.v[il])] {
+                    match (sb, db) {
+                        (Buf::F32(a), Buf::F32(b)) => {
+                            b[at..at + g.width].copy_from_slice(&a[at..at + g.width])
+                        }
+                        (Buf::F16(a), Buf::F16(b)) => {
+                            b[at..at + g.width].copy_from_slice(&a[at..at + g.width])
+                        }
+                        _ => unreachable!("one cache has one element type"),
+                    }
+                }
+            }
+        }
+        d.tokens.clear();
+        d.tokens.extend_from_slice(&s.tokens[..n]);
+        d.orders.clear();
+        d.orders.extend_from_slice(&s.orders[..n]);
+        Ok(n)
+    }
+
+    /// Keeps the longest prefix of the session that `tokens` (to be computed in `orders`,
+    /// one per token) starts with and that the cache can still serve, drops the rest, and
+    /// returns its length. A position is kept only if it was computed in the order the new
+    /// run would use, so the result is bit-identical to running `tokens` afresh. At least one
+    /// token is always left to run, so that the caller gets fresh logits.
+    pub fn reuse_prefix(
+        &mut self,
+        slot: SlotId,
+        tokens: &[u32],
+        orders: &[OrderClass],
+    ) -> Result<usize> {
+        let mut keep = self.common_prefix(slot, tokens, orders);
         let geom = self.geom.clone();
         let s = self
             .slots
@@ -262,12 +367,6 @@ impl KvCache {
             .and_then(|s| s.as_mut())
             .ok_or(RuntimeError::UnknownSlot(slot))?;
         let old = s.tokens.len();
-        let mut keep = s
-            .tokens
-            .iter()
-            .zip(tokens)
-            .take_while(|(a, b)| a == b)
-            .count();
         if keep == tokens.len() {
             keep = keep.saturating_sub(1);
         }
@@ -284,6 +383,7 @@ impl KvCache {
             }
         }
         s.tokens.truncate(keep);
+        s.orders.truncate(keep);
         Ok(keep)
     }
 }

@@ -8,13 +8,16 @@
 //!   token), several sessions per pass, logits only where asked.
 //! - [`KvCache`]: per-session slots, f32 or f16, sliding-window rings, prefix reuse, an
 //!   identity that includes the precision-profile hash.
-//! - [`Sampler`] and [`generate`]: sampling and the generation loop (chunked prefill, stop
-//!   rules, timings).
+//! - [`Sampler`] and [`generate`]: sampling and the generation loop for one session (chunked
+//!   prefill, stop rules, timings).
+//! - [`engine`]: continuous batching of many sessions ([`engine::Engine`] on its own thread,
+//!   [`engine::Scheduler`] the step logic), bounded admission, cancellation, prefix cache.
 //!
 //! Architecture invariant: the runtime never names a model family; everything
 //! family-specific is an attribute in the IR.
 #![deny(missing_docs)]
 
+pub mod engine;
 pub mod error;
 pub mod executor;
 pub mod generate;
@@ -25,9 +28,10 @@ pub mod profile;
 pub mod sampling;
 
 pub use error::{Result, RuntimeError};
-pub use executor::{Executor, Row};
+pub use executor::{Executor, Row, prompt_order};
 pub use generate::{GenerateParams, Generated, StopReason, Timings, generate};
 pub use kv::{KvCache, KvDtype, KvIdentity, SlotId};
 pub use load::Model;
 pub use profile::PrecisionProfile;
 pub use sampling::{Sampler, SamplingParams, StopStrings, argmax};
+pub use synapse_kernels::OrderClass;

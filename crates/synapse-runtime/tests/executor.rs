@@ -8,7 +8,8 @@ mod common;
 use std::sync::Arc;
 
 use synapse_runtime::{
-    Executor, GenerateParams, KvCache, KvDtype, Model, Row, RuntimeError, generate,
+    Executor, GenerateParams, KvCache, KvDtype, Model, OrderClass, Row, RuntimeError, generate,
+    prompt_order,
 };
 
 fn fixture(family: &str) -> Option<(Arc<Model>, Vec<Vec<u32>>)> {
@@ -61,6 +62,7 @@ fn ragged_batch_of_sessions_matches_each_session_alone() {
                 pos: i as u32,
                 token: t,
                 logits: true,
+                order: OrderClass::of(b.len()),
             });
         }
         if let Some(&t) = a.get(i) {
@@ -69,6 +71,7 @@ fn ragged_batch_of_sessions_matches_each_session_alone() {
                 pos: i as u32,
                 token: t,
                 logits: true,
+                order: OrderClass::of(a.len()),
             });
         }
     }
@@ -121,6 +124,7 @@ fn chunked_prefill_matches_one_pass() {
                     pos: (ci * chunk + i) as u32,
                     token: t,
                     logits: ci * chunk + i + 1 == seq.len(),
+                    order: OrderClass::of(part.len()),
                 })
                 .collect();
             let out = exec.forward(&mut kv, &rows).unwrap();
@@ -143,6 +147,7 @@ fn chunked_prefill_matches_one_pass() {
                     pos: seq.len() as u32 + i,
                     token: 1,
                     logits: false,
+                    order: OrderClass::Few,
                 })
                 .collect();
             assert!(matches!(
@@ -165,18 +170,25 @@ fn second_turn_reuses_the_prefix_and_matches_a_fresh_session() {
     };
     let mut exec = Executor::new(model.clone(), 2).unwrap();
     let mut kv = KvCache::new(&model, KvDtype::F32, 1, 128, 16).unwrap();
+    // A first prompt of ≥ 8 tokens (its rows sum in the many-row order).
+    let prompt1: Vec<u32> = seqs[2]
+        .iter()
+        .chain(&seqs[2][1..])
+        .chain(&seqs[2][1..])
+        .copied()
+        .collect();
     let turn1 = generate(
         &mut exec,
         &mut kv,
         0,
-        &seqs[2],
+        &prompt1,
         &params,
         &mut |_| String::new(),
         &mut |_| {},
     )
     .unwrap();
     assert_eq!(turn1.reused_prefix, 0);
-    let mut prompt2 = seqs[2].clone();
+    let mut prompt2 = prompt1.clone();
     prompt2.extend_from_slice(&turn1.tokens);
     prompt2.extend_from_slice(&seqs[0][1..6]);
     let turn2 = generate(
@@ -189,10 +201,21 @@ fn second_turn_reuses_the_prefix_and_matches_a_fresh_session() {
         &mut |_| {},
     )
     .unwrap();
-    // The cache holds the first prompt and the tokens fed back while generating (all but the
-    // last generated token, which was never run through the model).
+    // The cache holds the first prompt and the tokens fed back while generating; only the
+    // positions computed in the order a fresh run of the second prompt uses are reused: the
+    // first prompt (≥ 8 rows, the many-row order in both runs), not the decoded tokens (one-row
+    // order, where a fresh prefill sums them as a batch).
+    let (l1, l2) = (prompt1.len(), prompt2.len());
+    let same_order = (0..l1)
+        .take_while(|&p| prompt_order(p, l1, 16) == prompt_order(p, l2, 16))
+        .count();
     assert!(
-        turn2.reused_prefix >= seqs[2].len() + turn1.tokens.len() - 1,
+        same_order > 0,
+        "fixture: prompts {l1} and {l2} share no order"
+    );
+    assert_eq!(
+        turn2.reused_prefix,
+        same_order,
         "reused {} of {}",
         turn2.reused_prefix,
         prompt2.len()
@@ -225,12 +248,7 @@ fn a_cache_made_for_another_model_is_refused() {
     let mut kv = KvCache::new(&llama, KvDtype::F32, 1, 16, 16).unwrap();
     kv.open(0).unwrap();
     let mut exec = Executor::new(gemma, 1).unwrap();
-    let rows = [Row {
-        slot: 0,
-        pos: 0,
-        token: seqs[0][0],
-        logits: true,
-    }];
+    let rows = [Row::decode(0, 0, seqs[0][0])];
     assert!(matches!(
         exec.forward(&mut kv, &rows),
         Err(RuntimeError::KvIdentity { .. })

@@ -48,6 +48,7 @@ fn greedy(exec: &mut Executor, kv: &mut KvCache, prompt: &[u32], n: usize, eog: 
                 pos: pos + i as u32,
                 token: t,
                 logits: last && i + 1 == part.len(),
+                order: synapse_runtime::OrderClass::of(part.len()),
             })
             .collect();
         pos += part.len() as u32;
@@ -64,17 +65,7 @@ fn greedy(exec: &mut Executor, kv: &mut KvCache, prompt: &[u32], n: usize, eog: 
         if eog.contains(&t) {
             break;
         }
-        let o = exec
-            .forward(
-                kv,
-                &[Row {
-                    slot: 0,
-                    pos,
-                    token: t,
-                    logits: true,
-                }],
-            )
-            .unwrap();
+        let o = exec.forward(kv, &[Row::decode(0, pos, t)]).unwrap();
         logits.copy_from_slice(o);
         pos += 1;
     }

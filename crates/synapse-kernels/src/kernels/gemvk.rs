@@ -178,6 +178,9 @@ unsafe fn store_tiled<const N: usize>(
 /// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `w` holds the rows (`row_bytes` each) of
 /// `nb` blocks of `ty`; `a` holds `n·nb` Q8_K blocks; `y` is valid for writes at
 /// `t·ystride + r` (`t < n`, `r0 <= r < r1`), which this call alone writes.
+///
+/// `tiled` picks the float order: ggml's `vec_dot` (false: what a call of fewer than
+/// [`super::MANY_ROWS`] rows sums in) or its tiled matmul's (true), for any `n`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn rows(
@@ -187,15 +190,13 @@ pub(crate) unsafe fn rows(
     nb: usize,
     a: &[u8],
     n: usize,
+    tiled: bool,
     y: *mut f32,
     ystride: usize,
     r0: usize,
     r1: usize,
 ) {
     debug_assert!(a.len() >= n * nb * AK);
-    // ggml's order: its `vec_dot` below MANY_ROWS activation rows, its tiled matmul's from
-    // there on (the same rows then take the groups of 8 in the tiled order).
-    let tiled = n >= super::MANY_ROWS;
     let mut t0 = 0;
     while t0 < n {
         let k = (n - t0).min(if tiled { 8 } else { max_n(ty) });

@@ -68,6 +68,7 @@ pub fn all_logit_rows(seq: &[u32]) -> Vec<synapse_runtime::Row> {
             pos: i as u32,
             token: t,
             logits: true,
+            order: synapse_runtime::OrderClass::of(seq.len()),
         })
         .collect()
 }

@@ -1,0 +1,330 @@
+//! The engine's public types: configuration, requests, the events a session streams back,
+//! submission errors and statistics.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::kv::KvDtype;
+use crate::sampling::SamplingParams;
+
+/// How an [`crate::engine::Engine`] runs.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Sessions that run at once (KV slots; llama-server's `--parallel`).
+    pub slots: usize,
+    /// Positions one session may hold (prompt + generated tokens).
+    pub ctx: usize,
+    /// A prompt is run in batches of at most this many rows (llama.cpp's `n_ubatch`); a
+    /// prompt row's float order is llama.cpp's for the batch of the prompt it falls in.
+    pub ubatch: usize,
+    /// Rows one step may run in all (decode rows first, then prompt chunks).
+    pub step_tokens: usize,
+    /// Requests that may wait for a slot; past this, submission fails with
+    /// [`SubmitError::QueueFull`].
+    pub queue: usize,
+    /// KV element type.
+    pub kv_dtype: KvDtype,
+    /// Compute threads.
+    pub threads: usize,
+    /// Memory budget in bytes over resident weights and KV (`None`: no budget beyond
+    /// `slots × ctx`).
+    pub memory: Option<u64>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            slots: 4,
+            ctx: 4096,
+            ubatch: 512,
+            step_tokens: 512,
+            queue: 64,
+            kv_dtype: KvDtype::F32,
+            threads: 2,
+            memory: None,
+        }
+    }
+}
+
+/// Turns token ids into bytes (the tokenizer's port): the engine needs text for stop strings
+/// and for streaming.
+pub trait TokenPieces: Send + Sync {
+    /// The bytes `token` stands for as shown to a user (control tokens: nothing).
+    fn piece(&self, token: u32) -> Vec<u8>;
+
+    /// Appends [`TokenPieces::piece`] to `out` (override to avoid the allocation).
+    fn piece_into(&self, token: u32, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.piece(token));
+    }
+}
+
+/// A token-level constraint (a grammar or JSON schema) applied to one session's logits.
+pub trait Constraint: Send {
+    /// Sets the logits of every token not allowed next to `-inf`.
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String>;
+    /// Commits the sampled token; returns `true` once the constrained output is complete.
+    fn commit(&mut self, token: u32) -> Result<bool, String>;
+}
+
+/// One generation request (token ids in, tokens and text out).
+pub struct Request {
+    /// Prompt token ids (BOS and template already applied).
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Sampling parameters (seeded: the same request gives the same tokens).
+    pub sampling: SamplingParams,
+    /// Added to the logits of these tokens before sampling (`-inf`-like values ban them).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Stop strings: generation ends when one appears; it is never part of the text.
+    pub stop: Vec<String>,
+    /// End at the model's end-of-generation tokens (`false`: llama.cpp's `ignore_eos`).
+    pub stop_at_eog: bool,
+    /// Report each token's log-probability and this many most likely alternatives.
+    pub logprobs: Option<usize>,
+    /// A constraint on the output (structured outputs).
+    pub constraint: Option<Box<dyn Constraint>>,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("prompt_tokens", &self.prompt.len())
+            .field("max_tokens", &self.max_tokens)
+            .field("sampling", &self.sampling)
+            .field("stop", &self.stop)
+            .field("logprobs", &self.logprobs)
+            .field("constraint", &self.constraint.is_some())
+            .finish()
+    }
+}
+
+impl Request {
+    /// A greedy request for `max_tokens` tokens that stops at end-of-generation.
+    pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> Self {
+        Request {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::default(),
+            logit_bias: Vec::new(),
+            stop: Vec::new(),
+            stop_at_eog: true,
+            logprobs: None,
+            constraint: None,
+        }
+    }
+}
+
+/// A token's log-probability (natural log, of the distribution the model gave, before
+/// sampling transforms) and its most likely alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logprob {
+    /// Log-probability of the chosen token.
+    pub logprob: f32,
+    /// The most likely tokens with theirs, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenEvent {
+    /// Token id.
+    pub id: u32,
+    /// Text that became safe to show with this token (may be empty: bytes of a character
+    /// split over tokens, or text that could still be the start of a stop string).
+    pub text: String,
+    /// Its log-probability, when the request asked for them.
+    pub logprob: Option<Logprob>,
+}
+
+/// Why a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token, a stop string or a completed constraint.
+    Stop,
+    /// `max_tokens` reached, or the session's context is full.
+    Length,
+    /// Cancelled by the client.
+    Cancelled,
+}
+
+impl FinishReason {
+    /// OpenAI's name (`stop`, `length`; `cancelled` is never sent to a client).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// The end of a session.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    /// Why it ended.
+    pub reason: FinishReason,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens served from the prefix cache (not run).
+    pub cached_tokens: usize,
+    /// Tokens generated.
+    pub completion_tokens: usize,
+    /// Text still held back when it ended (emit it after the last token's text).
+    pub tail: String,
+}
+
+/// What a session streams back, in order: `Admitted`, then `Token`s, then one `Done` or
+/// one `Error`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The session got a slot; its prompt starts running.
+    Admitted {
+        /// Prompt tokens served from the prefix cache.
+        cached_tokens: usize,
+    },
+    /// A generated token.
+    Token(TokenEvent),
+    /// The session ended normally.
+    Done(Finished),
+    /// The session failed (its slot is freed; other sessions are unaffected).
+    Error(String),
+}
+
+/// Why a request was not accepted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SubmitError {
+    /// Every slot is busy and the wait queue is full: retry later.
+    #[error("the server is busy: {queued} requests are waiting; retry in {retry_after_s} s")]
+    QueueFull {
+        /// Requests waiting.
+        queued: usize,
+        /// Suggested wait in seconds.
+        retry_after_s: u32,
+    },
+    /// The prompt plus at least one generated token does not fit a session's context.
+    #[error("the prompt has {tokens} tokens; the context holds {limit}")]
+    PromptTooLong {
+        /// Prompt tokens.
+        tokens: usize,
+        /// Positions a session holds.
+        limit: usize,
+    },
+    /// A parameter is out of its domain.
+    #[error("invalid {param}: {reason}")]
+    Invalid {
+        /// The parameter.
+        param: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The engine is shutting down or has stopped.
+    #[error("the engine is shutting down")]
+    Stopped,
+}
+
+/// A submitted session: its events, and cancellation. Dropping it cancels the session
+/// (a client that went away frees its slot at the next step).
+#[derive(Debug)]
+pub struct Session {
+    pub(crate) id: u64,
+    pub(crate) events: UnboundedReceiver<Event>,
+    pub(crate) cancel: Arc<AtomicBool>,
+}
+
+impl Session {
+    /// The session's id (unique per engine).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The next event (`None` after the last).
+    pub async fn next(&mut self) -> Option<Event> {
+        self.events.recv().await
+    }
+
+    /// The next event, blocking the thread (not for async contexts).
+    pub fn blocking_next(&mut self) -> Option<Event> {
+        self.events.blocking_recv()
+    }
+
+    /// The next event if one is ready.
+    pub fn try_next(&mut self) -> Option<Event> {
+        self.events.try_recv().ok()
+    }
+
+    /// Asks the engine to stop this session at its next step.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+
+    /// A handle that cancels this session from elsewhere.
+    pub fn canceller(&self) -> Canceller {
+        Canceller(self.cancel.clone())
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Cancels one session.
+#[derive(Debug, Clone)]
+pub struct Canceller(Arc<AtomicBool>);
+
+impl Canceller {
+    /// Asks the engine to stop the session at its next step.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A snapshot of the engine's counters and gauges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Requests waiting for a slot.
+    pub queued: usize,
+    /// Sessions holding a slot.
+    pub active: usize,
+    /// Slots in all.
+    pub slots: usize,
+    /// Requests accepted.
+    pub requests: u64,
+    /// Requests refused (queue full).
+    pub rejected: u64,
+    /// Sessions cancelled.
+    pub cancelled: u64,
+    /// Prompt tokens of admitted sessions.
+    pub prompt_tokens: u64,
+    /// Prompt tokens served from the prefix cache.
+    pub prefix_hit_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Forward passes run.
+    pub steps: u64,
+    /// KV bytes held by slots (active sessions and cached prefixes).
+    pub kv_bytes: u64,
+    /// KV bytes the ledger allows.
+    pub kv_budget_bytes: u64,
+}
+
+/// Fixed facts about a running engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineInfo {
+    /// Slots.
+    pub slots: usize,
+    /// Positions per session.
+    pub ctx: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// The model's IR fingerprint.
+    pub fingerprint: String,
+    /// Bytes of resident weights (counted once).
+    pub weight_bytes: u64,
+    /// Kernel path in use.
+    pub kernel_path: String,
+}

@@ -1,0 +1,503 @@
+//! The continuous-batching scheduler: which rows of which sessions run in the next forward
+//! pass, and what their logits become.
+//!
+//! Invariants (tested in `tests/engine.rs`):
+//! - Every step: each decoding session's next row first, then prompt chunks in admission
+//!   order up to the step's token budget (at most the cache's `max_chunk` rows of one
+//!   session). A prompt therefore never starves running decodes: while it prefills, every
+//!   decoding session still gets one token per step.
+//! - Batch invariance: a row's float order is its own session's ([`prompt_order`] for prompt
+//!   rows, the one-row order for decode steps), so a session's logits and tokens are
+//!   bit-identical whatever shares the pass and wherever the budget cuts its prompt.
+//! - A cancelled session (queued, mid-prefill or mid-decode) leaves at the next step; its
+//!   slot keeps its K/V as a prefix-cache entry and is handed to the next session.
+//! - Prefix cache: a new session takes the free slot whose held (token, order) sequence
+//!   shares the longest prefix with its prompt (or copies a running session's prefix when
+//!   that one is longer); reused positions are exactly what a fresh run would compute, so
+//!   results equal a fresh run bit for bit.
+//! - Steady decode allocates nothing in the scheduler or the executor (buffers are reused).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use tokio::sync::mpsc::unbounded_channel;
+
+use super::api::{EngineConfig, Event, FinishReason, Request, Session, SubmitError, TokenPieces};
+use super::session::{Active, After, Phase, Waiting};
+use super::stats::SharedStats;
+use crate::error::{Result, RuntimeError};
+use crate::executor::{Executor, Row, prompt_order};
+use crate::kv::{KvCache, SlotId};
+use crate::load::Model;
+use crate::sampling::Sampler;
+
+/// A running session's prefix is copied into a new session's slot when it serves at least
+/// this many more positions than the best free slot (copying K/V rows is cheap next to
+/// recomputing them, but not free).
+const COPY_MIN_GAIN: usize = 16;
+
+/// The scheduler core: owns the executor, the KV cache and the sessions. [`super::Engine`]
+/// runs it on its own thread; tests may drive it step by step.
+pub struct Scheduler {
+    exec: Executor,
+    kv: KvCache,
+    pieces: Arc<dyn TokenPieces>,
+    cfg: EngineConfig,
+    eog: Vec<u32>,
+    vocab: usize,
+    waiting: VecDeque<Waiting>,
+    active: Vec<Active>,
+    /// Per slot: busy, and when it was last used (LRU among cached prefixes).
+    slot_busy: Vec<bool>,
+    slot_used: Vec<u64>,
+    tick: u64,
+    rows: Vec<Row>,
+    /// Per logits row of the pass: the index of its session in `active`.
+    owners: Vec<usize>,
+    /// Per session of the pass: (index in `active`, rows run).
+    ran: Vec<(usize, usize)>,
+    logits: Vec<f32>,
+    done: Vec<(usize, FinishReason)>,
+    next_id: u64,
+    pub(crate) stats: Arc<SharedStats>,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("waiting", &self.waiting.len())
+            .field("active", &self.active.len())
+            .field("cfg", &self.cfg)
+            .finish()
+    }
+}
+
+/// Checks a request against the engine's limits before it is queued.
+pub(crate) fn validate(
+    req: &Request,
+    ctx: usize,
+    vocab: usize,
+) -> std::result::Result<(), SubmitError> {
+    if req.prompt.is_empty() {
+        return Err(SubmitError::Invalid {
+            param: "prompt",
+            reason: "the prompt is empty".into(),
+        });
+    }
+    if req.prompt.len() >= ctx {
+        return Err(SubmitError::PromptTooLong {
+            tokens: req.prompt.len(),
+            limit: ctx.saturating_sub(1),
+        });
+    }
+    if let Some(&t) = req.prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(SubmitError::Invalid {
+            param: "prompt",
+            reason: format!("token id {t} is outside the vocabulary of {vocab}"),
+        });
+    }
+    if req.max_tokens == 0 {
+        return Err(SubmitError::Invalid {
+            param: "max_tokens",
+            reason: "must be at least 1".into(),
+        });
+    }
+    if let Some(&(t, b)) = req
+        .logit_bias
+        .iter()
+        .find(|&&(t, b)| t as usize >= vocab || b.is_nan())
+    {
+        return Err(SubmitError::Invalid {
+            param: "logit_bias",
+            reason: format!("token {t} (bias {b}) is not a vocabulary id with a number"),
+        });
+    }
+    if let Err(e) = req.sampling.validate() {
+        return Err(SubmitError::Invalid {
+            param: "sampling",
+            reason: e.to_string(),
+        });
+    }
+    Ok(())
+}
+
+impl Scheduler {
+    /// A scheduler over `model` with `cfg.slots` sessions of `cfg.ctx` positions.
+    pub fn new(model: Arc<Model>, pieces: Arc<dyn TokenPieces>, cfg: EngineConfig) -> Result<Self> {
+        let invalid = |reason: String| RuntimeError::InvalidParam {
+            name: "engine config",
+            reason,
+        };
+        if cfg.slots == 0 || cfg.ctx < 2 || cfg.ubatch == 0 {
+            return Err(invalid("slots, ctx ≥ 2 and ubatch must be positive".into()));
+        }
+        if cfg.step_tokens <= cfg.slots {
+            return Err(invalid(format!(
+                "step_tokens ({}) must exceed slots ({}): decodes take one row each per step",
+                cfg.step_tokens, cfg.slots
+            )));
+        }
+        let chunk = cfg.ubatch.min(cfg.ctx);
+        let kv = KvCache::new(&model, cfg.kv_dtype, cfg.slots, cfg.ctx, chunk)?;
+        let weights = model.weight_bytes() as u64;
+        let need = weights + (kv.slot_bytes() * cfg.slots) as u64;
+        if let Some(budget) = cfg.memory
+            && need > budget
+        {
+            let per = kv.slot_bytes() as u64;
+            let fit = budget.saturating_sub(weights) / per.max(1);
+            return Err(invalid(format!(
+                "memory budget {budget} B: weights take {weights} B and each of {} slots \
+                 {per} B of KV ({} positions); {fit} slots fit (lower --parallel or --ctx-size)",
+                cfg.slots, cfg.ctx
+            )));
+        }
+        let eog = model.ir.special.eos.clone();
+        let vocab = model.vocab();
+        let exec = Executor::new(model, cfg.threads)?;
+        let stats = Arc::new(SharedStats::default());
+        stats.slots.store(cfg.slots as u64, Ordering::Relaxed);
+        stats
+            .kv_budget_bytes
+            .store((kv.slot_bytes() * cfg.slots) as u64, Ordering::Relaxed);
+        Ok(Scheduler {
+            exec,
+            kv,
+            pieces,
+            eog,
+            vocab,
+            waiting: VecDeque::new(),
+            active: Vec::with_capacity(cfg.slots),
+            slot_busy: vec![false; cfg.slots],
+            slot_used: vec![0; cfg.slots],
+            tick: 0,
+            rows: Vec::with_capacity(cfg.step_tokens),
+            owners: Vec::with_capacity(cfg.step_tokens),
+            ran: Vec::with_capacity(cfg.slots),
+            logits: vec![0.0; vocab],
+            done: Vec::with_capacity(cfg.slots),
+            next_id: 0,
+            stats,
+            cfg,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The executor.
+    pub fn executor(&self) -> &Executor {
+        &self.exec
+    }
+
+    /// The KV cache (slots hold running sessions and cached prefixes).
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+
+    /// Queues a request (no queue bound here: [`super::Engine::submit`] applies it).
+    pub fn submit(&mut self, req: Request) -> std::result::Result<Session, SubmitError> {
+        validate(&req, self.cfg.ctx, self.vocab)?;
+        self.next_id += 1;
+        let (tx, rx) = unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let session = Session {
+            id: self.next_id,
+            events: rx,
+            cancel: cancel.clone(),
+        };
+        self.stats.pending.fetch_add(1, Ordering::Relaxed);
+        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+        self.enqueue(Waiting {
+            id: self.next_id,
+            req,
+            tx,
+            cancel,
+            since: Instant::now(),
+        });
+        Ok(session)
+    }
+
+    pub(crate) fn enqueue(&mut self, w: Waiting) {
+        self.waiting.push_back(w);
+        self.publish();
+    }
+
+    /// Whether nothing is queued or running.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.active.is_empty()
+    }
+
+    /// Sessions holding a slot.
+    pub fn active(&self) -> usize {
+        self.active.len()
+    }
+
+    /// Requests waiting for a slot.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// One scheduling step: drop cancelled sessions, admit waiting ones into free slots, run
+    /// one forward pass over the step's rows and turn its logits into tokens. Returns whether
+    /// a pass ran.
+    pub fn step(&mut self) -> bool {
+        self.reap_cancelled();
+        self.admit();
+        if self.active.is_empty() {
+            self.publish();
+            return false;
+        }
+        self.build_rows();
+        if self.rows.is_empty() {
+            return false;
+        }
+        let out = match self.exec.forward(&mut self.kv, &self.rows) {
+            Ok(out) => out,
+            Err(e) => {
+                // An executor error fails the sessions of this pass (their slots are reset),
+                // never the engine.
+                let msg = e.to_string();
+                tracing::error!(error = %msg, "forward pass failed");
+                for &(i, _) in &self.ran {
+                    let a = &mut self.active[i];
+                    let _ = a.tx.send(Event::Error(format!("engine error: {msg}")));
+                    self.done.push((i, FinishReason::Stop));
+                }
+                for &(i, _) in &self.ran {
+                    let slot = self.active[i].slot;
+                    let _ = self.kv.open(slot);
+                }
+                self.retire(false);
+                return true;
+            }
+        };
+        self.stats.steps.fetch_add(1, Ordering::Relaxed);
+        for &(i, n) in &self.ran {
+            self.active[i].pos += n;
+        }
+        let vocab = self.vocab;
+        let ctx = self.cfg.ctx;
+        let mut generated = 0u64;
+        for (j, &i) in self.owners.iter().enumerate() {
+            self.logits
+                .copy_from_slice(&out[j * vocab..(j + 1) * vocab]);
+            let a = &mut self.active[i];
+            let before = a.generated;
+            let after = a.take_logits(&mut self.logits, &self.eog, &*self.pieces, ctx);
+            generated += (a.generated - before) as u64;
+            if let After::Finish(r) = after {
+                self.done.push((i, r));
+            }
+        }
+        self.stats
+            .generated_tokens
+            .fetch_add(generated, Ordering::Relaxed);
+        self.retire(true);
+        true
+    }
+
+    fn build_rows(&mut self) {
+        self.rows.clear();
+        self.owners.clear();
+        self.ran.clear();
+        let mut budget = self.cfg.step_tokens;
+        for (i, a) in self.active.iter().enumerate() {
+            if a.phase == Phase::Decode {
+                self.rows.push(Row::decode(a.slot, a.pos as u32, a.last));
+                self.owners.push(i);
+                self.ran.push((i, 1));
+                budget -= 1;
+            }
+        }
+        let max_chunk = self.kv.max_chunk();
+        for (i, a) in self.active.iter().enumerate() {
+            if a.phase != Phase::Prefill || budget == 0 {
+                continue;
+            }
+            let n = budget.min(a.prompt.len() - a.pos).min(max_chunk);
+            for p in a.pos..a.pos + n {
+                let last = p + 1 == a.prompt.len();
+                self.rows.push(Row {
+                    slot: a.slot,
+                    pos: p as u32,
+                    token: a.prompt[p],
+                    logits: last,
+                    order: a.orders[p],
+                });
+                if last {
+                    self.owners.push(i);
+                }
+            }
+            self.ran.push((i, n));
+            budget -= n;
+        }
+    }
+
+    /// Finishes the sessions in `done` (sending their last event when `report`), frees their
+    /// slots and keeps their K/V as cached prefixes.
+    fn retire(&mut self, report: bool) {
+        if self.done.is_empty() {
+            self.publish();
+            return;
+        }
+        self.done.sort_unstable_by_key(|d| std::cmp::Reverse(d.0));
+        self.done.dedup_by_key(|d| d.0);
+        let mut done = std::mem::take(&mut self.done);
+        for &(i, reason) in done.iter() {
+            let mut a = self.active.remove(i);
+            tracing::debug!(session = a.id, ?reason, generated = a.generated, "finished");
+            if report {
+                a.finish(reason);
+            }
+            self.free_slot(a.slot);
+        }
+        done.clear();
+        self.done = done;
+        self.publish();
+    }
+
+    fn free_slot(&mut self, slot: SlotId) {
+        self.tick += 1;
+        self.slot_busy[slot as usize] = false;
+        self.slot_used[slot as usize] = self.tick;
+    }
+
+    fn reap_cancelled(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|w| {
+            let c = w.cancel.load(Ordering::Relaxed);
+            if c {
+                let _ = w.tx.send(Event::Done(super::api::Finished {
+                    reason: FinishReason::Cancelled,
+                    prompt_tokens: w.req.prompt.len(),
+                    cached_tokens: 0,
+                    completion_tokens: 0,
+                    tail: String::new(),
+                }));
+            }
+            !c
+        });
+        let gone = before - self.waiting.len();
+        if gone > 0 {
+            self.stats.pending.fetch_sub(gone as u64, Ordering::Relaxed);
+            self.stats
+                .cancelled
+                .fetch_add(gone as u64, Ordering::Relaxed);
+        }
+        for (i, a) in self.active.iter().enumerate() {
+            if a.cancelled() {
+                self.done.push((i, FinishReason::Cancelled));
+                self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if !self.done.is_empty() {
+            self.retire(true);
+        }
+    }
+
+    fn admit(&mut self) {
+        while let Some(front) = self.waiting.front() {
+            let Some(_) = self.slot_busy.iter().position(|b| !b) else {
+                break;
+            };
+            let len = front.req.prompt.len();
+            let orders: Vec<_> = (0..len)
+                .map(|p| prompt_order(p, len, self.kv.max_chunk()))
+                .collect();
+            let Some(w) = self.waiting.pop_front() else {
+                break;
+            };
+            self.stats.pending.fetch_sub(1, Ordering::Relaxed);
+            let prompt = &w.req.prompt;
+            // The free slot holding the longest reusable prefix; among equals the least
+            // recently used (never-used slots first).
+            let mut best: Option<(SlotId, usize, u64)> = None;
+            for s in 0..self.slot_busy.len() {
+                if self.slot_busy[s] {
+                    continue;
+                }
+                let slot = s as SlotId;
+                let score = self.kv.common_prefix(slot, prompt, &orders);
+                let used = self.slot_used[s];
+                let better = match best {
+                    None => true,
+                    Some((_, bs, bu)) => score > bs || (score == bs && used < bu),
+                };
+                if better {
+                    best = Some((slot, score, used));
+                }
+            }
+            let Some((slot, free_score, _)) = best else {
+                self.waiting.push_front(w);
+                break;
+            };
+            // A running session sharing a longer prefix (a common system prompt).
+            let donor = self
+                .active
+                .iter()
+                .map(|a| (a.slot, self.kv.common_prefix(a.slot, prompt, &orders)))
+                .max_by_key(|&(_, n)| n);
+            let mut result = Ok(());
+            if let Some((src, n)) = donor
+                && n >= free_score + COPY_MIN_GAIN
+            {
+                result = self.kv.copy_prefix(src, slot, n).map(|_| ());
+            }
+            if result.is_ok() && !self.kv.is_open(slot) {
+                result = self.kv.open(slot);
+            }
+            let reused = result.and_then(|_| self.kv.reuse_prefix(slot, prompt, &orders));
+            let reused = match reused {
+                Ok(r) => r,
+                Err(e) => {
+                    let _ = w.tx.send(Event::Error(format!("admission failed: {e}")));
+                    continue;
+                }
+            };
+            let sampler = match Sampler::new(w.req.sampling.clone()) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = w.tx.send(Event::Error(e.to_string()));
+                    continue;
+                }
+            };
+            self.slot_busy[slot as usize] = true;
+            self.stats
+                .prompt_tokens
+                .fetch_add(len as u64, Ordering::Relaxed);
+            self.stats
+                .prefix_hit_tokens
+                .fetch_add(reused as u64, Ordering::Relaxed);
+            tracing::debug!(
+                session = w.id,
+                slot,
+                prompt = len,
+                reused,
+                waited_ms = w.since.elapsed().as_millis() as u64,
+                "admitted"
+            );
+            let _ = w.tx.send(Event::Admitted {
+                cached_tokens: reused,
+            });
+            self.active
+                .push(Active::new(w, slot, orders, reused, sampler));
+        }
+    }
+
+    fn publish(&self) {
+        let s = &self.stats;
+        s.active.store(self.active.len() as u64, Ordering::Relaxed);
+        s.waiting
+            .store(self.waiting.len() as u64, Ordering::Relaxed);
+        let open = (0..self.kv.n_slots())
+            .filter(|&i| self.kv.is_open(i as SlotId))
+            .count();
+        s.kv_bytes
+            .store((open * self.kv.slot_bytes()) as u64, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,298 @@
+//! One running session's state: its prompt and position, sampler, text assembly (complete
+//! UTF-8 only, stop strings held back) and what it reports back.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use synapse_kernels::OrderClass;
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::api::{Constraint, Event, FinishReason, Finished, Logprob, TokenEvent, TokenPieces};
+use crate::kv::SlotId;
+use crate::sampling::{Sampler, StopStrings};
+
+/// A request waiting for a slot.
+pub(crate) struct Waiting {
+    pub id: u64,
+    pub req: super::api::Request,
+    pub tx: UnboundedSender<Event>,
+    pub cancel: Arc<AtomicBool>,
+    pub since: Instant,
+}
+
+/// Where a session is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Prompt rows still to run.
+    Prefill,
+    /// Feeding back `last` at position `pos`.
+    Decode,
+}
+
+/// A session holding a slot.
+pub(crate) struct Active {
+    pub id: u64,
+    pub slot: SlotId,
+    pub tx: UnboundedSender<Event>,
+    pub cancel: Arc<AtomicBool>,
+    pub prompt: Vec<u32>,
+    pub orders: Vec<OrderClass>,
+    /// Next position to run (= positions the slot holds).
+    pub pos: usize,
+    pub phase: Phase,
+    pub cached: usize,
+    pub sampler: Sampler,
+    pub logit_bias: Vec<(u32, f32)>,
+    pub constraint: Option<Box<dyn Constraint>>,
+    pub logprobs: Option<usize>,
+    pub max_tokens: usize,
+    pub stop_at_eog: bool,
+    /// Prompt and generated tokens (penalties look at them).
+    pub history: Vec<u32>,
+    pub generated: usize,
+    /// The last sampled token, fed back at the next decode step.
+    pub last: u32,
+    stops: StopStrings,
+    bytes: Vec<u8>,
+    /// The logits before sampling's penalties (only when log-probabilities are asked for).
+    lp_buf: Vec<f32>,
+}
+
+/// What processing a token decided.
+pub(crate) enum After {
+    /// Keep decoding.
+    Continue,
+    /// The session is over.
+    Finish(FinishReason),
+}
+
+impl Active {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        w: Waiting,
+        slot: SlotId,
+        orders: Vec<OrderClass>,
+        cached: usize,
+        sampler: Sampler,
+    ) -> Self {
+        let req = w.req;
+        let mut history = Vec::with_capacity(req.prompt.len() + req.max_tokens.min(1 << 16));
+        history.extend_from_slice(&req.prompt);
+        Active {
+            id: w.id,
+            slot,
+            tx: w.tx,
+            cancel: w.cancel,
+            pos: cached,
+            phase: Phase::Prefill,
+            cached,
+            sampler,
+            logit_bias: req.logit_bias,
+            constraint: req.constraint,
+            logprobs: req.logprobs,
+            max_tokens: req.max_tokens,
+            stop_at_eog: req.stop_at_eog,
+            history,
+            generated: 0,
+            last: 0,
+            stops: StopStrings::new(&req.stop),
+            bytes: Vec::with_capacity(64),
+            lp_buf: Vec::new(),
+            prompt: req.prompt,
+            orders,
+        }
+    }
+
+    pub fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
+
+    /// Chooses the next token from this session's logits (modified in place) and reports it.
+    pub fn take_logits(
+        &mut self,
+        logits: &mut [f32],
+        eog: &[u32],
+        pieces: &dyn TokenPieces,
+        ctx: usize,
+    ) -> After {
+        for &(t, b) in &self.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += b;
+            }
+        }
+        if let Some(c) = self.constraint.as_mut()
+            && let Err(e) = c.mask(logits)
+        {
+            let _ = self.tx.send(Event::Error(format!("constraint: {e}")));
+            return After::Finish(FinishReason::Stop);
+        }
+        let lp = self.logprobs.map(|k| {
+            self.lp_buf.clear();
+            self.lp_buf.extend_from_slice(logits);
+            log_softmax_top(logits, k)
+        });
+        let tok = self.sampler.sample(logits, &self.history);
+        if self.stop_at_eog && eog.contains(&tok) {
+            return After::Finish(FinishReason::Stop);
+        }
+        let logprob = lp.map(|(lse, top)| Logprob {
+            logprob: logits_at(&self.lp_buf, tok, lse),
+            top,
+        });
+        self.generated += 1;
+        self.history.push(tok);
+        self.last = tok;
+        self.phase = Phase::Decode;
+        pieces.piece_into(tok, &mut self.bytes);
+        let text = drain_utf8(&mut self.bytes, false);
+        let (emit, hit) = self.stops.push(&text);
+        let done_constraint = match self.constraint.as_mut().map(|c| c.commit(tok)) {
+            Some(Ok(done)) => done,
+            Some(Err(e)) => {
+                let _ = self.tx.send(Event::Error(format!("constraint: {e}")));
+                return After::Finish(FinishReason::Stop);
+            }
+            None => false,
+        };
+        let _ = self.tx.send(Event::Token(TokenEvent {
+            id: tok,
+            text: emit,
+            logprob,
+        }));
+        if hit {
+            self.stops = StopStrings::new(&[]);
+            self.bytes.clear();
+            return After::Finish(FinishReason::Stop);
+        }
+        if done_constraint {
+            return After::Finish(FinishReason::Stop);
+        }
+        if self.generated >= self.max_tokens || self.pos >= ctx {
+            return After::Finish(FinishReason::Length);
+        }
+        After::Continue
+    }
+
+    /// Sends the final event.
+    pub fn finish(&mut self, reason: FinishReason) {
+        let mut tail = drain_utf8(&mut self.bytes, true);
+        let (emit, _) = self.stops.push(&tail);
+        tail = emit + &self.stops.flush();
+        let _ = self.tx.send(Event::Done(Finished {
+            reason,
+            prompt_tokens: self.prompt.len(),
+            cached_tokens: self.cached,
+            completion_tokens: self.generated,
+            tail,
+        }));
+    }
+}
+
+/// Log-sum-exp of `logits` and the `k` most likely tokens with their log-probabilities
+/// (most likely first, lowest id on ties).
+fn log_softmax_top(logits: &[f32], k: usize) -> (f64, Vec<(u32, f32)>) {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|v| !v.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits
+        .iter()
+        .filter(|v| !v.is_nan())
+        .map(|&v| ((v - max) as f64).exp())
+        .sum();
+    let lse = max as f64 + sum.ln();
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k);
+    if k > 0 {
+        for (i, &v) in logits.iter().enumerate() {
+            if v.is_nan() {
+                continue;
+            }
+            if top.len() < k || v > top[top.len() - 1].1 {
+                let at = top.partition_point(|&(_, w)| w >= v);
+                top.insert(at, (i as u32, v));
+                top.truncate(k);
+            }
+        }
+    }
+    for t in &mut top {
+        t.1 = (t.1 as f64 - lse) as f32;
+    }
+    (lse, top)
+}
+
+fn logits_at(logits: &[f32], tok: u32, lse: f64) -> f32 {
+    logits
+        .get(tok as usize)
+        .map_or(f32::NEG_INFINITY, |&v| (v as f64 - lse) as f32)
+}
+
+/// Takes the complete UTF-8 text from the front of `bytes` (all of it with `all`, invalid or
+/// incomplete sequences as U+FFFD), leaving an incomplete character's bytes behind.
+pub(crate) fn drain_utf8(bytes: &mut Vec<u8>, all: bool) -> String {
+    let mut out = String::new();
+    let mut start = 0usize;
+    loop {
+        match std::str::from_utf8(&bytes[start..]) {
+            Ok(s) => {
+                out.push_str(s);
+                start = bytes.len();
+                break;
+            }
+            Err(e) => {
+                let valid = e.valid_up_to();
+                out.push_str(&String::from_utf8_lossy(&bytes[start..start + valid]));
+                start += valid;
+                match e.error_len() {
+                    Some(bad) => {
+                        out.push('\u{FFFD}');
+                        start += bad;
+                    }
+                    None => {
+                        if all {
+                            out.push('\u{FFFD}');
+                            start = bytes.len();
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    bytes.drain(..start);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utf8_is_held_until_complete() {
+        let mut b = "é".as_bytes()[..1].to_vec();
+        assert_eq!(drain_utf8(&mut b, false), "");
+        b.push("é".as_bytes()[1]);
+        b.extend_from_slice(b"x");
+        assert_eq!(drain_utf8(&mut b, false), "éx");
+        assert!(b.is_empty());
+        let mut b = vec![0xE2, 0x82];
+        assert_eq!(drain_utf8(&mut b, true), "\u{FFFD}");
+        let mut b = vec![b'a', 0xFF, b'b'];
+        assert_eq!(drain_utf8(&mut b, false), "a\u{FFFD}b");
+    }
+
+    #[test]
+    fn top_logprobs_are_sorted_and_normalised() {
+        let l = [0.0f32, 2.0, 1.0, 2.0, f32::NAN];
+        let (lse, top) = log_softmax_top(&l, 3);
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 2]);
+        let total: f64 = l
+            .iter()
+            .filter(|v| !v.is_nan())
+            .map(|&v| (v as f64 - lse).exp())
+            .sum();
+        assert!((total - 1.0).abs() < 1e-9);
+        assert!((top[0].1 - top[1].1).abs() == 0.0);
+    }
+}

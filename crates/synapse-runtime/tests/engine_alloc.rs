@@ -1,0 +1,112 @@
+//! Steady decode steps allocate nothing: a counting global allocator around
+//! `Scheduler::step` with several sessions decoding at once (one forward pass each step,
+//! sampling, event delivery), after the first steps have grown every buffer.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use synapse_runtime::Model;
+use synapse_runtime::engine::{EngineConfig, Event, Request, Scheduler, TokenPieces};
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: as the caller's contract.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: as the caller's contract.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: as the caller's contract.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Token text is not what this test measures (a token's text is a new `String` in its event
+/// by design): these pieces are empty.
+struct NoText;
+
+impl TokenPieces for NoText {
+    fn piece(&self, _: u32) -> Vec<u8> {
+        Vec::new()
+    }
+    fn piece_into(&self, _: u32, _: &mut Vec<u8>) {}
+}
+
+#[test]
+fn steady_decode_steps_allocate_nothing() {
+    let path = common::default_model();
+    if !common::require(&path, "the default model (Gemma 3 270M Q4_K_M)") {
+        return;
+    }
+    let model = Arc::new(Model::load(&path).unwrap());
+    let cfg = EngineConfig {
+        slots: 6,
+        ctx: 256,
+        ubatch: 64,
+        step_tokens: 64,
+        ..EngineConfig::default()
+    };
+    let mut s = Scheduler::new(model, Arc::new(NoText), cfg).unwrap();
+    let mut sessions: Vec<_> = (0..6u32)
+        .map(|i| {
+            let mut r = Request::greedy(vec![2, 818 + i, 5279, 529], 200);
+            r.stop_at_eog = false;
+            if i % 2 == 1 {
+                r.sampling.temperature = 0.7;
+                r.sampling.top_k = 20;
+                r.sampling.seed = i as u64;
+            }
+            r
+        })
+        .map(|r| s.submit(r).unwrap())
+        .collect();
+    let drain = |sessions: &mut Vec<synapse_runtime::engine::Session>| {
+        let mut n = 0;
+        for ss in sessions.iter_mut() {
+            while let Some(e) = ss.try_next() {
+                assert!(!matches!(e, Event::Error(_)), "{e:?}");
+                n += 1;
+            }
+        }
+        n
+    };
+    // Warm-up: prefill, first decode steps (buffers grow to their steady size).
+    for _ in 0..40 {
+        s.step();
+        drain(&mut sessions);
+    }
+    let mut events = 0;
+    let mut worst = 0;
+    let mut per_step = Vec::new();
+    for _ in 0..64 {
+        ALLOCS.store(0, Ordering::Relaxed);
+        COUNTING.store(true, Ordering::Relaxed);
+        s.step();
+        COUNTING.store(false, Ordering::Relaxed);
+        worst = worst.max(ALLOCS.load(Ordering::Relaxed));
+        per_step.push(ALLOCS.load(Ordering::Relaxed));
+        events += drain(&mut sessions);
+    }
+    assert_eq!(events, 64 * 6, "one token event per session per step");
+    assert_eq!(worst, 0, "steady decode steps allocated {per_step:?} times");
+}
