@@ -545,13 +545,15 @@ async fn structured_outputs() {
     } else {
         assert!(text.starts_with('{'), "{text:?}");
     }
-    let schema = json!({"type": "object", "properties": {"age": {"type": "integer"}},
-                        "required": ["age"], "additionalProperties": false});
+    let schema = json!({"type": "object",
+                        "properties": {"color": {"enum": ["red", "green", "blue"]},
+                                       "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
+                        "required": ["color", "legs"], "additionalProperties": false});
     let (st, v) = s
         .post(
             "/v1/chat/completions",
-            &json!({"messages": [{"role": "user", "content": "How old is the cat?"}],
-                    "max_tokens": 24, "temperature": 0,
+            &json!({"messages": [{"role": "user", "content": "Describe the cat."}],
+                    "max_tokens": 32, "temperature": 0,
                     "response_format": {"type": "json_schema",
                                         "json_schema": {"name": "a", "schema": schema}}}),
         )
@@ -560,7 +562,12 @@ async fn structured_outputs() {
     let text = v["choices"][0]["message"]["content"].as_str().unwrap();
     let parsed: Value = serde_json::from_str(text)
         .unwrap_or_else(|e| panic!("schema output is not JSON ({e}): {text:?}"));
-    assert!(parsed["age"].is_i64(), "{parsed}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert!(
+        ["red", "green", "blue"].contains(&parsed["color"].as_str().unwrap()),
+        "{parsed}"
+    );
+    assert!(parsed["legs"].as_u64().unwrap() <= 8, "{parsed}");
     // An invalid schema is a 400.
     let (st, v) = s
         .post(
