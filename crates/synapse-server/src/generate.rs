@@ -96,10 +96,8 @@ async fn run(
     request_id: String,
 ) -> Result<Response> {
     let t0 = Instant::now();
-    if let Some(m) = &req.model {
-        if !state.serves(m) {
-            return Err(ServerError::ModelNotFound(m.clone()));
-        }
+    if let Some(m) = req.model.as_ref().filter(|m| !state.serves(m)) {
+        return Err(ServerError::ModelNotFound(m.clone()));
     }
     let engine = state.engine().clone();
     let info = engine.info();
