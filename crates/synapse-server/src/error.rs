@@ -215,6 +215,10 @@ impl IntoResponse for ServerError {
             if let Ok(v) = HeaderValue::from_str(&retry_after_s.max(&1).to_string()) {
                 resp.headers_mut().insert(header::RETRY_AFTER, v);
             }
+        } else if let ServerError::PayloadTooLarge { .. } = &self {
+            // The rest of the body is never read: the connection cannot be reused.
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         } else if let ServerError::ShuttingDown = &self {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
