@@ -26,6 +26,7 @@ pub mod middleware;
 pub mod openai;
 pub mod params;
 pub mod prompt;
+pub mod response;
 pub mod routes;
 pub mod state;
 
