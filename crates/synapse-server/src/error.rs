@@ -37,6 +37,8 @@ pub enum ServerError {
     /// The prompt does not fit a session's context.
     #[error("the prompt has {tokens} tokens; the context holds {limit}")]
     PromptTooLong {
+        /// `prompt` or `messages`.
+        param: &'static str,
         /// Prompt tokens.
         tokens: usize,
         /// Positions a session holds.
@@ -128,9 +130,9 @@ impl ServerError {
             Unsupported { param, .. } => {
                 ("invalid_request_error", Some(param), Some("unsupported"))
             }
-            PromptTooLong { .. } => (
+            PromptTooLong { param, .. } => (
                 "invalid_request_error",
-                Some("messages"),
+                Some(param),
                 Some("context_length_exceeded"),
             ),
             Tokenizer(_) => ("invalid_request_error", None, None),
@@ -169,9 +171,11 @@ impl From<SubmitError> for ServerError {
                 queued,
                 retry_after_s,
             },
-            SubmitError::PromptTooLong { tokens, limit } => {
-                ServerError::PromptTooLong { tokens, limit }
-            }
+            SubmitError::PromptTooLong { tokens, limit } => ServerError::PromptTooLong {
+                param: "prompt",
+                tokens,
+                limit,
+            },
             SubmitError::Invalid { param, reason } => ServerError::InvalidParam {
                 param,
                 message: format!("invalid {param}: {reason}"),

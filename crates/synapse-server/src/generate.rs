@@ -145,7 +145,20 @@ async fn run(
                         metrics::rejected("queue_full");
                     }
                     // The sessions already submitted are dropped here, which cancels them.
-                    return Err(e.into());
+                    return Err(match ServerError::from(e) {
+                        ServerError::PromptTooLong { tokens, limit, .. } => {
+                            ServerError::PromptTooLong {
+                                param: if api == Api::Chat {
+                                    "messages"
+                                } else {
+                                    "prompt"
+                                },
+                                tokens,
+                                limit,
+                            }
+                        }
+                        other => other,
+                    });
                 }
             }
         }

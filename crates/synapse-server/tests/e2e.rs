@@ -732,6 +732,7 @@ async fn errors_and_hostile_requests() {
         }
         if *what == "prompt longer than the context" {
             assert_eq!(v["error"]["code"], "context_length_exceeded");
+            assert_eq!(v["error"]["param"], "prompt");
         }
     }
 
