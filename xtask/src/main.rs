@@ -1,5 +1,6 @@
 //! `cargo xtask`: project automation. One module per task; each documents what it regenerates.
 
+mod bench_engine;
 mod bench_kernels_vs_ggml;
 mod bench_vs_llama;
 mod import;
@@ -43,6 +44,9 @@ enum Command {
     TinyModels(tiny_models::Args),
     /// Benchmark Synapse against llama.cpp side by side (prefill, decode, load time, peak RSS).
     BenchVsLlama(bench_vs_llama::Args),
+    /// Aggregate decode tok/s of Synapse's batching engine vs llama.cpp's batched decode at
+    /// 1, 2, 4, 8, 16 streams (same GGUF, same threads, alternating runs).
+    BenchEngine(bench_engine::Args),
     /// Time Synapse's quantized matmul against ggml's on Gemma 3 270M's shapes, side by side.
     BenchKernelsVsGgml(bench_kernels_vs_ggml::Args),
 }
@@ -59,6 +63,7 @@ fn main() -> anyhow::Result<()> {
         Command::ParityFixtures(a) => parity_fixtures::run(a),
         Command::TinyModels(a) => tiny_models::run(a),
         Command::BenchVsLlama(a) => bench_vs_llama::run(a),
+        Command::BenchEngine(a) => bench_engine::run(a),
         Command::BenchKernelsVsGgml(a) => bench_kernels_vs_ggml::run(a),
     }
 }
