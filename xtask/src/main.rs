@@ -2,6 +2,7 @@
 
 mod bench_engine;
 mod bench_kernels_vs_ggml;
+mod bench_server;
 mod bench_vs_llama;
 mod import;
 mod iq_tables;
@@ -47,6 +48,11 @@ enum Command {
     /// Aggregate decode tok/s of Synapse's batching engine vs llama.cpp's batched decode at
     /// 1, 2, 4, 8, 16 streams (same GGUF, same threads, alternating runs).
     BenchEngine(bench_engine::Args),
+    /// `synapse-cli serve` vs llama.cpp's `llama-server`, end to end over HTTP: throughput,
+    /// TTFT and inter-token latency at several client counts.
+    BenchServer(bench_server::Args),
+    /// Build llama.cpp's `llama-server` from the llama-cpp-python sdist (for bench-server).
+    BuildLlamaServer(bench_server::BuildArgs),
     /// Time Synapse's quantized matmul against ggml's on Gemma 3 270M's shapes, side by side.
     BenchKernelsVsGgml(bench_kernels_vs_ggml::Args),
 }
@@ -64,6 +70,8 @@ fn main() -> anyhow::Result<()> {
         Command::TinyModels(a) => tiny_models::run(a),
         Command::BenchVsLlama(a) => bench_vs_llama::run(a),
         Command::BenchEngine(a) => bench_engine::run(a),
+        Command::BenchServer(a) => bench_server::run(a),
+        Command::BuildLlamaServer(a) => bench_server::build(a),
         Command::BenchKernelsVsGgml(a) => bench_kernels_vs_ggml::run(a),
     }
 }
