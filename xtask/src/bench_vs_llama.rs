@@ -138,18 +138,18 @@ fn busy_ticks() -> Result<u64> {
     Ok(v[0] + v[1] + v[2] + v[5] + v[6] + v[7])
 }
 
-struct ChildOutcome {
-    stdout: String,
-    stderr: String,
-    success: bool,
-    wall_s: f64,
-    cpu_s: f64,
-    maxrss_kb: u64,
-    foreign_cpu_s: f64,
+pub(crate) struct ChildOutcome {
+    pub stdout: String,
+    pub stderr: String,
+    pub success: bool,
+    pub wall_s: f64,
+    pub cpu_s: f64,
+    pub maxrss_kb: u64,
+    pub foreign_cpu_s: f64,
 }
 
 /// Runs `cmd` to completion, reaping it with `wait4` for its rusage.
-fn run_measured(cmd: &mut Command) -> Result<ChildOutcome> {
+pub(crate) fn run_measured(cmd: &mut Command) -> Result<ChildOutcome> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let b0 = busy_ticks()?;
@@ -296,7 +296,7 @@ fn run_clean(ctx: &Ctx, engine: Engine, limit: f64, max_redo: usize) -> Result<R
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
@@ -343,7 +343,7 @@ fn prepare_synapse(ctx: &Ctx, prebuilt: bool) -> Result<()> {
     Ok(())
 }
 
-fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| oracle_env::repo_root().join("target"))

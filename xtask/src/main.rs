@@ -1,6 +1,8 @@
 //! `cargo xtask`: project automation. One module per task; each documents what it regenerates.
 
+mod bench_engine;
 mod bench_kernels_vs_ggml;
+mod bench_server;
 mod bench_vs_llama;
 mod import;
 mod iq_tables;
@@ -43,6 +45,14 @@ enum Command {
     TinyModels(tiny_models::Args),
     /// Benchmark Synapse against llama.cpp side by side (prefill, decode, load time, peak RSS).
     BenchVsLlama(bench_vs_llama::Args),
+    /// Aggregate decode tok/s of Synapse's batching engine vs llama.cpp's batched decode at
+    /// 1, 2, 4, 8, 16 streams (same GGUF, same threads, alternating runs).
+    BenchEngine(bench_engine::Args),
+    /// `synapse-cli serve` vs llama.cpp's `llama-server`, end to end over HTTP: throughput,
+    /// TTFT and inter-token latency at several client counts.
+    BenchServer(bench_server::Args),
+    /// Build llama.cpp's `llama-server` from the llama-cpp-python sdist (for bench-server).
+    BuildLlamaServer(bench_server::BuildArgs),
     /// Time Synapse's quantized matmul against ggml's on Gemma 3 270M's shapes, side by side.
     BenchKernelsVsGgml(bench_kernels_vs_ggml::Args),
 }
@@ -59,6 +69,9 @@ fn main() -> anyhow::Result<()> {
         Command::ParityFixtures(a) => parity_fixtures::run(a),
         Command::TinyModels(a) => tiny_models::run(a),
         Command::BenchVsLlama(a) => bench_vs_llama::run(a),
+        Command::BenchEngine(a) => bench_engine::run(a),
+        Command::BenchServer(a) => bench_server::run(a),
+        Command::BuildLlamaServer(a) => bench_server::build(a),
         Command::BenchKernelsVsGgml(a) => bench_kernels_vs_ggml::run(a),
     }
 }

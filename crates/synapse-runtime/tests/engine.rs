@@ -531,6 +531,12 @@ fn admission_limits() {
         engine.submit(Request::greedy(vec![u32::MAX], 4)),
         Err(SubmitError::Invalid { .. })
     ));
+    let mut huge = Request::greedy(p.clone(), 4);
+    huge.logprobs = Some(1 << 40);
+    assert!(matches!(
+        engine.submit(huge),
+        Err(SubmitError::Invalid { .. })
+    ));
     let mut held = Vec::new();
     let mut full = false;
     for _ in 0..8 {

@@ -29,7 +29,7 @@ pub use api::{
     Canceller, Constraint, EngineConfig, EngineInfo, EngineStats, Event, FinishReason, Finished,
     Logprob, Request, Session, SubmitError, TokenEvent, TokenPieces,
 };
-pub use scheduler::Scheduler;
+pub use scheduler::{MAX_TOP_LOGPROBS, Scheduler};
 
 use crate::error::Result;
 use crate::load::Model;

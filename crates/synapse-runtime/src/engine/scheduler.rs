@@ -38,6 +38,9 @@ use crate::sampling::Sampler;
 /// recomputing them, but not free).
 const COPY_MIN_GAIN: usize = 16;
 
+/// Most log-probability alternatives a request may ask for per token.
+pub const MAX_TOP_LOGPROBS: usize = 64;
+
 /// The scheduler core: owns the executor, the KV cache and the sessions. [`super::Engine`]
 /// runs it on its own thread; tests may drive it step by step.
 pub struct Scheduler {
@@ -96,6 +99,14 @@ pub(crate) fn validate(
         return Err(SubmitError::Invalid {
             param: "prompt",
             reason: format!("token id {t} is outside the vocabulary of {vocab}"),
+        });
+    }
+    if let Some(k) = req.logprobs
+        && k > MAX_TOP_LOGPROBS
+    {
+        return Err(SubmitError::Invalid {
+            param: "top_logprobs",
+            reason: format!("at most {MAX_TOP_LOGPROBS} alternatives, not {k}"),
         });
     }
     if req.max_tokens == 0 {

@@ -1,0 +1,100 @@
+//! Aggregate decode throughput of the continuous-batching engine at several stream counts.
+//!
+//! Usage: `engine_bench MODEL.gguf [STREAMS,..] [N_GEN] [THREADS] [PROMPT_TOKENS]`
+//!
+//! For each stream count S: a scheduler with S slots, S sessions with distinct prompts of
+//! PROMPT_TOKENS tokens each (greedy, no end-of-generation stop), stepped until every session
+//! has produced N_GEN tokens. Decode is timed from the first step in which every session is
+//! decoding to the end: aggregate tok/s = S × (N_GEN − 1) / that time. One JSON line per S.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use synapse_runtime::Model;
+use synapse_runtime::engine::{EngineConfig, Event, Request, Scheduler, TokenPieces};
+
+struct NoText;
+impl TokenPieces for NoText {
+    fn piece(&self, _: u32) -> Vec<u8> {
+        Vec::new()
+    }
+    fn piece_into(&self, _: u32, _: &mut Vec<u8>) {}
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let model_path = args
+        .get(1)
+        .ok_or_else(|| anyhow::anyhow!("usage: engine_bench MODEL"))?;
+    let streams: Vec<usize> = args
+        .get(2)
+        .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 2, 4, 8, 16]);
+    let n_gen: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(128);
+    let threads: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(2);
+    let prompt_len: usize = args.get(5).and_then(|s| s.parse().ok()).unwrap_or(16);
+    let model = Arc::new(Model::load(std::path::Path::new(model_path))?);
+    let vocab = model.vocab() as u32;
+    for &s in &streams {
+        let cfg = EngineConfig {
+            slots: s,
+            ctx: prompt_len + n_gen + 8,
+            ubatch: 512,
+            step_tokens: 512.max(s + 1),
+            queue: s,
+            threads,
+            ..EngineConfig::default()
+        };
+        let mut sched = Scheduler::new(model.clone(), Arc::new(NoText), cfg)?;
+        let mut sessions: Vec<_> = (0..s)
+            .map(|i| {
+                // Distinct prompts: BOS then a deterministic spread of ordinary ids.
+                let prompt: Vec<u32> = std::iter::once(2)
+                    .chain(
+                        (1..prompt_len)
+                            .map(|k| 1000 + ((i * 7919 + k * 104_729) as u32 % (vocab - 2000))),
+                    )
+                    .collect();
+                let mut r = Request::greedy(prompt, n_gen);
+                r.stop_at_eog = false;
+                sched.submit(r)
+            })
+            .collect::<Result<_, _>>()?;
+        let t0 = Instant::now();
+        let mut produced = vec![0usize; s];
+        let mut t_decode: Option<Instant> = None;
+        let mut steps_decode = 0usize;
+        while sched.step() {
+            for (i, ss) in sessions.iter_mut().enumerate() {
+                while let Some(e) = ss.try_next() {
+                    if matches!(e, Event::Token(_)) {
+                        produced[i] += 1;
+                    }
+                }
+            }
+            if t_decode.is_none() && produced.iter().all(|&p| p >= 1) {
+                t_decode = Some(Instant::now());
+            } else if t_decode.is_some() {
+                steps_decode += 1;
+            }
+        }
+        let total = t0.elapsed().as_secs_f64();
+        let dt = t_decode.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let decoded: usize = produced.iter().map(|&p| p.saturating_sub(1)).sum();
+        println!(
+            "{}",
+            serde_json::json!({
+                "streams": s,
+                "n_gen": n_gen,
+                "prompt_tokens": prompt_len,
+                "threads": threads,
+                "decode_steps": steps_decode,
+                "decode_s": dt,
+                "aggregate_decode_tok_s": decoded as f64 / dt,
+                "per_stream_tok_s": decoded as f64 / dt / s as f64,
+                "total_s": total,
+            })
+        );
+    }
+    Ok(())
+}
