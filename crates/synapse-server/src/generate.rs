@@ -105,7 +105,15 @@ async fn run(
         default_max_tokens: state.config().default_max_tokens,
     };
     let p = validate(&req, api, lim)?;
-    let prompts = prompts(&state, &req, api)?;
+    // Templates and tokenization of a body up to the limit: off the async workers.
+    let st = state.clone();
+    let (req, prompts) = tokio::task::spawn_blocking(move || {
+        let r = prompts(&st, &req, api);
+        (req, r)
+    })
+    .await
+    .map_err(|e| ServerError::Internal(format!("tokenizing: {e}")))?;
+    let prompts = prompts?;
     if prompts.len() * p.n > MAX_SESSIONS {
         return Err(ServerError::invalid(
             "n",
@@ -187,7 +195,7 @@ async fn run(
             model: state.config().model_id.clone(),
             fingerprint: format!(
                 "synapse-{}",
-                &info.fingerprint[..info.fingerprint.len().min(12)]
+                info.fingerprint.chars().take(12).collect::<String>()
             ),
             n: p.n,
         },
