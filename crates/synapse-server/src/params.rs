@@ -14,6 +14,8 @@ pub const MAX_SESSIONS: usize = 64;
 pub const MAX_TOP_LOGPROBS: i64 = 20;
 /// Most stop strings.
 pub const MAX_STOP: usize = 16;
+/// Longest stop string, bytes.
+pub const MAX_STOP_BYTES: usize = 4096;
 
 /// Which endpoint a request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,6 +206,12 @@ pub fn validate(req: &GenerationRequest, api: Api, lim: Limits) -> Result<GenPar
             format!("at most {MAX_STOP} stop strings"),
         ));
     }
+    if stop.iter().any(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ServerError::invalid(
+            "stop",
+            format!("stop strings are at most {MAX_STOP_BYTES} bytes"),
+        ));
+    }
 
     let top_logprobs = match req.top_logprobs {
         None => None,
@@ -353,6 +361,10 @@ mod tests {
             (r#"{"logit_bias":{"5":200}}"#, "logit_bias"),
             (r#"{"logprobs":true,"top_logprobs":1000}"#, "top_logprobs"),
             (r#"{"tools":[{"type":"function"}]}"#, "tools"),
+            (
+                r#"{"stop":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]}"#,
+                "stop",
+            ),
             (r#"{"response_format":{"type":"yaml"}}"#, "response_format"),
             (
                 r#"{"response_format":{"type":"json_schema","json_schema":{"schema":3}}}"#,
