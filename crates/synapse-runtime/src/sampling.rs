@@ -136,14 +136,10 @@ impl Sampler {
 
     /// Applies the penalties to `logits` in place, given the tokens so far.
     pub fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
-        let p = &self.params;
-        if p.penalty_last_n == 0
-            || (p.repetition_penalty == 1.0
-                && p.presence_penalty == 0.0
-                && p.frequency_penalty == 0.0)
-        {
+        if !self.penalizes() {
             return;
         }
+        let p = &self.params;
         let recent = &history[history.len().saturating_sub(p.penalty_last_n)..];
         self.counts.clear();
         for &t in recent {
@@ -165,9 +161,23 @@ impl Sampler {
         }
     }
 
+    /// Whether [`Sampler::apply_penalties`] changes anything.
+    pub fn penalizes(&self) -> bool {
+        let p = &self.params;
+        p.penalty_last_n > 0
+            && (p.repetition_penalty != 1.0
+                || p.presence_penalty != 0.0
+                || p.frequency_penalty != 0.0)
+    }
+
     /// Chooses the next token. `logits` is modified (penalties).
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
         self.apply_penalties(logits, history);
+        self.choose(logits)
+    }
+
+    /// Chooses the next token from `logits` as they are (no penalties applied).
+    pub fn choose(&mut self, logits: &[f32]) -> u32 {
         let p = self.params.clone();
         if p.temperature <= 0.0 {
             return argmax(logits);

@@ -295,11 +295,16 @@ impl Scheduler {
         let ctx = self.cfg.ctx;
         let mut generated = 0u64;
         for (j, &i) in self.owners.iter().enumerate() {
-            self.logits
-                .copy_from_slice(&out[j * vocab..(j + 1) * vocab]);
+            let row = &out[j * vocab..(j + 1) * vocab];
             let a = &mut self.active[i];
             let before = a.generated;
-            let after = a.take_logits(&mut self.logits, &self.eog, &*self.pieces, ctx);
+            // Logits that choosing does not change are read where the executor left them.
+            let after = if a.modifies_logits() {
+                self.logits.copy_from_slice(row);
+                a.take_logits(&mut self.logits, &self.eog, &*self.pieces, ctx)
+            } else {
+                a.take_logits_ref(row, &self.eog, &*self.pieces, ctx)
+            };
             generated += (a.generated - before) as u64;
             if let After::Finish(r) = after {
                 self.done.push((i, r));

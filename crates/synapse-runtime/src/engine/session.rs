@@ -57,6 +57,9 @@ pub(crate) struct Active {
     bytes: Vec<u8>,
     /// The logits before sampling's penalties (only when log-probabilities are asked for).
     lp_buf: Vec<f32>,
+    /// This step's log-sum-exp and top alternatives, and the chosen token's log-probability.
+    lp_pending: Option<(f64, Vec<(u32, f32)>)>,
+    lp_chosen: f32,
 }
 
 /// What processing a token decided.
@@ -99,6 +102,8 @@ impl Active {
             stops: StopStrings::new(&req.stop),
             bytes: Vec::with_capacity(64),
             lp_buf: Vec::new(),
+            lp_pending: None,
+            lp_chosen: 0.0,
             prompt: req.prompt,
             orders,
         }
@@ -108,7 +113,13 @@ impl Active {
         self.cancel.load(Ordering::Relaxed)
     }
 
-    /// Chooses the next token from this session's logits (modified in place) and reports it.
+    /// Whether choosing a token changes the logits first (bias, constraint, penalties).
+    pub fn modifies_logits(&self) -> bool {
+        !self.logit_bias.is_empty() || self.constraint.is_some() || self.sampler.penalizes()
+    }
+
+    /// Chooses the next token from this session's logits and reports it. `logits` is
+    /// modified in place when [`Active::modifies_logits`] (then pass a copy).
     pub fn take_logits(
         &mut self,
         logits: &mut [f32],
@@ -116,28 +127,64 @@ impl Active {
         pieces: &dyn TokenPieces,
         ctx: usize,
     ) -> After {
+        let tok = match self.choose(logits) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = self.tx.send(Event::Error(format!("constraint: {e}")));
+                return After::Finish(FinishReason::Stop);
+            }
+        };
+        self.commit(tok, eog, pieces, ctx)
+    }
+
+    /// [`Active::take_logits`] for logits that need no modification: read in place.
+    pub fn take_logits_ref(
+        &mut self,
+        logits: &[f32],
+        eog: &[u32],
+        pieces: &dyn TokenPieces,
+        ctx: usize,
+    ) -> After {
+        debug_assert!(!self.modifies_logits());
+        self.lp_pending = self.logprobs.map(|k| log_softmax_top(logits, k));
+        let tok = self.sampler.choose(logits);
+        if let Some((lse, _)) = &self.lp_pending {
+            self.lp_chosen = logits_at(logits, tok, *lse);
+        }
+        self.commit(tok, eog, pieces, ctx)
+    }
+
+    fn choose(&mut self, logits: &mut [f32]) -> Result<u32, String> {
         for &(t, b) in &self.logit_bias {
             if let Some(l) = logits.get_mut(t as usize) {
                 *l += b;
             }
         }
-        if let Some(c) = self.constraint.as_mut()
-            && let Err(e) = c.mask(logits)
-        {
-            let _ = self.tx.send(Event::Error(format!("constraint: {e}")));
-            return After::Finish(FinishReason::Stop);
+        if let Some(c) = self.constraint.as_mut() {
+            c.mask(logits)?;
         }
-        let lp = self.logprobs.map(|k| {
+        self.lp_pending = self.logprobs.map(|k| log_softmax_top(logits, k));
+        let tok = if let Some((lse, _)) = &self.lp_pending {
+            // The chosen token's log-probability before the penalties change the logits.
+            let lse = *lse;
             self.lp_buf.clear();
             self.lp_buf.extend_from_slice(logits);
-            log_softmax_top(logits, k)
-        });
-        let tok = self.sampler.sample(logits, &self.history);
+            let tok = self.sampler.sample(logits, &self.history);
+            self.lp_chosen = logits_at(&self.lp_buf, tok, lse);
+            tok
+        } else {
+            self.sampler.sample(logits, &self.history)
+        };
+        Ok(tok)
+    }
+
+    /// Reports the chosen token and decides whether the session goes on.
+    fn commit(&mut self, tok: u32, eog: &[u32], pieces: &dyn TokenPieces, ctx: usize) -> After {
         if self.stop_at_eog && eog.contains(&tok) {
             return After::Finish(FinishReason::Stop);
         }
-        let logprob = lp.map(|(lse, top)| Logprob {
-            logprob: logits_at(&self.lp_buf, tok, lse),
+        let logprob = self.lp_pending.take().map(|(_, top)| Logprob {
+            logprob: self.lp_chosen,
             top,
         });
         self.generated += 1;
