@@ -1050,3 +1050,47 @@ async fn load_64_clients_with_disconnects() {
         .await;
     assert_eq!(st, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_and_timeout() {
+    let cfg = ServerConfig {
+        cors: true,
+        request_timeout: Duration::from_millis(300),
+        ..ServerConfig::default()
+    };
+    let Some(s) = start(small_engine(), cfg).await else {
+        return;
+    };
+    let url = format!("{}/v1/chat/completions", s.base);
+    let r = s
+        .http
+        .request(reqwest::Method::OPTIONS, &url)
+        .header("origin", "http://example.test")
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "content-type,authorization",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "http://example.test"
+    );
+    // A non-streamed request that outlives the timeout: a 408 error object, and its session is
+    // cancelled with the handler.
+    let body = json!({"messages": [{"role": "user", "content": "Count to a thousand."}],
+                      "max_tokens": 500, "ignore_eos": true, "temperature": 0});
+    let (st, v) = s.post("/v1/chat/completions", &body).await;
+    assert_error(st, &v, 408, "timeout");
+    let stats = s.drained().await;
+    assert!(stats.cancelled >= 1, "{stats:?}");
+    // A stream is not cut by the timeout (it answers its head at once).
+    let mut sb = body.clone();
+    sb["max_tokens"] = json!(40);
+    sb["stream"] = json!(true);
+    let ev = s.stream("/v1/chat/completions", &sb).await;
+    check_stream(&ev, true, 1, false);
+}
