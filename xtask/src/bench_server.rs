@@ -362,8 +362,10 @@ pub fn build(b: BuildArgs) -> Result<()> {
                 "-m",
                 "pip",
                 "download",
+                // This package only: `:all:` would build its build dependencies
+                // (cmake) from source as well.
                 "--no-binary",
-                ":all:",
+                "llama-cpp-python",
                 "--no-deps",
                 "-d",
             ])
