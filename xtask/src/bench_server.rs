@@ -116,14 +116,15 @@ fn busy_ticks() -> Result<u64> {
 }
 
 fn proc_ticks(pid: u32) -> u64 {
-    // utime + stime of the process and its waited children (fields 14..17).
+    // utime + stime of the process (all its threads).
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| {
             let rest = s.rsplit_once(')')?.1.to_string();
+            // Fields from 3 (state) on; utime and stime are fields 14 and 15.
             let f: Vec<u64> = rest
                 .split_whitespace()
-                .filter_map(|x| x.parse().ok())
+                .map(|x| x.parse().unwrap_or(0))
                 .collect();
             Some(f.get(11)? + f.get(12)?)
         })
