@@ -1094,3 +1094,48 @@ async fn cors_and_timeout() {
     let ev = s.stream("/v1/chat/completions", &sb).await;
     check_stream(&ev, true, 1, false);
 }
+
+/// Chat through the server against llama.cpp's own run of the same conversation (the parity
+/// fixture's chat prompt: llama.cpp's built-in `gemma` template, 64 greedy tokens): the same
+/// prompt tokens and the same text, streamed and not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_matches_llama_cpp_on_the_gemma_template() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/parity/gemma3-270m-q4_k_m.json");
+    let fx: Value = serde_json::from_str(&std::fs::read_to_string(&fixture).unwrap()).unwrap();
+    let p = fx["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "chat_gemma")
+        .unwrap()
+        .clone();
+    let n = p["greedy_ids"].as_array().unwrap().len();
+    let want_text = p["greedy_text"].as_str().unwrap();
+    let want_prompt = p["prompt_ids"].as_array().unwrap().len() as u64;
+    let Some(s) = start(small_engine(), ServerConfig::default()).await else {
+        return;
+    };
+    let body = json!({"messages": p["chat_messages"], "max_tokens": n, "temperature": 0});
+    let (st, v) = s.post("/v1/chat/completions", &body).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"].as_u64(), Some(want_prompt));
+    assert_eq!(
+        v["choices"][0]["message"]["content"].as_str(),
+        Some(want_text)
+    );
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    let ev = s.stream("/v1/chat/completions", &sb).await;
+    let text: String = ev
+        .iter()
+        .filter(|(_, d)| d != "[DONE]")
+        .filter_map(|(_, d)| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(text, want_text);
+}
