@@ -28,7 +28,7 @@ enum Command {
     Inspect(cmd::inspect::Args),
     /// Write one tensor decoded to little-endian f32 (row-major, the file's dimension order).
     Tensor(cmd::tensor::Args),
-    /// Fetch (once) and verify the default model; print its path.
+    /// Fetch (once) and verify a published model (default: the default model); print its path.
     FetchModel(cmd::fetch_model::Args),
     /// Generate text from a prompt (default model: Gemma 3 270M Q4_K_M).
     Generate(cmd::generate::Args),

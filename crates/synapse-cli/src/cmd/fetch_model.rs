@@ -1,10 +1,15 @@
-//! `synapse-cli fetch-model`: fetches (once) and verifies the default model, prints its path.
+//! `synapse-cli fetch-model [NAME]`: fetches (once) and verifies a published model (default:
+//! the default model), prints its path.
 
 use clap::Args as ClapArgs;
 
 /// Arguments of `fetch-model`.
 #[derive(ClapArgs, Debug)]
 pub struct Args {
+    /// Which model: `gemma-3-270m` (the default), `qwen2.5-coder-0.5b-instruct`,
+    /// `smollm2-135m-instruct`.
+    #[arg(default_value = "gemma-3-270m")]
+    name: String,
     /// Print JSON (`{"path", "sha256", "bytes"}`) instead of the bare path.
     #[arg(long)]
     json: bool,
@@ -13,9 +18,12 @@ pub struct Args {
     dir: Option<std::path::PathBuf>,
 }
 
-/// Fetches the default model if it is absent or corrupt, then prints its path.
+/// Fetches the model if it is absent or corrupt, then prints its path.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let model = synapse_source::GEMMA3_270M_Q4_K_M;
+    let Some(&model) = synapse_source::known_model(&args.name) else {
+        let names: Vec<&str> = synapse_source::KNOWN_MODELS.iter().map(|m| m.0).collect();
+        anyhow::bail!("unknown model {:?}: one of {}", args.name, names.join(", "));
+    };
     let opts = synapse_source::FetchOptions {
         models_dir: args.dir,
         pip: None,

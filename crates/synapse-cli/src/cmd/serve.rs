@@ -16,8 +16,10 @@ use super::load::{default_model, load_model};
 /// Arguments of `serve`.
 #[derive(ClapArgs, Debug)]
 pub struct Args {
-    /// A GGUF file, a safetensors checkpoint directory, a Synapse package directory or a
-    /// package hash in the store (default: Gemma 3 270M Q4_K_M from the model cache).
+    /// A GGUF file, a safetensors checkpoint directory, a Synapse package directory, a
+    /// package hash in the store, or a published model's name (`smollm2-135m-instruct`,
+    /// `qwen2.5-coder-0.5b-instruct`: fetched once) (default: Gemma 3 270M Q4_K_M from the
+    /// model cache).
     #[arg(long, short = 'm', env = "SYNAPSE_MODEL")]
     model: Option<PathBuf>,
     /// The store package hashes are looked up in.
