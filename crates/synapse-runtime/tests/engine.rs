@@ -568,3 +568,72 @@ fn admission_limits() {
     small.memory = Some(model.weight_bytes() as u64 + 1);
     assert!(Engine::start(model, pieces, small).is_err());
 }
+
+/// Regression (a CI run of the server's queue-full test): a session being admitted was for a
+/// moment neither pending nor active in the gauges, so a request submitted then was accepted
+/// past a full queue; and a session's `Done` went out before its slot counted free, so a client
+/// resubmitting at once was refused. One slot, no queue: a submission is accepted only once the
+/// running session has sent all its tokens, and right after its `Done` one is accepted.
+#[test]
+fn admission_gauges_have_no_gap() {
+    let Some((model, pieces)) = setup() else {
+        return;
+    };
+    let mut cfg = small_cfg();
+    cfg.slots = 1;
+    cfg.queue = 0;
+    let engine = Engine::start(model, pieces.clone(), cfg).unwrap();
+    let p = encode(&pieces, PROMPTS[2]);
+    const N: usize = 6;
+    for round in 0..3 {
+        let mut a = engine
+            .submit(Request {
+                stop_at_eog: false,
+                ..Request::greedy(p.clone(), N)
+            })
+            .unwrap();
+        let mut tokens = 0;
+        let mut done = false;
+        let count = |e: Event, tokens: &mut usize, done: &mut bool| match e {
+            Event::Token(_) => *tokens += 1,
+            Event::Done(_) => *done = true,
+            Event::Error(e) => panic!("{e}"),
+            Event::Admitted { .. } => {}
+        };
+        // Hammer the engine while `a` is admitted, prefilled and decoded.
+        let mut refused = 0;
+        let mut next = loop {
+            match engine.submit(Request::greedy(p.clone(), 1)) {
+                Ok(b) => break Some(b),
+                Err(SubmitError::QueueFull { .. }) => refused += 1,
+                Err(e) => panic!("{e}"),
+            }
+            while let Some(e) = a.try_next() {
+                count(e, &mut tokens, &mut done);
+            }
+            if done {
+                break None;
+            }
+        };
+        if next.is_some() {
+            // Accepted before `a`'s Done arrived: `a` must have released its slot, so all its
+            // tokens were already sent.
+            while let Some(e) = a.try_next() {
+                count(e, &mut tokens, &mut done);
+            }
+            assert_eq!(tokens, N, "round {round}: accepted while the slot was busy");
+        } else {
+            assert!(refused > 0);
+            // Right after Done the slot is free.
+            let b = engine.submit(Request::greedy(p.clone(), 1));
+            assert!(b.is_ok(), "round {round}: refused right after Done: {b:?}");
+            next = b.ok();
+        }
+        let mut b = next.unwrap();
+        while let Some(e) = b.blocking_next() {
+            if matches!(e, Event::Done(_)) {
+                break;
+            }
+        }
+    }
+}

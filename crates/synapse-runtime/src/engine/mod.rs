@@ -104,12 +104,16 @@ impl Engine {
         }
         scheduler::validate(&req, self.cfg.ctx, self.info.vocab)?;
         let s = &self.stats;
+        // Reserve a place first, then read the active count: the scheduler raises `active`
+        // before it lowers `pending`, so this order never sees an admitted session in neither
+        // (and two submitters cannot both take the last place).
+        let pending = s.pending.fetch_add(1, Ordering::SeqCst) as usize;
         let free = self
             .cfg
             .slots
-            .saturating_sub(s.active.load(Ordering::Relaxed) as usize);
-        let pending = s.pending.load(Ordering::Relaxed) as usize;
+            .saturating_sub(s.active.load(Ordering::SeqCst) as usize);
         if pending >= self.cfg.queue + free {
+            s.pending.fetch_sub(1, Ordering::SeqCst);
             s.rejected.fetch_add(1, Ordering::Relaxed);
             // Expected wait: the queue ahead over the slots, a couple of seconds each.
             let retry_after_s = (1 + pending / self.cfg.slots.max(1)).min(60) as u32;
@@ -121,7 +125,6 @@ impl Engine {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
-        s.pending.fetch_add(1, Ordering::Relaxed);
         s.requests.fetch_add(1, Ordering::Relaxed);
         let w = Waiting {
             id,
@@ -130,13 +133,12 @@ impl Engine {
             cancel: cancel.clone(),
             since: Instant::now(),
         };
-        let sent = self
-            .tx
-            .lock()
-            .map_err(|_| SubmitError::Stopped)?
-            .send(Cmd::Submit(Box::new(w)));
-        if sent.is_err() {
-            s.pending.fetch_sub(1, Ordering::Relaxed);
+        let sent = match self.tx.lock() {
+            Ok(tx) => tx.send(Cmd::Submit(Box::new(w))).is_ok(),
+            Err(_) => false,
+        };
+        if !sent {
+            s.pending.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::Stopped);
         }
         Ok(Session {

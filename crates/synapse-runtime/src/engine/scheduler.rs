@@ -63,6 +63,7 @@ pub struct Scheduler {
     ran: Vec<(usize, usize)>,
     logits: Vec<f32>,
     done: Vec<(usize, FinishReason)>,
+    retired: Vec<(Active, FinishReason)>,
     next_id: u64,
     pub(crate) stats: Arc<SharedStats>,
 }
@@ -189,6 +190,7 @@ impl Scheduler {
             ran: Vec::with_capacity(cfg.slots),
             logits: vec![0.0; vocab],
             done: Vec::with_capacity(cfg.slots),
+            retired: Vec::with_capacity(cfg.slots),
             next_id: 0,
             stats,
             cfg,
@@ -365,16 +367,21 @@ impl Scheduler {
         self.done.dedup_by_key(|d| d.0);
         let mut done = std::mem::take(&mut self.done);
         for &(i, reason) in done.iter() {
-            let mut a = self.active.remove(i);
+            let a = self.active.remove(i);
             tracing::debug!(session = a.id, ?reason, generated = a.generated, "finished");
-            if report {
-                a.finish(reason);
-            }
             self.free_slot(a.slot);
+            self.retired.push((a, reason));
         }
         done.clear();
         self.done = done;
+        // Gauges first: a client that sees its `Done` may submit again at once, and must find
+        // the slot counted free.
         self.publish();
+        for (mut a, reason) in self.retired.drain(..) {
+            if report {
+                a.finish(reason);
+            }
+        }
     }
 
     fn free_slot(&mut self, slot: SlotId) {
@@ -428,7 +435,9 @@ impl Scheduler {
             let Some(w) = self.waiting.pop_front() else {
                 break;
             };
-            self.stats.pending.fetch_sub(1, Ordering::Relaxed);
+            // `pending` drops only once the session counts as active (or has failed), so
+            // that a concurrent submit never sees it in neither gauge (it would take the slot
+            // this session holds).
             let prompt = &w.req.prompt;
             // The free slot holding the longest reusable prefix; among equals the least
             // recently used (never-used slots first).
@@ -472,6 +481,7 @@ impl Scheduler {
                 Ok(r) => r,
                 Err(e) => {
                     let _ = w.tx.send(Event::Error(format!("admission failed: {e}")));
+                    self.stats.pending.fetch_sub(1, Ordering::Relaxed);
                     continue;
                 }
             };
@@ -479,6 +489,7 @@ impl Scheduler {
                 Ok(s) => s,
                 Err(e) => {
                     let _ = w.tx.send(Event::Error(e.to_string()));
+                    self.stats.pending.fetch_sub(1, Ordering::Relaxed);
                     continue;
                 }
             };
@@ -502,12 +513,16 @@ impl Scheduler {
             });
             self.active
                 .push(Active::new(w, slot, orders, reused, sampler));
+            self.stats
+                .active
+                .store(self.active.len() as u64, Ordering::SeqCst);
+            self.stats.pending.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
     fn publish(&self) {
         let s = &self.stats;
-        s.active.store(self.active.len() as u64, Ordering::Relaxed);
+        s.active.store(self.active.len() as u64, Ordering::SeqCst);
         s.waiting
             .store(self.waiting.len() as u64, Ordering::Relaxed);
         let open = (0..self.kv.n_slots())
