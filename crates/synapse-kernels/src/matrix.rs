@@ -367,7 +367,7 @@ impl QuantMatrix {
             k.dot4 = None;
         }
         #[cfg(target_arch = "x86_64")]
-        if n < kernels::tiled::G
+        if kernels::gemv32::takes(n, self.cols)
             && ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
             && kernels::gemv32::supports(ty)
         {

@@ -15,6 +15,17 @@ use std::arch::x86_64::*;
 use crate::act::BlockQ8x32;
 use synapse_formats::GgmlType;
 
+/// Whether a call of `n` activation rows of `cols` elements takes this kernel (in groups of up
+/// to 8 rows) rather than the tiled GEMM; both sum in ggml's per-row order, so the bits are the
+/// same. Below 16 rows always; up to 31 while the activations stay small (`n·cols` ≤ 20,480
+/// bytes of codes, re-read for every weight-row pair). Measured (kbench, 2 threads, median µs):
+/// the 262,144 × 640 Q8_0 LM head 16 rows 32.5 → 27.7 ms, 24 rows 46 → 41.6 ms; Q8_0 1024 × 640
+/// 162 → 126 µs at 16 rows; but Q5_0 640 × 2048 219 → 261 µs at 16 rows (its 64-block rows
+/// outgrow L1), hence the size bound.
+pub(crate) fn takes(n: usize, cols: usize) -> bool {
+    n < super::tiled::G || (n < 32 && n * cols <= 20_480)
+}
+
 /// The types this kernel handles.
 pub(crate) fn supports(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0)
