@@ -11,7 +11,7 @@
 //! llama-cpp-python sdist (PyPI), with cmake and ninja from PyPI, into
 //! `<target>/llama-server/bin/llama-server`.
 
-use crate::bench_vs_llama::{median, target_dir};
+use crate::bench_vs_llama::{busy_ticks, median, target_dir};
 use crate::{oracle_env, parity_fixtures};
 use anyhow::{Context, Result, bail};
 use std::collections::BTreeMap;
@@ -99,22 +99,6 @@ fn wait_healthy(port: u16, child: &mut Child) -> Result<()> {
     bail!("server on port {port} not healthy after 120 s")
 }
 
-fn busy_ticks() -> Result<u64> {
-    let s = std::fs::read_to_string("/proc/stat")?;
-    let cpu = s.lines().next().context("/proc/stat")?;
-    let v: Vec<u64> = cpu
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal
-    Ok(v.iter()
-        .enumerate()
-        .filter(|(i, _)| *i != 3 && *i != 4)
-        .map(|(_, x)| x)
-        .sum())
-}
-
 fn proc_ticks(pid: u32) -> u64 {
     // utime + stime of the process (all its threads).
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -187,7 +171,8 @@ fn run_once(ctx: &Ctx, e: Engine, clients: usize) -> Result<(serde_json::Value, 
         stop(child);
         return Err(err.context(format!("{} did not come up", e.name())));
     }
-    let hz = 100.0;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let b0 = busy_ticks()?;
     let s0 = proc_ticks(child.id());
     let out = Command::new(&ctx.python)

@@ -121,7 +121,7 @@ impl Engine {
 }
 
 /// System-wide busy CPU ticks (user+nice+system+irq+softirq+steal) from `/proc/stat`.
-fn busy_ticks() -> Result<u64> {
+pub(crate) fn busy_ticks() -> Result<u64> {
     let s = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
     let line = s
         .lines()

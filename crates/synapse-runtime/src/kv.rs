@@ -278,6 +278,17 @@ impl KvCache {
         }
     }
 
+    /// Whether a slot that wrote `held` positions still has, in every sliding-window ring, the
+    /// rows position `keep` needs (the `window` positions before it).
+    fn rings_hold(&self, keep: usize, held: usize) -> bool {
+        // A ring of `rows = window + max_chunk` rows that has seen `held` positions keeps
+        // positions from `held - rows` on.
+        self.geom.iter().filter(|g| g.ring).all(|g| {
+            let window = g.rows - self.max_chunk;
+            (keep + 1).saturating_sub(window) >= held.saturating_sub(g.rows)
+        })
+    }
+
     /// Whether a slot is open (holds buffers).
     pub fn is_open(&self, slot: SlotId) -> bool {
         self.slots.get(slot as usize).is_some_and(|s| s.is_some())
@@ -301,18 +312,12 @@ impl KvCache {
         if !self.is_open(dst) {
             self.open(dst)?;
         }
-        // Ring layers: the `window` positions before `n` must still be in src's ring.
-        for g in self.geom.iter().filter(|g| g.ring) {
-            let window = g.rows - self.max_chunk;
-            let needed_from = (n + 1).saturating_sub(window);
-            let present_from = src_len.saturating_sub(g.rows);
-            if needed_from < present_from {
-                if let Some(Some(d)) = self.slots.get_mut(dst as usize) {
-                    d.tokens.clear();
-                    d.orders.clear();
-                }
-                return Ok(0);
+        if !self.rings_hold(n, src_len) {
+            if let Some(Some(d)) = self.slots.get_mut(dst as usize) {
+                d.tokens.clear();
+                d.orders.clear();
             }
+            return Ok(0);
         }
         let (lo, hi) = if src < dst {
             let (a, b) = self.slots.split_at_mut(dst as usize);
@@ -359,29 +364,21 @@ impl KvCache {
         tokens: &[u32],
         orders: &[OrderClass],
     ) -> Result<usize> {
+        let old = self.len(slot)?;
         let mut keep = self.common_prefix(slot, tokens, orders);
-        let geom = self.geom.clone();
-        let s = self
-            .slots
-            .get_mut(slot as usize)
-            .and_then(|s| s.as_mut())
-            .ok_or(RuntimeError::UnknownSlot(slot))?;
-        let old = s.tokens.len();
         if keep == tokens.len() {
             keep = keep.saturating_sub(1);
         }
         // A ring layer can rewind only if the rows the next position needs (the `window`
         // positions before `keep`) were not overwritten by positions written after them.
-        if keep > 0 && keep < old {
-            for g in geom.iter().filter(|g| g.ring) {
-                let window = g.rows - self.max_chunk;
-                let needed_from = (keep + 1).saturating_sub(window);
-                let present_from = old.saturating_sub(g.rows);
-                if needed_from < present_from {
-                    keep = 0;
-                }
-            }
+        if keep > 0 && keep < old && !self.rings_hold(keep, old) {
+            keep = 0;
         }
+        let s = self
+            .slots
+            .get_mut(slot as usize)
+            .and_then(|s| s.as_mut())
+            .ok_or(RuntimeError::UnknownSlot(slot))?;
         s.tokens.truncate(keep);
         s.orders.truncate(keep);
         Ok(keep)
