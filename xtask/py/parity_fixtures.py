@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""llama.cpp's greedy outputs on the default real model: the oracle side of the runtime parity tests.
+"""llama.cpp's greedy outputs on a real model: the oracle side of the runtime parity tests.
 
 Run by `cargo xtask parity-fixtures` (see fixtures/README.md); never by the tests.
 
-Usage: python parity_fixtures.py MODEL.gguf OUT_DIR
+Usage: python parity_fixtures.py MODEL.gguf OUT_DIR STEM
 
-Writes OUT_DIR/gemma3-270m-q4_k_m.json (settings, versions, and per prompt: text, prompt ids, 64
-greedy ids, top1-top2 margin of every step, top-256 (id, logit) of the last prompt position) and
-OUT_DIR/gemma3-270m-q4_k_m.pNN.logits.f32 (the full last-prompt-position logits, little-endian f32,
-for the prompts listed in FULL_LOGITS). Deterministic: greedy, no sampling, fixed prompts.
+STEM names the model and picks its prompt set (see MODELS). Writes OUT_DIR/STEM.json (settings,
+versions, and per prompt: text, prompt ids, 64 greedy ids, top1-top2 margin of every step, the
+top-256 (id, logit) of the last prompt position and the top-8 (id, logit) of every decode step)
+and OUT_DIR/STEM.pNN.logits.f32 (the full last-prompt-position logits, little-endian f32, for the
+prompts listed in FULL_LOGITS). Deterministic: greedy, no sampling, fixed prompts. Fails (exit 1)
+when a model's own check does not hold (Gemma's reference continuation, a chat prompt llama.cpp
+tokenizes without its control tokens).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import llama_cpp as L
 
 N_GEN = 64
 TOP_K = 256
+STEP_TOP_K = 8  # logits stored per decode step (the one-row path's check)
 N_THREADS = 1  # see THREAD_CHECK
 THREAD_CHECK = 2  # the reference prompt's logits are recomputed with this many threads and compared
 N_CTX = 2048
@@ -80,6 +84,27 @@ PROMPTS: list[dict] = [
     dict(name="json", text="{\"name\": \"Synapse\", \"version\": [0, 1, 0], \"features\": [\"gguf\", \"kv-cache\""),
     dict(name="qa_list", text="Q: List three primary colors.\nA: 1."),
 ]
+
+# The instruct models: the same raw prompts, and chats rendered with the model's own
+# `tokenizer.chat_template` as transformers renders it (jinja2, trim_blocks, lstrip_blocks).
+CHAT_PROMPTS: list[dict] = [
+    dict(name="chat_user", chat=[("user", "Write a haiku about the sea.")]),
+    dict(name="chat_multi_turn", chat=[("system", "You are a helpful assistant that answers briefly."),
+                                       ("user", "What is the capital of France?"),
+                                       ("assistant", "Paris."),
+                                       ("user", "And of Italy?")]),
+    dict(name="chat_code", chat=[("system", "You are a careful programmer."),
+                                 ("user", "Write a Python function that checks whether a string is a palindrome.")]),
+]
+INSTRUCT_PROMPTS = [p if p["name"] != "chat_gemma" else CHAT_PROMPTS[0] for p in PROMPTS] + CHAT_PROMPTS[1:]
+
+# stem -> prompt set, how chats are rendered, and the model's own check.
+MODELS = {
+    "gemma3-270m-q4_k_m": dict(prompts=PROMPTS, chat="llama.cpp built-in 'gemma' (the GGUF has no tokenizer.chat_template)",
+                               check=[506, 5279, 529, 506, 2891]),
+    "qwen2.5-coder-0.5b-instruct-q4_k_m": dict(prompts=INSTRUCT_PROMPTS, chat="jinja", check=None),
+    "smollm2-135m-instruct-q4_1": dict(prompts=INSTRUCT_PROMPTS, chat="jinja", check=None),
+}
 
 
 def quiet_logs():
@@ -155,6 +180,44 @@ def apply_gemma_template(messages) -> str:
     return buf.raw[:n].decode()
 
 
+def meta_str(model, key: str):
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = L.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    if n < 0:
+        return None
+    if n >= len(buf):
+        buf = ctypes.create_string_buffer(n + 1)
+        L.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode()
+
+
+def apply_jinja_template(model, vocab, messages) -> str:
+    """The GGUF's `tokenizer.chat_template` rendered as transformers' `apply_chat_template` does."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    src = meta_str(model, "tokenizer.chat_template")
+    if src is None:
+        raise RuntimeError("the model has no tokenizer.chat_template")
+
+    def raise_exception(msg):
+        raise jinja2.exceptions.TemplateError(msg)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False, sort_keys=False: json.dumps(
+        x, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+    env.globals["raise_exception"] = raise_exception
+    bos = piece(vocab, L.llama_vocab_bos(vocab)).decode() if L.llama_vocab_bos(vocab) >= 0 else ""
+    eos = piece(vocab, L.llama_vocab_eos(vocab)).decode() if L.llama_vocab_eos(vocab) >= 0 else ""
+    return env.from_string(src).render(messages=[dict(role=r, content=c) for r, c in messages],
+                                       add_generation_prompt=True, bos_token=bos, eos_token=eos)
+
+
+def top(lg, k):
+    order = np.argsort(-lg, kind="stable")[:k]
+    return [int(i) for i in order], [float(lg[i]) for i in order]
+
+
 def run_prompt(ctx, vocab, n_vocab, toks):
     L.llama_memory_clear(L.llama_get_memory(ctx), True)
     batch = L.llama_batch_init(N_BATCH, 0, 1)
@@ -173,7 +236,7 @@ def run_prompt(ctx, vocab, n_vocab, toks):
                 raise RuntimeError("llama_decode failed")
             last = len(chunk) - 1
         prompt_logits = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, last), shape=(n_vocab,)).copy()
-        gen, margins, runner_up = [], [], []
+        gen, margins, runner_up, step_top = [], [], [], []
         lg = prompt_logits
         pos = len(toks)
         eog = False
@@ -198,17 +261,18 @@ def run_prompt(ctx, vocab, n_vocab, toks):
                 raise RuntimeError("llama_decode failed")
             pos += 1
             lg = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, 0), shape=(n_vocab,)).copy()
-        return prompt_logits, gen, margins, runner_up, eog
+            step_top.append(top(lg, STEP_TOP_K))
+        return prompt_logits, gen, margins, runner_up, eog, step_top
     finally:
         L.llama_batch_free(batch)
 
 
 def main():
-    model_path, out_dir = sys.argv[1], sys.argv[2]
+    model_path, out_dir, stem = sys.argv[1], sys.argv[2], sys.argv[3]
+    spec = MODELS[stem]
     os.makedirs(out_dir, exist_ok=True)
     quiet_logs()
     L.llama_backend_init()
-    stem = "gemma3-270m-q4_k_m"
     # ggml's plain CPU kernels: no extra buffer types. llama.cpp's default extra buffer types on this
     # CPU (AMX repacking) die with SIGILL here (the VM lists AMX but does not grant its tiles).
     model = load(model_path, False)
@@ -216,15 +280,22 @@ def main():
     n_vocab = L.llama_vocab_n_tokens(vocab)
     ctx, cp = new_ctx(model)
     plain = []
-    for idx, p in enumerate(PROMPTS):
+    for idx, p in enumerate(spec["prompts"]):
         if "chat" in p:
-            text, special = apply_gemma_template(p["chat"]), True
+            if spec["chat"] == "jinja":
+                text = apply_jinja_template(model, vocab, p["chat"])
+            else:
+                text = apply_gemma_template(p["chat"])
+            special = True
         else:
             text, special = p["text"], False
         toks = tokenize(vocab, text, special)
-        lg, gen, margins, runner_up, eog = run_prompt(ctx, vocab, n_vocab, toks)
+        if special and toks == tokenize(vocab, text, False):
+            sys.exit(f"{p['name']}: the chat text tokenizes the same without special tokens: no control tokens?")
+        lg, gen, margins, runner_up, eog, step_top = run_prompt(ctx, vocab, n_vocab, toks)
         plain.append(dict(idx=idx, name=p["name"], text=text, parse_special=special, lg=lg, toks=toks,
-                          gen=gen, margins=margins, runner_up=runner_up, eog=eog, chat=p.get("chat")))
+                          gen=gen, margins=margins, runner_up=runner_up, eog=eog, chat=p.get("chat"),
+                          step_top=step_top))
         print(f"  {idx:2d} {p['name']:22s} prompt {len(toks):4d} tok, gen {len(gen):2d}, "
               f"min margin {min(margins):.4f}, steps with margin < 0.1: {sum(m < 0.1 for m in margins)}",
               flush=True)
@@ -237,7 +308,7 @@ def main():
     r0 = plain[0]
     global N_GEN
     n_gen_saved, N_GEN = N_GEN, 4
-    lg2, gen2, _, _, _ = run_prompt(ctx2, vocab, n_vocab, r0["toks"])
+    lg2, gen2, _, _, _, _ = run_prompt(ctx2, vocab, n_vocab, r0["toks"])
     N_GEN = n_gen_saved
     thread_check = dict(n_threads=THREAD_CHECK, prompt=r0["name"],
                         last_logits_max_abs_diff=float(np.abs(lg2 - r0["lg"]).max()),
@@ -260,10 +331,14 @@ def main():
             last_logits_top_values=[float(lg[i]) for i in order],
             last_logits_stats=dict(max=float(lg.max()), min=float(lg.min()), mean=float(lg.mean()),
                                    std=float(lg.std())),
+            step_top_ids=[t[0] for t in r["step_top"]],
+            step_top_values=[t[1] for t in r["step_top"]],
         )
         if r["chat"]:
             entry["chat_messages"] = [dict(role=a, content=b) for a, b in r["chat"]]
-            entry["chat_template"] = "llama.cpp built-in 'gemma' (the GGUF has no tokenizer.chat_template)"
+            entry["chat_template"] = (spec["chat"] if spec["chat"] != "jinja" else
+                                      "the GGUF's tokenizer.chat_template, rendered as transformers does "
+                                      "(jinja2, trim_blocks, lstrip_blocks, add_generation_prompt)")
         if r["idx"] in FULL_LOGITS:
             fn = f"{stem}.p{r['idx']:02d}.logits.f32"
             lg.astype("<f4").tofile(os.path.join(out_dir, fn))
@@ -287,10 +362,11 @@ def main():
         thread_check=thread_check,
         settings=dict(n_threads=N_THREADS, n_ctx=N_CTX, n_batch=N_BATCH, n_ubatch=N_BATCH,
                       type_k="f32", type_v="f32", flash_attn="disabled", use_extra_bufts=False,
-                      add_bos=True, n_gen=N_GEN, top_k_stored=TOP_K, sampling="greedy argmax, ties -> lowest id",
+                      add_special=True, n_gen=N_GEN, top_k_stored=TOP_K, step_top_k_stored=STEP_TOP_K, sampling="greedy argmax, ties -> lowest id",
                       stop="after an end-of-generation token (llama_vocab_is_eog), which is included",
                       margin="logit[top1] - logit[top2] of the logits that chose greedy_ids[i]; "
-                             "step 0 is the last prompt position"),
+                             "step 0 is the last prompt position",
+                      step_top="step_top_*[i]: the top-8 logits after decoding greedy_ids[i] (one-row batch)"),
         prompts=prompts_out,
     )
     out = os.path.join(out_dir, f"{stem}.json")
@@ -301,11 +377,16 @@ def main():
         if "full_logits_file" in e:
             p = os.path.join(out_dir, e["full_logits_file"])
             print(f"wrote {p} ({os.path.getsize(p)} bytes)")
-    ref = prompts_out[0]["greedy_ids"][:5]
-    print(f"reference check 'The capital of France is' -> {ref} (expected [506, 5279, 529, 506, 2891]): "
-          f"{'OK' if ref == [506, 5279, 529, 506, 2891] else 'MISMATCH'}")
     n_close = sum(any(m < 0.1 for m in e["margins"]) for e in prompts_out)
     print(f"{n_close}/{len(prompts_out)} prompts have a step with a top1-top2 margin below 0.1")
+    if spec["check"] is not None:
+        ref = prompts_out[0]["greedy_ids"][:len(spec["check"])]
+        if ref != spec["check"]:
+            sys.exit(f"reference check {prompts_out[0]['text']!r} -> {ref}, expected {spec['check']}: MISMATCH")
+        print(f"reference check {prompts_out[0]['text']!r} -> {ref}: OK")
+    if not thread_check["equal_to_n_threads_1"] or thread_check["last_logits_max_abs_diff"] != 0:
+        sys.exit("the thread check failed: results depend on the thread count")
+
 
 if __name__ == "__main__":
     main()

@@ -39,7 +39,7 @@ enum Command {
     IqTables(iq_tables::Args),
     /// Regenerate fixtures/decode/ (decoder oracle: ggml's own to_float) with the oracle venv.
     OracleFixtures(oracle_fixtures::Args),
-    /// Regenerate fixtures/parity: llama.cpp's greedy outputs on the default real model.
+    /// Regenerate fixtures/parity: llama.cpp's greedy outputs on the real models.
     ParityFixtures(parity_fixtures::Args),
     /// Regenerate fixtures/tiny: tiny random-weight models of every family with oracle logits.
     TinyModels(tiny_models::Args),

@@ -1,5 +1,5 @@
-//! `cargo xtask parity-fixtures`: llama.cpp's greedy outputs on the default real model, the oracle
-//! side of the runtime parity tests. Regenerates `fixtures/parity/` (format: `fixtures/README.md`).
+//! `cargo xtask parity-fixtures`: llama.cpp's greedy outputs on the real models, the oracle side
+//! of the runtime parity tests. Regenerates `fixtures/parity/` (format: `fixtures/README.md`).
 //!
 //! The work is done by `xtask/py/parity_fixtures.py` in the oracle venv (llama-cpp-python); this
 //! module finds the model and the interpreter and runs it.
@@ -12,14 +12,29 @@ use std::process::Command;
 /// Arguments of `parity-fixtures`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The GGUF to run (default: `$SYNAPSE_MODEL_DIR/gemma-3-270m-q4_k_m.gguf`, where
-    /// `SYNAPSE_MODEL_DIR` defaults to `${XDG_CACHE_HOME:-~/.cache}/synapse/models`).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
+    /// The models (names of [`REAL_MODELS`]; default: all of them), each read from the model
+    /// cache (`synapse-cli fetch-model NAME` puts it there).
+    pub models: Vec<String>,
     /// Output folder (default: `fixtures/parity`).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
+
+/// The real models with parity fixtures: (name as `synapse-cli fetch-model` knows it, file
+/// name in the model cache, fixture stem).
+pub const REAL_MODELS: &[(&str, &str, &str)] = &[
+    ("gemma-3-270m", DEFAULT_MODEL_FILE, "gemma3-270m-q4_k_m"),
+    (
+        "qwen2.5-coder-0.5b-instruct",
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "qwen2.5-coder-0.5b-instruct-q4_k_m",
+    ),
+    (
+        "smollm2-135m-instruct",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "smollm2-135m-instruct-q4_1",
+    ),
+];
 
 /// File name of the default real model (Gemma 3 270M Q4_K_M).
 pub const DEFAULT_MODEL_FILE: &str = "gemma-3-270m-q4_k_m.gguf";
@@ -38,10 +53,14 @@ pub fn model_dir() -> PathBuf {
     cache.join("synapse").join("models")
 }
 
-/// `--model` if given, else the default model in [`model_dir`]; errors if the file is missing.
+/// `--model` if given (a path, or a name of [`REAL_MODELS`] in [`model_dir`]), else the default
+/// model in [`model_dir`]; errors if the file is missing.
 pub fn resolve_model(model: Option<&Path>) -> Result<PathBuf> {
     let p = match model {
-        Some(p) => p.to_path_buf(),
+        Some(p) => match REAL_MODELS.iter().find(|m| Path::new(m.0) == p) {
+            Some(m) if !p.exists() => model_dir().join(m.1),
+            _ => p.to_path_buf(),
+        },
         None => model_dir().join(DEFAULT_MODEL_FILE),
     };
     if !p.is_file() {
@@ -74,21 +93,47 @@ pub fn run_py(script: &str, args: &[&std::ffi::OsStr], envs: &[(&str, &Path)]) -
 
 /// Regenerates the parity fixtures.
 pub fn run(args: Args) -> Result<()> {
-    let model = resolve_model(args.model.as_deref())?;
     let out = args
         .out
         .unwrap_or_else(|| oracle_env::repo_root().join("fixtures/parity"));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    println!(
-        "parity-fixtures: llama.cpp on {} -> {}",
-        model.display(),
-        out.display()
-    );
-    run_py(
-        "parity_fixtures.py",
-        &[model.as_os_str(), out.as_os_str()],
-        &[],
-    )
+    let chosen: Vec<&(&str, &str, &str)> = if args.models.is_empty() {
+        REAL_MODELS.iter().collect()
+    } else {
+        args.models
+            .iter()
+            .map(|n| {
+                REAL_MODELS.iter().find(|m| m.0 == n).with_context(|| {
+                    let names: Vec<&str> = REAL_MODELS.iter().map(|m| m.0).collect();
+                    format!("unknown model {n:?}: one of {names:?}")
+                })
+            })
+            .collect::<Result<_>>()?
+    };
+    for (name, file, stem) in chosen {
+        let model = model_dir().join(file);
+        if !model.is_file() {
+            bail!(
+                "{name}: not found at {} (`synapse-cli fetch-model {name}` fetches it)",
+                model.display()
+            );
+        }
+        println!(
+            "parity-fixtures: llama.cpp on {} -> {}/{stem}.json",
+            model.display(),
+            out.display()
+        );
+        run_py(
+            "parity_fixtures.py",
+            &[
+                model.as_os_str(),
+                out.as_os_str(),
+                std::ffi::OsStr::new(stem),
+            ],
+            &[],
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -98,8 +143,8 @@ mod tests {
     use crate::oracle_env::repo_root;
     use serde_json::Value;
 
-    fn load() -> Value {
-        let p = repo_root().join("fixtures/parity/gemma3-270m-q4_k_m.json");
+    fn load(stem: &str) -> Value {
+        let p = repo_root().join(format!("fixtures/parity/{stem}.json"));
         serde_json::from_slice(&std::fs::read(&p).expect("fixture present")).expect("valid JSON")
     }
 
@@ -121,15 +166,36 @@ mod tests {
 
     #[test]
     fn prompts_are_consistent() {
-        let d = load();
+        for (_, _, stem) in super::REAL_MODELS {
+            prompts_consistent(stem);
+        }
+        let reference = ids(&load("gemma3-270m-q4_k_m")["prompts"][0]["greedy_ids"]);
+        assert_eq!(&reference[..5], &[506, 5279, 529, 506, 2891]);
+    }
+
+    fn prompts_consistent(stem: &str) {
+        let d = load(stem);
         let n_gen = d["settings"]["n_gen"].as_u64().expect("n_gen") as usize;
         let prompts = d["prompts"].as_array().expect("prompts");
-        assert_eq!(prompts.len(), 16);
+        assert!(prompts.len() >= 16, "{stem}");
+        assert!(
+            prompts.iter().any(|p| p["chat_messages"].is_array()),
+            "{stem}: a chat prompt"
+        );
         for p in prompts {
             let name = p["name"].as_str().expect("name");
-            let prompt = ids(&p["prompt_ids"]);
-            assert_eq!(prompt[0], 2, "{name}: BOS first");
             let greedy = ids(&p["greedy_ids"]);
+            let steps = p["step_top_ids"].as_array().expect("step_top_ids");
+            let eog = p["stopped_at_eog"].as_bool() == Some(true);
+            assert_eq!(steps.len(), greedy.len() - eog as usize, "{stem} {name}");
+            for (s, st) in steps.iter().enumerate() {
+                let top = f32s(&p["step_top_values"][s]);
+                assert_eq!(ids(st).len(), 8, "{stem} {name}");
+                assert!(top.windows(2).all(|w| w[0] >= w[1]), "{name}: descending");
+                if s + 1 < greedy.len() {
+                    assert_eq!(ids(st)[0], greedy[s + 1], "{stem} {name}: step {s} argmax");
+                }
+            }
             let margins = f32s(&p["margins"]);
             assert_eq!(greedy.len(), margins.len(), "{name}");
             assert_eq!(greedy.len(), ids(&p["runner_up_ids"]).len(), "{name}");
@@ -151,13 +217,17 @@ mod tests {
                 "{name}: margin 0"
             );
         }
-        let reference = ids(&prompts[0]["greedy_ids"]);
-        assert_eq!(&reference[..5], &[506, 5279, 529, 506, 2891]);
     }
 
     #[test]
     fn full_logits_match_the_json() {
-        let d = load();
+        for (_, _, stem) in super::REAL_MODELS {
+            full_logits(stem);
+        }
+    }
+
+    fn full_logits(stem: &str) {
+        let d = load(stem);
         let n_vocab = d["model"]["n_vocab"].as_u64().expect("n_vocab") as usize;
         let mut seen = 0;
         for p in d["prompts"].as_array().expect("prompts") {

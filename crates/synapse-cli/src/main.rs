@@ -28,6 +28,8 @@ enum Command {
     Inspect(cmd::inspect::Args),
     /// Write one tensor decoded to little-endian f32 (row-major, the file's dimension order).
     Tensor(cmd::tensor::Args),
+    /// List the published models Synapse can fetch by name, their size and whether cached.
+    Models(cmd::models::Args),
     /// Fetch (once) and verify a published model (default: the default model); print its path.
     FetchModel(cmd::fetch_model::Args),
     /// Generate text from a prompt (default model: Gemma 3 270M Q4_K_M).
@@ -52,6 +54,7 @@ fn main() -> anyhow::Result<()> {
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Tensor(a) => cmd::tensor::run(a),
+        Command::Models(a) => cmd::models::run(a),
         Command::FetchModel(a) => cmd::fetch_model::run(a),
         Command::Generate(a) => cmd::generate::run(a),
         Command::Serve(a) => cmd::serve::run(a),

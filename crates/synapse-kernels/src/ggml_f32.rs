@@ -170,6 +170,27 @@ fn softmax_body(sc: &mut [f32], first_cell: usize) {
     }
 }
 
+#[inline(always)]
+fn swiglu_body(g: &[f32], u: &[f32], y: &mut [f32]) {
+    let n = y.len().min(g.len()).min(u.len());
+    let nv = n & !15;
+    for ((y, &g), &u) in y[..nv].iter_mut().zip(&g[..nv]).zip(&u[..nv]) {
+        *y = g / (1.0 + expf(0.0 - g)) * u;
+    }
+    // The tail: ggml's scalar `ggml_silu_f32`, libm's `expf`.
+    for ((y, &g), &u) in y[nv..n].iter_mut().zip(&g[nv..n]).zip(&u[nv..n]) {
+        *y = g / (1.0 + (-g).exp()) * u;
+    }
+}
+
+fma_dispatch! {
+    /// `ggml_vec_swiglu_f32` over one row (AVX-512 build): `y = silu(g)·u` with
+    /// `silu(g) = g / (1 + expf(−g))`, ggml's vector `expf` on whole 16-lane chunks and libm's
+    /// on the tail, the quotient and the product each rounded (no fused step). Call it per row:
+    /// the tail is where the row ends.
+    pub fn swiglu(g: &[f32], u: &[f32], y: &mut [f32]) -> () => swiglu_body
+}
+
 fma_dispatch! {
     /// ggml's softmax of one attention row in place. `sc[j]` is the score of KV cell
     /// `first_cell + j`; cells outside `sc` are masked (−∞, so exactly 0 after `exp`). The

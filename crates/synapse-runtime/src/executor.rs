@@ -26,6 +26,7 @@ use crate::error::{Result, RuntimeError};
 use crate::kv::{Buf, KvCache, LayerGeom, SlotId};
 use crate::load::{LinearW, Model, NormW};
 use crate::ops;
+use crate::tap::{Stage, Tap};
 
 /// One row of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +103,20 @@ pub struct Executor {
     ctx: KernelCtx,
     threads: usize,
     s: Scratch,
+    tap: Option<Box<dyn Tap>>,
+}
+
+/// Hands `data` to the tap, if there is one.
+fn tap(
+    t: &mut Option<Box<dyn Tap>>,
+    stage: Stage,
+    layer: Option<usize>,
+    rows: usize,
+    data: &[f32],
+) {
+    if let Some(t) = t.as_mut() {
+        t.tensor(stage, layer, rows, data);
+    }
 }
 
 impl std::fmt::Debug for Executor {
@@ -125,7 +140,14 @@ impl Executor {
             ctx,
             threads,
             s: Scratch::default(),
+            tap: None,
         })
+    }
+
+    /// Installs (or with `None` removes) a tap that sees every intermediate tensor of the
+    /// following passes; returns the previous one. A tap never changes a pass's results.
+    pub fn set_tap(&mut self, t: Option<Box<dyn Tap>>) -> Option<Box<dyn Tap>> {
+        std::mem::replace(&mut self.tap, t)
     }
 
     /// The model.
@@ -175,6 +197,7 @@ impl Executor {
                 }
             }
         }
+        tap(&mut self.tap, Stage::Embd, None, n, &s.x[..n * hd]);
 
         for (il, l) in m.layers.iter().enumerate() {
             let qd = l.n_heads * l.head_dim;
@@ -187,6 +210,7 @@ impl Executor {
                 ensure(&mut s.xn, n * hd),
                 &mut self.ctx,
             );
+            tap(&mut self.tap, Stage::AttnNorm, Some(il), n, &s.xn[..n * hd]);
             linear(
                 &l.q,
                 &s.xn[..n * hd],
@@ -208,6 +232,9 @@ impl Executor {
                 ensure(&mut s.v, n * kvd),
                 &mut self.ctx,
             )?;
+            tap(&mut self.tap, Stage::Q, Some(il), n, &s.q[..n * qd]);
+            tap(&mut self.tap, Stage::K, Some(il), n, &s.k[..n * kvd]);
+            tap(&mut self.tap, Stage::V, Some(il), n, &s.v[..n * kvd]);
             // Per-head norms and RoPE, rows in parallel.
             {
                 let (qp, kp) = (OutPtr(s.q.as_mut_ptr()), OutPtr(s.k.as_mut_ptr()));
@@ -233,6 +260,8 @@ impl Executor {
                     })
                 });
             }
+            tap(&mut self.tap, Stage::QRope, Some(il), n, &s.q[..n * qd]);
+            tap(&mut self.tap, Stage::KRope, Some(il), n, &s.k[..n * kvd]);
             // Append K/V.
             let g = kv.geom[il];
             for (r, row) in rows.iter().enumerate() {
@@ -254,6 +283,7 @@ impl Executor {
                 ensure(&mut s.att, n * qd),
                 &mut self.ctx,
             );
+            tap(&mut self.tap, Stage::KqvOut, Some(il), n, &s.att[..n * qd]);
             linear(
                 &l.o,
                 &s.att[..n * qd],
@@ -261,6 +291,7 @@ impl Executor {
                 ensure(&mut s.tmp, n * hd),
                 &mut self.ctx,
             )?;
+            tap(&mut self.tap, Stage::AttnOut, Some(il), n, &s.tmp[..n * hd]);
             if let Some(pn) = &l.attn_post_norm {
                 for t in s.tmp[..n * hd].chunks_exact_mut(hd) {
                     ops::rms_norm_inplace(t, &pn.w, pn.eps);
@@ -269,6 +300,7 @@ impl Executor {
             for (x, t) in s.x[..n * hd].iter_mut().zip(&s.tmp[..n * hd]) {
                 *x += *t;
             }
+            tap(&mut self.tap, Stage::FfnInp, Some(il), n, &s.x[..n * hd]);
             // FFN.
             let ff = l.gate.m.rows();
             norm_rows(
@@ -278,6 +310,7 @@ impl Executor {
                 ensure(&mut s.xn, n * hd),
                 &mut self.ctx,
             );
+            tap(&mut self.tap, Stage::FfnNorm, Some(il), n, &s.xn[..n * hd]);
             linear(
                 &l.gate,
                 &s.xn[..n * hd],
@@ -292,6 +325,8 @@ impl Executor {
                 ensure(&mut s.u, n * ff),
                 &mut self.ctx,
             )?;
+            tap(&mut self.tap, Stage::FfnGate, Some(il), n, &s.g[..n * ff]);
+            tap(&mut self.tap, Stage::FfnUp, Some(il), n, &s.u[..n * ff]);
             let hp = OutPtr(ensure(&mut s.h, n * ff).as_mut_ptr());
             let (gs, us) = (&s.g[..n * ff], &s.u[..n * ff]);
             let table = m.gelu_f16_table;
@@ -303,9 +338,18 @@ impl Executor {
                 };
                 match l.act {
                     Activation::GeluTanh => ops::geglu(g, u, h, table),
-                    Activation::Silu => ops::swiglu(g, u, h),
+                    Activation::Silu => {
+                        for ((g, u), h) in g
+                            .chunks_exact(ff)
+                            .zip(u.chunks_exact(ff))
+                            .zip(h.chunks_exact_mut(ff))
+                        {
+                            ggml_f32::swiglu(g, u, h);
+                        }
+                    }
                 }
             });
+            tap(&mut self.tap, Stage::FfnAct, Some(il), n, &s.h[..n * ff]);
             linear(
                 &l.down,
                 &s.h[..n * ff],
@@ -313,6 +357,7 @@ impl Executor {
                 ensure(&mut s.tmp, n * hd),
                 &mut self.ctx,
             )?;
+            tap(&mut self.tap, Stage::FfnOut, Some(il), n, &s.tmp[..n * hd]);
             if let Some(pn) = &l.ffn_post_norm {
                 for t in s.tmp[..n * hd].chunks_exact_mut(hd) {
                     ops::rms_norm_inplace(t, &pn.w, pn.eps);
@@ -321,6 +366,7 @@ impl Executor {
             for (x, t) in s.x[..n * hd].iter_mut().zip(&s.tmp[..n * hd]) {
                 *x += *t;
             }
+            tap(&mut self.tap, Stage::LOut, Some(il), n, &s.x[..n * hd]);
         }
 
         // Session bookkeeping.
@@ -367,6 +413,13 @@ impl Executor {
                 j += 1;
             }
         }
+        tap(
+            &mut self.tap,
+            Stage::ResultNorm,
+            None,
+            nl,
+            &s.sel[..nl * hd],
+        );
         let vocab = m.vocab();
         let logits = ensure(&mut s.logits, nl * vocab);
         linear(&m.head, &s.sel[..nl * hd], &s.runs, logits, &mut self.ctx)?;
@@ -375,6 +428,13 @@ impl Executor {
                 *v = c * (*v / c).tanh();
             }
         }
+        tap(
+            &mut self.tap,
+            Stage::ResultOutput,
+            None,
+            nl,
+            &s.logits[..nl * vocab],
+        );
         Ok(&self.s.logits[..nl * vocab])
     }
 

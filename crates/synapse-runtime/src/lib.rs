@@ -26,6 +26,7 @@ pub mod load;
 pub mod ops;
 pub mod profile;
 pub mod sampling;
+pub mod tap;
 
 pub use error::{Result, RuntimeError};
 pub use executor::{Executor, Row, prompt_order};
@@ -35,3 +36,4 @@ pub use load::Model;
 pub use profile::PrecisionProfile;
 pub use sampling::{Sampler, SamplingParams, StopStrings, argmax};
 pub use synapse_kernels::OrderClass;
+pub use tap::{Stage, Tap};

@@ -128,13 +128,6 @@ pub fn geglu(g: &[f32], u: &[f32], y: &mut [f32], table: bool) {
     }
 }
 
-/// `y = silu(g) * u`.
-pub fn swiglu(g: &[f32], u: &[f32], y: &mut [f32]) {
-    for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
-        *y = g / (1.0 + (-g).exp()) * u;
-    }
-}
-
 /// In-place softmax; the sum of exponentials accumulated in f64 as ggml does.
 pub fn softmax_inplace(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);

@@ -7,7 +7,8 @@ use synapse_import::{Destination, progress::Bars};
 /// Arguments of `import`.
 #[derive(ClapArgs, Debug)]
 pub struct Args {
-    /// A GGUF file, or a safetensors checkpoint directory (`config.json` + shards).
+    /// A GGUF file, a safetensors checkpoint directory (`config.json` + shards), or a
+    /// published model's name (`synapse-cli models`).
     source: PathBuf,
     /// Write a self-contained package directory here (`manifest.toml` + `objects/`) instead of
     /// into the store.
@@ -29,7 +30,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (None, Some(store)) => Destination::Store(store),
         (None, None) => Destination::Store(synapse_cas::default_store_dir()),
     };
-    let report = synapse_import::import(&args.source, &dest, &Bars::new())?;
+    let report = synapse_import::import(
+        &super::load::source_path(&args.source)?,
+        &dest,
+        &Bars::new(),
+    )?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

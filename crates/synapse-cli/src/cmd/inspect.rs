@@ -34,6 +34,7 @@ pub enum Model {
 
 /// Opens `path` as GGUF (magic `GGUF`) or safetensors (anything else, or a directory).
 pub fn open_model(path: &Path) -> anyhow::Result<Model> {
+    let path = &super::load::source_path(path)?;
     if !path.is_dir() {
         let mut magic = [0u8; 4];
         let mut f =

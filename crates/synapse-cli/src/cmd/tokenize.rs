@@ -9,7 +9,7 @@ use synapse_tokenizer::Tokenizer;
 /// Arguments of `tokenize`.
 #[derive(ClapArgs, Debug)]
 pub struct Args {
-    /// The model: a GGUF file, or a HF `tokenizer.json`.
+    /// The model: a GGUF file, a HF `tokenizer.json`, or a published model's name.
     #[arg(long)]
     model: PathBuf,
     /// The text to tokenize.
@@ -27,11 +27,11 @@ pub struct Args {
 
 /// Loads the tokenizer and prints the tokenization.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let tok = if args.model.extension().is_some_and(|e| e == "json") {
-        Tokenizer::from_hf_tokenizer_json(&args.model)?
+    let model = super::load::source_path(&args.model)?;
+    let tok = if model.extension().is_some_and(|e| e == "json") {
+        Tokenizer::from_hf_tokenizer_json(&model)?
     } else {
-        let f = GgufFile::open(&args.model)
-            .with_context(|| format!("opening {}", args.model.display()))?;
+        let f = GgufFile::open(&model).with_context(|| format!("opening {}", model.display()))?;
         Tokenizer::from_gguf(&f)?
     };
     let ids = tok.encode(&args.text, !args.no_bos, args.special)?;

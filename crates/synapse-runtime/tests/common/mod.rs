@@ -25,20 +25,22 @@ pub fn require(path: &Path, what: &str) -> bool {
     false
 }
 
-/// The default real model: `$SYNAPSE_MODEL`, else the model cache
-/// (`$SYNAPSE_MODEL_DIR`, `$XDG_CACHE_HOME/synapse/models`, `~/.cache/synapse/models`).
+/// The default real model: `$SYNAPSE_MODEL`, else its place in the model cache (the path
+/// `synapse-source` fetches it to: `$SYNAPSE_MODEL_DIR`, `$XDG_CACHE_HOME/synapse/models`,
+/// `~/.cache/synapse/models`).
 pub fn default_model() -> PathBuf {
     if let Some(p) = std::env::var_os("SYNAPSE_MODEL") {
         return PathBuf::from(p);
     }
-    let dir = if let Some(d) = std::env::var_os("SYNAPSE_MODEL_DIR") {
-        PathBuf::from(d)
-    } else if let Some(x) = std::env::var_os("XDG_CACHE_HOME") {
-        PathBuf::from(x).join("synapse/models")
-    } else {
-        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/synapse/models")
-    };
-    dir.join("gemma-3-270m-q4_k_m.gguf")
+    known_model("gemma-3-270m")
+}
+
+/// Where `synapse-source` keeps (or will fetch) the published model `name`.
+pub fn known_model(name: &str) -> PathBuf {
+    let m = synapse_source::known_model(name).expect("a known model name");
+    synapse_source::models_dir()
+        .expect("a model cache directory")
+        .join(m.file_name)
 }
 
 /// The token sequences of a tiny-model fixture (`oracle.json`'s `sequences`).
