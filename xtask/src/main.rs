@@ -10,6 +10,7 @@ mod membw;
 mod oracle_env;
 mod oracle_fixtures;
 mod parity_fixtures;
+mod quant_models;
 mod tiny_models;
 mod tokenizer_fixtures;
 mod vocab_suite;
@@ -53,6 +54,8 @@ enum Command {
     BenchServer(bench_server::Args),
     /// Build llama.cpp's `llama-server` from the llama-cpp-python sdist (for bench-server).
     BuildLlamaServer(bench_server::BuildArgs),
+    /// Regenerate fixtures/quant: one model in every ggml type no real model holds, by llama.cpp.
+    QuantModels(quant_models::Args),
     /// Time Synapse's quantized matmul against ggml's on Gemma 3 270M's shapes, side by side.
     BenchKernelsVsGgml(bench_kernels_vs_ggml::Args),
 }
@@ -72,6 +75,7 @@ fn main() -> anyhow::Result<()> {
         Command::BenchEngine(a) => bench_engine::run(a),
         Command::BenchServer(a) => bench_server::run(a),
         Command::BuildLlamaServer(a) => bench_server::build(a),
+        Command::QuantModels(a) => quant_models::run(a),
         Command::BenchKernelsVsGgml(a) => bench_kernels_vs_ggml::run(a),
     }
 }

@@ -1,0 +1,122 @@
+//! Every ggml weight type no real parity model holds, end to end against llama.cpp (fixtures
+//! from `cargo xtask quant-models`): one llama-architecture model of 256-wide rows quantized by
+//! llama.cpp to Q4_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL and IQ4_XS (every matrix, the embeddings
+//! and the head in the one type). Synapse's logits at every position of three sequences (one
+//! batch each: the many-row orders) and after each of 8 decode steps on llama.cpp's greedy
+//! tokens (the one-row order) must be llama.cpp's, bit for bit, and its greedy tokens the same.
+
+mod common;
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use synapse_runtime::{Executor, KvCache, KvDtype, Model, Row};
+
+fn check(stem: &str) {
+    let dir = common::workspace_root().join("fixtures/quant");
+    if !common::require(&dir.join("oracle.json"), "quant-model fixture") {
+        return;
+    }
+    let doc: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
+    let t = &doc["types"][stem];
+    let seqs: Vec<Vec<u32>> = serde_json::from_value(doc["sequences"].clone()).unwrap();
+    let greedy: Vec<Vec<u32>> = serde_json::from_value(t["greedy"].clone()).unwrap();
+    let n_vocab = t["n_vocab"].as_u64().unwrap() as usize;
+    let want: Vec<f32> = std::fs::read(dir.join(t["logits"].as_str().unwrap()))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let model = Arc::new(Model::load(&dir.join(t["file"].as_str().unwrap())).unwrap());
+    let mut exec = Executor::new(model.clone(), 2).unwrap();
+    let mut ours = Vec::with_capacity(want.len());
+    let mut our_greedy = Vec::new();
+    for (s, g) in seqs.iter().zip(&greedy) {
+        let mut kv = KvCache::new(&model, KvDtype::F32, 1, 128, 64).unwrap();
+        kv.open(0).unwrap();
+        ours.extend_from_slice(exec.forward(&mut kv, &common::all_logit_rows(s)).unwrap());
+        let mut toks = vec![synapse_runtime::argmax(&ours[ours.len() - n_vocab..])];
+        for (k, &tok) in g.iter().enumerate() {
+            // llama.cpp's token, so the inputs stay the same even where the argmax differs.
+            let o = exec
+                .forward(&mut kv, &[Row::decode(0, (s.len() + k) as u32, tok)])
+                .unwrap();
+            ours.extend_from_slice(o);
+            if k + 1 < g.len() {
+                toks.push(synapse_runtime::argmax(o));
+            }
+        }
+        our_greedy.push(toks);
+    }
+    assert_eq!(ours.len(), want.len(), "{stem}: logit rows");
+    let rows_differ: Vec<usize> = (0..want.len() / n_vocab)
+        .filter(|&r| {
+            let (a, b) = (
+                &ours[r * n_vocab..][..n_vocab],
+                &want[r * n_vocab..][..n_vocab],
+            );
+            a.iter().zip(b).any(|(x, y)| x.to_bits() != y.to_bits())
+        })
+        .collect();
+    let max_abs = ours
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    eprintln!(
+        "{stem:7} ({}): {} of {} logit rows differ in bits (max |Δ| {max_abs:e}); greedy {}",
+        t["ggml_type"].as_str().unwrap_or("?"),
+        rows_differ.len(),
+        want.len() / n_vocab,
+        if our_greedy == greedy {
+            "equal"
+        } else {
+            "DIFFERS"
+        }
+    );
+    assert!(
+        rows_differ.is_empty(),
+        "{stem}: rows {rows_differ:?} differ from llama.cpp's"
+    );
+    assert_eq!(our_greedy, greedy, "{stem}: greedy tokens");
+}
+
+#[test]
+fn q4_0_matches_llama_cpp() {
+    check("q4_0");
+}
+
+#[test]
+fn q5_1_matches_llama_cpp() {
+    check("q5_1");
+}
+
+#[test]
+#[ignore = "decode-then-dot with f32 activations, not yet ggml's order"]
+fn q2_k_matches_llama_cpp() {
+    check("q2_k");
+}
+
+#[test]
+#[ignore = "decode-then-dot with f32 activations, not yet ggml's order"]
+fn q3_k_matches_llama_cpp() {
+    check("q3_k");
+}
+
+#[test]
+fn q5_k_matches_llama_cpp() {
+    check("q5_k");
+}
+
+#[test]
+#[ignore = "decode-then-dot with f32 activations, not yet ggml's order"]
+fn iq4_nl_matches_llama_cpp() {
+    check("iq4_nl");
+}
+
+#[test]
+#[ignore = "decode-then-dot with f32 activations, not yet ggml's order"]
+fn iq4_xs_matches_llama_cpp() {
+    check("iq4_xs");
+}
