@@ -58,10 +58,18 @@ pub struct Args {
     /// Compute threads.
     #[arg(long, short = 't', default_value_t = 2)]
     threads: usize,
-    /// Apply the model's chat template to the prompt (as one user turn); a Gemma model
-    /// without one gets llama.cpp's built-in `gemma` format.
+    /// Apply the model's chat template to the prompt (as one user turn, after the `--system`
+    /// message if given); a Gemma model without one gets llama.cpp's built-in `gemma` format.
     #[arg(long)]
     chat: bool,
+    /// A system message before the user turn (with `--chat`). The built-in `gemma` format has
+    /// no system turn: as in llama.cpp, the text opens the user turn, then a blank line.
+    #[arg(long, requires = "chat", value_name = "TEXT")]
+    system: Option<String>,
+    /// Parse control tokens written in the prompt (`<|im_start|>`, `<start_of_turn>`) as their
+    /// ids instead of tokenizing them as plain text (`--chat` always does).
+    #[arg(long)]
+    special: bool,
     /// Stop strings (repeatable).
     #[arg(long)]
     stop: Vec<String>,
@@ -101,20 +109,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let load_s = t_load.elapsed().as_secs_f64();
 
     let text = if args.chat {
+        let mut messages = Vec::with_capacity(2);
+        if let Some(system) = &args.system {
+            messages.push(Message::new("system", system.clone()));
+        }
+        messages.push(Message::new("user", prompt.clone()));
         match ChatTemplate::from_tokenizer(&tok) {
-            Ok(tpl) => tpl.render(&[Message::new("user", prompt.clone())], true)?,
+            Ok(tpl) => tpl.render(&messages, true)?,
             // Gemma GGUFs often carry no template; llama.cpp then uses its built-in `gemma`
-            // format, which is this for one user turn (no BOS: the tokenizer adds it).
-            Err(_) if model.ir.family.name() == "gemma3" => format!(
-                "<start_of_turn>user\n{}<end_of_turn>\n<start_of_turn>model\n",
-                prompt.trim()
-            ),
+            // format.
+            Err(_) if model.ir.family.name() == "gemma3" => {
+                gemma_builtin(args.system.as_deref(), &prompt)
+            }
             Err(e) => return Err(e).context("chat template"),
         }
     } else {
         prompt.clone()
     };
-    let mut ids = tok.encode(&text, true, args.chat)?;
+    let mut ids = tok.encode(&text, true, args.chat || args.special)?;
     // A template that writes BOS itself plus the tokenizer's own BOS: keep one.
     if ids.len() >= 2 && Some(ids[0]) == tok.bos() && ids[1] == ids[0] {
         ids.remove(0);
@@ -201,4 +213,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// llama.cpp's built-in `gemma` chat format (`llm_chat_apply_template`, `LLM_CHAT_TEMPLATE_GEMMA`)
+/// for an optional system message and one user turn, with the generation prompt. No BOS: the
+/// tokenizer adds it. Gemma has no system role, so a system text (trimmed; nothing when that
+/// leaves it empty) opens the user turn, followed by a blank line.
+fn gemma_builtin(system: Option<&str>, user: &str) -> String {
+    let mut s = String::from("<start_of_turn>user\n");
+    if let Some(sys) = system.map(str::trim).filter(|s| !s.is_empty()) {
+        s.push_str(sys);
+        s.push_str("\n\n");
+    }
+    s.push_str(user.trim());
+    s.push_str("<end_of_turn>\n<start_of_turn>model\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gemma_builtin;
+
+    #[test]
+    fn gemma_builtin_merges_the_system_text_into_the_user_turn() {
+        assert_eq!(
+            gemma_builtin(None, " Hi \n"),
+            "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert_eq!(
+            gemma_builtin(Some(" Be brief. "), "Hi"),
+            "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+        );
+        // An empty (after trimming) system text adds nothing, as in llama.cpp.
+        assert_eq!(gemma_builtin(Some(" \n"), "Hi"), gemma_builtin(None, "Hi"));
+    }
 }
