@@ -742,6 +742,18 @@ mod tests {
     }
 
     #[test]
+    fn swiglu_reference_value_on_chunks_and_tail() {
+        // 16 lanes through ggml's vector expf, one through libm's: silu(1) = 0.7310586.
+        let mut y = [0f32; 17];
+        swiglu(&[1.0; 17], &[1.0; 17], &mut y);
+        assert!(y.iter().all(|v| (v - 0.731_058_6).abs() < 1e-6), "{y:?}");
+        let mut y = [0f32; 3];
+        swiglu(&[-2.0, 0.0, 3.0], &[2.0, 5.0, 1.0], &mut y);
+        let silu = |x: f32| x / (1.0 + (-x).exp());
+        assert_eq!(y, [silu(-2.0) * 2.0, 0.0, silu(3.0)]);
+    }
+
+    #[test]
     fn dot_matches_f64_and_is_order_fixed() {
         let x: Vec<f32> = (0..300)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)

@@ -1,8 +1,8 @@
 //! `synapse-kernels`: Synapse's compute ring.
 //!
 //! Quantized matrix-vector and matrix-matrix products for every weight encoding the engine
-//! runs, with runtime CPU-feature dispatch, plus the elementwise ops and attention the executor
-//! needs.
+//! runs, with runtime CPU-feature dispatch, plus the elementwise ops ([`ops`]) and attention
+//! primitives ([`ggml_f32`]) the executor needs, in ggml's float order.
 //!
 //! # Design
 //! - **One port**: [`QuantMatrix`] (encoding, bytes, rows, cols) with [`QuantMatrix::matvec`]
@@ -17,7 +17,6 @@
 #![deny(missing_docs)]
 
 mod act;
-pub mod attention;
 mod blocks;
 mod buf;
 mod ctx;
@@ -29,9 +28,8 @@ mod matrix;
 pub mod ops;
 mod pool;
 
-pub use attention::{AttentionParams, KvView, attention};
 pub use ctx::{KernelCtx, POOL_ENV, PoolKind};
 pub use dispatch::KernelPath;
 pub use error::{KernelError, Result};
 pub use matrix::{Encoding, OrderClass, QuantMatrix, WeightSource};
-pub use ops::{Activation, Rope, RopeMode};
+pub use ops::RopeStyle;

@@ -1,13 +1,31 @@
-//! Attention against a naive f64 reference: GQA, causal and sliding-window masks, f32/f16 KV,
-//! one and many query rows, on every supported path.
+//! ggml's attention primitives (`ggml_f32::scores_f32` → `softmax_cells` → `pv_f32`, in both
+//! P·V orders) composed as the executor composes them, against a naive f64
+//! `softmax(q·Kᵀ·scale)·V`: GQA cache layouts, causal and sliding-window spans, head dims
+//! below, at and off multiples of 16, one and many query positions.
 
 mod common;
 
-use half::f16;
-use synapse_kernels::{AttentionParams, KernelCtx, KernelPath, KvView, attention};
+use synapse_kernels::ggml_f32::{self, PvAcc, PvOrder};
+
+/// Shape and masking of one case.
+#[derive(Debug, Clone, Copy)]
+struct Params {
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    scale: f32,
+    window: Option<usize>,
+}
+
+/// The KV cells a query at `pos` sees: `j ≤ pos`, `j < kv_len`, inside the window.
+fn visible(p: &Params, pos: usize, kv_len: usize) -> std::ops::RangeInclusive<usize> {
+    let hi = pos.min(kv_len - 1);
+    let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    lo..=hi
+}
 
 fn reference(
-    p: &AttentionParams,
+    p: &Params,
     q: &[f32],
     q_pos: &[usize],
     k: &[f32],
@@ -20,18 +38,11 @@ fn reference(
         for h in 0..p.n_heads {
             let kvh = h / (p.n_heads / p.n_kv_heads);
             let qh = &q[(i * p.n_heads + h) * hd..][..hd];
-            let vis: Vec<usize> = (0..kv_len)
-                .filter(|&j| j <= pos && p.window.is_none_or(|w| pos - j < w))
-                .collect();
+            let vis: Vec<usize> = visible(p, pos, kv_len).collect();
             let s: Vec<f64> = vis
                 .iter()
                 .map(|&j| {
-                    let kr = &k[(j * p.n_kv_heads + kvh) * hd..][..hd];
-                    qh.iter()
-                        .zip(kr)
-                        .map(|(&a, &b)| a as f64 * b as f64)
-                        .sum::<f64>()
-                        * p.scale as f64
+                    common::dot64(qh, &k[(j * p.n_kv_heads + kvh) * hd..][..hd]) * p.scale as f64
                 })
                 .collect();
             let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -50,8 +61,39 @@ fn reference(
     out
 }
 
+/// The executor's composition of the primitives, one (query, head) at a time.
+fn ggml_attention(
+    p: &Params,
+    q: &[f32],
+    q_pos: &[usize],
+    k: &[f32],
+    v: &[f32],
+    kv_len: usize,
+    order: PvOrder,
+) -> Vec<f32> {
+    let hd = p.head_dim;
+    let kvrow = p.n_kv_heads * hd;
+    let mut out = vec![f32::NAN; q.len()];
+    let mut acc = PvAcc::default();
+    for (i, &pos) in q_pos.iter().enumerate() {
+        for h in 0..p.n_heads {
+            let kvh = h / (p.n_heads / p.n_kv_heads);
+            let qh = &q[(i * p.n_heads + h) * hd..][..hd];
+            let cells = visible(p, pos, kv_len);
+            let lo = *cells.start();
+            let offs: Vec<usize> = cells.map(|j| j * kvrow + kvh * hd).collect();
+            let mut sc = vec![0f32; offs.len()];
+            ggml_f32::scores_f32(k, &offs, qh, p.scale, &mut sc);
+            ggml_f32::softmax_cells(&mut sc, lo);
+            let o = &mut out[(i * p.n_heads + h) * hd..][..hd];
+            ggml_f32::pv_f32(order, v, &offs, lo, &sc, o, &mut acc);
+        }
+    }
+    out
+}
+
 #[test]
-fn attention_matches_reference_on_every_path() {
+fn attention_primitives_match_reference() {
     let cases = [
         // (n_heads, n_kv_heads, head_dim, window, kv_len, query positions)
         (4, 1, 256, None, 7, vec![6]),
@@ -59,93 +101,48 @@ fn attention_matches_reference_on_every_path() {
         (4, 2, 64, None, 20, (10..20).collect::<Vec<_>>()),
         (2, 2, 30, Some(5), 12, (0..12).collect()),
         (4, 1, 256, Some(512), 40, (0..40).collect()),
+        (2, 1, 80, None, 150, vec![0, 63, 64, 149]),
     ];
-    for path in KernelPath::supported() {
-        for (n_heads, n_kv_heads, head_dim, window, kv_len, q_pos) in cases.clone() {
-            let p = AttentionParams {
-                n_heads,
-                n_kv_heads,
-                head_dim,
-                scale: 1.0 / (head_dim as f32).sqrt(),
-                window,
-            };
-            let q = common::generate_data(0.3, q_pos.len() * n_heads * head_dim, 1.0);
-            let k: Vec<f32> = common::generate_data(1.7, kv_len * n_kv_heads * head_dim, 1.0)
-                .into_iter()
-                .map(|x| f16::from_f32(x).to_f32())
-                .collect();
-            let v: Vec<f32> = common::generate_data(2.9, kv_len * n_kv_heads * head_dim, 1.0)
-                .into_iter()
-                .map(|x| f16::from_f32(x).to_f32())
-                .collect();
-            let want = reference(&p, &q, &q_pos, &k, &v, kv_len);
-            let (k16, v16): (Vec<f16>, Vec<f16>) = (
-                k.iter().map(|&x| f16::from_f32(x)).collect(),
-                v.iter().map(|&x| f16::from_f32(x)).collect(),
-            );
-            for threads in [1, 2] {
-                let mut ctx = KernelCtx::with_path_and_threads(path, threads).unwrap();
-                for (kv, vv) in [
-                    (KvView::F32(&k), KvView::F32(&v)),
-                    (KvView::F16(&k16), KvView::F16(&v16)),
-                ] {
-                    let mut out = vec![f32::NAN; q.len()];
-                    attention(&p, &q, &q_pos, kv, vv, kv_len, &mut out, &mut ctx).unwrap();
-                    for (i, (g, w)) in out.iter().zip(&want).enumerate() {
-                        assert!(
-                            (g - w).abs() < 1e-4,
-                            "{path} {p:?} threads={threads} [{i}]: {g} vs {w}"
-                        );
-                    }
-                }
+    for (n_heads, n_kv_heads, head_dim, window, kv_len, q_pos) in cases {
+        let p = Params {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window,
+        };
+        let q = common::generate_data(0.3, q_pos.len() * n_heads * head_dim, 1.0);
+        let k = common::generate_data(1.7, kv_len * n_kv_heads * head_dim, 1.0);
+        let v = common::generate_data(2.9, kv_len * n_kv_heads * head_dim, 1.0);
+        let want = reference(&p, &q, &q_pos, &k, &v, kv_len);
+        for order in [PvOrder::VecDot, PvOrder::Gemm] {
+            let got = ggml_attention(&p, &q, &q_pos, &k, &v, kv_len, order);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!((g - w).abs() < 1e-4, "{p:?} {order:?} [{i}]: {g} vs {w}");
             }
         }
     }
 }
 
 #[test]
-fn attention_rejects_bad_shapes() {
-    let p = AttentionParams {
-        n_heads: 3,
-        n_kv_heads: 2,
-        head_dim: 4,
-        scale: 1.0,
-        window: None,
-    };
-    let mut ctx = KernelCtx::with_path_and_threads(KernelPath::Scalar, 1).unwrap();
-    let mut out = vec![0.0; 12];
-    assert!(
-        attention(
-            &p,
-            &[0.0; 12],
-            &[0],
-            KvView::F32(&[0.0; 8]),
-            KvView::F32(&[0.0; 8]),
-            1,
-            &mut out,
-            &mut ctx
-        )
-        .is_err()
-    );
-    let p = AttentionParams {
-        n_heads: 2,
-        n_kv_heads: 1,
-        head_dim: 4,
-        scale: 1.0,
-        window: None,
-    };
-    let mut out = vec![0.0; 8];
-    assert!(
-        attention(
-            &p,
-            &[0.0; 8],
-            &[1],
-            KvView::F32(&[0.0; 4]),
-            KvView::F32(&[0.0; 8]),
-            2,
-            &mut out,
-            &mut ctx
-        )
-        .is_err()
+#[should_panic(expected = "key offset out of range")]
+fn scores_reject_a_key_past_the_cache() {
+    let mut sc = [0f32; 2];
+    ggml_f32::scores_f32(&[0.0; 8], &[0, 5], &[0.0; 4], 1.0, &mut sc);
+}
+
+#[test]
+#[should_panic(expected = "value offset out of range")]
+fn pv_rejects_a_value_past_the_cache() {
+    let mut out = [0f32; 4];
+    let mut acc = PvAcc::default();
+    ggml_f32::pv_f32(
+        PvOrder::Gemm,
+        &[0.0; 8],
+        &[0, 5],
+        0,
+        &[0.5, 0.5],
+        &mut out,
+        &mut acc,
     );
 }

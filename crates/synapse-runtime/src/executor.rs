@@ -19,13 +19,12 @@
 use std::sync::Arc;
 
 use synapse_kernels::ggml_f32::{self, PvAcc, PvOrder};
-use synapse_kernels::{KernelCtx, KernelPath, OrderClass, QuantMatrix};
+use synapse_kernels::{KernelCtx, KernelPath, OrderClass, QuantMatrix, ops};
 use synapse_model::Activation;
 
 use crate::error::{Result, RuntimeError};
 use crate::kv::{Buf, KvCache, LayerGeom, SlotId};
 use crate::load::{LinearW, Model, NormW};
-use crate::ops;
 use crate::tap::{Stage, Tap};
 
 /// One row of a batch.

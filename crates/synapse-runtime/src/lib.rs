@@ -23,7 +23,6 @@ pub mod executor;
 pub mod generate;
 pub mod kv;
 pub mod load;
-pub mod ops;
 pub mod profile;
 pub mod sampling;
 pub mod tap;

@@ -12,9 +12,9 @@ use synapse_formats::GgmlType;
 use synapse_formats::gguf::GgufFile;
 use synapse_formats::safetensors::SafetensorsModel;
 use synapse_import::PackageModel;
-use synapse_kernels::QuantMatrix;
+use synapse_kernels::{QuantMatrix, RopeStyle};
 use synapse_model::{
-    Activation, FreqFactors, Linear, ModelIr, RmsNorm, RopeStyle, SourceDesc, SourceKind, WeightId,
+    Activation, FreqFactors, Linear, ModelIr, RmsNorm, SourceDesc, SourceKind, WeightId,
 };
 
 use crate::error::{Result, RuntimeError};
@@ -105,7 +105,7 @@ pub struct LinearW {
 /// RoPE tables inputs for one layer.
 #[derive(Debug, Clone)]
 pub struct RopeW {
-    /// Pairing style.
+    /// Pairing style, in the kernels' terms.
     pub style: RopeStyle,
     /// Rotated dims.
     pub n_rot: usize,
@@ -277,7 +277,7 @@ impl Model {
                 n_kv_heads: a.n_kv_heads as usize,
                 head_dim: a.head_dim as usize,
                 rope: RopeW {
-                    style: a.rope.style,
+                    style: rope_style(a.rope.style),
                     n_rot: a.rope.n_rot as usize,
                     base: a.rope.base,
                     freq_scale: a.rope.freq_scale,
@@ -329,6 +329,14 @@ impl Model {
             n += lin(&l.gate) + lin(&l.up) + lin(&l.down);
         }
         n
+    }
+}
+
+/// The IR's RoPE pairing in the kernels' terms: interleaved pairs are ggml's "normal" mode.
+fn rope_style(s: synapse_model::RopeStyle) -> RopeStyle {
+    match s {
+        synapse_model::RopeStyle::Interleaved => RopeStyle::Normal,
+        synapse_model::RopeStyle::Neox => RopeStyle::Neox,
     }
 }
 
