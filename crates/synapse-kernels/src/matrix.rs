@@ -323,10 +323,13 @@ impl QuantMatrix {
             Store::Codec { .. } => return 0,
         };
         match ty {
-            GgmlType::F32 | GgmlType::F16 => (class != OrderClass::One) as usize,
-            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
-                (class == OrderClass::Many) as usize
-            }
+            GgmlType::F32 | GgmlType::F16 | GgmlType::IQ4_NL => (class != OrderClass::One) as usize,
+            GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::IQ4_XS => (class == OrderClass::Many) as usize,
             _ => 0,
         }
     }

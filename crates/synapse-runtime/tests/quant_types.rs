@@ -93,13 +93,11 @@ fn q5_1_matches_llama_cpp() {
 }
 
 #[test]
-#[ignore = "decode-then-dot with f32 activations, not yet ggml's order"]
 fn q2_k_matches_llama_cpp() {
     check("q2_k");
 }
 
 #[test]
-#[ignore = "decode-then-dot with f32 activations, not yet ggml's order"]
 fn q3_k_matches_llama_cpp() {
     check("q3_k");
 }
@@ -110,13 +108,11 @@ fn q5_k_matches_llama_cpp() {
 }
 
 #[test]
-#[ignore = "decode-then-dot with f32 activations, not yet ggml's order"]
 fn iq4_nl_matches_llama_cpp() {
     check("iq4_nl");
 }
 
 #[test]
-#[ignore = "decode-then-dot with f32 activations, not yet ggml's order"]
 fn iq4_xs_matches_llama_cpp() {
     check("iq4_xs");
 }

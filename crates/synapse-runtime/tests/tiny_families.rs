@@ -94,7 +94,9 @@ fn check_family(family: &str, quantized: bool) {
             }
         );
         if tol == 0.0 && bits_differ > 0 {
-            failures.push(format!("{family} {name}: {bits_differ} logits differ in bits"));
+            failures.push(format!(
+                "{family} {name}: {bits_differ} logits differ in bits"
+            ));
         } else if rel > tol {
             failures.push(format!("{family} {name}: rel {rel:.3e} > {tol:.0e}"));
         }

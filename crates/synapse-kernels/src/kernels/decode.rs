@@ -177,7 +177,7 @@ pub(crate) fn decode_block(ty: GgmlType, b: &[u8], out: &mut [f32]) -> bool {
 }
 
 /// ggml's `kvalues_iq4nl`: the IQ4_NL / IQ4_XS non-linear 4-bit grid.
-const KVALUES_IQ4NL: [i8; 16] = [
+pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 /// E2M1 values doubled (ggml's `kvalues_mxfp4`); the E8M0 scale is halved to match.

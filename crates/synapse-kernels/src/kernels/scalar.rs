@@ -285,12 +285,249 @@ unsafe fn dot_q6_k_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
     acc
 }
 
+// --- Q2_K, Q3_K, IQ4_NL, IQ4_XS: ggml's x86 orders (its AVX2 `vec_dot`, which the AVX-512
+// build runs for these types, and its tiled matmul from 8 rows). No SIMD path of Synapse's own
+// yet: every CPU runs these.
+
+/// Q2_K's codes (0..3) in element order: element `e` is bits `2·((e & 127) >> 5)` of byte
+/// `32·(e >> 7) + (e & 31)`.
+#[inline]
+fn q2k_codes(qs: &[u8]) -> [i8; 256] {
+    std::array::from_fn(|e| ((qs[32 * (e >> 7) + (e & 31)] >> (2 * ((e & 127) >> 5))) & 3) as i8)
+}
+
+/// Q3_K's signed values (−4..3) in element order: two low bits as Q2_K, minus 4 where the
+/// element's `hmask` bit (`hmask[e & 31]`, bit `e >> 5`) is clear.
+#[inline]
+fn q3k_values(hmask: &[u8], qs: &[u8]) -> [i8; 256] {
+    std::array::from_fn(|e| {
+        let lo = ((qs[32 * (e >> 7) + (e & 31)] >> (2 * ((e & 127) >> 5))) & 3) as i8;
+        let hi = (hmask[e & 31] >> (e >> 5)) & 1;
+        lo - if hi == 0 { 4 } else { 0 }
+    })
+}
+
+/// Q3_K's 16 six-bit scales, minus 32.
+#[inline]
+fn q3k_scales(s: &[u8]) -> [i32; 16] {
+    std::array::from_fn(|j| {
+        let lo = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
+        let hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        (lo | (hi << 4)) as i32 - 32
+    })
+}
+
+/// IQ4_XS's eight six-bit scales, minus 32.
+#[inline]
+fn iq4xs_scales(b: &[u8]) -> [i32; 8] {
+    let sh = u16::from_le_bytes([b[2], b[3]]);
+    std::array::from_fn(|ib| {
+        let lo = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) as i32;
+        (lo | ((((sh >> (2 * ib)) & 3) as i32) << 4)) - 32
+    })
+}
+
+/// IQ4_NL / IQ4_XS values of 16 packed bytes (32 elements, low nibbles first).
+#[inline]
+fn iq4_values(qs: &[u8]) -> [i8; 32] {
+    unpack_nibbles32(qs).map(|c| super::decode::KVALUES_IQ4NL[c as usize])
+}
+
+/// The 8 i32 lanes of a 256-element super-block dot with one scale per 16 elements, as
+/// ggml's AVX2 Q2_K/Q3_K kernels build them: lane `k` sums, over the eight 32-element groups
+/// `g`, `sc[2g + (k ≥ 4)] · Σ_{e ∈ 4k..4k+4} v·a` (the scale shuffle puts sub-block `2g` on a
+/// group's low 16 elements, `2g + 1` on its high 16).
+#[inline]
+fn lanes_k16(v: &[i8; 256], sc: &[i32; 16], a: &[i8; 256]) -> [i32; 8] {
+    let mut l = [0i32; 8];
+    for g in 0..8 {
+        let (vg, ag) = (&v[32 * g..32 * g + 32], &a[32 * g..32 * g + 32]);
+        for (k, l) in l.iter_mut().enumerate() {
+            let dot: i32 = (4 * k..4 * k + 4)
+                .map(|e| vg[e] as i32 * ag[e] as i32)
+                .sum();
+            *l += sc[2 * g + (k >= 4) as usize] * dot;
+        }
+    }
+    l
+}
+
+/// The 8 i32 lanes of a 256-element super-block dot with one scale per 32 elements (IQ4_XS):
+/// lane `k` sums `sc[g] · Σ_{e ∈ 4k..4k+4} v·a` over the eight sub-blocks.
+#[inline]
+fn lanes_k32(v: &[i8; 256], sc: &[i32; 8], a: &[i8; 256]) -> [i32; 8] {
+    let mut l = [0i32; 8];
+    for g in 0..8 {
+        let (vg, ag) = (&v[32 * g..32 * g + 32], &a[32 * g..32 * g + 32]);
+        for (k, l) in l.iter_mut().enumerate() {
+            let dot: i32 = (4 * k..4 * k + 4)
+                .map(|e| vg[e] as i32 * ag[e] as i32)
+                .sum();
+            *l += sc[g] * dot;
+        }
+    }
+    l
+}
+
+/// Q2_K's scales (low nibbles) and mins (high nibbles) of its 16 sub-blocks.
+#[inline]
+fn q2k_scales_mins(s: &[u8]) -> ([i32; 16], [i32; 16]) {
+    (
+        std::array::from_fn(|j| (s[j] & 0xF) as i32),
+        std::array::from_fn(|j| (s[j] >> 4) as i32),
+    )
+}
+
+fn iq4xs_block_values(b: &[u8]) -> [i8; 256] {
+    let mut v = [0i8; 256];
+    for ib in 0..8 {
+        v[32 * ib..32 * ib + 32].copy_from_slice(&iq4_values(&b[8 + 16 * ib..8 + 16 * ib + 16]));
+    }
+    v
+}
+
+/// `ggml_vec_dot_q2_K_q8_K` (AVX2): per super-block, first the mins term into each lane
+/// (`fma(−d_a·dmin, m_2k·bsum_2k + m_2k+1·bsum_2k+1, acc_k)`), then `fma(d_a·d, lane_k, acc_k)`.
+unsafe fn dot_q2_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 84, a, nb) };
+    let mut acc = [0f32; 8];
+    for (b, y) in w.chunks_exact(84).zip(a) {
+        let d = y.d * f16_at(b, 80);
+        let dmin = -y.d * f16_at(b, 82);
+        let (sc, m) = q2k_scales_mins(&b[..16]);
+        for (k, acc) in acc.iter_mut().enumerate() {
+            let prod = m[2 * k] * y.bsums[2 * k] as i32 + m[2 * k + 1] * y.bsums[2 * k + 1] as i32;
+            *acc = dmin.mul_add(prod as f32, *acc);
+        }
+        fma_lanes(&mut acc, d, lanes_k16(&q2k_codes(&b[16..80]), &sc, &y.qs));
+    }
+    hsum8(acc)
+}
+
+/// `ggml_vec_dot_q3_K_q8_K` (AVX2): `fma(d_a·d, lane_k, acc_k)` per super-block.
+unsafe fn dot_q3_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 110, a, nb) };
+    let mut acc = [0f32; 8];
+    for (b, y) in w.chunks_exact(110).zip(a) {
+        let v = q3k_values(&b[..32], &b[32..96]);
+        let l = lanes_k16(&v, &q3k_scales(&b[96..108]), &y.qs);
+        fma_lanes(&mut acc, y.d * f16_at(b, 108), l);
+    }
+    hsum8(acc)
+}
+
+/// `ggml_vec_dot_iq4_xs_q8_K` (AVX2): `fma(d·d_a, lane_k, acc_k)` per super-block.
+unsafe fn dot_iq4_xs(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 136, a, nb) };
+    let mut acc = [0f32; 8];
+    for (b, y) in w.chunks_exact(136).zip(a) {
+        let l = lanes_k32(&iq4xs_block_values(b), &iq4xs_scales(b), &y.qs);
+        fma_lanes(&mut acc, f16_at(b, 0) * y.d, l);
+    }
+    hsum8(acc)
+}
+
+/// `ggml_vec_dot_iq4_nl_q8_0` (AVX2): even blocks into one 8-lane accumulator, odd blocks
+/// into another, `hsum_float_8` of their lane sums; an odd last block added after, in
+/// scalar (`fma(d, Σ, sum)`, as GCC contracts ggml's `sumf += d*(sumi1 + sumi2)`).
+unsafe fn dot_iq4_nl(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8x32>(w, nb * 18, a, nb) };
+    let (mut acc1, mut acc2) = ([0f32; 8], [0f32; 8]);
+    let pairs = nb / 2;
+    for p in 0..pairs {
+        for (acc, ib) in [(&mut acc1, 2 * p), (&mut acc2, 2 * p + 1)] {
+            let b = &w[18 * ib..18 * ib + 18];
+            let y = &a[ib];
+            fma_lanes(
+                acc,
+                y.d * f16_at(b, 0),
+                lanes32(&iq4_values(&b[2..18]), &y.qs),
+            );
+        }
+    }
+    let mut sum = hsum8(std::array::from_fn(|k| acc1[k] + acc2[k]));
+    if nb % 2 == 1 {
+        let ib = nb - 1;
+        let (b, y) = (&w[18 * ib..18 * ib + 18], &a[ib]);
+        let v = iq4_values(&b[2..18]);
+        let s: i32 = v
+            .iter()
+            .zip(&y.qs)
+            .map(|(&v, &q)| v as i32 * q as i32)
+            .sum();
+        sum = (y.d * f16_at(b, 0)).mul_add(s as f32, sum);
+    }
+    sum
+}
+
+/// IQ4_NL with two or more activation rows: llamafile's `tinyBLAS_Q0_AVX` (one 8-lane
+/// accumulator, `fma(d·d_a, lanes, acc)` per block, `hsum`), which ggml runs instead of its
+/// `vec_dot` once a call has more than one row.
+unsafe fn dot_iq4_nl_gemm(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8x32>(w, nb * 18, a, nb) };
+    let mut acc = [0f32; 8];
+    for (b, y) in w.chunks_exact(18).zip(a) {
+        fma_lanes(
+            &mut acc,
+            f16_at(b, 0) * y.d,
+            lanes32(&iq4_values(&b[2..18]), &y.qs),
+        );
+    }
+    hsum8(acc)
+}
+
+unsafe fn dot_q2_k_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 84, a, nb) };
+    let mut acc = 0f32;
+    for (b, y) in w.chunks_exact(84).zip(a) {
+        let (sc, m) = q2k_scales_mins(&b[..16]);
+        let s1: i32 = lanes_k16(&q2k_codes(&b[16..80]), &sc, &y.qs).iter().sum();
+        let s2: i32 = (0..16).map(|g| m[g] * y.bsums[g] as i32).sum();
+        acc = tiled_step(acc, s1, Some((f16_at(b, 82), s2)), f16_at(b, 80), y.d);
+    }
+    acc
+}
+
+unsafe fn dot_q3_k_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 110, a, nb) };
+    let mut acc = 0f32;
+    for (b, y) in w.chunks_exact(110).zip(a) {
+        let v = q3k_values(&b[..32], &b[32..96]);
+        let s1: i32 = lanes_k16(&v, &q3k_scales(&b[96..108]), &y.qs).iter().sum();
+        acc = tiled_step(acc, s1, None, f16_at(b, 108), y.d);
+    }
+    acc
+}
+
+unsafe fn dot_iq4_xs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 136, a, nb) };
+    let mut acc = 0f32;
+    for (b, y) in w.chunks_exact(136).zip(a) {
+        let s1: i32 = lanes_k32(&iq4xs_block_values(b), &iq4xs_scales(b), &y.qs)
+            .iter()
+            .sum();
+        acc = tiled_step(acc, s1, None, f16_at(b, 0), y.d);
+    }
+    acc
+}
+
 /// The many-row (≥ [`super::MANY_ROWS`]) kernel for `ty`, where ggml's order differs.
 pub(crate) fn many(ty: GgmlType) -> Option<(usize, DotFn)> {
     let f: DotFn = match ty {
         GgmlType::Q4_K => dot_q4_k_tiled,
         GgmlType::Q5_K => dot_q5_k_tiled,
         GgmlType::Q6_K => dot_q6_k_tiled,
+        GgmlType::Q2_K => dot_q2_k_tiled,
+        GgmlType::Q3_K => dot_q3_k_tiled,
+        GgmlType::IQ4_XS => dot_iq4_xs_tiled,
         _ => return None,
     };
     Some((super::MANY_ROWS, f))
@@ -363,13 +600,21 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         T::Q4_K => (ActKind::Q8K, dot_q4_k),
         T::Q5_K => (ActKind::Q8K, dot_q5_k),
         T::Q6_K => (ActKind::Q8K, dot_q6_k),
+        T::Q2_K => (ActKind::Q8K, dot_q2_k),
+        T::Q3_K => (ActKind::Q8K, dot_q3_k),
+        T::IQ4_XS => (ActKind::Q8K, dot_iq4_xs),
+        T::IQ4_NL => (ActKind::Q8x32, dot_iq4_nl),
         _ => return decode_kernel(ty),
+    };
+    let many = match ty {
+        T::IQ4_NL => Some((2, dot_iq4_nl_gemm as DotFn)),
+        _ => many(ty),
     };
     Some(Kernel {
         act,
         dot,
         dot4: None,
-        many: many(ty),
+        many,
     })
 }
 
