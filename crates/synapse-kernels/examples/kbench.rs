@@ -76,28 +76,54 @@ fn main() {
         "path {path}, threads {threads}, pool {:?}; best-of-N call times",
         ctx.pool_kind()
     );
-    let types = [
-        GgmlType::Q8_0,
-        GgmlType::Q5_0,
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-        GgmlType::F16,
-    ];
-    let shapes = [
-        (1024, 640),
-        (640, 1024),
-        (2048, 640),
-        (640, 2048),
-        (256, 640),
-        (262144, 640),
-    ];
+    // `KBENCH_TYPES=Q4_1,Q4_0` and `KBENCH_SHAPES=576x576,49152x576` (rows x K) override the
+    // defaults (Gemma 3 270M's shapes; the 262144-row LM head only when the filter names it).
+    let types: Vec<GgmlType> = match std::env::var("KBENCH_TYPES") {
+        Ok(v) => v
+            .split(',')
+            .map(|n| {
+                synapse_formats::ALL_TYPES
+                    .iter()
+                    .copied()
+                    .find(|t| t.name().eq_ignore_ascii_case(n.trim()))
+                    .expect("KBENCH_TYPES: a ggml type name")
+            })
+            .collect(),
+        Err(_) => vec![
+            GgmlType::Q8_0,
+            GgmlType::Q5_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::F16,
+        ],
+    };
+    let custom = std::env::var("KBENCH_SHAPES").is_ok();
+    let shapes: Vec<(usize, usize)> = match std::env::var("KBENCH_SHAPES") {
+        Ok(v) => v
+            .split(',')
+            .map(|s| {
+                let (r, k) = s.trim().split_once('x').expect("KBENCH_SHAPES: ROWSxK");
+                (r.parse().expect("rows"), k.parse().expect("K"))
+            })
+            .collect(),
+        Err(_) => vec![
+            (1024, 640),
+            (640, 1024),
+            (2048, 640),
+            (640, 2048),
+            (256, 640),
+            (262144, 640),
+        ],
+    };
     for ty in types {
         for &(rows, k) in &shapes {
             let (rows, k): (usize, usize) = (rows, k);
             // The LM head (Q8_0 only) when the filter names it.
             if !k.is_multiple_of(ty.block_size())
                 || !format!("{}/{rows}x{k}", ty.name()).contains(&filter)
-                || (rows == 262144 && (ty != GgmlType::Q8_0 || !filter.contains("262144")))
+                || (!custom
+                    && rows == 262144
+                    && (ty != GgmlType::Q8_0 || !filter.contains("262144")))
             {
                 continue;
             }

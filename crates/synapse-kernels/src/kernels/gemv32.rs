@@ -1,9 +1,11 @@
-//! One activation row against a 32-block matrix (Q8_0, Q5_0, Q4_0) on AVX-512 VNNI: two
-//! weight rows per 512-bit register, one in each 256-bit half.
+//! One activation row against a 32-block matrix (Q8_0, Q5_0, Q4_0, Q4_1, Q5_1) on AVX-512
+//! VNNI: two weight rows per 512-bit register, one in each 256-bit half.
 //!
 //! The float order is ggml's `vec_dot` for these types, per row: 8 i32 lanes per block (4
 //! consecutive products each), `acc = fma(d_w·d_a, lane, acc)`, `hsum_float_8` at the end —
-//! the same bits as the per-row kernels. What changes is the instruction count: every
+//! the same bits as the per-row kernels; for Q4_1/Q5_1 (unsigned codes, ggml's `_q8_1` dots)
+//! also the per-row `Σ m·s`, each product rounded then added in block order, added to the
+//! lane sum last. What changes is the instruction count: every
 //! `vpdpbusd`, conversion and FMA serves two rows, the activation block is broadcast to both
 //! halves, and the weight codes enter biased (unsigned, as `vpdpbusd` wants), the bias times
 //! each lane's activation sum being the lane's starting value (exact integers). Decode of the
@@ -28,12 +30,18 @@ pub(crate) fn takes(n: usize, cols: usize) -> bool {
 
 /// The types this kernel handles.
 pub(crate) fn supports(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0)
+    matches!(
+        ty,
+        GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_1
+    )
 }
 
 /// Each block's 8 lane starting values `−bias·Σ(4 activations)` for `ty`'s code bias.
 pub(crate) fn lane_init(ty: GgmlType, act: &[BlockQ8x32], out: &mut [i32]) {
-    let bias = super::tiled::bias32(ty);
+    let bias = match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 => 0,
+        _ => super::tiled::bias32(ty),
+    };
     for (b, o) in act.iter().zip(out.chunks_exact_mut(8)) {
         for (j, v) in o.iter_mut().enumerate() {
             *v = -bias
@@ -91,7 +99,12 @@ unsafe fn codes<const T: u8>(a: *const u8, b: *const u8) -> __m512i {
                 )
             }
             _ => {
-                let qs = if T == Q5 { 6 } else { 2 };
+                let qs = match T {
+                    Q5 => 6,
+                    Q41 => 4,
+                    Q51 => 8,
+                    _ => 2,
+                };
                 let t = _mm256_inserti128_si256(
                     _mm256_castsi128_si256(_mm_loadu_si128(a.add(qs).cast())),
                     _mm_loadu_si128(b.add(qs).cast()),
@@ -103,9 +116,10 @@ unsafe fn codes<const T: u8>(a: *const u8, b: *const u8) -> __m512i {
                 let z = _mm512_shuffle_i64x2(z, z, 0b0101_0000);
                 let sh = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
                 let nib = _mm512_and_si512(_mm512_srlv_epi64(z, sh), _mm512_set1_epi8(15));
-                if T == Q5 {
-                    let qa = std::ptr::read_unaligned(a.add(2).cast::<u32>()) as u64;
-                    let qb = std::ptr::read_unaligned(b.add(2).cast::<u32>()) as u64;
+                if T == Q5 || T == Q51 {
+                    let qh = if T == Q5 { 2 } else { 4 };
+                    let qa = std::ptr::read_unaligned(a.add(qh).cast::<u32>()) as u64;
+                    let qb = std::ptr::read_unaligned(b.add(qh).cast::<u32>()) as u64;
                     _mm512_mask_add_epi8(nib, qa | (qb << 32), nib, _mm512_set1_epi8(16))
                 } else {
                     nib
@@ -118,6 +132,8 @@ unsafe fn codes<const T: u8>(a: *const u8, b: *const u8) -> __m512i {
 const Q8: u8 = 0;
 const Q5: u8 = 1;
 const Q4: u8 = 2;
+const Q41: u8 = 3;
+const Q51: u8 = 4;
 
 /// Both rows' block scales `[d_a, d_b]` in lanes 0 and 1 (one `vcvtph2ps`).
 #[inline]
@@ -191,14 +207,25 @@ unsafe fn rows_impl<const T: u8, const N: usize>(
         // (caller); outputs t·ystride + r, t·ystride + rb are this call's.
         unsafe {
             let mut acc = [_mm512_setzero_ps(); N];
+            // Q4_1/Q5_1: each row's `Σ m·s`, rows a and b in lanes 0 and 1.
+            let mut sm = [_mm_setzero_ps(); N];
+            let mins = T == Q41 || T == Q51;
             for b in 0..nb {
                 let (wa, wb) = (pa.add(b * ts), pb.add(b * ts));
                 _mm_prefetch::<_MM_HINT_T1>(wa.wrapping_add(dist).cast());
                 _mm_prefetch::<_MM_HINT_T1>(wb.wrapping_add(dist).cast());
                 let c = codes::<T>(wa, wb);
                 let dw = dpair(wa, wb);
+                let mw = if mins {
+                    dpair(wa.add(2), wb.add(2))
+                } else {
+                    _mm_setzero_ps()
+                };
                 for (t, at) in acc.iter_mut().enumerate() {
                     let ab = act.get_unchecked(t * nb + b);
+                    if mins {
+                        sm[t] = _mm_add_ps(sm[t], _mm_mul_ps(mw, _mm_set1_ps(ab.s)));
+                    }
                     let av = _mm512_broadcast_i64x4(_mm256_loadu_si256(ab.qs.as_ptr().cast()));
                     let iv = _mm512_broadcast_i64x4(_mm256_loadu_si256(
                         init.as_ptr().add(8 * (t * nb + b)).cast(),
@@ -208,7 +235,13 @@ unsafe fn rows_impl<const T: u8, const N: usize>(
                 }
             }
             for (t, at) in acc.iter().enumerate() {
-                let (ya, yb) = halves(*at);
+                let (mut ya, mut yb) = halves(*at);
+                if mins {
+                    let mut m = [0f32; 4];
+                    _mm_storeu_ps(m.as_mut_ptr(), sm[t]);
+                    ya += m[0];
+                    yb += m[1];
+                }
                 *y.add(t * ystride + r) = ya;
                 if rb != r {
                     *y.add(t * ystride + rb) = yb;
@@ -264,6 +297,8 @@ pub(crate) unsafe fn rows(
             match ty {
                 GgmlType::Q8_0 => go!(Q8, 1 2 3 4 5 6 7 8),
                 GgmlType::Q5_0 => go!(Q5, 1 2 3 4 5 6 7 8),
+                GgmlType::Q4_1 => go!(Q41, 1 2 3 4 5 6 7 8),
+                GgmlType::Q5_1 => go!(Q51, 1 2 3 4 5 6 7 8),
                 _ => go!(Q4, 1 2 3 4 5 6 7 8),
             }
         }

@@ -295,7 +295,7 @@ unsafe fn superblock2(
     )
 }
 
-// ---- 32-element block types (Q8_0, Q5_0, Q4_0) ----------------------------------------
+// ---- 32-element block types (Q8_0, Q5_0, Q4_0, Q4_1, Q5_1) ----------------------------
 //
 // ggml's order for these (vec_dot and tinyBLAS alike): per block, 8 i32 lanes of 4
 // consecutive products each, `acc_j = fma(d_w·d_a, lane_j, acc_j)`, `hsum_float_8` at the
@@ -303,14 +303,25 @@ unsafe fn superblock2(
 // of a block for all 16 rows at once. `vpdpbusd` multiplies unsigned by signed bytes, so the
 // weight codes enter biased (Q8_0 + 128, Q5_0 and Q4_0 unsigned as stored) and the bias times
 // each lane's activation sum (packed beside the codes) is subtracted: exact integers.
+// Q4_1 and Q5_1 (ggml's `_q8_1` dots) have unsigned codes (no bias) and add each row's
+// `Σ_b m_w·s_a` (each product rounded, added in block order, 16 rows at once) after the
+// horizontal sum, as `vec_dot_q4_1_q8_1` does.
 
 /// Bytes of one packed (group, 32-block): codes `[8 lanes][16 rows][4]`, lane sums
-/// `[8][16]` i32, d per row.
-pub(crate) const PACK32: usize = 32 * G + 8 * G * 4 + G * 4;
+/// `[8][16]` i32, d per row, s (ggml's `block_q8_1::s`) per row.
+pub(crate) const PACK32: usize = 32 * G + 8 * G * 4 + G * 4 + G * 4;
 
 /// The 32-block types this GEMM handles.
 pub(crate) fn supports32(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0)
+    matches!(
+        ty,
+        GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_1
+    )
+}
+
+/// Whether `ty` carries per-block mins (`Σ m·s` added after the lanes' sum).
+fn mins32(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1)
 }
 
 /// Packs `n` rows of `nb` Q8x32 blocks into `ceil(n/16)` groups × `nb` packed blocks; the
@@ -328,7 +339,8 @@ pub(crate) fn pack32(
         for b in 0..nb {
             let p = &mut out[(g * nb + b) * PACK32..(g * nb + b + 1) * PACK32];
             let (q, rest) = p.split_at_mut(32 * G);
-            let (sums, d) = rest.split_at_mut(8 * G * 4);
+            let (sums, ds) = rest.split_at_mut(8 * G * 4);
+            let (d, sv) = ds.split_at_mut(G * 4);
             for c in 0..G {
                 let t = g * G + c;
                 let blk = (t < n).then(|| &act[t * nb + b]);
@@ -344,6 +356,8 @@ pub(crate) fn pack32(
                 }
                 let dv = blk.map_or(0f32, |bl| bl.d);
                 d[c * 4..c * 4 + 4].copy_from_slice(&dv.to_le_bytes());
+                let s = blk.map_or(0f32, |bl| bl.s);
+                sv[c * 4..c * 4 + 4].copy_from_slice(&s.to_le_bytes());
             }
         }
     }
@@ -354,6 +368,7 @@ pub(crate) fn bias32(ty: GgmlType) -> i32 {
     match ty {
         GgmlType::Q8_0 => 128,
         GgmlType::Q5_0 => 16,
+        GgmlType::Q4_1 | GgmlType::Q5_1 => 0,
         _ => 8,
     }
 }
@@ -378,11 +393,13 @@ unsafe fn codes32_simd(ty: GgmlType, b: *const u8, out: *mut u32) {
             GgmlType::Q8_0 => {
                 _mm256_xor_si256(_mm256_loadu_si256(b.add(2).cast()), _mm256_set1_epi8(-128))
             }
-            GgmlType::Q5_0 => {
-                let qh = std::ptr::read_unaligned(b.add(2).cast::<u32>());
-                let v = nib(b.add(6));
+            GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                let (qh, qs) = if ty == GgmlType::Q5_0 { (2, 6) } else { (4, 8) };
+                let qh = std::ptr::read_unaligned(b.add(qh).cast::<u32>());
+                let v = nib(b.add(qs));
                 _mm256_mask_add_epi8(v, qh, v, _mm256_set1_epi8(16))
             }
+            GgmlType::Q4_1 => nib(b.add(4)),
             _ => nib(b.add(2)),
         };
         _mm256_storeu_si256(out.cast(), v);
@@ -391,8 +408,8 @@ unsafe fn codes32_simd(ty: GgmlType, b: *const u8, out: *mut u32) {
 
 thread_local! {
     /// A weight row's codes as little-endian 4-byte groups and its block scales.
-    static ROW32: std::cell::RefCell<(Vec<u32>, Vec<f32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    static ROW32: std::cell::RefCell<(Vec<u32>, Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// Output rows `r0..r1` of a 32-block matrix against all packed groups.
@@ -414,17 +431,28 @@ pub(crate) unsafe fn rows32(
     r1: usize,
 ) {
     ROW32.with(|cell| {
-        let (u4s, dws) = &mut *cell.borrow_mut();
+        let (u4s, dws, mws) = &mut *cell.borrow_mut();
         u4s.resize(RT * nb * 8, 0);
         dws.resize(RT * nb, 0.0);
+        mws.resize(RT * nb, 0.0);
         // SAFETY: forwarded contract.
-        unsafe { rows32_inner(ty, w, row_bytes, nb, packed, n, rows, y, r0, r1, u4s, dws) }
+        unsafe {
+            if mins32(ty) {
+                rows32_inner::<true>(
+                    ty, w, row_bytes, nb, packed, n, rows, y, r0, r1, u4s, dws, mws,
+                )
+            } else {
+                rows32_inner::<false>(
+                    ty, w, row_bytes, nb, packed, n, rows, y, r0, r1, u4s, dws, mws,
+                )
+            }
+        }
     })
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows32_inner(
+unsafe fn rows32_inner<const MINS: bool>(
     ty: GgmlType,
     w: &[u8],
     row_bytes: usize,
@@ -437,6 +465,7 @@ unsafe fn rows32_inner(
     r1: usize,
     u4s: &mut [u32],
     dws: &mut [f32],
+    mws: &mut [f32],
 ) {
     let ts = ty.type_size();
     let groups = n.div_ceil(G);
@@ -453,6 +482,9 @@ unsafe fn rows32_inner(
                 // SAFETY: `blk` is one whole block; u4s has room for block o + b's 8 words.
                 unsafe { codes32_simd(ty, blk.as_ptr(), u4s[(o + b) * 8..].as_mut_ptr()) };
                 dws[o + b] = f16_at(blk, 0);
+                if MINS {
+                    mws[o + b] = f16_at(blk, 2);
+                }
             }
         }
         for g in 0..groups {
@@ -462,13 +494,11 @@ unsafe fn rows32_inner(
                 let (o0, o1) = ((r - t0) * nb, (r + 1 - t0) * nb);
                 // SAFETY: `gp` holds nb packed blocks; the CPU has the enabled features.
                 let (v0, v1) = unsafe {
-                    group2(
+                    group2::<MINS>(
                         gp,
                         nb,
-                        &u4s[o0 * 8..],
-                        &dws[o0..],
-                        &u4s[o1 * 8..],
-                        &dws[o1..],
+                        (&u4s[o0 * 8..], &dws[o0..], &mws[o0..]),
+                        (&u4s[o1 * 8..], &dws[o1..], &mws[o1..]),
                     )
                 };
                 // SAFETY: forwarded contract (`y` valid for n·rows, rows r, r+1 are this call's).
@@ -481,7 +511,7 @@ unsafe fn rows32_inner(
             if r < t1 {
                 let o0 = (r - t0) * nb;
                 // SAFETY: as above.
-                let v0 = unsafe { group1(gp, nb, &u4s[o0 * 8..], &dws[o0..]) };
+                let v0 = unsafe { group1::<MINS>(gp, nb, &u4s[o0 * 8..], &dws[o0..], &mws[o0..]) };
                 // SAFETY: as above.
                 unsafe { store_group(v0, g, n, rows, r, y) };
             }
@@ -504,15 +534,23 @@ fn hsum8(acc: &[__m512; 8]) -> __m512 {
     _mm512_add_ps(_mm512_add_ps(t0, t2), _mm512_add_ps(t1, t3))
 }
 
-/// One weight row (codes `u4`, scales `dw`) against one packed group of `nb` blocks.
+/// One weight row (codes `u4`, scales `dw`, mins `mw` when `MINS`) against one packed group
+/// of `nb` blocks.
 ///
 /// # Safety
-/// `gp` holds `nb` packed blocks of [`PACK32`] bytes, `u4` `8·nb` codes, `dw` `nb` scales; the
-/// CPU has AVX-512 F/BW/VL, VNNI and FMA.
+/// `gp` holds `nb` packed blocks of [`PACK32`] bytes, `u4` `8·nb` codes, `dw` (and with
+/// `MINS` `mw`) `nb` values; the CPU has AVX-512 F/BW/VL, VNNI and FMA.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
-unsafe fn group1(gp: &[u8], nb: usize, u4: &[u32], dw: &[f32]) -> __m512 {
+unsafe fn group1<const MINS: bool>(
+    gp: &[u8],
+    nb: usize,
+    u4: &[u32],
+    dw: &[f32],
+    mw: &[f32],
+) -> __m512 {
     let mut acc = [_mm512_setzero_ps(); 8];
+    let mut sm = _mm512_setzero_ps();
     for b in 0..nb {
         let p = gp[b * PACK32..].as_ptr();
         // SAFETY: one packed block of PACK32 bytes starts at `p`.
@@ -520,6 +558,10 @@ unsafe fn group1(gp: &[u8], nb: usize, u4: &[u32], dw: &[f32]) -> __m512 {
             let sp = p.add(32 * G).cast::<i32>();
             let da = _mm512_loadu_ps(p.add(32 * G + 8 * G * 4).cast());
             let dv = _mm512_mul_ps(_mm512_set1_ps(dw[b]), da);
+            if MINS {
+                let sa = _mm512_loadu_ps(p.add(32 * G + 8 * G * 4 + G * 4).cast());
+                sm = _mm512_add_ps(sm, _mm512_mul_ps(_mm512_set1_ps(mw[b]), sa));
+            }
             for (j, aj) in acc.iter_mut().enumerate() {
                 let lane = _mm512_dpbusd_epi32(
                     _mm512_loadu_si512(sp.add(j * G).cast()),
@@ -530,7 +572,11 @@ unsafe fn group1(gp: &[u8], nb: usize, u4: &[u32], dw: &[f32]) -> __m512 {
             }
         }
     }
-    hsum8(&acc)
+    if MINS {
+        _mm512_add_ps(hsum8(&acc), sm)
+    } else {
+        hsum8(&acc)
+    }
 }
 
 /// Two weight rows against one packed group: each activation load serves both.
@@ -539,16 +585,15 @@ unsafe fn group1(gp: &[u8], nb: usize, u4: &[u32], dw: &[f32]) -> __m512 {
 /// As [`group1`], for both rows.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
-unsafe fn group2(
+unsafe fn group2<const MINS: bool>(
     gp: &[u8],
     nb: usize,
-    u4a: &[u32],
-    dwa: &[f32],
-    u4b: &[u32],
-    dwb: &[f32],
+    (u4a, dwa, mwa): (&[u32], &[f32], &[f32]),
+    (u4b, dwb, mwb): (&[u32], &[f32], &[f32]),
 ) -> (__m512, __m512) {
     let mut acc_a = [_mm512_setzero_ps(); 8];
     let mut acc_b = [_mm512_setzero_ps(); 8];
+    let (mut sma, mut smb) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     for b in 0..nb {
         let p = gp[b * PACK32..].as_ptr();
         // SAFETY: one packed block of PACK32 bytes starts at `p`.
@@ -557,6 +602,11 @@ unsafe fn group2(
             let da = _mm512_loadu_ps(p.add(32 * G + 8 * G * 4).cast());
             let dva = _mm512_mul_ps(_mm512_set1_ps(dwa[b]), da);
             let dvb = _mm512_mul_ps(_mm512_set1_ps(dwb[b]), da);
+            if MINS {
+                let sa = _mm512_loadu_ps(p.add(32 * G + 8 * G * 4 + G * 4).cast());
+                sma = _mm512_add_ps(sma, _mm512_mul_ps(_mm512_set1_ps(mwa[b]), sa));
+                smb = _mm512_add_ps(smb, _mm512_mul_ps(_mm512_set1_ps(mwb[b]), sa));
+            }
             for j in 0..8 {
                 let s0 = _mm512_loadu_si512(sp.add(j * G).cast());
                 let a = _mm512_loadu_si512(p.add(j * G * 4).cast());
@@ -567,5 +617,12 @@ unsafe fn group2(
             }
         }
     }
-    (hsum8(&acc_a), hsum8(&acc_b))
+    if MINS {
+        (
+            _mm512_add_ps(hsum8(&acc_a), sma),
+            _mm512_add_ps(hsum8(&acc_b), smb),
+        )
+    } else {
+        (hsum8(&acc_a), hsum8(&acc_b))
+    }
 }
