@@ -1,5 +1,6 @@
-//! Every kernel path against the scalar path and against f32 decode-then-dot, on random data of
-//! every encoding, at odd shapes, with ggml's published tolerances.
+//! Every kernel path against the scalar path, and the scalar path against f32 decode-then-dot
+//! within the error of its activation quantization, on random data of every encoding, at odd
+//! shapes.
 
 mod common;
 
@@ -71,9 +72,72 @@ fn run(m: &QuantMatrix, x: &[f32], n: usize, path: KernelPath, threads: usize) -
     y
 }
 
+/// How a kernel quantizes its activations (`scalar::select` in src/kernels/scalar.rs).
+#[derive(Clone, Copy)]
+enum Act {
+    /// f32 activations: float weights and the decode-then-dot encodings.
+    F32,
+    /// ggml's `block_q8_0` per 32 values (f16 scale).
+    Q8_0,
+    /// `block_q8_1`: Q8_0 plus the f16 sum `s = d·Σq` that a weight block's minimum multiplies.
+    Q8_1,
+    /// `block_q8_K` per 256 values (f32 scale).
+    Q8K,
+}
+
+fn act_of(ty: GgmlType) -> Act {
+    use GgmlType as T;
+    match ty {
+        T::Q8_0 | T::Q4_0 | T::Q5_0 | T::IQ4_NL => Act::Q8_0,
+        T::Q4_1 | T::Q5_1 => Act::Q8_1,
+        T::Q4_K | T::Q5_K | T::Q6_K | T::Q2_K | T::Q3_K | T::IQ4_XS => Act::Q8K,
+        _ => Act::F32,
+    }
+}
+
+/// The activations as the kernel sees them, dequantized: ggml's `quantize_row_q8_0` /
+/// `quantize_row_q8_K_ref` (`d = max|x| / 127`, quants `round_half_even(x · 127 / max|x|)`,
+/// Q8_0's `d` stored as f16), recomputed here in the same f32 steps. Also, per 32-block,
+/// `|s − d·Σq|`: how far `block_q8_1`'s stored f16 sum is from the sum of the quants.
+fn quantized_activations(act: Act, x: &[f32]) -> (Vec<f32>, Vec<f64>) {
+    let f16r = |v: f32| half::f16::from_f32(v).to_f32();
+    let block = match act {
+        Act::F32 => return (x.to_vec(), vec![0.0; x.len() / 32]),
+        Act::Q8K => 256,
+        _ => 32,
+    };
+    let (mut xq, mut s_err) = (Vec::with_capacity(x.len()), Vec::new());
+    for xb in x.chunks_exact(block) {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let q: Vec<f32> = xb
+            .iter()
+            .map(|v| (v * id).round_ties_even().clamp(-127.0, 127.0))
+            .collect();
+        let d = match act {
+            Act::Q8K if amax != 0.0 => 1.0 / id,
+            Act::Q8K => 0.0,
+            _ => f16r(amax / 127.0),
+        };
+        xq.extend(q.iter().map(|q| q * d));
+        for qb in q.chunks_exact(32) {
+            let sum: f32 = qb.iter().sum();
+            s_err.push((f64::from(f16r(amax / 127.0 * sum)) - f64::from(d) * f64::from(sum)).abs());
+        }
+    }
+    (xq, s_err)
+}
+
+/// The scalar path against an f64 dot of the f32-decoded weights with the unquantized
+/// activations, to within the error its own activation quantization allows: for each output
+/// `Σ|w_i|·|x_i − x̂_i|` (x̂: the activations as quantized above; the bound of `Σ w_i(x_i −
+/// x̂_i)`), for Q4_1/Q5_1 also `Σ |m_b|·|s_b − d_b·Σq_b|` (the minimum times the f16 rounding
+/// of `block_q8_1`'s sum), plus f32 rounding `1e-5·Σ|w_i·x_i|` (the only term for the
+/// f32-activation encodings). A missing block or a wrong scale costs far more than that.
 #[test]
-fn scalar_path_matches_f32_decode_then_dot_within_ggml_tolerance() {
+fn scalar_path_matches_f32_decode_then_dot_within_activation_quantization_error() {
     for ty in encodings() {
+        let act = act_of(ty);
         for (rows, cols, n) in shapes(ty) {
             let w = random_weights(ty, rows, cols, 7 + rows as u64);
             let m = QuantMatrix::from_ggml(ty, &w, rows, cols).unwrap();
@@ -84,12 +148,34 @@ fn scalar_path_matches_f32_decode_then_dot_within_ggml_tolerance() {
             let mut wr = vec![0f32; cols];
             for r in 0..rows {
                 m.dequantize_row(r, &mut wr).unwrap();
+                // Q4_1/Q5_1: each 32-block's f16 minimum (offset 2 of the block).
+                let mins: Vec<f64> = match ty {
+                    GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                        let ts = ty.type_size();
+                        let row = &w[r * cols / 32 * ts..(r + 1) * cols / 32 * ts];
+                        row.chunks_exact(ts)
+                            .map(|b| half::f16::from_le_bytes([b[2], b[3]]).to_f64().abs())
+                            .collect()
+                    }
+                    _ => vec![0.0; cols / 32],
+                };
                 for t in 0..n {
-                    let reference = dot64(&wr, &x[t * cols..(t + 1) * cols]);
-                    let err = (y[t * rows + r] as f64 - reference).abs() / cols as f64;
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    let (xq, s_err) = quantized_activations(act, xt);
+                    let reference = dot64(&wr, xt);
+                    let act_err: f64 = wr
+                        .iter()
+                        .zip(xt.iter().zip(&xq))
+                        .map(|(&w, (&a, &q))| {
+                            f64::from(w).abs() * (f64::from(a) - f64::from(q)).abs()
+                        })
+                        .sum();
+                    let sum_err: f64 = mins.iter().zip(&s_err).map(|(m, e)| m * e).sum();
+                    let bound = act_err + sum_err + 1e-5 * abs_dot(&wr, xt);
+                    let err = (f64::from(y[t * rows + r]) - reference).abs();
                     assert!(
-                        err < dot_tolerance(ty) as f64,
-                        "{ty} {rows}x{cols} n={n} r={r} t={t}: got {} want {reference} (err {err})",
+                        err <= bound,
+                        "{ty} {rows}x{cols} n={n} r={r} t={t}: got {} want {reference} (err {err}, bound {bound})",
                         y[t * rows + r]
                     );
                 }
