@@ -485,8 +485,12 @@ fn candidates_drop_large_options_and_keep_the_better_of_equal_sizes() {
 }
 
 /// Every member of the grouped families (every width 2–8, every group 8, 16, …, 1024), on one
-/// deterministic vector of 1100 values (so most groups end partial): the error bound, the exact
-/// size, the ID round trip, and `dot` against decode-then-dot.
+/// deterministic vector of 1100 values (so most groups end partial): the exact size, the ID
+/// round trip, each element within the codec's own error of its group (from the stored
+/// scale), and `dot` equal to decode-then-dot up to f32 rounding, hence within the codec's
+/// error of `w·x`. Two activation vectors: an independent one, and one correlated with `w`
+/// (`w·x` = 251; every member's decode-then-dot is then at least 24 and over 60 times its
+/// rounding bound, so a `dot` that returns 0 fails on every member).
 #[test]
 fn every_width_and_group_member() {
     let mut s = 0x2545_F491_4F6C_DD1Du64;
@@ -499,7 +503,12 @@ fn every_width_and_group_member() {
     let w: Vec<f32> = (0..1100)
         .map(|i| next() * if i % 97 == 0 { 40.0 } else { 1.0 })
         .collect();
-    let x: Vec<f32> = (0..1100).map(|_| next()).collect();
+    let independent: Vec<f32> = (0..1100).map(|_| next()).collect();
+    let correlated: Vec<f32> = w
+        .iter()
+        .map(|&v| 0.5 * v.clamp(-1.0, 1.0) + 0.5 * next())
+        .collect();
+    let u = f64::from(f32::EPSILON) / 2.0;
     let mut members = 0;
     for group in (8..=1024).step_by(8) {
         let mut ids = vec![EncodingId::TernaryGroup { group }];
@@ -520,32 +529,66 @@ fn every_width_and_group_member() {
                 _ => (2, 2),
             };
             let gb = header + group * bits / 8;
-            if !matches!(id, EncodingId::TernaryGroup { .. }) {
-                for (i, (&a, &b)) in w.iter().zip(&back).enumerate() {
-                    let d = scale_of(&enc, gb, i / group);
-                    let slack = f64::from(a.abs().max(b.abs())) * f64::from(f32::EPSILON);
-                    assert!(
-                        (f64::from(a) - f64::from(b)).abs() <= d / 2.0 + slack,
-                        "{id} at {i}"
-                    );
-                }
+            // Per element, from its group's stored scale d (and minimum m): `err`, the codec's
+            // error bound, and `term`, the magnitude of what `dot` sums for it: |x̂| (x̂ = q·d,
+            // one exact product; a ternary code adds ±x and scales by d), or for the
+            // asymmetric `d·Σu·x + m·Σx`, whose two parts can cancel, |u·d| + |m|.
+            let (mut err, mut term) = (Vec::new(), Vec::new());
+            for (i, (&a, &b)) in w.iter().zip(&back).enumerate() {
+                let d = scale_of(&enc, gb, i / group);
+                let (a, b) = (f64::from(a), f64::from(b));
+                let e = match id {
+                    // BitNet's clamp to ±1: |w − x̂| ≤ d/2 up to |w| = 1.5·d, |w| − d beyond.
+                    EncodingId::TernaryGroup { .. } => (d / 2.0).max(a.abs() - d),
+                    // The asymmetric x̂ = m + u·d is one f32 rounding off.
+                    _ => d / 2.0,
+                } + a.abs().max(b.abs()) * 2.0 * u;
+                assert!(
+                    (a - b).abs() <= e,
+                    "{id} at {i}: {a} decoded as {b} (bound {e})"
+                );
+                err.push(e);
+                term.push(match id {
+                    EncodingId::Asymmetric { .. } => {
+                        let o = (i / group) * gb + 2;
+                        let m = half::f16::from_le_bytes([enc[o], enc[o + 1]])
+                            .to_f64()
+                            .abs();
+                        (b.abs() + m) * (1.0 + 2.0 * u) + m
+                    }
+                    _ => b.abs(),
+                });
             }
-            let exact: f64 = back
-                .iter()
-                .zip(&x)
-                .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                .sum();
-            let mag: f64 = back
-                .iter()
-                .zip(&w)
-                .zip(&x)
-                .map(|((&a, &o), &b)| {
-                    (f64::from(a.abs()) + 3.0 * 40.0 * f64::from(o != 0.0)) * f64::from(b.abs())
-                })
-                .sum();
-            let tol = 2.0 * 1104.0 * f64::from(f32::EPSILON) * mag;
-            let y = c.dot(&enc, &x).unwrap();
-            assert!((f64::from(y) - exact).abs() <= tol, "{id}: {y} vs {exact}");
+            // Rounding: every term passes through at most `chain` f32 roundings (its product,
+            // the adds within its group, the group's scale and minimum, the adds across groups),
+            // so the dot is off by at most chain·u·Σ term_i·|x_i|.
+            let chain = group.min(w.len()) + w.len().div_ceil(group) + 16;
+            for x in [&independent, &correlated] {
+                let weighted = |a: &[f64]| -> f64 {
+                    a.iter().zip(x).map(|(a, &b)| a * f64::from(b).abs()).sum()
+                };
+                let exact: f64 = back
+                    .iter()
+                    .zip(x)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum();
+                let exact_w: f64 = w
+                    .iter()
+                    .zip(x)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum();
+                let tol = chain as f64 * u * weighted(&term);
+                let y = f64::from(c.dot(&enc, x).unwrap());
+                assert!(
+                    (y - exact).abs() <= tol,
+                    "{id}: dot {y} vs decode-then-dot {exact} (rounding bound {tol})"
+                );
+                let codec_err = weighted(&err);
+                assert!(
+                    (y - exact_w).abs() <= codec_err + tol,
+                    "{id}: dot {y} vs w·x {exact_w} (codec error bound {codec_err} + {tol})"
+                );
+            }
         }
     }
     assert_eq!(members, 128 * 15);
