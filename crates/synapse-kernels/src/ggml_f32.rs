@@ -192,11 +192,23 @@ fma_dispatch! {
 }
 
 fma_dispatch! {
-    /// ggml's softmax of one attention row in place. `sc[j]` is the score of KV cell
-    /// `first_cell + j`; cells outside `sc` are masked (−∞, so exactly 0 after `exp`). The
-    /// cell index matters: ggml sums the exponentials 16 cells at a time (aligned to cell 0)
-    /// in f32, then the chunk sums in f64, and scales by `(float)(1/sum)`.
-    pub fn softmax_cells(sc: &mut [f32], first_cell: usize) -> () => softmax_body
+    /// [`softmax_cells`] one cell at a time (the reference; non-AVX-512 CPUs).
+    fn softmax_cells_scalar(sc: &mut [f32], first_cell: usize) -> () => softmax_body
+}
+
+/// ggml's softmax of one attention row in place. `sc[j]` is the score of KV cell
+/// `first_cell + j`; cells outside `sc` are masked (−∞, so exactly 0 after `exp`). The
+/// cell index matters: ggml sums the exponentials 16 cells at a time (aligned to cell 0)
+/// in f32, then the chunk sums in f64, and scales by `(float)(1/sum)`. On AVX-512 a whole
+/// 16-cell chunk at a time (ggml's vector `expf` with its own `scalef`; the same bits).
+pub fn softmax_cells(sc: &mut [f32], first_cell: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() {
+        // SAFETY: the CPU has AVX-512F (checked at run time).
+        unsafe { avx512::softmax(sc, first_cell) };
+        return;
+    }
+    softmax_cells_scalar(sc, first_cell)
 }
 
 /// The order in which `P·V` is summed over KV cells.
@@ -510,6 +522,134 @@ pub fn pv_f32(
     acc.finish(out);
 }
 
+/// [`scores_f32`] for several queries against the same keys: `out[i·n + j]` is query `i`'s
+/// score of key `j` (`n = offs.len()`), each bit-identical to [`scores_f32`]'s. On AVX-512 the
+/// keys are swept in blocks of sixteen, every query scoring a block while it is in L1 (a
+/// key row is read from memory once per call instead of once per query).
+pub fn scores_f32_multi(keys: &[f32], offs: &[usize], qs: &[&[f32]], scale: f32, out: &mut [f32]) {
+    let n = offs.len();
+    assert!(out.len() >= qs.len() * n, "score rows out of range");
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() && qs.iter().all(|q| q.len() >= 64) {
+        // Key blocks of ~16 KB (at least 16 keys): they stay in L1 across the queries.
+        let hd = qs.iter().map(|q| q.len()).max().unwrap_or(64);
+        let b = (4096 / hd).max(16) / 16 * 16;
+        for j0 in (0..n).step_by(b) {
+            let j1 = (j0 + b).min(n);
+            for (i, q) in qs.iter().enumerate() {
+                scores_f32(
+                    keys,
+                    &offs[j0..j1],
+                    q,
+                    scale,
+                    &mut out[i * n + j0..i * n + j1],
+                );
+            }
+        }
+        return;
+    }
+    for (i, q) in qs.iter().enumerate() {
+        scores_f32(keys, offs, q, scale, &mut out[i * n..(i + 1) * n]);
+    }
+}
+
+/// One query of [`pv_f32_multi`]: probabilities `p[j]` for the cells `offs[j]`, `j ∈ lo..hi`
+/// (`p` indexed like `offs`), and the output row.
+#[derive(Debug)]
+pub struct PvPart<'a> {
+    /// Probabilities, indexed like the call's `offs` (only `lo..hi` are read).
+    pub p: &'a [f32],
+    /// First cell index (into `offs`) this query attends.
+    pub lo: usize,
+    /// One past the last.
+    pub hi: usize,
+    /// The output row (the head's width).
+    pub out: &'a mut [f32],
+}
+
+/// [`pv_f32`] for several queries over sub-ranges of the same cells (cell `j` is KV cell
+/// `first_cell + j` for every query): each output bit-identical to `pv_f32` over the query's
+/// own `lo..hi` (with `first_cell + lo`). On AVX-512 the lanes are swept outermost, so a
+/// lane's value rows stay in L1 while every query uses them.
+pub fn pv_f32_multi(
+    order: PvOrder,
+    values: &[f32],
+    offs: &[usize],
+    first_cell: usize,
+    parts: &mut [PvPart<'_>],
+    acc: &mut PvAcc,
+) {
+    for q in parts.iter() {
+        assert!(
+            q.lo <= q.hi && q.hi <= offs.len() && q.hi <= q.p.len(),
+            "bad part range"
+        );
+        assert!(
+            offs[q.lo..q.hi]
+                .iter()
+                .all(|&o| o + q.out.len() <= values.len()),
+            "value offset out of range"
+        );
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512() && parts.iter().all(|q| q.out.len().is_multiple_of(16)) {
+        let lanes = match order {
+            PvOrder::VecDot => 64,
+            PvOrder::Gemm => 16,
+        };
+        let mut i = 0;
+        while i < parts.len() {
+            let hd = parts[i].out.len();
+            // Up to 8 queries of one width per sweep (on the stack: no allocation).
+            let mut k = i;
+            while k < parts.len() && k - i < 8 && parts[k].out.len() == hd {
+                k += 1;
+            }
+            let mut qs: [avx512::PvQuery; 8] = std::array::from_fn(|_| avx512::PvQuery {
+                p: std::ptr::null(),
+                lo: 0,
+                hi: 0,
+                out: std::ptr::null_mut(),
+                rows: std::ptr::null_mut(),
+                touched: [false; 64],
+            });
+            for (slot, q) in qs.iter_mut().zip(parts[i..k].iter_mut()) {
+                slot.p = q.p.as_ptr();
+                slot.lo = q.lo;
+                slot.hi = q.hi;
+                slot.out = q.out.as_mut_ptr();
+            }
+            // SAFETY: the CPU has AVX-512F (checked); every query's rows, probabilities and
+            // output are in range (asserted above); `hd` is a multiple of 16.
+            unsafe {
+                avx512::pv_multi(
+                    lanes,
+                    values,
+                    offs,
+                    first_cell,
+                    hd,
+                    &mut qs[..k - i],
+                    &mut acc.acc,
+                )
+            };
+            i = k;
+        }
+        return;
+    }
+    for q in parts.iter_mut() {
+        let (lo, hi) = (q.lo, q.hi);
+        pv_f32(
+            order,
+            values,
+            &offs[lo..hi],
+            first_cell + lo,
+            &q.p[lo..hi],
+            q.out,
+            acc,
+        );
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 fn has_avx512() -> bool {
     static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -559,6 +699,64 @@ mod avx512 {
         })
     }
 
+    /// The four keys' `GGML_F32x16_REDUCE` folds (before the horizontal sum).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fold4(k: [*const f32; 4], q: *const f32, np: usize) -> [__m512; 4] {
+        let mut a = [[_mm512_setzero_ps(); 4]; 4];
+        let mut i = 0;
+        while i < np {
+            for c in 0..4 {
+                // SAFETY: i + 16c + 16 <= np: inside q and every key row.
+                unsafe {
+                    let qv = _mm512_loadu_ps(q.add(i + 16 * c));
+                    for (key, acc) in k.iter().zip(a.iter_mut()) {
+                        acc[c] = _mm512_fmadd_ps(_mm512_loadu_ps(key.add(i + 16 * c)), qv, acc[c]);
+                    }
+                }
+            }
+            i += 64;
+        }
+        a.map(|s| _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3])))
+    }
+
+    /// `reduce16` of sixteen registers at once, lane k of the result from `v[k]`: the same
+    /// additions per register (halves, then quarters, then `(t0 + t2) + (t1 + t3)`), done
+    /// for 2, 4 and 16 registers per instruction.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn reduce16x16(v: &[__m512; 16]) -> [f32; 16] {
+        // t8 of keys 2i and 2i+1 side by side: [v_a[8..] + v_a[..8], v_b[8..] + v_b[..8]].
+        let w: [__m512; 8] = std::array::from_fn(|i| {
+            let (a, b) = (v[2 * i], v[2 * i + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+            )
+        });
+        // t4 of keys 4i..4i+4, one per 128-bit lane: t8[4..] + t8[..4].
+        let u: [__m512; 4] = std::array::from_fn(|i| {
+            let (a, b) = (w[2 * i], w[2 * i + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+                _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+            )
+        });
+        let mut out = [0f32; 16];
+        for (i, z) in u.iter().enumerate() {
+            // (t0 + t2) + (t1 + t3) in element 0 of each 128-bit lane.
+            let s = _mm512_add_ps(*z, _mm512_permute_ps::<0b01_00_11_10>(*z));
+            let r = _mm512_add_ps(s, _mm512_permute_ps::<0b00_00_00_01>(s));
+            let mut t = [0f32; 16];
+            // SAFETY: `t` holds 16 floats.
+            unsafe { _mm512_storeu_ps(t.as_mut_ptr(), r) };
+            for m in 0..4 {
+                out[4 * i + m] = t[4 * m];
+            }
+        }
+        out
+    }
+
     /// # Safety
     /// AVX-512F is available; `offs[j] + q.len() <= keys.len()` for every j; `out.len() ==
     /// offs.len()`.
@@ -582,6 +780,26 @@ mod avx512 {
             s
         };
         let mut j = 0;
+        // Sixteen keys at a time with the horizontal sums vectorised across keys (same bits).
+        while j + 16 <= offs.len() {
+            let mut f = [_mm512_setzero_ps(); 16];
+            for g in 0..4 {
+                // SAFETY: key rows in range (caller).
+                let v = unsafe {
+                    fold4(
+                        [0, 1, 2, 3].map(|c| kp.add(offs[j + 4 * g + c])),
+                        q.as_ptr(),
+                        np,
+                    )
+                };
+                f[4 * g..4 * g + 4].copy_from_slice(&v);
+            }
+            let d = reduce16x16(&f);
+            for c in 0..16 {
+                out[j + c] = tail(offs[j + c], d[c]) * scale;
+            }
+            j += 16;
+        }
         while j + 4 <= offs.len() {
             // SAFETY: key rows in range (caller).
             let d = unsafe { dot4([0, 1, 2, 3].map(|c| kp.add(offs[j + c])), q.as_ptr(), np) };
@@ -598,104 +816,202 @@ mod avx512 {
         }
     }
 
-    /// Lane rows: row `l` (of `lanes`) = `Σ p[j]·v_j` over the cells `first_cell + j ≡ l (mod
-    /// lanes)`, an FMA chain from +0.0 in increasing `j`, kept in registers over a slice of
-    /// `16·NZ` values of the head and stored once. Returns which lanes received a cell.
+    /// ggml's `ggml_v_expf` (AVX-512), 16 lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f,fma")]
+    fn v_expf(x: __m512) -> __m512 {
+        let c = |b: u32| _mm512_set1_ps(f32::from_bits(b));
+        let r = c(0x4b40_0000);
+        let z = _mm512_fmadd_ps(x, c(0x3fb8_aa3b), r);
+        let n = _mm512_sub_ps(z, r);
+        let b = _mm512_fnmadd_ps(n, c(0x35bf_be8e), _mm512_fnmadd_ps(n, c(0x3f31_7200), x));
+        let d = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_abs_ps(n), _mm512_set1_ps(192.0));
+        let u = _mm512_mul_ps(b, b);
+        let j = _mm512_fmadd_ps(
+            _mm512_fmadd_ps(
+                _mm512_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                u,
+                _mm512_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+            ),
+            u,
+            _mm512_fmadd_ps(c(0x3f7f_fff6), b, _mm512_set1_ps(1.0)),
+        );
+        let res = _mm512_scalef_ps(j, n);
+        if d == 0 {
+            return res;
+        }
+        let alt = _mm512_mask_blend_ps(
+            _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps()),
+            _mm512_set1_ps(f32::INFINITY),
+            _mm512_setzero_ps(),
+        );
+        _mm512_mask_blend_ps(d, res, alt)
+    }
+
+    /// [`super::softmax_cells`] a 16-cell chunk at a time.
     ///
     /// # Safety
-    /// AVX-512F; `offs[j] + hd <= values.len()`; `hd` a multiple of `16·NZ`; `rows` holds
-    /// `lanes·hd` floats; `lanes <= 64`.
+    /// AVX-512F and FMA are available.
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) unsafe fn softmax(sc: &mut [f32], first_cell: usize) {
+        let n = sc.len();
+        if n == 0 {
+            return;
+        }
+        let max = sc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let mx = _mm512_set1_ps(max);
+        let p = sc.as_mut_ptr();
+        let mut sum = 0f64;
+        // Chunk c covers cells 16c..16c+16; `j` is the index in `sc` of its first cell.
+        let (c0, c1) = (first_cell / 16, (first_cell + n - 1) / 16);
+        for c in c0..=c1 {
+            let cell0 = 16 * c;
+            let lo = first_cell.max(cell0) - cell0;
+            let hi = (first_cell + n).min(cell0 + 16) - cell0;
+            let mask: __mmask16 = (((1u32 << hi) - 1) & !((1u32 << lo) - 1)) as u16;
+            // Element l of the chunk is sc[cell0 + l - first_cell] (masked outside sc).
+            let base = p.wrapping_add(cell0).wrapping_sub(first_cell);
+            // SAFETY: only the masked-in elements are read or written; they are inside sc.
+            unsafe {
+                let v = _mm512_maskz_loadu_ps(mask, base);
+                let e = _mm512_maskz_mov_ps(mask, v_expf(_mm512_sub_ps(v, mx)));
+                _mm512_mask_storeu_ps(base, mask, e);
+                sum += hsum(e) as f64;
+            }
+        }
+        let inv = _mm512_set1_ps((1.0 / sum) as f32);
+        let mut i = 0;
+        while i + 16 <= n {
+            // SAFETY: i + 16 <= n.
+            unsafe { _mm512_storeu_ps(p.add(i), _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), inv)) };
+            i += 16;
+        }
+        let inv = (1.0 / sum) as f32;
+        for v in &mut sc[i..] {
+            *v *= inv;
+        }
+    }
+
+    /// One query of a P·V call: its probabilities `p[j]` for the cells `offs[j]`,
+    /// `j ∈ lo..hi` (`p` indexed like `offs`), its output row and its lane rows.
+    pub(super) struct PvQuery {
+        pub p: *const f32,
+        pub lo: usize,
+        pub hi: usize,
+        pub out: *mut f32,
+        pub rows: *mut f32,
+        pub touched: [bool; 64],
+    }
+
+    /// Lanes `la` and `la + 1` (if `< lanes`) of one query: lane row `l` = `Σ p[j]·v_j` over
+    /// the cells `j ∈ lo..hi` with `first_cell + j ≡ l (mod lanes)`, an FMA chain from +0.0 in
+    /// increasing `j` kept in registers over slices of `16·NZ` values of the head and stored
+    /// once. The two lanes' chains are independent, so twice the FMAs are in flight.
+    ///
+    /// # Safety
+    /// AVX-512F; `offs[j] + hd <= values.len()` for `j ∈ lo..hi`; `q.p` valid for `hi`
+    /// reads; `hd` a multiple of `16·NZ`; `q.rows` holds `lanes·hd` floats; `lanes <= 64`.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn lane_rows<const NZ: usize>(
+    unsafe fn lane_pair<const NZ: usize>(
         values: &[f32],
         offs: &[usize],
         first_cell: usize,
-        p: &[f32],
         hd: usize,
         lanes: usize,
-        rows: *mut f32,
-    ) -> [bool; 64] {
-        let n = offs.len();
+        la: usize,
+        q: &mut PvQuery,
+    ) {
         let vp = values.as_ptr();
-        let mut touched = [false; 64];
-        for (l, t) in touched.iter_mut().enumerate().take(lanes) {
-            // The first j with (first_cell + j) mod lanes == l.
-            let j0 = (l + lanes - first_cell % lanes) % lanes;
-            if j0 >= n {
-                continue;
+        let (lo, hi) = (q.lo, q.hi);
+        // The first j ≥ lo with (first_cell + j) mod lanes == l.
+        let j0 = |l: usize| lo + (l + lanes - (first_cell + lo) % lanes) % lanes;
+        let lb = (la + 1 < lanes).then_some(la + 1);
+        let (ja, jb) = (j0(la), lb.map_or(hi, j0));
+        q.touched[la] = ja < hi;
+        if let Some(lb) = lb {
+            q.touched[lb] = jb < hi;
+        }
+        if ja >= hi && jb >= hi {
+            return;
+        }
+        for s0 in (0..hd).step_by(16 * NZ) {
+            let mut acc_a = [_mm512_setzero_ps(); NZ];
+            let mut acc_b = [_mm512_setzero_ps(); NZ];
+            let step = |acc: &mut [__m512; NZ], j: usize| {
+                // SAFETY: j < hi: p has it; row j is caller-checked and s0 + 16·NZ <= hd.
+                let (pv, src) = unsafe { (_mm512_set1_ps(*q.p.add(j)), vp.add(offs[j] + s0)) };
+                for (c, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(unsafe { _mm512_loadu_ps(src.add(16 * c)) }, pv, *a);
+                }
+            };
+            let (mut x, mut y) = (ja, jb);
+            while x < hi && y < hi {
+                step(&mut acc_a, x);
+                step(&mut acc_b, y);
+                x += lanes;
+                y += lanes;
             }
-            *t = true;
-            for s0 in (0..hd).step_by(16 * NZ) {
-                let mut acc = [_mm512_setzero_ps(); NZ];
-                for j in (j0..n).step_by(lanes) {
-                    let pv = _mm512_set1_ps(p[j]);
-                    // SAFETY: row j is caller-checked and s0 + 16·NZ <= hd.
-                    let src = unsafe { vp.add(offs[j] + s0) };
-                    for (c, a) in acc.iter_mut().enumerate() {
-                        *a = _mm512_fmadd_ps(unsafe { _mm512_loadu_ps(src.add(16 * c)) }, pv, *a);
+            while x < hi {
+                step(&mut acc_a, x);
+                x += lanes;
+            }
+            while y < hi {
+                step(&mut acc_b, y);
+                y += lanes;
+            }
+            for c in 0..NZ {
+                // SAFETY: lane rows la and lb have hd floats each.
+                unsafe {
+                    if ja < hi {
+                        _mm512_storeu_ps(q.rows.add(la * hd + s0 + 16 * c), acc_a[c]);
+                    }
+                    if let Some(lb) = lb
+                        && jb < hi
+                    {
+                        _mm512_storeu_ps(q.rows.add(lb * hd + s0 + 16 * c), acc_b[c]);
                     }
                 }
-                for (c, a) in acc.iter().enumerate() {
-                    // SAFETY: lane row l has hd floats.
-                    unsafe { _mm512_storeu_ps(rows.add(l * hd + s0 + 16 * c), *a) };
-                }
             }
         }
-        touched
     }
 
-    /// [`lane_rows`] with the widest register slice `hd` allows.
+    /// Every query's lane rows, lane pair by lane pair (outer) and query by query (inner), so
+    /// the value rows of a lane stay in L1 while all queries use them.
     ///
     /// # Safety
-    /// As [`lane_rows`], `hd` a multiple of 16.
+    /// As [`lane_pair`] for every query.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn lane_rows_any(
+    unsafe fn lane_rows_multi<const NZ: usize>(
         values: &[f32],
         offs: &[usize],
         first_cell: usize,
-        p: &[f32],
         hd: usize,
         lanes: usize,
-        rows: *mut f32,
-    ) -> [bool; 64] {
-        // SAFETY: forwarded; each arm's slice width divides hd.
-        unsafe {
-            if hd.is_multiple_of(256) {
-                lane_rows::<16>(values, offs, first_cell, p, hd, lanes, rows)
-            } else if hd.is_multiple_of(64) {
-                lane_rows::<4>(values, offs, first_cell, p, hd, lanes, rows)
-            } else {
-                lane_rows::<1>(values, offs, first_cell, p, hd, lanes, rows)
+        qs: &mut [PvQuery],
+    ) {
+        for la in (0..lanes).step_by(2) {
+            for q in qs.iter_mut() {
+                // SAFETY: forwarded.
+                unsafe { lane_pair::<NZ>(values, offs, first_cell, hd, lanes, la, q) };
             }
         }
     }
 
+    /// One query's lanes reduced into its output row: for `VecDot` the four accumulators
+    /// folded `(l + l₃₂) + (l₁₆ + l₄₈)` first, then `_mm512_reduce_add_ps`'s tree per column.
+    ///
     /// # Safety
-    /// AVX-512F is available; `offs[j] + out.len() <= values.len()`; `p.len() == offs.len()`;
-    /// `out.len()` is a multiple of 16; `lanes` is 16 or 64.
+    /// AVX-512F; `q.rows` holds the lane rows its `touched` names, `q.out` `hd` floats.
+    #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn pv(
-        lanes: usize,
-        values: &[f32],
-        offs: &[usize],
-        first_cell: usize,
-        p: &[f32],
-        out: &mut [f32],
-        buf: &mut Vec<f32>,
-    ) {
-        let hd = out.len();
-        if buf.len() < lanes * hd {
-            buf.resize(lanes * hd, 0.0);
-        }
-        let lp = buf.as_mut_ptr();
-        // SAFETY: forwarded contract; buf holds `lanes` lane rows.
-        let touched = unsafe { lane_rows_any(values, offs, first_cell, p, hd, lanes, lp) };
+    unsafe fn reduce_lanes(hd: usize, lanes: usize, q: &PvQuery) {
+        let lp = q.rows;
         for s in (0..hd).step_by(16) {
             // SAFETY: lane rows hold hd floats; untouched lanes are +0.0.
             let lane = |l: usize| {
-                if touched[l] {
+                if q.touched[l] {
                     unsafe { _mm512_loadu_ps(lp.add(l * hd + s)) }
                 } else {
                     _mm512_setzero_ps()
@@ -715,15 +1031,206 @@ mod avx512 {
             let t: [__m512; 8] = std::array::from_fn(|i| _mm512_add_ps(v[8 + i], v[i]));
             let u: [__m512; 4] = std::array::from_fn(|i| _mm512_add_ps(t[4 + i], t[i]));
             let r = _mm512_add_ps(_mm512_add_ps(u[0], u[2]), _mm512_add_ps(u[1], u[3]));
-            // SAFETY: s + 16 <= out.len().
-            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(s), r) };
+            // SAFETY: s + 16 <= hd.
+            unsafe { _mm512_storeu_ps(q.out.add(s), r) };
         }
+    }
+
+    /// P·V of several queries over the same cells (each its own sub-range).
+    ///
+    /// # Safety
+    /// AVX-512F is available; `offs[j] + hd <= values.len()` for every j any query uses;
+    /// each query's `p`/`out` valid as [`PvQuery`] says; `hd` a multiple of 16; `lanes` is
+    /// 16 or 64; `buf` is resized here to hold every query's lane rows.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pv_multi(
+        lanes: usize,
+        values: &[f32],
+        offs: &[usize],
+        first_cell: usize,
+        hd: usize,
+        qs: &mut [PvQuery],
+        buf: &mut Vec<f32>,
+    ) {
+        if buf.len() < qs.len() * lanes * hd {
+            buf.resize(qs.len() * lanes * hd, 0.0);
+        }
+        for (i, q) in qs.iter_mut().enumerate() {
+            q.rows = buf[i * lanes * hd..].as_mut_ptr();
+            q.touched = [false; 64];
+        }
+        // SAFETY: forwarded contract; the slice widths divide hd.
+        unsafe {
+            if hd.is_multiple_of(256) {
+                lane_rows_multi::<16>(values, offs, first_cell, hd, lanes, qs)
+            } else if hd.is_multiple_of(64) {
+                lane_rows_multi::<4>(values, offs, first_cell, hd, lanes, qs)
+            } else {
+                lane_rows_multi::<1>(values, offs, first_cell, hd, lanes, qs)
+            }
+            for q in qs.iter() {
+                reduce_lanes(hd, lanes, q);
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX-512F is available; `offs[j] + out.len() <= values.len()`; `p.len() == offs.len()`;
+    /// `out.len()` is a multiple of 16; `lanes` is 16 or 64.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pv(
+        lanes: usize,
+        values: &[f32],
+        offs: &[usize],
+        first_cell: usize,
+        p: &[f32],
+        out: &mut [f32],
+        buf: &mut Vec<f32>,
+    ) {
+        let mut q = [PvQuery {
+            p: p.as_ptr(),
+            lo: 0,
+            hi: offs.len().min(p.len()),
+            out: out.as_mut_ptr(),
+            rows: std::ptr::null_mut(),
+            touched: [false; 64],
+        }];
+        // SAFETY: forwarded contract.
+        unsafe { pv_multi(lanes, values, offs, first_cell, out.len(), &mut q, buf) };
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vector_softmax_equals_the_per_cell_one() {
+        let mut st = 0x1234_5678_9abc_def1u64;
+        let mut rnd = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            ((st >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 40.0
+        };
+        for (n, first) in [
+            (1, 0),
+            (1, 7),
+            (5, 14),
+            (16, 0),
+            (17, 15),
+            (300, 3),
+            (2049, 0),
+            (70, 33),
+        ] {
+            let mut a: Vec<f32> = (0..n).map(|_| rnd()).collect();
+            // Some far below the max (ggml's expf flushes |n| > 192 to 0).
+            for v in a.iter_mut().step_by(7) {
+                *v -= 500.0;
+            }
+            let mut b = a.clone();
+            softmax_cells(&mut a, first);
+            softmax_cells_scalar(&mut b, first);
+            for j in 0..n {
+                assert_eq!(
+                    a[j].to_bits(),
+                    b[j].to_bits(),
+                    "n {n} first {first} cell {j}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn multi_query_scores_and_pv_equal_the_single_query_calls() {
+        let mut st = 0x9e3779b97f4a7c15u64;
+        let mut rnd = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            ((st >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+        };
+        for (hd, n, first, nq) in [
+            (64, 300, 3, 5),
+            (256, 70, 0, 3),
+            (80, 41, 17, 2),
+            (128, 17, 0, 9),
+        ] {
+            let width = hd * 3;
+            let cache: Vec<f32> = (0..(n + 2) * width).map(|_| rnd()).collect();
+            let offs: Vec<usize> = (0..n).map(|j| ((j * 5) % (n + 2)) * width + hd).collect();
+            let qv: Vec<Vec<f32>> = (0..nq).map(|_| (0..hd).map(|_| rnd()).collect()).collect();
+            let qs: Vec<&[f32]> = qv.iter().map(|q| q.as_slice()).collect();
+            let mut multi = vec![0f32; nq * n];
+            scores_f32_multi(&cache, &offs, &qs, 0.125, &mut multi);
+            for (i, q) in qs.iter().enumerate() {
+                let mut one = vec![0f32; n];
+                scores_f32(&cache, &offs, q, 0.125, &mut one);
+                for j in 0..n {
+                    assert_eq!(
+                        multi[i * n + j].to_bits(),
+                        one[j].to_bits(),
+                        "hd {hd} q {i} key {j}"
+                    );
+                }
+            }
+            // Each query attends its own sub-range (as causal rows of one pass do).
+            let ranges: Vec<(usize, usize)> =
+                (0..nq).map(|i| (i.min(n / 3), n - i.min(n - 1))).collect();
+            let mut ps = multi.clone();
+            for (i, &(lo, hi)) in ranges.iter().enumerate() {
+                softmax_cells(&mut ps[i * n + lo..i * n + hi], first + lo);
+            }
+            for order in [PvOrder::Gemm, PvOrder::VecDot] {
+                let mut outs = vec![0f32; nq * hd];
+                let mut acc = PvAcc::default();
+                {
+                    let mut parts: Vec<PvPart<'_>> = outs
+                        .chunks_exact_mut(hd)
+                        .enumerate()
+                        .map(|(i, out)| PvPart {
+                            p: &ps[i * n..(i + 1) * n],
+                            lo: ranges[i].0,
+                            hi: ranges[i].1,
+                            out,
+                        })
+                        .collect();
+                    pv_f32_multi(order, &cache, &offs, first, &mut parts, &mut acc);
+                }
+                for (i, &(lo, hi)) in ranges.iter().enumerate() {
+                    let mut one = vec![0f32; hd];
+                    pv_f32(
+                        order,
+                        &cache,
+                        &offs[lo..hi],
+                        first + lo,
+                        &ps[i * n + lo..i * n + hi],
+                        &mut one,
+                        &mut acc,
+                    );
+                    let mut pa = PvAcc::default();
+                    pa.reset(hd, order);
+                    for j in lo..hi {
+                        pa.add(first + j, ps[i * n + j], &cache[offs[j]..offs[j] + hd]);
+                    }
+                    let mut cell = vec![0f32; hd];
+                    pa.finish(&mut cell);
+                    for d in 0..hd {
+                        assert_eq!(
+                            outs[i * hd + d].to_bits(),
+                            one[d].to_bits(),
+                            "{order:?} hd {hd} q {i} d {d}"
+                        );
+                        assert_eq!(
+                            outs[i * hd + d].to_bits(),
+                            cell[d].to_bits(),
+                            "{order:?} hd {hd} q {i} d {d} (per cell)"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn expf_is_close_to_libm_and_exact_at_zero() {

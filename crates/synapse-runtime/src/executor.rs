@@ -85,7 +85,23 @@ struct Scratch {
     slots: Vec<(SlotId, u32, usize)>,
     /// Consecutive rows of one order class: `(rows, class)`.
     runs: Vec<(usize, OrderClass)>,
+    /// Attention work items of the current layer.
+    items: Vec<AttnItem>,
 }
+
+/// One attention work item: rows `r0..r1` of one session and order class, query heads
+/// `h0..h1` of one KV head. Its queries share the keys (the union of the rows' causal
+/// ranges), so each key and value row is read once for all of them.
+#[derive(Debug, Clone, Copy)]
+struct AttnItem {
+    r0: usize,
+    r1: usize,
+    h0: usize,
+    h1: usize,
+}
+
+/// Rows per attention item in a prompt pass (consecutive positions of one session).
+const ATTN_ROWS: usize = 4;
 
 fn ensure(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     if v.len() < n {
@@ -280,6 +296,7 @@ impl Executor {
                 rows,
                 &s.q[..n * qd],
                 ensure(&mut s.att, n * qd),
+                &mut s.items,
                 &mut self.ctx,
             );
             tap(&mut self.tap, Stage::KqvOut, Some(il), n, &s.att[..n * qd]);
@@ -556,7 +573,11 @@ fn linear(
     Ok(())
 }
 
-/// Attention for every row, split over threads by rows when the work is large enough.
+/// Attention for every row. With an f32 cache, work items group queries that share keys
+/// (up to [`ATTN_ROWS`] consecutive rows of one session, the query heads of one KV head,
+/// split finer when there are few items for the threads); each query's scores, softmax and
+/// P·V are bit-identical to computing it alone (`ggml_f32::scores_f32_multi`,
+/// `pv_f32_multi`). An f16 cache runs one item per (row, head).
 #[allow(clippy::too_many_arguments)]
 fn attention(
     kv: &KvCache,
@@ -566,23 +587,206 @@ fn attention(
     rows: &[Row],
     q: &[f32],
     out: &mut [f32],
+    items: &mut Vec<AttnItem>,
     ctx: &mut KernelCtx,
 ) {
     let hdim = l.head_dim;
     let qd = l.n_heads * hdim;
-    // One item per (row, head); each writes its own head of `out`.
-    let items = rows.len() * l.n_heads;
+    let group = l.n_heads / l.n_kv_heads;
     let keys: usize = rows.iter().map(|r| r.pos as usize + 1).sum();
     let cost = 4 * keys * qd;
     let outp = OutPtr(out.as_mut_ptr());
+    let f32_cache = rows.first().is_some_and(|r| {
+        kv.slots[r.slot as usize]
+            .as_ref()
+            .is_some_and(|s| matches!((&s.k[il], &s.v[il]), (Buf::F32(_), Buf::F32(_))))
+    });
+    if !f32_cache {
+        attention_per_head(kv, il, g, l, rows, q, outp, cost, ctx);
+        return;
+    }
+    // Row blocks: consecutive rows of one slot and order class, at most ATTN_ROWS.
+    items.clear();
+    let mut r0 = 0;
+    while r0 < rows.len() {
+        let mut r1 = r0 + 1;
+        while r1 < rows.len()
+            && r1 - r0 < ATTN_ROWS
+            && rows[r1].slot == rows[r0].slot
+            && rows[r1].order == rows[r0].order
+            && rows[r1].pos == rows[r1 - 1].pos + 1
+        {
+            r1 += 1;
+        }
+        items.push(AttnItem {
+            r0,
+            r1,
+            h0: 0,
+            h1: 0,
+        });
+        r0 = r1;
+    }
+    // Head chunks: all query heads of a KV head, split while there are fewer than two items
+    // per thread.
+    let base = items.len() * l.n_kv_heads;
+    let per_kv = (2 * ctx.threads()).div_ceil(base).clamp(1, group);
+    let chunk = group.div_ceil(per_kv);
+    let blocks = items.len();
+    for b in 0..blocks {
+        let it = items[b];
+        for kvh in 0..l.n_kv_heads {
+            let mut h = kvh * group;
+            while h < (kvh + 1) * group {
+                let h1 = (h + chunk).min((kvh + 1) * group);
+                items.push(AttnItem { h0: h, h1, ..it });
+                h = h1;
+            }
+        }
+    }
+    items.drain(..blocks);
+    let items: &[AttnItem] = items;
+    ctx.parallel_for(items.len(), cost, &|i0, i1| {
+        SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            for it in &items[i0..i1] {
+                attend_group(kv, il, g, l, rows, *it, q, outp, &mut scratch);
+            }
+        });
+    });
+}
+
+/// One item of [`attention`] over an f32 cache.
+#[allow(clippy::too_many_arguments)]
+fn attend_group(
+    kv: &KvCache,
+    il: usize,
+    g: LayerGeom,
+    l: &crate::load::LayerW,
+    rows: &[Row],
+    it: AttnItem,
+    q: &[f32],
+    outp: OutPtr,
+    scratch: &mut AttnScratch,
+) {
+    let hdim = l.head_dim;
+    let qd = l.n_heads * hdim;
+    let group = l.n_heads / l.n_kv_heads;
+    let kvh = it.h0 / group;
+    let first = rows[it.r0];
+    let Some(slot) = kv.slots[first.slot as usize].as_ref() else {
+        return;
+    };
+    let (Buf::F32(kb), Buf::F32(vb)) = (&slot.k[il], &slot.v[il]) else {
+        return;
+    };
+    let lo_of = |pos: usize| match l.window {
+        Some(w) => (pos + 1).saturating_sub(w),
+        None => 0,
+    };
+    let (lo, hi) = (lo_of(first.pos as usize), rows[it.r1 - 1].pos as usize + 1);
+    let n_keys = hi - lo;
+    let nq = (it.r1 - it.r0) * (it.h1 - it.h0);
+    let AttnScratch {
+        scores, pv, offs, ..
+    } = scratch;
+    if scores.len() < nq * n_keys {
+        scores.resize(nq * n_keys.max(g.rows), 0.0);
+    }
+    if offs.capacity() < n_keys.max(g.rows) {
+        offs.reserve(n_keys.max(g.rows) - offs.len());
+    }
+    offs.clear();
+    offs.extend((lo..hi).map(|p| g.row_of(p) * g.width + kvh * hdim));
+    // The item's queries, row-major then head: query i = (row r0 + i / heads, head h0 + i % heads).
+    let heads = it.h1 - it.h0;
+    let mut qs: [&[f32]; 64] = [&[]; 64];
+    let sc = &mut scores[..nq * n_keys];
+    let mut done = 0;
+    while done < nq {
+        let m = (nq - done).min(64);
+        for (k, qslot) in qs.iter_mut().enumerate().take(m) {
+            let i = done + k;
+            let (r, h) = (it.r0 + i / heads, it.h0 + i % heads);
+            let at = r * qd + h * hdim;
+            *qslot = &q[at..at + hdim];
+        }
+        ggml_f32::scores_f32_multi(
+            kb,
+            offs,
+            &qs[..m],
+            l.scale,
+            &mut sc[done * n_keys..(done + m) * n_keys],
+        );
+        done += m;
+    }
+    // Each query's softmax over its own causal range.
+    for i in 0..nq {
+        let row = &rows[it.r0 + i / heads];
+        let (a, b) = (lo_of(row.pos as usize) - lo, row.pos as usize + 1 - lo);
+        ggml_f32::softmax_cells(&mut sc[i * n_keys + a..i * n_keys + b], lo + a);
+    }
+    // ggml sums P·V with its f32 GEMM when the batch has two or more rows, else vec_dot: the
+    // rows' own order class says which (one class per item).
+    let order = if first.order == OrderClass::One {
+        PvOrder::VecDot
+    } else {
+        PvOrder::Gemm
+    };
+    let sc: &[f32] = sc;
+    let mut i = 0;
+    while i < nq {
+        let m = (nq - i).min(8);
+        let mut parts: [Option<ggml_f32::PvPart<'_>>; 8] = Default::default();
+        for (k, part) in parts.iter_mut().enumerate().take(m) {
+            let qi = i + k;
+            let row = &rows[it.r0 + qi / heads];
+            let h = it.h0 + qi % heads;
+            let at = (it.r0 + qi / heads) * qd + h * hdim;
+            // SAFETY: this item alone writes out[at .. at + hdim]: its (row, head) pairs are
+            // its own (items partition rows × heads), and `out` is rows·qd long.
+            let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(at), hdim) };
+            *part = Some(ggml_f32::PvPart {
+                p: &sc[qi * n_keys..(qi + 1) * n_keys],
+                lo: lo_of(row.pos as usize) - lo,
+                hi: row.pos as usize + 1 - lo,
+                out: o,
+            });
+        }
+        let mut ps: [ggml_f32::PvPart<'_>; 8] = parts.map(|p| {
+            p.unwrap_or(ggml_f32::PvPart {
+                p: &[],
+                lo: 0,
+                hi: 0,
+                out: &mut [],
+            })
+        });
+        ggml_f32::pv_f32_multi(order, vb, offs, lo, &mut ps[..m], pv);
+        i += m;
+    }
+}
+
+/// One item per (row, head): the f16-cache path.
+#[allow(clippy::too_many_arguments)]
+fn attention_per_head(
+    kv: &KvCache,
+    il: usize,
+    g: LayerGeom,
+    l: &crate::load::LayerW,
+    rows: &[Row],
+    q: &[f32],
+    outp: OutPtr,
+    cost: usize,
+    ctx: &mut KernelCtx,
+) {
+    let hdim = l.head_dim;
+    let qd = l.n_heads * hdim;
+    let items = rows.len() * l.n_heads;
     ctx.parallel_for(items, cost, &|i0, i1| {
         SCRATCH.with(|cell| {
             let mut scratch = cell.borrow_mut();
             for i in i0..i1 {
                 let (r, h) = (i / l.n_heads, i % l.n_heads);
                 let Some(row) = rows.get(r) else { continue };
-                // ggml sums P·V with its f32 GEMM when the batch has two or more rows, else
-                // vec_dot: the row's own order class says which.
                 let order = if row.order == OrderClass::One {
                     PvOrder::VecDot
                 } else {
