@@ -319,4 +319,95 @@ mod tests {
         assert_eq!(b[0].d, 0.0);
         assert_eq!(b[0].qs, [0; 32]);
     }
+
+    /// ggml's own activation quantizers (`type_traits_cpu[…].from_float`, what its `mul_mat`
+    /// runs), from `fixtures/ggml-kernels` (`cargo xtask ggml-kernel-fixtures`): every row of
+    /// the fixture's activations quantized by Synapse (both the scalar and the SIMD drivers)
+    /// must give ggml's blocks exactly.
+    #[test]
+    fn quantizers_equal_ggml_from_float() {
+        let d =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/ggml-kernels");
+        let x: Vec<f32> = std::fs::read(d.join("x.f32"))
+            .expect("fixture x.f32")
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let (k, nrows) = (512, x.len() / 512);
+        let f16 = |b: &[u8], o: usize| half::f16::from_le_bytes([b[o], b[o + 1]]).to_f32();
+        let q8_0 = std::fs::read(d.join("act.q8_0.bin")).unwrap();
+        let q8_1 = std::fs::read(d.join("act.q8_1.bin")).unwrap();
+        let q8_k = std::fs::read(d.join("act.q8_k.bin")).unwrap();
+        let mut mine = vec![0u8; ActKind::Q8x32.row_bytes(k) * nrows];
+        let mut mine_k = vec![0u8; ActKind::Q8K.row_bytes(k) * nrows];
+        quantize_rows(ActKind::Q8x32, &x, k, &mut mine);
+        quantize_rows(ActKind::Q8K, &x, k, &mut mine_k);
+        let blocks: &[BlockQ8x32] = bytemuck::cast_slice(&mine);
+        let blocks_k: &[BlockQ8K] = bytemuck::cast_slice(&mine_k);
+        for (i, b) in blocks.iter().enumerate() {
+            let g0 = &q8_0[34 * i..34 * i + 34];
+            assert_eq!(b.d.to_bits(), f16(g0, 0).to_bits(), "q8_0 block {i} d");
+            assert_eq!(b.qs.map(|q| q as u8), g0[2..34], "q8_0 block {i} qs");
+            let g1 = &q8_1[36 * i..36 * i + 36];
+            assert_eq!(b.d.to_bits(), f16(g1, 0).to_bits(), "q8_1 block {i} d");
+            assert_eq!(b.s.to_bits(), f16(g1, 2).to_bits(), "q8_1 block {i} s");
+            assert_eq!(b.qs.map(|q| q as u8), g1[4..36], "q8_1 block {i} qs");
+        }
+        // ggml's Q8_K takes `iscale = −127 / max` (max = the signed value of largest
+        // magnitude), so its d and quants carry the sign of −max; Synapse stores the positive
+        // orientation (`quantize_q8k`). Every product d·q is the same: compare up to that sign.
+        let mut flipped = 0;
+        for (i, b) in blocks_k.iter().enumerate() {
+            let g = &q8_k[292 * i..292 * i + 292];
+            let d = f32::from_le_bytes([g[0], g[1], g[2], g[3]]);
+            let sg: i32 = if d < 0.0 { -1 } else { 1 };
+            flipped += (sg < 0) as usize;
+            assert_eq!(b.d.to_bits(), (d * sg as f32).to_bits(), "q8_K block {i} d");
+            for e in 0..256 {
+                assert_eq!(
+                    b.qs[e] as i32,
+                    sg * g[4 + e] as i8 as i32,
+                    "q8_K block {i} q {e}"
+                );
+            }
+            for s in 0..16 {
+                let gs = i16::from_le_bytes([g[260 + 2 * s], g[261 + 2 * s]]);
+                assert_eq!(b.bsums[s] as i32, sg * gs as i32, "q8_K block {i} bsum {s}");
+            }
+        }
+        assert!(
+            flipped > 0 && flipped < blocks_k.len(),
+            "both orientations occur"
+        );
+        // And the scalar quantizers alone (the SIMD driver above may have taken another path).
+        for t in 0..nrows {
+            let xr = &x[t * k..(t + 1) * k];
+            let mut a = [BlockQ8x32 {
+                d: 0.0,
+                s: 0.0,
+                qs: [0; 32],
+            }; 16];
+            quantize_q8x32(xr, &mut a);
+            for (j, b) in a.iter().enumerate() {
+                let o = blocks[t * 16 + j];
+                assert_eq!(
+                    (b.d.to_bits(), b.s.to_bits(), b.qs),
+                    (o.d.to_bits(), o.s.to_bits(), o.qs)
+                );
+            }
+            let mut kb = [BlockQ8K {
+                d: 0.0,
+                qs: [0; 256],
+                bsums: [0; 16],
+            }; 2];
+            quantize_q8k(xr, &mut kb);
+            for (j, b) in kb.iter().enumerate() {
+                let o = blocks_k[t * 2 + j];
+                assert_eq!(
+                    (b.d.to_bits(), b.qs, b.bsums),
+                    (o.d.to_bits(), o.qs, o.bsums)
+                );
+            }
+        }
+    }
 }

@@ -467,10 +467,11 @@ macro_rules! x86_kernels {
                         let d = da * f16(wb);
                         let dmin = -da * f16(wb.add(2));
                         if q5 {
-                            // ggml's Q5_K adds the lanes' integer total to one scalar sum.
+                            // ggml's Q5_K adds the lanes' integer total to one scalar sum,
+                            // `summs += dmin * total`, which GCC contracts into an FMA.
                             let h = _mm_hadd_epi32(prod, _mm_setzero_si128());
                             let h = _mm_hadd_epi32(h, _mm_setzero_si128());
-                            summs += dmin * _mm_cvtsi128_si32(h) as f32;
+                            summs = dmin.mul_add(_mm_cvtsi128_si32(h) as f32, summs);
                         } else {
                             accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), accm);
                         }
