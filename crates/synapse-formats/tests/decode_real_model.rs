@@ -96,34 +96,13 @@ fn sampled_blocks_match_ggml() {
     assert!(bad.is_empty(), "mismatches vs ggml: {bad:?}");
 }
 
-fn model_path() -> Option<PathBuf> {
-    let dir = if let Some(d) = std::env::var_os("SYNAPSE_MODEL_DIR") {
-        PathBuf::from(d)
-    } else if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
-        PathBuf::from(x).join("synapse").join("models")
-    } else {
-        PathBuf::from(std::env::var_os("HOME")?)
-            .join(".cache")
-            .join("synapse")
-            .join("models")
-    };
-    Some(dir.join("gemma-3-270m-q4_k_m.gguf"))
-}
-
 #[test]
 fn real_file_every_tensor_decodes() {
-    let path = model_path();
-    let Some(path) = path.as_ref().filter(|p| p.is_file()) else {
-        let msg = format!(
-            "default model not found at {path:?}; run `synapse-cli fetch-model` (or .ci/fetch-test-data)"
-        );
-        if std::env::var_os("CI").is_some() {
-            panic!("{msg}");
-        }
-        eprintln!("SKIPPED: {msg}");
+    let path = synapse_testdata::model(synapse_testdata::DEFAULT_MODEL);
+    if !synapse_testdata::require(&path, "the default model (Gemma 3 270M Q4_K_M)") {
         return;
-    };
-    let f = GgufFile::open(path).expect("the real model opens");
+    }
+    let f = GgufFile::open(&path).expect("the real model opens");
     let s = samples();
     assert_eq!(f.tensors().len(), s.len());
     let mut buf = Vec::new();

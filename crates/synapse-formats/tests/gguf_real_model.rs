@@ -1,45 +1,18 @@
 //! Reads every tensor of the default real model (Gemma 3 270M Q4_K_M) from the user cache,
 //! where `synapse-cli fetch-model` (and `.ci/fetch-test-data`) puts it.
 //!
-//! Absent file: the test prints why and passes, unless `CI` is set, where it fails.
+//! Absent file: the test prints why and passes, unless `CI` is set, where it fails
+//! (`synapse_testdata::require`).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use synapse_formats::GgmlType;
 use synapse_formats::gguf::{GgufFile, TensorType};
 
-/// The cache path, resolved exactly as `synapse-source` does (kept independent here so this
-/// inner-ring test does not depend on an outer crate).
-fn model_path() -> Option<PathBuf> {
-    let dir = if let Some(d) = std::env::var_os("SYNAPSE_MODEL_DIR") {
-        PathBuf::from(d)
-    } else if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
-        PathBuf::from(x).join("synapse").join("models")
-    } else {
-        PathBuf::from(std::env::var_os("HOME")?)
-            .join(".cache")
-            .join("synapse")
-            .join("models")
-    };
-    Some(dir.join("gemma-3-270m-q4_k_m.gguf"))
-}
-
 fn open_or_skip() -> Option<GgufFile> {
-    let path = model_path();
-    match path.as_ref().filter(|p| p.is_file()) {
-        Some(p) => Some(GgufFile::open(p).expect("the real model must open")),
-        None => {
-            let msg = format!(
-                "default model not found at {path:?}; run `synapse-cli fetch-model` (or .ci/fetch-test-data)"
-            );
-            if std::env::var_os("CI").is_some() {
-                panic!("{msg}");
-            }
-            eprintln!("SKIPPED: {msg}");
-            None
-        }
-    }
+    let path = synapse_testdata::model(synapse_testdata::DEFAULT_MODEL);
+    synapse_testdata::require(&path, "the default model (Gemma 3 270M Q4_K_M)")
+        .then(|| GgufFile::open(&path).expect("the real model must open"))
 }
 
 #[test]

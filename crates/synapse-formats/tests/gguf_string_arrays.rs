@@ -8,7 +8,6 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
@@ -203,15 +202,10 @@ fn synthetic_vocab_same_as_plain_decode() {
 
 #[test]
 fn gemma3_vocab_same_as_plain_decode() {
-    let path = std::env::var_os("SYNAPSE_MODEL_DIR")
-        .map(PathBuf::from)
-        .or_else(|| Some(PathBuf::from(std::env::var_os("HOME")?).join(".cache/synapse/models")))
-        .map(|d| d.join("gemma-3-270m-q4_k_m.gguf"))
-        .filter(|p| p.is_file());
-    let Some(path) = path else {
-        eprintln!("SKIPPED: default model not in the cache (the synthetic test still runs)");
+    let path = synapse_testdata::model(synapse_testdata::DEFAULT_MODEL);
+    if !synapse_testdata::require(&path, "the default model (Gemma 3 270M Q4_K_M)") {
         return;
-    };
+    }
     let bytes = std::fs::read(&path).unwrap();
     // The whole metadata section (the tensor data is not needed to compare strings).
     let seen = assert_same_strings(bytes);

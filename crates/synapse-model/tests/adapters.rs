@@ -1,7 +1,6 @@
 //! Family adapters on synthetic sources (no files) and on the real default model when present.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use synapse_formats::GgmlType;
 use synapse_model::{
@@ -129,28 +128,10 @@ fn fingerprint_changes_with_content() {
     assert_ne!(a.fingerprint, b.fingerprint);
 }
 
-fn default_model() -> PathBuf {
-    if let Some(p) = std::env::var_os("SYNAPSE_MODEL") {
-        return PathBuf::from(p);
-    }
-    let dir = if let Some(d) = std::env::var_os("SYNAPSE_MODEL_DIR") {
-        PathBuf::from(d)
-    } else if let Some(x) = std::env::var_os("XDG_CACHE_HOME") {
-        PathBuf::from(x).join("synapse/models")
-    } else {
-        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/synapse/models")
-    };
-    dir.join("gemma-3-270m-q4_k_m.gguf")
-}
-
 #[test]
 fn gemma3_270m_ir() {
-    let path = default_model();
-    if !path.exists() {
-        if std::env::var_os("CI").is_some() {
-            panic!("default model not found at {} (CI is set)", path.display());
-        }
-        eprintln!("SKIPPED: default model not found at {}", path.display());
+    let path = synapse_testdata::default_model();
+    if !synapse_testdata::require(&path, "the default model") {
         return;
     }
     let f = synapse_formats::gguf::GgufFile::open(&path).unwrap();

@@ -1,6 +1,6 @@
 //! End to end: the router in-process on 127.0.0.1:0 over the real engine and the default
 //! model (Gemma 3 270M Q4_K_M), driven over HTTP with reqwest. Skipped, with the reason
-//! printed, when the model file is absent (CI fetches it first).
+//! printed, when the model file is absent; a failure then when `CI` is set (CI fetches it first).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -19,17 +19,11 @@ struct Srv {
     http: reqwest::Client,
 }
 
+/// The default model in the model cache. Absent: skipped with a message locally, a failure
+/// when `CI` is set (`synapse_testdata::require`).
 fn model_path() -> Option<std::path::PathBuf> {
-    let p = synapse_source::default_model_path().ok()?;
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!(
-            "SKIP: the default model is not at {} (run `synapse-cli fetch-model`)",
-            p.display()
-        );
-        None
-    }
+    let p = synapse_testdata::model(synapse_testdata::DEFAULT_MODEL);
+    synapse_testdata::require(&p, "the default model (Gemma 3 270M Q4_K_M)").then_some(p)
 }
 
 async fn start(ecfg: EngineConfig, mut cfg: ServerConfig) -> Option<Srv> {

@@ -1,7 +1,8 @@
 //! Tokenizing a 100 KB text with the real Gemma 3 vocabulary (262,144 tokens).
 //!
-//! The model is looked up in `$SYNAPSE_MODEL_DIR` (default `$XDG_CACHE_HOME/synapse/models`,
-//! i.e. `~/.cache/synapse/models`); without it the bench prints why and does nothing.
+//! The model is looked up where `synapse-source` keeps it (`synapse_testdata::model`:
+//! `$SYNAPSE_MODEL_DIR`, else `$XDG_CACHE_HOME/synapse/models`, else `~/.cache/synapse/models`);
+//! without it the bench prints why and does nothing (also under `CI`).
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
@@ -10,17 +11,7 @@ use synapse_formats::gguf::GgufFile;
 use synapse_tokenizer::Tokenizer;
 
 fn model_path() -> PathBuf {
-    let dir = std::env::var_os("SYNAPSE_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let cache = std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
-                });
-            cache.join("synapse/models")
-        });
-    dir.join("gemma-3-270m-q4_k_m.gguf")
+    synapse_testdata::model(synapse_testdata::DEFAULT_MODEL)
 }
 
 /// ~100 KB of mixed text: prose, code, numbers, multilingual snippets and whitespace runs.

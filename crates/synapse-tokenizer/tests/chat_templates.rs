@@ -50,9 +50,8 @@ const KNOWN_DIVERGENT: &[(&str, &str)] = &[
 
 #[test]
 fn chat_templates_match_transformers() {
-    let dir = common::suite_dir().join("templates");
-    if !dir.is_dir() {
-        common::skip_or_fail(&format!("chat templates at {}", dir.display()));
+    let dir = synapse_testdata::vocab_suite_dir().join("templates");
+    if !synapse_testdata::require(&dir, "the vocab suite's chat templates") {
         return;
     }
     let fx: Fixture = serde_json::from_str(

@@ -28,9 +28,8 @@ fn hex(b: &[u8]) -> String {
 
 #[test]
 fn gemma3_matches_llama_cpp() {
-    let path = common::gemma_path();
-    if !path.exists() {
-        common::skip_or_fail(&format!("default model at {}", path.display()));
+    let path = synapse_testdata::model(synapse_testdata::DEFAULT_MODEL);
+    if !synapse_testdata::require(&path, "the default model (Gemma 3 270M Q4_K_M)") {
         return;
     }
     let fx: Fixture = serde_json::from_str(
@@ -79,9 +78,8 @@ fn gemma3_matches_llama_cpp() {
 
 #[test]
 fn gemma3_streaming_decoder_never_splits_characters() {
-    let path = common::gemma_path();
-    if !path.exists() {
-        common::skip_or_fail(&format!("default model at {}", path.display()));
+    let path = synapse_testdata::model(synapse_testdata::DEFAULT_MODEL);
+    if !synapse_testdata::require(&path, "the default model (Gemma 3 270M Q4_K_M)") {
         return;
     }
     let f = GgufFile::open(&path).unwrap();

@@ -2,8 +2,6 @@
 //! merges, added tokens, pre-tokenizer as transformers serializes it) must tokenize llama.cpp's
 //! test cases exactly as llama.cpp does for the same vocabulary.
 
-mod common;
-
 use serde_json::{Value, json};
 use synapse_formats::gguf::GgufFile;
 use synapse_tokenizer::{Tokenizer, vocab::token_type, vocab_from_gguf};
@@ -34,10 +32,9 @@ fn hf_json(gguf: &GgufFile, pre: Value) -> Value {
 }
 
 fn check(name: &str, pre: Value) {
-    let dir = common::suite_dir();
+    let dir = synapse_testdata::vocab_suite_dir();
     let path = dir.join(format!("ggml-vocab-{name}.gguf"));
-    if !path.exists() {
-        common::skip_or_fail(&format!("llama.cpp vocab suite at {}", dir.display()));
+    if !synapse_testdata::require(&path, "the llama.cpp vocab suite") {
         return;
     }
     let f = GgufFile::open(&path).unwrap();

@@ -3,8 +3,6 @@
 //! not as several `String` copies per token: for Gemma 3's 262,144 tokens that was ~60 MB of
 //! resident memory, more than the gap to llama.cpp's peak RSS.
 
-mod common;
-
 use synapse_formats::gguf::GgufFile;
 use synapse_tokenizer::{ModelKind, Tokenizer, Vocab, vocab::token_type};
 
@@ -82,9 +80,8 @@ fn bpe_vocab_with_150k_merges_stays_compact() {
 
 #[test]
 fn gemma3_tokenizer_heap_is_small() {
-    let path = common::gemma_path();
-    if !path.exists() {
-        common::skip_or_fail(&format!("default model at {}", path.display()));
+    let path = synapse_testdata::model(synapse_testdata::DEFAULT_MODEL);
+    if !synapse_testdata::require(&path, "the default model (Gemma 3 270M Q4_K_M)") {
         return;
     }
     let f = GgufFile::open(&path).unwrap();

@@ -2,8 +2,6 @@
 //! `tests/test-tokenizer-0.cpp` runs it: `add_special = false`, `parse_special = false`.
 //! Fetch it with `cargo xtask vocab-suite`.
 
-mod common;
-
 use std::path::Path;
 use synapse_formats::gguf::GgufFile;
 use synapse_tokenizer::{Tokenizer, TokenizerError};
@@ -45,9 +43,11 @@ fn cases(gguf: &Path) -> Vec<(String, Vec<u32>)> {
 
 #[test]
 fn llama_cpp_vocab_suite() {
-    let dir = common::suite_dir();
-    if !dir.join("ggml-vocab-llama-spm.gguf.inp").exists() {
-        common::skip_or_fail(&format!("llama.cpp vocab suite at {}", dir.display()));
+    let dir = synapse_testdata::vocab_suite_dir();
+    if !synapse_testdata::require(
+        &dir.join("ggml-vocab-llama-spm.gguf.inp"),
+        "the llama.cpp vocab suite",
+    ) {
         return;
     }
     let mut files: Vec<_> = std::fs::read_dir(&dir)

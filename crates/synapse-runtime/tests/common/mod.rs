@@ -12,36 +12,11 @@ pub fn workspace_root() -> PathBuf {
         .unwrap_or_default()
 }
 
-/// Skips (printing why) when a needed file is absent, unless `CI` is set, where it fails.
-pub fn require(path: &Path, what: &str) -> bool {
-    if path.exists() {
-        return true;
-    }
-    let msg = format!("{what} not found at {}", path.display());
-    if std::env::var_os("CI").is_some() {
-        panic!("{msg} (CI is set: this test must run)");
-    }
-    eprintln!("SKIPPED: {msg}");
-    false
-}
-
-/// The default real model: `$SYNAPSE_MODEL`, else its place in the model cache (the path
-/// `synapse-source` fetches it to: `$SYNAPSE_MODEL_DIR`, `$XDG_CACHE_HOME/synapse/models`,
-/// `~/.cache/synapse/models`).
-pub fn default_model() -> PathBuf {
-    if let Some(p) = std::env::var_os("SYNAPSE_MODEL") {
-        return PathBuf::from(p);
-    }
-    known_model("gemma-3-270m")
-}
-
-/// Where `synapse-source` keeps (or will fetch) the published model `name`.
-pub fn known_model(name: &str) -> PathBuf {
-    let m = synapse_source::known_model(name).expect("a known model name");
-    synapse_source::models_dir()
-        .expect("a model cache directory")
-        .join(m.file_name)
-}
+/// Test data: `require` (skip locally, fail under `CI`), `default_model` (`$SYNAPSE_MODEL`, else
+/// the cached Gemma 3 270M) and `known_model` (a published model's cache path), from
+/// `synapse-testdata`. (Not every test binary uses each.)
+#[allow(unused_imports)]
+pub use synapse_testdata::{default_model, model as known_model, require};
 
 /// The token sequences of a tiny-model fixture (`oracle.json`'s `sequences`).
 pub fn tiny_sequences(dir: &Path) -> Vec<Vec<u32>> {

@@ -1,0 +1,95 @@
+//! `synapse-testdata`: where the integration tests find the test data that only package
+//! registries carry (the published real models and llama.cpp's vocab suite, fetched by
+//! `.ci/fetch-test-data`), and the one rule for when it is absent: skip with a printed reason
+//! locally, fail when `CI` is set.
+//!
+//! Paths are resolved the way the fetchers store them: models through `synapse-source`
+//! ([`synapse_source::models_dir`]: `$SYNAPSE_MODEL_DIR`, else `$XDG_CACHE_HOME/synapse/models`,
+//! else `~/.cache/synapse/models`), the vocab suite as `cargo xtask vocab-suite` does.
+//!
+//! Dev-only: crates use it as a dev-dependency, never from their library code.
+//!
+//! ```no_run
+//! let path = synapse_testdata::model("smollm2-135m-instruct");
+//! if !synapse_testdata::require(&path, "SmolLM2-135M-Instruct") {
+//!     return; // skipped (printed `SKIPPED: …`); under `CI` this panicked instead
+//! }
+//! // … open `path` …
+//! ```
+#![deny(missing_docs)]
+
+use std::path::{Path, PathBuf};
+
+/// The name (in [`synapse_source::KNOWN_MODELS`]) of the default model, Gemma 3 270M Q4_K_M.
+pub const DEFAULT_MODEL: &str = "gemma-3-270m";
+
+/// Environment variable naming a model file that [`default_model`] returns instead of the cached
+/// default model.
+pub const MODEL_ENV: &str = "SYNAPSE_MODEL";
+
+/// Environment variable overriding [`vocab_suite_dir`].
+pub const VOCAB_SUITE_DIR_ENV: &str = "SYNAPSE_VOCAB_SUITE_DIR";
+
+/// Where `synapse-source` keeps (or will fetch) the published model `name` — a name of
+/// [`synapse_source::KNOWN_MODELS`] (`gemma-3-270m`, `qwen2.5-coder-0.5b-instruct`,
+/// `smollm2-135m-instruct`) or its file name. `$SYNAPSE_MODEL` is not consulted: this is always
+/// that exact file.
+///
+/// # Panics
+/// If `name` is not a known model, or no cache directory can be found (neither
+/// `SYNAPSE_MODEL_DIR`, `XDG_CACHE_HOME` nor `HOME` is set).
+#[track_caller]
+pub fn model(name: &str) -> PathBuf {
+    let m = synapse_source::known_model(name)
+        .unwrap_or_else(|| panic!("{name:?} is not a model of synapse_source::KNOWN_MODELS"));
+    synapse_source::models_dir()
+        .expect("a model cache directory (set SYNAPSE_MODEL_DIR, XDG_CACHE_HOME or HOME)")
+        .join(m.file_name)
+}
+
+/// The default real model: `$SYNAPSE_MODEL` if set (any model file), else
+/// [`model`]`(`[`DEFAULT_MODEL`]`)`. Tests that check facts of Gemma 3 270M's own file (tensor
+/// count, vocabulary) use [`model`] instead.
+pub fn default_model() -> PathBuf {
+    match std::env::var_os(MODEL_ENV).filter(|v| !v.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => model(DEFAULT_MODEL),
+    }
+}
+
+/// llama.cpp's tokenizer test suite (`ggml-vocab-*.gguf` + `.inp`/`.out`, `templates/`):
+/// `$SYNAPSE_VOCAB_SUITE_DIR`, else `$XDG_CACHE_HOME/synapse/vocab-suite`, else
+/// `~/.cache/synapse/vocab-suite` (where `cargo xtask vocab-suite` puts it).
+pub fn vocab_suite_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os(VOCAB_SUITE_DIR_ENV) {
+        return PathBuf::from(d);
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
+        });
+    cache.join("synapse").join("vocab-suite")
+}
+
+/// Whether the test data `what` (a short description, e.g. "the default model") is at `path`.
+///
+/// Present: `true`. Absent: when the `CI` environment variable is set this panics (CI runs
+/// `.ci/fetch-test-data` first, so every test must run); otherwise it prints
+/// `SKIPPED: <what> not found at <path> …` to stderr and returns `false`, and the caller
+/// returns early.
+///
+/// # Panics
+/// If `path` does not exist and `CI` is set.
+#[track_caller]
+pub fn require(path: &Path, what: &str) -> bool {
+    if path.exists() {
+        return true;
+    }
+    let msg = format!("{what} not found at {}", path.display());
+    if std::env::var_os("CI").is_some() {
+        panic!("{msg}: CI is set, so this test must run (.ci/fetch-test-data fetches it)");
+    }
+    eprintln!("SKIPPED: {msg} (run .ci/fetch-test-data)");
+    false
+}
