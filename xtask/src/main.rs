@@ -11,6 +11,7 @@ mod oracle_env;
 mod oracle_fixtures;
 mod parity_fixtures;
 mod quant_models;
+mod test;
 mod tiny_models;
 mod tokenizer_fixtures;
 mod vocab_suite;
@@ -58,6 +59,9 @@ enum Command {
     QuantModels(quant_models::Args),
     /// Time Synapse's quantized matmul against ggml's on Gemma 3 270M's shapes, side by side.
     BenchKernelsVsGgml(bench_kernels_vs_ggml::Args),
+    /// The test command: fetch the test data (.ci/fetch-test-data), then the workspace's
+    /// tests (nextest) and doctests; fails if any step fails.
+    Test(test::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -77,5 +81,6 @@ fn main() -> anyhow::Result<()> {
         Command::BuildLlamaServer(a) => bench_server::build(a),
         Command::QuantModels(a) => quant_models::run(a),
         Command::BenchKernelsVsGgml(a) => bench_kernels_vs_ggml::run(a),
+        Command::Test(a) => test::run(a),
     }
 }
