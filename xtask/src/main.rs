@@ -4,6 +4,7 @@ mod bench_engine;
 mod bench_kernels_vs_ggml;
 mod bench_server;
 mod bench_vs_llama;
+mod ggml_kernel_fixtures;
 mod import;
 mod iq_tables;
 mod membw;
@@ -55,6 +56,8 @@ enum Command {
     BenchServer(bench_server::Args),
     /// Build llama.cpp's `llama-server` from the llama-cpp-python sdist (for bench-server).
     BuildLlamaServer(bench_server::BuildArgs),
+    /// Regenerate fixtures/ggml-kernels: ggml's mul_mat outputs and activation quantizers.
+    GgmlKernelFixtures(ggml_kernel_fixtures::Args),
     /// Regenerate fixtures/quant: one model in every ggml type no real model holds, by llama.cpp.
     QuantModels(quant_models::Args),
     /// Time Synapse's quantized matmul against ggml's on Gemma 3 270M's shapes, side by side.
@@ -79,6 +82,7 @@ fn main() -> anyhow::Result<()> {
         Command::BenchEngine(a) => bench_engine::run(a),
         Command::BenchServer(a) => bench_server::run(a),
         Command::BuildLlamaServer(a) => bench_server::build(a),
+        Command::GgmlKernelFixtures(a) => ggml_kernel_fixtures::run(a),
         Command::QuantModels(a) => quant_models::run(a),
         Command::BenchKernelsVsGgml(a) => bench_kernels_vs_ggml::run(a),
         Command::Test(a) => test::run(a),
