@@ -4,9 +4,7 @@
 //! `fixtures/ggml-kernels/` (format: `fixtures/README.md`) through
 //! `xtask/py/ggml_kernel_fixtures.py` in the oracle venv.
 
-use crate::oracle_env;
-use crate::parity_fixtures::run_py;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::path::PathBuf;
 
 /// Arguments of `ggml-kernel-fixtures`.
@@ -19,13 +17,10 @@ pub struct Args {
 
 /// Regenerates the fixtures.
 pub fn run(args: Args) -> Result<()> {
-    let out = args
-        .out
-        .unwrap_or_else(|| oracle_env::repo_root().join("fixtures/ggml-kernels"));
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    println!(
-        "ggml-kernel-fixtures: ggml mul_mat + quantizers -> {}",
-        out.display()
-    );
-    run_py("ggml_kernel_fixtures.py", &[out.as_os_str()], &[])
+    crate::parity_fixtures::run_fixture_script(
+        "ggml-kernel-fixtures: ggml mul_mat + quantizers",
+        "ggml_kernel_fixtures.py",
+        args.out,
+        "fixtures/ggml-kernels",
+    )
 }

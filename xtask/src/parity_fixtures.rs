@@ -91,6 +91,19 @@ pub fn run_py(script: &str, args: &[&std::ffi::OsStr], envs: &[(&str, &Path)]) -
     Ok(())
 }
 
+/// Runs `xtask/py/<script> OUT` for a fixture folder: `out`, else `<repo>/<default_out>`.
+pub fn run_fixture_script(
+    what: &str,
+    script: &str,
+    out: Option<PathBuf>,
+    default_out: &str,
+) -> Result<()> {
+    let out = out.unwrap_or_else(|| oracle_env::repo_root().join(default_out));
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    println!("{what} -> {}", out.display());
+    run_py(script, &[out.as_os_str()], &[])
+}
+
 /// Regenerates the parity fixtures.
 pub fn run(args: Args) -> Result<()> {
     let out = args

@@ -3,9 +3,7 @@
 //! Regenerates `fixtures/quant/` (format: `fixtures/README.md`) through
 //! `xtask/py/quant_models.py` in the oracle venv.
 
-use crate::oracle_env;
-use crate::parity_fixtures::run_py;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::path::PathBuf;
 
 /// Arguments of `quant-models`.
@@ -18,13 +16,10 @@ pub struct Args {
 
 /// Regenerates the fixtures.
 pub fn run(args: Args) -> Result<()> {
-    let out = args
-        .out
-        .unwrap_or_else(|| oracle_env::repo_root().join("fixtures/quant"));
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    println!(
-        "quant-models: llama.cpp quantize + logits -> {}",
-        out.display()
-    );
-    run_py("quant_models.py", &[out.as_os_str()], &[])
+    crate::parity_fixtures::run_fixture_script(
+        "quant-models: llama.cpp quantize + logits",
+        "quant_models.py",
+        args.out,
+        "fixtures/quant",
+    )
 }

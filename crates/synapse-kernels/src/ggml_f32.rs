@@ -677,26 +677,8 @@ mod avx512 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn dot4(k: [*const f32; 4], q: *const f32, np: usize) -> [f32; 4] {
-        let mut a = [[_mm512_setzero_ps(); 4]; 4];
-        let mut i = 0;
-        while i < np {
-            for c in 0..4 {
-                // SAFETY: i + 16c + 16 <= np: inside q and every key row.
-                unsafe {
-                    let qv = _mm512_loadu_ps(q.add(i + 16 * c));
-                    for (key, acc) in k.iter().zip(a.iter_mut()) {
-                        acc[c] = _mm512_fmadd_ps(_mm512_loadu_ps(key.add(i + 16 * c)), qv, acc[c]);
-                    }
-                }
-            }
-            i += 64;
-        }
-        a.map(|s| {
-            hsum(_mm512_add_ps(
-                _mm512_add_ps(s[0], s[2]),
-                _mm512_add_ps(s[1], s[3]),
-            ))
-        })
+        // SAFETY: forwarded contract.
+        unsafe { fold4(k, q, np) }.map(|v| hsum(v))
     }
 
     /// The four keys' `GGML_F32x16_REDUCE` folds (before the horizontal sum).

@@ -655,6 +655,16 @@ fn attention(
     });
 }
 
+/// ggml sums P·V with its f32 GEMM when the batch has two or more rows, else `vec_dot`: the
+/// row's own order class says which.
+fn pv_order(class: OrderClass) -> PvOrder {
+    if class == OrderClass::One {
+        PvOrder::VecDot
+    } else {
+        PvOrder::Gemm
+    }
+}
+
 /// One item of [`attention`] over an f32 cache.
 #[allow(clippy::too_many_arguments)]
 fn attend_group(
@@ -725,13 +735,8 @@ fn attend_group(
         let (a, b) = (lo_of(row.pos as usize) - lo, row.pos as usize + 1 - lo);
         ggml_f32::softmax_cells(&mut sc[i * n_keys + a..i * n_keys + b], lo + a);
     }
-    // ggml sums P·V with its f32 GEMM when the batch has two or more rows, else vec_dot: the
-    // rows' own order class says which (one class per item).
-    let order = if first.order == OrderClass::One {
-        PvOrder::VecDot
-    } else {
-        PvOrder::Gemm
-    };
+    // One order class per item.
+    let order = pv_order(first.order);
     let sc: &[f32] = sc;
     let mut i = 0;
     while i < nq {
@@ -787,11 +792,7 @@ fn attention_per_head(
             for i in i0..i1 {
                 let (r, h) = (i / l.n_heads, i % l.n_heads);
                 let Some(row) = rows.get(r) else { continue };
-                let order = if row.order == OrderClass::One {
-                    PvOrder::VecDot
-                } else {
-                    PvOrder::Gemm
-                };
+                let order = pv_order(row.order);
                 let at = r * qd + h * hdim;
                 // SAFETY: item i alone writes out[at .. at + hdim] (distinct (r, h) pairs
                 // map to disjoint head slices inside `out`, which is rows·qd long).

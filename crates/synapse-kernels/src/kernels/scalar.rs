@@ -335,12 +335,10 @@ fn iq4_values(qs: &[u8]) -> [i8; 32] {
     unpack_nibbles32(qs).map(|c| super::decode::KVALUES_IQ4NL[c as usize])
 }
 
-/// The 8 i32 lanes of a 256-element super-block dot with one scale per 16 elements, as
-/// ggml's AVX2 Q2_K/Q3_K kernels build them: lane `k` sums, over the eight 32-element groups
-/// `g`, `sc[2g + (k ≥ 4)] · Σ_{e ∈ 4k..4k+4} v·a` (the scale shuffle puts sub-block `2g` on a
-/// group's low 16 elements, `2g + 1` on its high 16).
+/// The 8 i32 lanes of a 256-element super-block dot: lane `k` sums, over the eight 32-element
+/// groups `g`, `scale(g, k) · Σ_{e ∈ 4k..4k+4} v·a`.
 #[inline]
-fn lanes_k16(v: &[i8; 256], sc: &[i32; 16], a: &[i8; 256]) -> [i32; 8] {
+fn lanes_k(v: &[i8; 256], a: &[i8; 256], scale: impl Fn(usize, usize) -> i32) -> [i32; 8] {
     let mut l = [0i32; 8];
     for g in 0..8 {
         let (vg, ag) = (&v[32 * g..32 * g + 32], &a[32 * g..32 * g + 32]);
@@ -348,27 +346,24 @@ fn lanes_k16(v: &[i8; 256], sc: &[i32; 16], a: &[i8; 256]) -> [i32; 8] {
             let dot: i32 = (4 * k..4 * k + 4)
                 .map(|e| vg[e] as i32 * ag[e] as i32)
                 .sum();
-            *l += sc[2 * g + (k >= 4) as usize] * dot;
+            *l += scale(g, k) * dot;
         }
     }
     l
 }
 
-/// The 8 i32 lanes of a 256-element super-block dot with one scale per 32 elements (IQ4_XS):
-/// lane `k` sums `sc[g] · Σ_{e ∈ 4k..4k+4} v·a` over the eight sub-blocks.
+/// [`lanes_k`] with one scale per 16 elements, as ggml's AVX2 Q2_K/Q3_K kernels build the
+/// lanes: the scale shuffle puts sub-block `2g` on a group's low 16 elements (lanes 0..4),
+/// `2g + 1` on its high 16.
+#[inline]
+fn lanes_k16(v: &[i8; 256], sc: &[i32; 16], a: &[i8; 256]) -> [i32; 8] {
+    lanes_k(v, a, |g, k| sc[2 * g + (k >= 4) as usize])
+}
+
+/// [`lanes_k`] with one scale per 32 elements (IQ4_XS).
 #[inline]
 fn lanes_k32(v: &[i8; 256], sc: &[i32; 8], a: &[i8; 256]) -> [i32; 8] {
-    let mut l = [0i32; 8];
-    for g in 0..8 {
-        let (vg, ag) = (&v[32 * g..32 * g + 32], &a[32 * g..32 * g + 32]);
-        for (k, l) in l.iter_mut().enumerate() {
-            let dot: i32 = (4 * k..4 * k + 4)
-                .map(|e| vg[e] as i32 * ag[e] as i32)
-                .sum();
-            *l += sc[g] * dot;
-        }
-    }
-    l
+    lanes_k(v, a, |g, _| sc[g])
 }
 
 /// Q2_K's scales (low nibbles) and mins (high nibbles) of its 16 sub-blocks.
