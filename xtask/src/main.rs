@@ -5,6 +5,7 @@ mod bench_kernels_vs_ggml;
 mod bench_server;
 mod bench_vs_llama;
 mod ggml_kernel_fixtures;
+mod hf_tokenizer_fixtures;
 mod import;
 mod iq_tables;
 mod membw;
@@ -38,6 +39,8 @@ enum Command {
     VocabSuite(vocab_suite::Args),
     /// Regenerate fixtures/tokenizer: Gemma 3 tokenizations by llama.cpp, chat templates by transformers.
     TokenizerFixtures(tokenizer_fixtures::Args),
+    /// Regenerate fixtures/tokenizer/hf: tokenizer.json files written by transformers, with its ids.
+    HfTokenizerFixtures(hf_tokenizer_fixtures::Args),
     /// Generate crates/synapse-formats/src/decode/iq_tables.rs from ggml-common.h.
     IqTables(iq_tables::Args),
     /// Regenerate fixtures/decode/ (decoder oracle: ggml's own to_float) with the oracle venv.
@@ -74,6 +77,7 @@ fn main() -> anyhow::Result<()> {
         Command::Import(a) => import::run(a),
         Command::VocabSuite(a) => vocab_suite::run(a),
         Command::TokenizerFixtures(a) => tokenizer_fixtures::run(a),
+        Command::HfTokenizerFixtures(a) => hf_tokenizer_fixtures::run(a),
         Command::IqTables(a) => iq_tables::run(a),
         Command::OracleFixtures(a) => oracle_fixtures::run(a),
         Command::ParityFixtures(a) => parity_fixtures::run(a),
