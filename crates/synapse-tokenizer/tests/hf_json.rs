@@ -1,6 +1,12 @@
-//! The `tokenizer.json` path: a HF tokenizer file written from a suite vocabulary (tokens,
-//! merges, added tokens, pre-tokenizer as transformers serializes it) must tokenize llama.cpp's
-//! test cases exactly as llama.cpp does for the same vocabulary.
+//! The `tokenizer.json` path.
+//!
+//! - Files written by transformers itself (`fixtures/tokenizer/hf/*/`, by `save_pretrained`; see
+//!   `cargo xtask hf-tokenizer-fixtures`) must encode a set of texts to transformers' own ids.
+//! - A HF tokenizer file written by this test from a suite vocabulary (tokens, merges, added
+//!   tokens, pre-tokenizer as transformers serializes it) must tokenize llama.cpp's test cases
+//!   exactly as llama.cpp does for the same vocabulary.
+
+mod common;
 
 use serde_json::{Value, json};
 use synapse_formats::gguf::GgufFile;
@@ -86,4 +92,60 @@ fn gpt2_tokenizer_json_matches_llama_cpp() {
         "gpt-2",
         json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}),
     );
+}
+
+/// A `fixtures/tokenizer/hf/<name>/` folder: `tokenizer.json` and `tokenizer_config.json` as
+/// transformers' `save_pretrained` wrote them, and `expected.json` with transformers' ids.
+fn check_transformers_fixture(name: &str, pre: &str) {
+    let dir = common::fixtures().join("hf").join(name);
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let tok = Tokenizer::from_hf_tokenizer_json(&dir.join("tokenizer.json")).unwrap();
+    assert_eq!(tok.pre_name(), pre, "{name}");
+    let ids = |v: &Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let cases = expected["cases"].as_array().unwrap();
+    let mut failures = Vec::new();
+    for c in cases {
+        let text = c["text"].as_str().unwrap();
+        // transformers always matches added tokens (`<s>`) in the text: `parse_special`.
+        for (add_special, key) in [(false, "ids"), (true, "ids_with_special")] {
+            let want = ids(&c[key]);
+            let got = tok.encode(text, add_special, true).unwrap();
+            if got != want {
+                failures.push(format!(
+                    "{text:?} (add_special {add_special})\n  transformers {want:?}\n  synapse      {got:?}"
+                ));
+            }
+        }
+    }
+    assert!(cases.len() >= 40, "{name}: only {} cases", cases.len());
+    assert!(
+        failures.is_empty(),
+        "{name} (transformers {}): {} of {} encodings differ:\n{}",
+        expected["transformers"].as_str().unwrap(),
+        failures.len(),
+        2 * cases.len(),
+        failures.join("\n")
+    );
+    println!(
+        "{name}: {} texts encode to transformers {}' ids, with and without special tokens",
+        cases.len(),
+        expected["transformers"].as_str().unwrap()
+    );
+}
+
+#[test]
+fn transformers_sentencepiece_tokenizer_json_matches_transformers() {
+    check_transformers_fixture("tiny-llama", "default");
+}
+
+#[test]
+fn transformers_byte_level_tokenizer_json_matches_transformers() {
+    check_transformers_fixture("tiny-bytelevel", "gpt-2");
 }
