@@ -1,9 +1,9 @@
 //! Object store: round trips, idempotence, corruption detection, concurrent writers, gc.
 
+mod common;
+
 use proptest::prelude::*;
 use std::fs;
-use std::sync::mpsc;
-use std::time::Duration;
 use synapse_cas::package::{ManifestTarget, PackageBuilder};
 use synapse_cas::{CasError, ObjectId, Store, VerifyProblem};
 
@@ -179,26 +179,68 @@ fn gc_keeps_referenced_deletes_unreferenced_and_tmp() {
     assert!(store.verify(|_| {}).unwrap().problems.is_empty());
 }
 
+/// gc blocks on the store lock while a write session is open, deletes nothing meanwhile, and runs
+/// once the session is dropped. "Blocked" is what the kernel reports (`/proc/locks` lists gc's
+/// exclusive request as a waiter on the store's lock file), not the absence of a result within
+/// some time; the 20 s deadline only stops a hang.
 #[test]
 fn gc_waits_for_running_writers() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
     let session = store.session().unwrap();
     let id = session.put(&pattern(1000, 5)).unwrap().id;
-    let (tx, rx) = mpsc::channel();
+    let lock = dir.path().join("lock");
+    // gc's exclusive request, blocked behind the session's shared lock.
+    let gc_waiting = || {
+        common::flocks(&lock).contains(&common::Flock {
+            pid: std::process::id(),
+            exclusive: true,
+            waiting: true,
+        })
+    };
+    assert_eq!(
+        common::flocks(&lock),
+        [common::Flock {
+            pid: std::process::id(),
+            exclusive: false,
+            waiting: false,
+        }]
+    );
+    let released = Arc::new(AtomicBool::new(false));
     let gc_store = store.clone();
+    let gc_released = released.clone();
     let h = std::thread::spawn(move || {
         let r = gc_store.gc(false).unwrap();
-        tx.send(()).unwrap();
-        r
+        (r, gc_released.load(Ordering::SeqCst))
     });
-    // While the session is open (an import that has not written its manifest yet), gc blocks.
-    assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
+    // While the session is open (an import that has not written its manifest yet), gc waits for
+    // the exclusive lock.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !gc_waiting() {
+        assert!(
+            !h.is_finished(),
+            "gc returned while a write session was open"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "gc never waited on the store lock"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Blocked there, it has deleted nothing: the unreferenced object is still in place.
     assert!(store.contains(&id));
+    assert!(!h.is_finished());
+    released.store(true, Ordering::SeqCst);
     drop(session);
-    rx.recv_timeout(Duration::from_secs(20)).unwrap();
-    let r = h.join().unwrap();
+    let (r, after_release) = h.join().unwrap();
+    assert!(after_release, "gc returned before the session was dropped");
     assert_eq!(r.deleted_objects, 1);
+    assert!(!store.contains(&id));
+    assert!(common::flocks(&lock).is_empty());
 }
 
 #[test]
