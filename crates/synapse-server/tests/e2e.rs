@@ -1073,20 +1073,55 @@ async fn cors_and_timeout() {
         r.headers()["access-control-allow-origin"],
         "http://example.test"
     );
-    // A non-streamed request that outlives the timeout: a 408 error object, and its session is
-    // cancelled with the handler.
+    // The timeout, shown by events rather than by how long a generation should take. A stream
+    // is opened first and a non-streamed request after it; the request's 408 is the evidence
+    // that the timeout has elapsed, so the stream, older than the request, has outlived it.
     let body = json!({"messages": [{"role": "user", "content": "Count to a thousand."}],
                       "max_tokens": 500, "ignore_eos": true, "temperature": 0});
+    let mut sb = body.clone();
+    sb["max_tokens"] = json!(200);
+    sb["stream"] = json!(true);
+    let r = s.http.post(&url).json(&sb).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let mut stream = r.bytes_stream();
+    // A non-streamed request that outlives the timeout: a 408 error object, and its session is
+    // cancelled with the handler.
     let (st, v) = s.post("/v1/chat/completions", &body).await;
     assert_error(st, &v, 408, "timeout");
+    // The engine drops the cancelled session at its next step. Then the stream's session is
+    // the one left running: it was not cut by the timeout (a stream answers its head at once).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let stats = loop {
+        let st = s.state.engine().stats();
+        if st.cancelled >= 1 && st.active <= 1 {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the 408's session was not cancelled: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(stats.cancelled, 1, "{stats:?}");
+    assert_eq!(
+        stats.active, 1,
+        "the stream ended before the timeout fired, so this shows nothing (make it longer): \
+         {stats:?}"
+    );
+    // It then runs to its end: all its tokens, a finish_reason and [DONE].
+    let mut buf = Vec::new();
+    while let Some(b) = stream.next().await {
+        buf.extend_from_slice(&b.unwrap());
+    }
+    let ev = parse_sse(&String::from_utf8(buf).unwrap());
+    let (_, _, chunks) = check_stream(&ev, true, 1, false);
+    let last = &chunks.last().unwrap()["choices"][0];
+    assert_eq!(last["finish_reason"], "length", "{last}");
     let stats = s.drained().await;
-    assert!(stats.cancelled >= 1, "{stats:?}");
-    // A stream is not cut by the timeout (it answers its head at once).
-    let mut sb = body.clone();
-    sb["max_tokens"] = json!(40);
-    sb["stream"] = json!(true);
-    let ev = s.stream("/v1/chat/completions", &sb).await;
-    check_stream(&ev, true, 1, false);
+    assert_eq!(
+        stats.cancelled, 1,
+        "only the 408's session is cancelled: {stats:?}"
+    );
 }
 
 /// Chat through the server against llama.cpp's own run of the same conversation (the parity
