@@ -1,13 +1,13 @@
 //! `synapse-cli import` and `synapse-cli cas`: crash safety (the import killed at pseudo-random
-//! points, then re-run), corruption detection (a flipped byte makes `cas verify` fail naming
+//! points of its progress, then re-run), corruption detection (a flipped byte makes `cas verify` fail naming
 //! the object), determinism of the package hash.
 
 #[path = "../../synapse-import/tests/common/mod.rs"]
 mod common;
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::Instant;
 
 const BIN: &str = env!("CARGO_BIN_EXE_synapse-cli");
 
@@ -48,6 +48,22 @@ fn p(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
+/// Objects in a store or package directory (`objects/<2 hex>/<62 hex>`; none if absent).
+fn objects(root: &Path) -> usize {
+    let Ok(shards) = std::fs::read_dir(root.join("objects")) else {
+        return 0;
+    };
+    shards
+        .filter_map(|s| std::fs::read_dir(s.ok()?.path()).ok())
+        .map(|d| d.count())
+        .sum()
+}
+
+/// Package manifests in a store (`packages/*.toml`).
+fn manifests(store: &Path) -> usize {
+    std::fs::read_dir(store.join("packages")).map_or(0, |d| d.count())
+}
+
 #[test]
 fn killed_imports_leave_a_consistent_store_and_reimport_completes() {
     let tmp = tempfile::tempdir().unwrap();
@@ -55,48 +71,73 @@ fn killed_imports_leave_a_consistent_store_and_reimport_completes() {
     common::write_gguf(&src, MEDIUM, &[]);
     let store = tmp.path().join("store");
 
-    // Time one whole import on this machine, so the kills land inside imports whatever the
-    // machine's speed (a fixed range of delays let every import finish on a quiet machine).
-    let t0 = Instant::now();
-    ok(&["import", p(&src), "--out", p(&tmp.path().join("timing"))]);
-    let whole = t0.elapsed();
+    // The package a clean import gives, and how many objects it has.
+    let clean_dir = tmp.path().join("clean");
+    let clean = ok(&["import", p(&src), "--out", p(&clean_dir), "--json"]);
+    let total = objects(&clean_dir);
+    assert!(total > 20, "{total} objects");
 
+    // Each kill lands inside an import, by what the import has done rather than after a delay:
+    // once its objects in the store reach a target past what earlier imports left (it re-puts
+    // those as no-ops, then writes new ones), before its manifest. The targets are spread over
+    // the import, pseudo-random but reproducible, and never its last two objects (so its
+    // manifest is a few writes away).
+    const KILLS: usize = 8;
     let mut rng = 0x2545_f491_4f6c_dd1du64;
-    let mut interrupted = 0;
-    for _ in 0..8 {
+    let mut targets: Vec<usize> = (0..KILLS)
+        .map(|_| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            1 + (rng % (total as u64 - 2)) as usize
+        })
+        .collect();
+    targets.sort_unstable();
+    let (mut kills, mut interrupted) = (0, 0);
+    for target in targets {
+        // Past what the earlier kills left (a kill can land a few objects after its target).
+        let target = target.max(objects(&store) + 1);
+        if target > total - 2 {
+            continue;
+        }
+        kills += 1;
         let mut child = Command::new(BIN)
             .args(["import", p(&src), "--store", p(&store)])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        // Somewhere between 5% and 85% of a whole import.
-        let percent = 5 + (rng % 81) as u32;
-        std::thread::sleep(whole * percent / 100);
-        let finished = child.try_wait().unwrap().is_some();
-        child.kill().ok();
-        child.wait().unwrap();
-        if !finished {
+        while objects(&store) < target {
+            let exited = child.try_wait().unwrap();
+            assert!(
+                exited.is_none(),
+                "the import ended ({exited:?}) before {target} objects"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        child.kill().unwrap();
+        let status = child.wait().unwrap();
+        // Killed (not exited) and before its manifest: the kill interrupted the import.
+        if status.signal() == Some(9) && manifests(&store) == 0 {
             interrupted += 1;
         }
-        if store.join("objects").is_dir() {
-            // Whatever the kill interrupted, every object and manifest present is whole.
-            ok(&["cas", "verify", p(&store)]);
-        }
+        assert!(objects(&store) >= target);
+        // Whatever the kill interrupted, every object and manifest present is whole.
+        ok(&["cas", "verify", p(&store)]);
     }
-    assert!(interrupted > 0, "no kill landed during an import");
+    eprintln!(
+        "{interrupted} of {kills} kills interrupted an import; {} of its {total} objects stored",
+        objects(&store)
+    );
+    // Each kill is aimed inside an import; one misses only if the import writes its last
+    // objects and manifest between the parent seeing the target reached and the signal.
+    assert!(kills >= KILLS / 2, "only {kills} kills");
+    assert!(
+        2 * interrupted >= kills,
+        "{interrupted} of {kills} kills interrupted an import"
+    );
 
     let done = ok(&["import", p(&src), "--store", p(&store), "--json"]);
-    let clean = ok(&[
-        "import",
-        p(&src),
-        "--out",
-        p(&tmp.path().join("clean")),
-        "--json",
-    ]);
     assert_eq!(package_hash(&done), package_hash(&clean));
     ok(&["cas", "verify", p(&store)]);
     ok(&["cas", "gc", "--store", p(&store)]);
