@@ -285,6 +285,15 @@ def main():
                 f"  Q8_0 max|d|={a8['max_abs']:.3g} (argmax {a8['argmax_equal']}/{a8['positions']})"
                 f"  greedy hf={hf_greedy} f32={info['gguf']['f32']['greedy_after_seq0']}")
         print(line, flush=True)
+        # The two references must agree before they become fixtures: llama.cpp's F32 GGUF and
+        # transformers on the same weights pick the same argmax at every position and the same
+        # greedy continuation, within 1e-4 relative (1e-3 for GELU families: ggml's f16 GELU
+        # table); otherwise the conversion or a reference is wrong and nothing is written on.
+        rel_tol = 1e-3 if fam == "gemma3" else 1e-4
+        if (a32["argmax_equal"] != a32["positions"] or a32["max_rel"] > rel_tol
+                or hf_greedy != info["gguf"]["f32"]["greedy_after_seq0"]):
+            sys.exit(f"{fam}: llama.cpp F32 and transformers disagree ({a32}, greedy hf={hf_greedy} "
+                     f"f32={info['gguf']['f32']['greedy_after_seq0']}): not a fixture")
         summary.append(dict(family=fam, f32_vs_hf=a32, q8_0_vs_hf=a8))
         for fn in sorted(os.listdir(d)):
             print(f"  wrote {os.path.join(d, fn)} ({os.path.getsize(os.path.join(d, fn))} bytes)")

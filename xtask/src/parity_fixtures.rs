@@ -182,6 +182,9 @@ mod tests {
         for (_, _, stem) in super::REAL_MODELS {
             prompts_consistent(stem);
         }
+        // Pinned: llama.cpp's (llama-cpp-python 0.3.36) greedy continuation of "The capital of
+        // France is" on Gemma 3 270M Q4_K_M — " the capital of the country" — first recorded by
+        // the generator, which refuses to write a fixture that does not start with it.
         let reference = ids(&load("gemma3-270m-q4_k_m")["prompts"][0]["greedy_ids"]);
         assert_eq!(&reference[..5], &[506, 5279, 529, 506, 2891]);
     }
