@@ -531,19 +531,21 @@ pub fn scores_f32_multi(keys: &[f32], offs: &[usize], qs: &[&[f32]], scale: f32,
     assert!(out.len() >= qs.len() * n, "score rows out of range");
     #[cfg(target_arch = "x86_64")]
     if has_avx512() && qs.iter().all(|q| q.len() >= 64) {
-        // Key blocks of ~16 KB (at least 16 keys): they stay in L1 across the queries.
         let hd = qs.iter().map(|q| q.len()).max().unwrap_or(64);
+        // Checked once here for every query (not per block and query).
+        assert!(
+            offs.iter().all(|&o| o + hd <= keys.len()),
+            "key offset out of range"
+        );
+        // Key blocks of ~16 KB (at least 16 keys): they stay in L1 across the queries.
         let b = (4096 / hd).max(16) / 16 * 16;
         for j0 in (0..n).step_by(b) {
             let j1 = (j0 + b).min(n);
             for (i, q) in qs.iter().enumerate() {
-                scores_f32(
-                    keys,
-                    &offs[j0..j1],
-                    q,
-                    scale,
-                    &mut out[i * n + j0..i * n + j1],
-                );
+                let o = &mut out[i * n + j0..i * n + j1];
+                // SAFETY: the CPU has AVX-512F (checked at run time); every key row is in
+                // range for the longest query (asserted above).
+                unsafe { avx512::scores(keys, &offs[j0..j1], q, scale, o) };
             }
         }
         return;

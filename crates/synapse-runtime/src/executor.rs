@@ -741,29 +741,28 @@ fn attend_group(
     let mut i = 0;
     while i < nq {
         let m = (nq - i).min(8);
-        let mut parts: [Option<ggml_f32::PvPart<'_>>; 8] = Default::default();
-        for (k, part) in parts.iter_mut().enumerate().take(m) {
+        let mut ps: [ggml_f32::PvPart<'_>; 8] = std::array::from_fn(|k| {
             let qi = i + k;
-            let row = &rows[it.r0 + qi / heads];
-            let h = it.h0 + qi % heads;
-            let at = (it.r0 + qi / heads) * qd + h * hdim;
+            if k >= m {
+                return ggml_f32::PvPart {
+                    p: &[],
+                    lo: 0,
+                    hi: 0,
+                    out: &mut [],
+                };
+            }
+            let r = it.r0 + qi / heads;
+            let at = r * qd + (it.h0 + qi % heads) * hdim;
             // SAFETY: this item alone writes out[at .. at + hdim]: its (row, head) pairs are
             // its own (items partition rows × heads), and `out` is rows·qd long.
-            let o = unsafe { std::slice::from_raw_parts_mut(outp.get().add(at), hdim) };
-            *part = Some(ggml_f32::PvPart {
+            let out = unsafe { std::slice::from_raw_parts_mut(outp.get().add(at), hdim) };
+            let pos = rows[r].pos as usize;
+            ggml_f32::PvPart {
                 p: &sc[qi * n_keys..(qi + 1) * n_keys],
-                lo: lo_of(row.pos as usize) - lo,
-                hi: row.pos as usize + 1 - lo,
-                out: o,
-            });
-        }
-        let mut ps: [ggml_f32::PvPart<'_>; 8] = parts.map(|p| {
-            p.unwrap_or(ggml_f32::PvPart {
-                p: &[],
-                lo: 0,
-                hi: 0,
-                out: &mut [],
-            })
+                lo: lo_of(pos) - lo,
+                hi: pos + 1 - lo,
+                out,
+            }
         });
         ggml_f32::pv_f32_multi(order, vb, offs, lo, &mut ps[..m], pv);
         i += m;
@@ -833,7 +832,8 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<AttnScratch> = std::cell::RefCell::new(AttnScratch::default());
 }
 
-/// One query head of one row against its session's cache, in ggml's order.
+/// One query head of one row against its session's f16 cache, in ggml's order (an f32 cache
+/// takes [`attend_group`]).
 #[allow(clippy::too_many_arguments)]
 fn attend_one(
     kv: &KvCache,
@@ -850,10 +850,7 @@ fn attend_one(
     let hdim = l.head_dim;
     let group = l.n_heads / l.n_kv_heads;
     let AttnScratch {
-        scores,
-        pv,
-        buf,
-        offs,
+        scores, pv, buf, ..
     } = scratch;
     if buf.len() < hdim {
         buf.resize(hdim, 0.0);
@@ -872,21 +869,8 @@ fn attend_one(
     if scores.len() < n_keys.max(g.rows) {
         scores.resize(n_keys.max(g.rows), 0.0);
     }
-    if offs.capacity() < n_keys.max(g.rows) {
-        offs.reserve(n_keys.max(g.rows) - offs.len());
-    }
     let (kb, vb) = (&slot.k[il], &slot.v[il]);
     let kvh = h / group;
-    if let (Buf::F32(k), Buf::F32(v)) = (kb, vb) {
-        // Batched forms: four keys per query load, P·V in lane rows.
-        offs.clear();
-        offs.extend((lo..=pos).map(|p| g.row_of(p) * g.width + kvh * hdim));
-        let sc = &mut scores[..n_keys];
-        ggml_f32::scores_f32(k, offs, qh, l.scale, sc);
-        ggml_f32::softmax_cells(sc, lo);
-        ggml_f32::pv_f32(order, v, offs, lo, sc, &mut o[..hdim], pv);
-        return;
-    }
     let sc = &mut scores[..n_keys];
     for (j, p) in (lo..=pos).enumerate() {
         let at = g.row_of(p) * g.width + kvh * hdim;

@@ -117,11 +117,8 @@ pub(crate) fn decode_block(ty: GgmlType, b: &[u8], out: &mut [f32]) -> bool {
         T::IQ4_XS => {
             // d, scales_h (u16), scales_l[4], qs[128]
             let d = f16_at(b, 0);
-            let sh = u16::from_le_bytes([b[2], b[3]]);
-            for ib in 0..8 {
-                let ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) as i32
-                    | ((((sh >> (2 * ib)) & 3) as i32) << 4);
-                let dl = d * (ls - 32) as f32;
+            for (ib, ls) in iq4xs_scales(b).into_iter().enumerate() {
+                let dl = d * ls as f32;
                 let codes = unpack_nibbles32(&b[8 + 16 * ib..8 + 16 * ib + 16]);
                 for (o, q) in out[32 * ib..32 * ib + 32].iter_mut().zip(codes) {
                     *o = dl * KVALUES_IQ4NL[q as usize] as f32;
@@ -196,7 +193,16 @@ fn e8m0_half(e: u8) -> f32 {
 
 /// Q3_K's 16 six-bit scales (before the −32 offset) from their 12 packed bytes: low nibbles
 /// from bytes 0..8, high two bits from bytes 8..12.
-fn q3k_scales(s: &[u8]) -> [u8; 16] {
+/// IQ4_XS's eight six-bit sub-block scales (block `b`: d, scales_h, scales_l[4], qs), minus 32.
+pub(crate) fn iq4xs_scales(b: &[u8]) -> [i32; 8] {
+    let sh = u16::from_le_bytes([b[2], b[3]]);
+    std::array::from_fn(|ib| {
+        let lo = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) as i32;
+        (lo | ((((sh >> (2 * ib)) & 3) as i32) << 4)) - 32
+    })
+}
+
+pub(crate) fn q3k_scales(s: &[u8]) -> [u8; 16] {
     let mut o = [0u8; 16];
     for (j, v) in o.iter_mut().enumerate() {
         let lo = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };

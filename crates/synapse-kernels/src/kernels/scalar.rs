@@ -309,24 +309,10 @@ fn q3k_values(hmask: &[u8], qs: &[u8]) -> [i8; 256] {
     })
 }
 
-/// Q3_K's 16 six-bit scales, minus 32.
+/// Q3_K's 16 six-bit scales (the block decoder's unpacking), minus 32.
 #[inline]
 fn q3k_scales(s: &[u8]) -> [i32; 16] {
-    std::array::from_fn(|j| {
-        let lo = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
-        let hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-        (lo | (hi << 4)) as i32 - 32
-    })
-}
-
-/// IQ4_XS's eight six-bit scales, minus 32.
-#[inline]
-fn iq4xs_scales(b: &[u8]) -> [i32; 8] {
-    let sh = u16::from_le_bytes([b[2], b[3]]);
-    std::array::from_fn(|ib| {
-        let lo = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) as i32;
-        (lo | ((((sh >> (2 * ib)) & 3) as i32) << 4)) - 32
-    })
+    super::decode::q3k_scales(s).map(|v| v as i32 - 32)
 }
 
 /// IQ4_NL / IQ4_XS values of 16 packed bytes (32 elements, low nibbles first).
@@ -421,7 +407,11 @@ unsafe fn dot_iq4_xs(w: *const u8, a: *const u8, nb: usize) -> f32 {
     let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 136, a, nb) };
     let mut acc = [0f32; 8];
     for (b, y) in w.chunks_exact(136).zip(a) {
-        let l = lanes_k32(&iq4xs_block_values(b), &iq4xs_scales(b), &y.qs);
+        let l = lanes_k32(
+            &iq4xs_block_values(b),
+            &super::decode::iq4xs_scales(b),
+            &y.qs,
+        );
         fma_lanes(&mut acc, f16_at(b, 0) * y.d, l);
     }
     hsum8(acc)
@@ -508,9 +498,13 @@ unsafe fn dot_iq4_xs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
     let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 136, a, nb) };
     let mut acc = 0f32;
     for (b, y) in w.chunks_exact(136).zip(a) {
-        let s1: i32 = lanes_k32(&iq4xs_block_values(b), &iq4xs_scales(b), &y.qs)
-            .iter()
-            .sum();
+        let s1: i32 = lanes_k32(
+            &iq4xs_block_values(b),
+            &super::decode::iq4xs_scales(b),
+            &y.qs,
+        )
+        .iter()
+        .sum();
         acc = tiled_step(acc, s1, None, f16_at(b, 0), y.d);
     }
     acc
