@@ -1,11 +1,11 @@
-//! ggml's attention primitives (`ggml_f32::scores_f32` → `softmax_cells` → `pv_f32`, in both
-//! P·V orders) composed as the executor composes them, against a naive f64
+//! ggml's attention primitives (`ggml_f32::scores_f32` → `softmax_cells` → `pv_t_f32` over
+//! transposed values, in both P·V orders) composed as the executor composes them, against a naive f64
 //! `softmax(q·Kᵀ·scale)·V`: GQA cache layouts, causal and sliding-window spans, head dims
 //! below, at and off multiples of 16, one and many query positions.
 
 mod common;
 
-use synapse_kernels::ggml_f32::{self, PvAcc, PvOrder};
+use synapse_kernels::ggml_f32::{self, PvOrder, PvtQuery, PvtRun};
 
 /// Shape and masking of one case.
 #[derive(Debug, Clone, Copy)]
@@ -73,8 +73,15 @@ fn ggml_attention(
 ) -> Vec<f32> {
     let hd = p.head_dim;
     let kvrow = p.n_kv_heads * hd;
+    // The executor's value layout: V[kv_head][dim][cell].
+    let mut vt = vec![0f32; v.len()];
+    for j in 0..kv_len {
+        for c in 0..kvrow {
+            vt[c * kv_len + j] = v[j * kvrow + c];
+        }
+    }
     let mut out = vec![f32::NAN; q.len()];
-    let mut acc = PvAcc::default();
+    let mut state = Vec::new();
     for (i, &pos) in q_pos.iter().enumerate() {
         for h in 0..p.n_heads {
             let kvh = h / (p.n_heads / p.n_kv_heads);
@@ -86,7 +93,13 @@ fn ggml_attention(
             ggml_f32::scores_f32(k, &offs, qh, p.scale, &mut sc);
             ggml_f32::softmax_cells(&mut sc, lo);
             let o = &mut out[(i * p.n_heads + h) * hd..][..hd];
-            ggml_f32::pv_f32(order, v, &offs, lo, &sc, o, &mut acc);
+            let head = &vt[kvh * hd * kv_len..(kvh + 1) * hd * kv_len];
+            let run = PvtRun {
+                col: lo,
+                len: offs.len(),
+            };
+            let mut qs = [PvtQuery { p: &sc, out: o }];
+            ggml_f32::pv_t_f32(order, head, kv_len, &[run], lo, &mut qs, &mut state);
         }
     }
     out
@@ -132,17 +145,22 @@ fn scores_reject_a_key_past_the_cache() {
 }
 
 #[test]
-#[should_panic(expected = "value offset out of range")]
+#[should_panic(expected = "value run out of range")]
 fn pv_rejects_a_value_past_the_cache() {
     let mut out = [0f32; 4];
-    let mut acc = PvAcc::default();
-    ggml_f32::pv_f32(
+    let p = [0.5f32, 0.5];
+    let mut qs = [PvtQuery {
+        p: &p,
+        out: &mut out,
+    }];
+    // Four value rows of 2 cells each: row 3 ends at 8, a run at column 1 of length 2 passes it.
+    ggml_f32::pv_t_f32(
         PvOrder::Gemm,
         &[0.0; 8],
-        &[0, 5],
+        2,
+        &[PvtRun { col: 1, len: 2 }],
         0,
-        &[0.5, 0.5],
-        &mut out,
-        &mut acc,
+        &mut qs,
+        &mut Vec::new(),
     );
 }

@@ -283,9 +283,12 @@ impl Executor {
                 let slot = kv.slots[row.slot as usize]
                     .as_mut()
                     .ok_or(RuntimeError::UnknownSlot(row.slot))?;
-                let at = g.row_of(row.pos as usize) * g.width;
-                slot.k[il].write(at, &s.k[r * kvd..(r + 1) * kvd]);
-                slot.v[il].write(at, &s.v[r * kvd..(r + 1) * kvd]);
+                let at = g.row_of(row.pos as usize);
+                let kr = &s.k[r * kvd..(r + 1) * kvd];
+                for (kvh, k) in kr.chunks_exact(l.head_dim).enumerate() {
+                    slot.k[il].write(g.k_at(kvh, at), k);
+                }
+                slot.v[il].write_strided(g.v_row(0) + at, g.rows, &s.v[r * kvd..(r + 1) * kvd]);
             }
             // Attention.
             attention(
@@ -577,7 +580,7 @@ fn linear(
 /// (up to [`ATTN_ROWS`] consecutive rows of one session, the query heads of one KV head,
 /// split finer when there are few items for the threads); each query's scores, softmax and
 /// P·V are bit-identical to computing it alone (`ggml_f32::scores_f32_multi`,
-/// `pv_f32_multi`). An f16 cache runs one item per (row, head).
+/// `pv_t_f32` over the transposed values). An f16 cache runs one item per (row, head).
 #[allow(clippy::too_many_arguments)]
 fn attention(
     kv: &KvCache,
@@ -697,7 +700,7 @@ fn attend_group(
     let n_keys = hi - lo;
     let nq = (it.r1 - it.r0) * (it.h1 - it.h0);
     let AttnScratch {
-        scores, pv, offs, ..
+        scores, pvt, offs, ..
     } = scratch;
     if scores.len() < nq * n_keys {
         scores.resize(nq * n_keys.max(g.rows), 0.0);
@@ -706,7 +709,7 @@ fn attend_group(
         offs.reserve(n_keys.max(g.rows) - offs.len());
     }
     offs.clear();
-    offs.extend((lo..hi).map(|p| g.row_of(p) * g.width + kvh * hdim));
+    offs.extend((lo..hi).map(|p| g.k_at(kvh, g.row_of(p))));
     // The item's queries, row-major then head: query i = (row r0 + i / heads, head h0 + i % heads).
     let heads = it.h1 - it.h0;
     let mut qs: [&[f32]; 64] = [&[]; 64];
@@ -729,25 +732,29 @@ fn attend_group(
         );
         done += m;
     }
-    // Each query's softmax over its own causal range.
+    // Each query's softmax over its own causal range; its other cells get p = 0 (llama.cpp's
+    // masked cells: exp(−∞)), so every query sums over the item's cells.
     for i in 0..nq {
         let row = &rows[it.r0 + i / heads];
         let (a, b) = (lo_of(row.pos as usize) - lo, row.pos as usize + 1 - lo);
-        ggml_f32::softmax_cells(&mut sc[i * n_keys + a..i * n_keys + b], lo + a);
+        let r = &mut sc[i * n_keys..(i + 1) * n_keys];
+        ggml_f32::softmax_cells(&mut r[a..b], lo + a);
+        r[..a].fill(0.0);
+        r[b..].fill(0.0);
     }
     // One order class per item.
     let order = pv_order(first.order);
     let sc: &[f32] = sc;
+    let (runs, nr) = g.runs(lo, hi);
+    let head = &vb[g.v_row(kvh * hdim)..g.v_row((kvh + 1) * hdim)];
     let mut i = 0;
     while i < nq {
-        let m = (nq - i).min(8);
-        let mut ps: [ggml_f32::PvPart<'_>; 8] = std::array::from_fn(|k| {
+        let m = (nq - i).min(PV_QUERIES);
+        let mut qs: [ggml_f32::PvtQuery<'_>; PV_QUERIES] = std::array::from_fn(|k| {
             let qi = i + k;
             if k >= m {
-                return ggml_f32::PvPart {
+                return ggml_f32::PvtQuery {
                     p: &[],
-                    lo: 0,
-                    hi: 0,
                     out: &mut [],
                 };
             }
@@ -756,18 +763,18 @@ fn attend_group(
             // SAFETY: this item alone writes out[at .. at + hdim]: its (row, head) pairs are
             // its own (items partition rows × heads), and `out` is rows·qd long.
             let out = unsafe { std::slice::from_raw_parts_mut(outp.get().add(at), hdim) };
-            let pos = rows[r].pos as usize;
-            ggml_f32::PvPart {
+            ggml_f32::PvtQuery {
                 p: &sc[qi * n_keys..(qi + 1) * n_keys],
-                lo: lo_of(pos) - lo,
-                hi: pos + 1 - lo,
                 out,
             }
         });
-        ggml_f32::pv_f32_multi(order, vb, offs, lo, &mut ps[..m], pv);
+        ggml_f32::pv_t_f32(order, head, g.rows, &runs[..nr], lo, &mut qs[..m], pvt);
         i += m;
     }
 }
+
+/// Queries per transposed `P·V` call (their probabilities and lane state stay in cache).
+const PV_QUERIES: usize = 8;
 
 /// One item per (row, head): the f16-cache path.
 #[allow(clippy::too_many_arguments)]
@@ -873,7 +880,7 @@ fn attend_one(
     let kvh = h / group;
     let sc = &mut scores[..n_keys];
     for (j, p) in (lo..=pos).enumerate() {
-        let at = g.row_of(p) * g.width + kvh * hdim;
+        let at = g.k_at(kvh, g.row_of(p));
         sc[j] = match kb {
             Buf::F32(k) => ggml_f32::dot_f32(&k[at..at + hdim], qh),
             Buf::F16(k) => {
@@ -889,17 +896,22 @@ fn attend_one(
     ggml_f32::softmax_cells(sc, lo);
     pv.reset(hdim, order);
     for (j, p) in (lo..=pos).enumerate() {
-        let at = g.row_of(p) * g.width + kvh * hdim;
+        // The cell's values, gathered from the transposed rows.
+        let at = g.v_row(kvh * hdim) + g.row_of(p);
+        let vv = &mut buf[..hdim];
         match vb {
-            Buf::F32(v) => pv.add(p, sc[j], &v[at..at + hdim]),
-            Buf::F16(v) => {
-                let vv = &mut buf[..hdim];
-                for (d, s) in vv.iter_mut().zip(&v[at..at + hdim]) {
-                    *d = s.to_f32();
+            Buf::F32(v) => {
+                for (d, x) in vv.iter_mut().enumerate() {
+                    *x = v[at + d * g.rows];
                 }
-                pv.add(p, sc[j], vv);
+            }
+            Buf::F16(v) => {
+                for (d, x) in vv.iter_mut().enumerate() {
+                    *x = v[at + d * g.rows].to_f32();
+                }
             }
         }
+        pv.add(p, sc[j], vv);
     }
     pv.finish(o);
 }
@@ -909,6 +921,8 @@ fn attend_one(
 struct AttnScratch {
     scores: Vec<f32>,
     pv: PvAcc,
+    /// Lane state of the transposed `P·V` (f32 caches).
+    pvt: Vec<f32>,
     buf: Vec<f32>,
     /// Cache offsets of the head's rows, one per attended cell.
     offs: Vec<usize>,

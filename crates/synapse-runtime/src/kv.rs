@@ -3,6 +3,10 @@
 //! - Global layers keep every position (`capacity` rows); sliding-window layers keep a ring of
 //!   `window + max_chunk` rows, enough for a pass of up to `max_chunk` rows of one session to
 //!   see every key its rows need. Position `p` lives at row `p` (global) or `p % ring`.
+//! - Layout per layer, as llama.cpp's non-flash cache (so attention streams both): keys
+//!   head-major, `K[kv_head][row][dim]` (a head's keys are one contiguous block); values
+//!   transposed, `V[kv_head][dim][row]` (a value dimension's cells are one contiguous row,
+//!   read by `P·V` as a dot over cells). [`LayerGeom`] owns the index arithmetic.
 //! - Elements are f32 or f16, chosen when the cache is made.
 //! - A slot remembers the tokens it holds, so a new turn of the same session reuses the longest
 //!   common prefix ([`KvCache::reuse_prefix`]).
@@ -85,6 +89,32 @@ impl Buf {
             }
         }
     }
+
+    /// `self[at + i·stride] = src[i]` (a cell's values into the transposed V rows).
+    #[inline]
+    pub(crate) fn write_strided(&mut self, at: usize, stride: usize, src: &[f32]) {
+        match self {
+            Buf::F32(v) => {
+                for (i, &s) in src.iter().enumerate() {
+                    v[at + i * stride] = s;
+                }
+            }
+            Buf::F16(v) => {
+                for (i, &s) in src.iter().enumerate() {
+                    v[at + i * stride] = f16::from_f32(s);
+                }
+            }
+        }
+    }
+
+    /// Copies `self[a..a + len]` into `dst` at the same place (same element type).
+    fn copy_range_to(&self, dst: &mut Buf, a: usize, len: usize) {
+        match (self, dst) {
+            (Buf::F32(x), Buf::F32(y)) => y[a..a + len].copy_from_slice(&x[a..a + len]),
+            (Buf::F16(x), Buf::F16(y)) => y[a..a + len].copy_from_slice(&x[a..a + len]),
+            _ => unreachable!("one cache has one element type"),
+        }
+    }
 }
 
 /// Per-layer geometry of a slot.
@@ -96,12 +126,59 @@ pub(crate) struct LayerGeom {
     pub rows: usize,
     /// Whether rows are a ring (sliding window).
     pub ring: bool,
+    /// Values per KV head.
+    pub head_dim: usize,
 }
 
 impl LayerGeom {
     #[inline]
     pub(crate) fn row_of(&self, pos: usize) -> usize {
         if self.ring { pos % self.rows } else { pos }
+    }
+
+    /// Index of key `row`'s first value for KV head `kvh` (head-major keys).
+    #[inline]
+    pub(crate) fn k_at(&self, kvh: usize, row: usize) -> usize {
+        (kvh * self.rows + row) * self.head_dim
+    }
+
+    /// Index of value row `c` (= `kvh·head_dim + dim`), cell 0 (transposed values: cell
+    /// `row` of it at `+ row`).
+    #[inline]
+    pub(crate) fn v_row(&self, c: usize) -> usize {
+        c * self.rows
+    }
+
+    /// The rows of positions `from..to` as at most two runs of consecutive rows, in
+    /// position order (a ring wraps once at most: `to − from ≤ rows`).
+    pub(crate) fn runs(
+        &self,
+        from: usize,
+        to: usize,
+    ) -> ([synapse_kernels::ggml_f32::PvtRun; 2], usize) {
+        use synapse_kernels::ggml_f32::PvtRun;
+        let none = PvtRun { col: 0, len: 0 };
+        if from >= to {
+            return ([none; 2], 0);
+        }
+        debug_assert!(!self.ring || to - from <= self.rows, "ring span");
+        let a = self.row_of(from);
+        let n = to - from;
+        if a + n <= self.rows {
+            ([PvtRun { col: a, len: n }, none], 1)
+        } else {
+            let first = self.rows - a;
+            (
+                [
+                    PvtRun { col: a, len: first },
+                    PvtRun {
+                        col: 0,
+                        len: n - first,
+                    },
+                ],
+                2,
+            )
+        }
     }
 }
 
@@ -151,11 +228,13 @@ impl KvCache {
                         width,
                         rows: w + max_chunk,
                         ring: true,
+                        head_dim: l.head_dim,
                     },
                     _ => LayerGeom {
                         width,
                         rows: capacity,
                         ring: false,
+                        head_dim: l.head_dim,
                     },
                 }
             })
@@ -331,18 +410,14 @@ impl KvCache {
         };
         for (il, g) in self.geom.iter().enumerate() {
             let from = if g.ring { n.saturating_sub(g.rows) } else { 0 };
-            for p in from..n {
-                let at = g.row_of(p) * g.width;
-                for (sb, db) in [(&s.k[il], &mut d.k[il]), (&s.v[il], &mut d.v[il])] {
-                    match (sb, db) {
-                        (Buf::F32(a), Buf::F32(b)) => {
-                            b[at..at + g.width].copy_from_slice(&a[at..at + g.width])
-                        }
-                        (Buf::F16(a), Buf::F16(b)) => {
-                            b[at..at + g.width].copy_from_slice(&a[at..at + g.width])
-                        }
-                        _ => unreachable!("one cache has one element type"),
-                    }
+            let (runs, nr) = g.runs(from, n);
+            for r in &runs[..nr] {
+                for kvh in 0..g.width / g.head_dim.max(1) {
+                    let a = g.k_at(kvh, r.col);
+                    s.k[il].copy_range_to(&mut d.k[il], a, r.len * g.head_dim);
+                }
+                for c in 0..g.width {
+                    s.v[il].copy_range_to(&mut d.v[il], g.v_row(c) + r.col, r.len);
                 }
             }
         }

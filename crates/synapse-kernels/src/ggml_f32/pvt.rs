@@ -1,0 +1,476 @@
+//! `P·V` over a transposed value cache, ggml's own V layout (`llama_kv_cache` stores V with
+//! the cells contiguous per value dimension when flash attention is off): output value `d` of
+//! a query is `Σ_j p[j]·V[d][j]`, a dot of two contiguous rows, summed in ggml's order
+//! ([`PvOrder::VecDot`]: `ggml_vec_dot_f32`'s 4×16 lanes, cell `j` in lane `j mod 64`;
+//! [`PvOrder::Gemm`]: tinyBLAS's 16 lanes). Every lane is an FMA chain from +0.0 in cell order;
+//! the lanes are folded and reduced as those kernels do.
+//!
+//! The cells need not start on a lane boundary nor lie in one run of columns (a sliding-window
+//! ring wraps): the cells `0..n` are given as consecutive [`PvtRun`]s of columns and cell `j`
+//! goes to lane `(first_cell + j) mod lanes`. A query's cells outside its own causal range
+//! carry `p = 0` (as llama.cpp's masked cells do: `exp(−∞) = 0`).
+//!
+//! Reading V this way streams it: one value row of a head is read from memory once per call
+//! (every query of the call uses it while it is in L1), instead of one 4–16-float slice per
+//! cell at the cache's row stride.
+
+use super::PvOrder;
+
+/// Consecutive cells stored in consecutive columns of every value row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PvtRun {
+    /// Column of the run's first cell.
+    pub col: usize,
+    /// Cells in the run.
+    pub len: usize,
+}
+
+/// One query of [`pv_t_f32`].
+#[derive(Debug)]
+pub struct PvtQuery<'a> {
+    /// Probabilities of the call's cells `0..n` (zero outside the query's own range).
+    pub p: &'a [f32],
+    /// The output row (the head's width; every query of a call has the same).
+    pub out: &'a mut [f32],
+}
+
+/// Cells per block: a block's probabilities (every query's) and one value row's slice of it
+/// stay in L1 while all dimensions and queries use them.
+const BLOCK: usize = 512;
+
+/// `out[d] = Σ_j p[j] · vt[d·stride + col(j)]` for every query, `d < out.len()`, cells
+/// `j ∈ 0..n` laid out in `runs` (cell order; `n` = their total length), cell `j` in lane
+/// `(first_cell + j) mod lanes` of `order`. `state` is scratch (grown here, reused).
+///
+/// # Panics
+/// If a run's columns exceed the value rows (`(hd − 1)·stride + col + len > vt.len()` or
+/// `col + len > stride`), a query's `p` is shorter than `n`, or the queries' widths differ.
+pub fn pv_t_f32(
+    order: PvOrder,
+    vt: &[f32],
+    stride: usize,
+    runs: &[PvtRun],
+    first_cell: usize,
+    qs: &mut [PvtQuery<'_>],
+    state: &mut Vec<f32>,
+) {
+    let Some(hd) = qs.first().map(|q| q.out.len()) else {
+        return;
+    };
+    let n: usize = runs.iter().map(|r| r.len).sum();
+    assert!(qs.iter().all(|q| q.out.len() == hd), "query widths differ");
+    assert!(
+        qs.iter().all(|q| q.p.len() >= n),
+        "probabilities shorter than the cells"
+    );
+    assert!(
+        runs.iter().all(
+            |r| r.col + r.len <= stride && (hd.max(1) - 1) * stride + r.col + r.len <= vt.len()
+        ),
+        "value run out of range"
+    );
+    if hd == 0 {
+        return;
+    }
+    let lanes = match order {
+        PvOrder::VecDot => 64,
+        PvOrder::Gemm => 16,
+    };
+    // Lane state of every (query, dim) pair, carried from block to block.
+    let need = qs.len() * hd * lanes;
+    if state.len() < need {
+        state.resize(need, 0.0);
+    }
+    state[..need].fill(0.0);
+    #[cfg(target_arch = "x86_64")]
+    if super::has_avx512() {
+        // SAFETY: the CPU has AVX-512F (checked at run time); runs, probabilities and outputs
+        // are in range (asserted above); `state` holds `need` floats.
+        unsafe {
+            avx512::run(
+                lanes,
+                vt,
+                stride,
+                runs,
+                first_cell,
+                qs,
+                hd,
+                &mut state[..need],
+            )
+        };
+        return;
+    }
+    scalar(
+        lanes,
+        vt,
+        stride,
+        runs,
+        first_cell,
+        qs,
+        hd,
+        &mut state[..need],
+    );
+}
+
+/// The reference: one lane array per (query, dim), cell by cell (the same bits as the SIMD
+/// path: each lane's FMA chain and the final fold/reduce are the same operations).
+#[allow(clippy::too_many_arguments)]
+fn scalar(
+    lanes: usize,
+    vt: &[f32],
+    stride: usize,
+    runs: &[PvtRun],
+    first_cell: usize,
+    qs: &mut [PvtQuery<'_>],
+    hd: usize,
+    state: &mut [f32],
+) {
+    for (qi, q) in qs.iter_mut().enumerate() {
+        for d in 0..hd {
+            let st = &mut state[(qi * hd + d) * lanes..][..lanes];
+            let row = &vt[d * stride..];
+            let mut j = 0;
+            for r in runs {
+                for (k, &v) in row[r.col..r.col + r.len].iter().enumerate() {
+                    let l = (first_cell + j + k) % lanes;
+                    st[l] = v.mul_add(q.p[j + k], st[l]);
+                }
+                j += r.len;
+            }
+            q.out[d] = reduce_lanes(st);
+        }
+    }
+}
+
+/// `GGML_F32x16_REDUCE` of 64 lanes (`(l + l₃₂) + (l₁₆ + l₄₈)`, then `_mm512_reduce_add_ps`)
+/// or `_mm512_reduce_add_ps` of 16.
+fn reduce_lanes(st: &[f32]) -> f32 {
+    let v: [f32; 16] = if st.len() == 64 {
+        std::array::from_fn(|l| (st[l] + st[32 + l]) + (st[16 + l] + st[48 + l]))
+    } else {
+        std::array::from_fn(|l| st[l])
+    };
+    super::reduce16(&v)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{BLOCK, PvtQuery, PvtRun};
+    use std::arch::x86_64::*;
+
+    /// Part of a run inside one block: cells `j0..j0 + len` at columns `col..`.
+    #[derive(Clone, Copy)]
+    struct Piece {
+        col: usize,
+        j0: usize,
+        len: usize,
+    }
+
+    /// Blocks of cells (outer), dimension tiles, query tiles (inner).
+    ///
+    /// # Safety
+    /// AVX-512F; the runs lie inside `hd` value rows of `vt` at `stride`; every query's `p`
+    /// has the cells and its `out` `hd` floats; `state` holds `qs.len()·hd·lanes` floats.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn run(
+        lanes: usize,
+        vt: &[f32],
+        stride: usize,
+        runs: &[PvtRun],
+        first_cell: usize,
+        qs: &mut [PvtQuery<'_>],
+        hd: usize,
+        state: &mut [f32],
+    ) {
+        let n: usize = runs.iter().map(|r| r.len).sum();
+        let mut pieces: [Piece; 8] = [Piece {
+            col: 0,
+            j0: 0,
+            len: 0,
+        }; 8];
+        let mut b0 = 0;
+        while b0 < n {
+            let b1 = (b0 + BLOCK).min(n);
+            // The runs' parts inside b0..b1.
+            let mut np = 0;
+            let mut j = 0;
+            for r in runs {
+                let (a, b) = (j.max(b0), (j + r.len).min(b1));
+                if a < b {
+                    if np == pieces.len() {
+                        // More runs than a block can list: finish this block here.
+                        break;
+                    }
+                    pieces[np] = Piece {
+                        col: r.col + (a - j),
+                        j0: a,
+                        len: b - a,
+                    };
+                    np += 1;
+                }
+                j += r.len;
+            }
+            let b1 = pieces[..np].last().map_or(b1, |p| p.j0 + p.len);
+            let ps = &pieces[..np];
+            let mut qi = 0;
+            while qi < qs.len() {
+                let m = (qs.len() - qi).min(4);
+                // SAFETY: forwarded contract.
+                unsafe {
+                    match (lanes, m) {
+                        (64, 1) => tiles::<4, 1, 4>(vt, stride, ps, first_cell, qs, qi, hd, state),
+                        (64, 2) => tiles::<4, 2, 2>(vt, stride, ps, first_cell, qs, qi, hd, state),
+                        (64, 3) => tiles::<4, 3, 2>(vt, stride, ps, first_cell, qs, qi, hd, state),
+                        (64, _) => tiles::<4, 4, 1>(vt, stride, ps, first_cell, qs, qi, hd, state),
+                        (_, 1) => tiles::<1, 1, 4>(vt, stride, ps, first_cell, qs, qi, hd, state),
+                        (_, 2) => tiles::<1, 2, 4>(vt, stride, ps, first_cell, qs, qi, hd, state),
+                        (_, 3) => tiles::<1, 3, 4>(vt, stride, ps, first_cell, qs, qi, hd, state),
+                        (_, _) => tiles::<1, 4, 4>(vt, stride, ps, first_cell, qs, qi, hd, state),
+                    }
+                }
+                qi += m;
+            }
+            b0 = b1;
+        }
+        // Reduce every (query, dim) lane set.
+        let l = lanes;
+        for (qi, q) in qs.iter_mut().enumerate() {
+            for d in 0..hd {
+                q.out[d] = super::reduce_lanes(&state[(qi * hd + d) * l..][..l]);
+            }
+        }
+    }
+
+    /// Queries `qi..qi + Q` over the block's pieces, `D` dimensions at a time (a remainder
+    /// one at a time), `G` registers of 16 lanes per (query, dim).
+    ///
+    /// # Safety
+    /// As [`run`]; `qi + Q <= qs.len()`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tiles<const G: usize, const Q: usize, const D: usize>(
+        vt: &[f32],
+        stride: usize,
+        ps: &[Piece],
+        first_cell: usize,
+        qs: &[PvtQuery<'_>],
+        qi: usize,
+        hd: usize,
+        state: &mut [f32],
+    ) {
+        let p: [*const f32; Q] = std::array::from_fn(|k| qs[qi + k].p.as_ptr());
+        let mut d = 0;
+        while d + D <= hd {
+            // SAFETY: forwarded; d + D <= hd.
+            unsafe { tile::<G, Q, D>(vt, stride, ps, first_cell, p, qi, d, hd, state) };
+            d += D;
+        }
+        while d < hd {
+            // SAFETY: as above, d < hd.
+            unsafe { tile::<G, Q, 1>(vt, stride, ps, first_cell, p, qi, d, hd, state) };
+            d += 1;
+        }
+    }
+
+    /// One tile: `Q` queries × `D` dims, accumulators loaded from `state`, every piece's
+    /// cells added (masked where a 16-cell group is cut by a piece's ends, so a cell outside
+    /// the pieces leaves its lane untouched), stored back.
+    ///
+    /// # Safety
+    /// As [`tiles`]; `d0 + D <= hd`.
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tile<const G: usize, const Q: usize, const D: usize>(
+        vt: &[f32],
+        stride: usize,
+        ps: &[Piece],
+        first_cell: usize,
+        p: [*const f32; Q],
+        qi: usize,
+        d0: usize,
+        hd: usize,
+        state: &mut [f32],
+    ) {
+        let lanes = 16 * G;
+        let sp = state.as_mut_ptr();
+        let at = |q: usize, d: usize, g: usize| ((qi + q) * hd + d0 + d) * lanes + 16 * g;
+        let mut acc = [[[_mm512_setzero_ps(); G]; D]; Q];
+        for (q, aq) in acc.iter_mut().enumerate() {
+            for (d, ad) in aq.iter_mut().enumerate() {
+                for (g, a) in ad.iter_mut().enumerate() {
+                    // SAFETY: (qi + q, d0 + d) is inside state's qs.len() × hd lane sets.
+                    *a = unsafe { _mm512_loadu_ps(sp.add(at(q, d, g))) };
+                }
+            }
+        }
+        let vp = vt.as_ptr();
+        for pc in ps {
+            // Virtual cell index x = first_cell + j; lane x mod lanes; group (x mod lanes)/16.
+            let s = first_cell + pc.j0;
+            let e = s + pc.len;
+            let mut t = s / lanes * lanes;
+            while t < e {
+                for g in 0..G {
+                    let b = t + 16 * g;
+                    let lo = s.saturating_sub(b).min(16);
+                    let hi = e.saturating_sub(b).min(16);
+                    if lo >= hi {
+                        continue;
+                    }
+                    let m = (((1u32 << hi) - 1) & !((1u32 << lo) - 1)) as __mmask16;
+                    // Element k of the group is cell j = pc.j0 + (b + k − s); the masked-off
+                    // elements (outside the piece) are neither loaded nor added. The offset
+                    // may point before the piece: wrapping pointer arithmetic, and the
+                    // masked load reads only the in-range elements.
+                    let off = b as isize - s as isize;
+                    let pv: [__m512; Q] = std::array::from_fn(|q| {
+                        // SAFETY: the unmasked elements are cells of the piece (< n).
+                        unsafe {
+                            _mm512_maskz_loadu_ps(m, p[q].wrapping_add(pc.j0).wrapping_offset(off))
+                        }
+                    });
+                    for d in 0..D {
+                        let row = vp.wrapping_add((d0 + d) * stride + pc.col);
+                        // SAFETY: the unmasked elements are columns of the piece in row d0 + d.
+                        let v = unsafe { _mm512_maskz_loadu_ps(m, row.wrapping_offset(off)) };
+                        for q in 0..Q {
+                            acc[q][d][g] = _mm512_mask3_fmadd_ps(v, pv[q], acc[q][d][g], m);
+                        }
+                    }
+                }
+                t += lanes;
+            }
+        }
+        for (q, aq) in acc.iter().enumerate() {
+            for (d, ad) in aq.iter().enumerate() {
+                for (g, a) in ad.iter().enumerate() {
+                    // SAFETY: as for the loads.
+                    unsafe { _mm512_storeu_ps(sp.add(at(q, d, g)), *a) };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ggml_f32::PvAcc;
+
+    fn rng(seed: u64) -> impl FnMut() -> f32 {
+        let mut st = seed;
+        move || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            ((st >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
+        }
+    }
+
+    /// Bits equal, or both zeros (the per-cell [`PvAcc`] skips an untouched lane where ggml
+    /// adds its +0.0, which can only change the sign of a zero sum).
+    fn same(a: f32, b: f32) -> bool {
+        a.to_bits() == b.to_bits() || (a == 0.0 && b == 0.0)
+    }
+
+    #[test]
+    fn transposed_pv_equals_the_per_cell_accumulator_and_the_scalar_path() {
+        let mut rnd = rng(0x51ab_77c3_0042_9e11);
+        // (head dim, column stride, runs, first cell, queries)
+        type Case = (usize, usize, &'static [(usize, usize)], usize, usize);
+        let cases: &[Case] = &[
+            (64, 300, &[(0, 300)], 0, 3),
+            (64, 1200, &[(5, 1100)], 5, 1),
+            (80, 700, &[(650, 50), (0, 600)], 650, 7),
+            (16, 70, &[(3, 17)], 17, 2),
+            (256, 130, &[(0, 129)], 0, 4),
+            (128, 2000, &[(1900, 100), (0, 1500)], 1900, 9),
+            (64, 1030, &[(0, 1025)], 0, 5),
+            (2, 40, &[(7, 9), (20, 3)], 63, 1),
+        ];
+        let mut state = Vec::new();
+        let mut acc = PvAcc::default();
+        for &(hd, stride, runs, first, nq) in cases {
+            let runs: Vec<PvtRun> = runs.iter().map(|&(col, len)| PvtRun { col, len }).collect();
+            let n: usize = runs.iter().map(|r| r.len).sum();
+            let vt: Vec<f32> = (0..hd * stride).map(|_| rnd()).collect();
+            let p: Vec<Vec<f32>> = (0..nq)
+                .map(|i| {
+                    // Some queries see only part of the cells (the rest p = 0).
+                    (0..n)
+                        .map(|j| if j + i < n { rnd().abs() } else { 0.0 })
+                        .collect()
+                })
+                .collect();
+            // Columns of the cells, in cell order.
+            let cols: Vec<usize> = runs.iter().flat_map(|r| r.col..r.col + r.len).collect();
+            for order in [PvOrder::VecDot, PvOrder::Gemm] {
+                let mut outs = vec![vec![0f32; hd]; nq];
+                let mut qs: Vec<PvtQuery<'_>> = p
+                    .iter()
+                    .zip(outs.iter_mut())
+                    .map(|(p, out)| PvtQuery { p, out })
+                    .collect();
+                pv_t_f32(order, &vt, stride, &runs, first, &mut qs, &mut state);
+                let lanes = if order == PvOrder::VecDot { 64 } else { 16 };
+                let mut souts = vec![vec![0f32; hd]; nq];
+                let mut sq: Vec<PvtQuery<'_>> = p
+                    .iter()
+                    .zip(souts.iter_mut())
+                    .map(|(p, out)| PvtQuery { p, out })
+                    .collect();
+                let mut st = vec![0f32; nq * hd * lanes];
+                scalar(lanes, &vt, stride, &runs, first, &mut sq, hd, &mut st);
+                for i in 0..nq {
+                    acc.reset(hd, order);
+                    let mut col = vec![0f32; hd];
+                    for (j, &c) in cols.iter().enumerate() {
+                        for (d, x) in col.iter_mut().enumerate() {
+                            *x = vt[d * stride + c];
+                        }
+                        acc.add(first + j, p[i][j], &col);
+                    }
+                    let mut want = vec![0f32; hd];
+                    acc.finish(&mut want);
+                    for d in 0..hd {
+                        assert_eq!(
+                            outs[i][d].to_bits(),
+                            souts[i][d].to_bits(),
+                            "simd vs scalar: hd {hd} n {n} first {first} q {i} d {d} {order:?}"
+                        );
+                        assert!(
+                            same(outs[i][d], want[d]),
+                            "vs PvAcc: hd {hd} n {n} first {first} q {i} d {d} {order:?}: {} {}",
+                            outs[i][d],
+                            want[d]
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "value run out of range")]
+    fn a_run_past_the_rows_is_refused() {
+        let vt = vec![0f32; 2 * 10];
+        let p = vec![0f32; 8];
+        let mut out = vec![0f32; 2];
+        let mut qs = [PvtQuery {
+            p: &p,
+            out: &mut out,
+        }];
+        pv_t_f32(
+            PvOrder::VecDot,
+            &vt,
+            10,
+            &[PvtRun { col: 4, len: 8 }],
+            0,
+            &mut qs,
+            &mut Vec::new(),
+        );
+    }
+}
