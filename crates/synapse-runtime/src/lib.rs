@@ -17,6 +17,7 @@
 //! family-specific is an attribute in the IR.
 #![deny(missing_docs)]
 
+mod attention;
 pub mod engine;
 pub mod error;
 pub mod executor;

@@ -311,3 +311,108 @@ fn f16_cache_tracks_the_f32_cache_in_one_pass_and_through_the_ring() {
         assert!(d <= 1e-5, "f16 ring vs one pass: {d}");
     }
 }
+
+/// Keeps the first row of every layer's attention output (`kqv_out`).
+#[derive(Clone, Default)]
+struct KqvTap(std::sync::Arc<std::sync::Mutex<Vec<Vec<f32>>>>);
+
+impl synapse_runtime::Tap for KqvTap {
+    fn tensor(&mut self, stage: synapse_runtime::Stage, _: Option<usize>, rows: usize, d: &[f32]) {
+        if stage == synapse_runtime::Stage::KqvOut {
+            self.0.lock().unwrap().push(d[..d.len() / rows].to_vec());
+        }
+    }
+}
+
+/// A decode row at a long context computed alone (few row blocks: attention's split path,
+/// keys and values chunked across threads) and beside three other sessions (enough blocks
+/// for the per-item path) gives the same logits, bit for bit.
+#[test]
+fn long_context_decode_is_the_same_alone_and_beside_other_sessions() {
+    let dir = common::workspace_root().join("fixtures/tiny/llama");
+    if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+        return;
+    }
+    let model = Arc::new(Model::load(&dir.join("model.q8_0.gguf")).unwrap());
+    let vocab = model.vocab();
+    let n = 700usize;
+    let seq: Vec<u32> = (0..n as u32).map(|i| 1 + (i * 7919) % 500).collect();
+    let prefill = |kv: &mut KvCache, exec: &mut Executor, slot: u32, seq: &[u32]| {
+        for (ci, part) in seq.chunks(64).enumerate() {
+            let rows: Vec<Row> = part
+                .iter()
+                .enumerate()
+                .map(|(i, &t)| Row {
+                    slot,
+                    pos: (ci * 64 + i) as u32,
+                    token: t,
+                    logits: false,
+                    order: OrderClass::of(part.len()),
+                })
+                .collect();
+            exec.forward(kv, &rows).unwrap();
+        }
+    };
+    let step = |slot: u32, pos: usize, token: u32| Row {
+        slot,
+        pos: pos as u32,
+        token,
+        logits: true,
+        order: OrderClass::One,
+    };
+    // Alone: one session in its own cache.
+    let mut kv = KvCache::new(&model, KvDtype::F32, 1, n + 8, 64).unwrap();
+    let mut exec = Executor::new(model.clone(), 2).unwrap();
+    kv.open(0).unwrap();
+    prefill(&mut kv, &mut exec, 0, &seq[..n - 1]);
+    let tap_alone = KqvTap::default();
+    exec.set_tap(Some(Box::new(tap_alone.clone())));
+    let alone = exec
+        .forward(&mut kv, &[step(0, n - 1, seq[n - 1])])
+        .unwrap()
+        .to_vec();
+    // Beside three other sessions, the same prefill in a cache of four slots.
+    let mut kv = KvCache::new(&model, KvDtype::F32, 4, n + 8, 64).unwrap();
+    let mut exec = Executor::new(model.clone(), 2).unwrap();
+    for s in 0..4 {
+        kv.open(s).unwrap();
+    }
+    prefill(&mut kv, &mut exec, 0, &seq[..n - 1]);
+    let others: Vec<Vec<u32>> = (1..4u32)
+        .map(|s| (0..40 * s).map(|i| 3 + (i * 31 + s) % 400).collect())
+        .collect();
+    for (s, o) in others.iter().enumerate() {
+        prefill(&mut kv, &mut exec, s as u32 + 1, o);
+    }
+    let mut rows = vec![step(0, n - 1, seq[n - 1])];
+    for (s, o) in others.iter().enumerate() {
+        rows.push(step(s as u32 + 1, o.len(), 5));
+    }
+    let tap_beside = KqvTap::default();
+    exec.set_tap(Some(Box::new(tap_beside.clone())));
+    let out = exec.forward(&mut kv, &rows).unwrap();
+    let beside = &out[..vocab];
+    // The attention outputs themselves (the logits alone could hide a difference below the
+    // next projection's activation quantization).
+    let (a, b) = (tap_alone.0.lock().unwrap(), tap_beside.0.lock().unwrap());
+    assert_eq!(a.len(), model.layers.len());
+    for (il, (x, y)) in a.iter().zip(b.iter()).enumerate() {
+        let d = x
+            .iter()
+            .zip(y)
+            .filter(|(p, q)| p.to_bits() != q.to_bits())
+            .count();
+        assert_eq!(
+            d,
+            0,
+            "layer {il}: {d} of {} attention outputs differ",
+            x.len()
+        );
+    }
+    let diff = alone
+        .iter()
+        .zip(beside)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(diff, 0, "{diff} of {vocab} logits differ");
+}
