@@ -60,23 +60,6 @@ fn main() {
             }
         }
         let tr = t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        for h in 0..heads {
-            let offs: Vec<usize> = (0..n).map(|j| (h * n + j) * hd).collect();
-            ggml_f32::scores_f32(&k, &offs, &q[0], 0.125, &mut sc[..n]);
-        }
-        eprintln!(
-            "single-query scores_f32 {:.1} GB/s",
-            (heads * n * hd * 4) as f64 / t.elapsed().as_secs_f64() / 1e9
-        );
-        let t = Instant::now();
-        let sink = unsafe { fma_only(&k, &q[0]) };
-        let tf = t.elapsed().as_secs_f64();
-        std::hint::black_box(sink);
-        eprintln!(
-            "fma-only {:.1} GB/s",
-            (heads * n * hd * 4) as f64 / tf / 1e9
-        );
         std::hint::black_box(acc);
         println!(
             "rep {rep}: scores {:.1} GB/s, pv {:.1} GB/s, plain read {:.1} GB/s",
@@ -87,25 +70,3 @@ fn main() {
     }
 }
 
-#[target_feature(enable = "avx512f")]
-unsafe fn fma_only(k: &[f32], q: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let hd = q.len();
-    let qv: Vec<__m512> = (0..hd / 16)
-        .map(|c| unsafe { _mm512_loadu_ps(q.as_ptr().add(16 * c)) })
-        .collect();
-    let mut tot = _mm512_setzero_ps();
-    for key in k.chunks_exact(hd) {
-        let mut a = [_mm512_setzero_ps(); 4];
-        for c in 0..hd / 16 {
-            a[c % 4] = _mm512_fmadd_ps(
-                unsafe { _mm512_loadu_ps(key.as_ptr().add(16 * c)) },
-                qv[c],
-                a[c % 4],
-            );
-        }
-        let f = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
-        tot = _mm512_add_ps(tot, f);
-    }
-    _mm512_reduce_add_ps(tot)
-}
