@@ -314,13 +314,24 @@ fn tiled_gemm_many_groups_is_bit_identical() {
     }
 }
 
-/// Every activation-row count from 1 to 17 against the K-quants (the few-row kernels take
-/// groups of up to 4 rows, the tiled GEMM the rest), odd weight-row counts: the scalar bits.
+/// Every activation-row count from 1 to 17 against the K-quants and the 32-block types (the
+/// few-row kernels take groups of up to 4 or 8 rows, one or two weight-row pairs at a time,
+/// the tiled GEMM the rest), odd and even weight-row counts: the scalar bits.
 #[test]
-fn kquant_few_rows_every_count_is_bit_identical() {
+fn few_rows_every_count_is_bit_identical() {
     use GgmlType as T;
     for path in KernelPath::supported() {
-        for (ty, cols, rows) in [(T::Q4_K, 512, 7), (T::Q6_K, 768, 5), (T::Q4_K, 256, 1)] {
+        for (ty, cols, rows) in [
+            (T::Q4_K, 512, 7),
+            (T::Q6_K, 768, 5),
+            (T::Q4_K, 256, 1),
+            (T::Q8_0, 256, 7),
+            (T::Q5_0, 512, 6),
+            (T::Q4_1, 256, 5),
+            (T::Q5_1, 256, 3),
+            (T::Q4_0, 128, 1),
+            (T::Q8_0, 64, 4),
+        ] {
             let w = random_weights(ty, rows, cols, 11 + cols as u64);
             let m = QuantMatrix::from_ggml(ty, &w, rows, cols).unwrap();
             for n in 1..=17 {

@@ -182,12 +182,24 @@ pub(crate) fn halves(v: __m512) -> (f32, f32) {
     (hsum8(_mm512_castps512_ps256(v)), hsum8(hi))
 }
 
+/// Both rows' scales spread to their halves: `[d_a ×8, d_b ×8]` (one permute per block,
+/// shared by every activation row: `d_w·d_a` is then one multiply per row, the same product
+/// as [`spread`]'s).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn spread_w(dw: __m128) -> __m512 {
+    let idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(dw))
+}
+
 /// `N` activation rows (`act`/`init` row `t` at `t·nb` blocks) against weight rows
-/// `r0..r1`, two weight rows at a time: each pair's codes are unpacked once for all `N`.
+/// `r0..r1`, `P` pairs of weight rows (2·P rows) at a time: each pair's codes are unpacked
+/// once for all `N` activation rows, and each activation block is loaded once for all `P`
+/// pairs.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows_impl<const T: u8, const N: usize>(
+unsafe fn rows_impl<const T: u8, const N: usize, const P: usize>(
     ts: usize,
     w: &[u8],
     row_bytes: usize,
@@ -200,55 +212,89 @@ unsafe fn rows_impl<const T: u8, const N: usize>(
     r1: usize,
 ) {
     let dist = prefetch_dist(row_bytes);
+    let mins = T == Q41 || T == Q51;
     let mut r = r0;
     while r < r1 {
-        let (rb, pa, pb) = row_pair(w, row_bytes, r, r1);
-        // SAFETY: rows r and rb < rows; N rows of nb blocks of activations and lane starts
-        // (caller); outputs t·ystride + r, t·ystride + rb are this call's.
+        // P pairs from r (the last pair of the range may be a single row twice).
+        let mut pr = [(
+            0usize,
+            0usize,
+            std::ptr::null::<u8>(),
+            std::ptr::null::<u8>(),
+        ); P];
+        let mut np = 0;
+        let mut rr = r;
+        while np < P && rr < r1 {
+            let (rb, pa, pb) = row_pair(w, row_bytes, rr, r1);
+            pr[np] = (rr, rb, pa, pb);
+            np += 1;
+            rr += 2;
+        }
+        if np < P {
+            // Fewer rows left than P pairs: the last pair again (its results stored once).
+            for k in np..P {
+                pr[k] = pr[np - 1];
+            }
+        }
+        // SAFETY: every pair's rows are < rows; N rows of nb blocks of activations and lane
+        // starts (caller); the outputs t·ystride + row are this call's.
         unsafe {
-            let mut acc = [_mm512_setzero_ps(); N];
-            // Q4_1/Q5_1: each row's `Σ m·s`, rows a and b in lanes 0 and 1.
-            let mut sm = [_mm_setzero_ps(); N];
-            let mins = T == Q41 || T == Q51;
+            let mut acc = [[_mm512_setzero_ps(); P]; N];
+            // Q4_1/Q5_1: each row's `Σ m·s`, rows a and b of pair k in lanes 0 and 1.
+            let mut sm = [[_mm_setzero_ps(); P]; N];
             for b in 0..nb {
-                let (wa, wb) = (pa.add(b * ts), pb.add(b * ts));
-                _mm_prefetch::<_MM_HINT_T1>(wa.wrapping_add(dist).cast());
-                _mm_prefetch::<_MM_HINT_T1>(wb.wrapping_add(dist).cast());
-                let c = codes::<T>(wa, wb);
-                let dw = dpair(wa, wb);
-                let mw = if mins {
-                    dpair(wa.add(2), wb.add(2))
-                } else {
-                    _mm_setzero_ps()
-                };
+                let mut c = [_mm512_setzero_si512(); P];
+                let mut dw = [_mm512_setzero_ps(); P];
+                let mut mw = [_mm_setzero_ps(); P];
+                for k in 0..P {
+                    let (_, _, pa, pb) = pr[k];
+                    let (wa, wb) = (pa.add(b * ts), pb.add(b * ts));
+                    _mm_prefetch::<_MM_HINT_T1>(wa.wrapping_add(dist).cast());
+                    _mm_prefetch::<_MM_HINT_T1>(wb.wrapping_add(dist).cast());
+                    c[k] = codes::<T>(wa, wb);
+                    dw[k] = spread_w(dpair(wa, wb));
+                    if mins {
+                        mw[k] = dpair(wa.add(2), wb.add(2));
+                    }
+                }
                 for (t, at) in acc.iter_mut().enumerate() {
                     let ab = act.get_unchecked(t * nb + b);
-                    if mins {
-                        sm[t] = _mm_add_ps(sm[t], _mm_mul_ps(mw, _mm_set1_ps(ab.s)));
-                    }
                     let av = _mm512_broadcast_i64x4(_mm256_loadu_si256(ab.qs.as_ptr().cast()));
                     let iv = _mm512_broadcast_i64x4(_mm256_loadu_si256(
                         init.as_ptr().add(8 * (t * nb + b)).cast(),
                     ));
-                    let lane = _mm512_dpbusd_epi32(iv, c, av);
-                    *at = _mm512_fmadd_ps(spread(dw, ab.d), _mm512_cvtepi32_ps(lane), *at);
+                    let da = _mm512_set1_ps(ab.d);
+                    for k in 0..P {
+                        if mins {
+                            sm[t][k] = _mm_add_ps(sm[t][k], _mm_mul_ps(mw[k], _mm_set1_ps(ab.s)));
+                        }
+                        let lane = _mm512_dpbusd_epi32(iv, c[k], av);
+                        at[k] = _mm512_fmadd_ps(
+                            _mm512_mul_ps(dw[k], da),
+                            _mm512_cvtepi32_ps(lane),
+                            at[k],
+                        );
+                    }
                 }
             }
             for (t, at) in acc.iter().enumerate() {
-                let (mut ya, mut yb) = halves(*at);
-                if mins {
-                    let mut m = [0f32; 4];
-                    _mm_storeu_ps(m.as_mut_ptr(), sm[t]);
-                    ya += m[0];
-                    yb += m[1];
-                }
-                *y.add(t * ystride + r) = ya;
-                if rb != r {
-                    *y.add(t * ystride + rb) = yb;
+                for k in 0..np {
+                    let (ra, rb, _, _) = pr[k];
+                    let (mut ya, mut yb) = halves(at[k]);
+                    if mins {
+                        let mut m = [0f32; 4];
+                        _mm_storeu_ps(m.as_mut_ptr(), sm[t][k]);
+                        ya += m[0];
+                        yb += m[1];
+                    }
+                    *y.add(t * ystride + ra) = ya;
+                    if rb != ra {
+                        *y.add(t * ystride + rb) = yb;
+                    }
                 }
             }
         }
-        r += 2;
+        r = rr;
     }
 }
 
@@ -286,20 +332,25 @@ pub(crate) unsafe fn rows(
         // SAFETY: forwarded contract, for activation rows t0..t0 + k.
         unsafe {
             let yt = y.add(t0 * ystride);
+            // Two pairs per pass from 4 activation rows (the activation loads then serve
+            // four weight rows), one below.
             macro_rules! go {
                 ($t:ident, $($k:literal)*) => {
                     match k {
-                        $($k => rows_impl::<$t, $k>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),)*
+                        1 => rows_impl::<$t, 1, 1>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),
+                        2 => rows_impl::<$t, 2, 1>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),
+                        3 => rows_impl::<$t, 3, 1>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),
+                        $($k => rows_impl::<$t, $k, 2>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),)*
                         _ => unreachable!("1..=8 rows"),
                     }
                 };
             }
             match ty {
-                GgmlType::Q8_0 => go!(Q8, 1 2 3 4 5 6 7 8),
-                GgmlType::Q5_0 => go!(Q5, 1 2 3 4 5 6 7 8),
-                GgmlType::Q4_1 => go!(Q41, 1 2 3 4 5 6 7 8),
-                GgmlType::Q5_1 => go!(Q51, 1 2 3 4 5 6 7 8),
-                _ => go!(Q4, 1 2 3 4 5 6 7 8),
+                GgmlType::Q8_0 => go!(Q8, 4 5 6 7 8),
+                GgmlType::Q5_0 => go!(Q5, 4 5 6 7 8),
+                GgmlType::Q4_1 => go!(Q41, 4 5 6 7 8),
+                GgmlType::Q5_1 => go!(Q51, 4 5 6 7 8),
+                _ => go!(Q4, 4 5 6 7 8),
             }
         }
         t0 += k;
