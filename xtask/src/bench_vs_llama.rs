@@ -193,6 +193,12 @@ struct GenJson {
     timings: Timings,
     #[serde(default)]
     baseline_rss_kb: Option<u64>,
+    /// Weight bytes a decode step reads (Synapse reports it; llama.cpp reads the same GGUF).
+    #[serde(default)]
+    decode_read_bytes: Option<u64>,
+    /// f32 KV bytes a decode step reads halfway through the generation.
+    #[serde(default)]
+    kv_read_bytes_mid: Option<u64>,
 }
 
 #[derive(Deserialize, Serialize, Debug, Clone, Copy)]
@@ -216,6 +222,8 @@ struct RunResult {
     foreign_cpu_s: f64,
     contaminated: bool,
     redone: Vec<f64>,
+    decode_read_bytes: Option<u64>,
+    kv_read_bytes_mid: Option<u64>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -429,6 +437,8 @@ fn run_once(ctx: &Ctx, engine: Engine, prompt: &Prompt) -> Result<RunResult> {
         foreign_cpu_s: out.foreign_cpu_s,
         contaminated: false,
         redone: Vec::new(),
+        decode_read_bytes: j.decode_read_bytes,
+        kv_read_bytes_mid: j.kv_read_bytes_mid,
     })
 }
 
@@ -757,9 +767,58 @@ pub fn run(args: Args) -> Result<()> {
         vec![Engine::Llama]
     };
 
+    // The machine's streaming read rate with the engines' thread count, before and after the
+    // runs (the best of both): what decode's weight (and KV) traffic is set against.
+    let rate0 = crate::membw::stream_rate(512, 5, ctx.threads);
     let mut done = Vec::with_capacity(prompts.len());
     for p in &prompts {
         done.push(bench_context(&ctx, &engines, p, &args, sweep)?);
+    }
+    let stream = rate0.max(crate::membw::stream_rate(512, 5, ctx.threads));
+    println!(
+        "\ndecode traffic (medians) against the streaming read pass ({:.2} GB/s, {} threads, \
+         best of before/after the runs; weights = every linear + the LM head; KV = f32 keys and \
+         values at the generation's midpoint):",
+        stream / 1e9,
+        ctx.threads
+    );
+    let mut traffic = Vec::new();
+    for (p, r) in prompts.iter().zip(&done) {
+        let syn = r.results.iter().find(|x| x.engine == "synapse");
+        let (Some(w), Some(kvb)) = (
+            syn.and_then(|x| x.decode_read_bytes),
+            syn.and_then(|x| x.kv_read_bytes_mid),
+        ) else {
+            continue;
+        };
+        let frac = |tok_s: f64, bytes: u64| tok_s * bytes as f64 / stream;
+        let line = |name: &str, tok_s: Option<f64>| {
+            tok_s.map(|t| {
+                format!(
+                    "{name} {:.2} GB/s weights = {:.0}%, weights+KV {:.0}%",
+                    t * w as f64 / 1e9,
+                    100.0 * frac(t, w),
+                    100.0 * frac(t, w + kvb)
+                )
+            })
+        };
+        println!(
+            "  context {:>6}: weights {:.1} MB + KV {:.1} MB per token | {} | {}",
+            p.context,
+            w as f64 / 1e6,
+            kvb as f64 / 1e6,
+            line("synapse", r.synapse.map(|v| v[1])).unwrap_or_default(),
+            line("llama.cpp", r.llama.map(|v| v[1])).unwrap_or_default()
+        );
+        traffic.push(serde_json::json!({
+            "context": p.context,
+            "decode_read_bytes": w,
+            "kv_read_bytes_mid": kvb,
+            "synapse_weight_fraction": r.synapse.map(|v| frac(v[1], w)),
+            "synapse_weight_kv_fraction": r.synapse.map(|v| frac(v[1], w + kvb)),
+            "llama_weight_fraction": r.llama.map(|v| frac(v[1], w)),
+            "llama_weight_kv_fraction": r.llama.map(|v| frac(v[1], w + kvb)),
+        }));
     }
 
     // prefill and decode tok/s of each engine, and their ratios, per context
@@ -843,6 +902,8 @@ pub fn run(args: Args) -> Result<()> {
         "synapse_error": synapse_err.as_ref().map(|e| format!("{e:#}")),
         "contexts": per_context,
         "summary": summary,
+        "stream_read_bytes_per_s": stream,
+        "decode_traffic": traffic,
     });
     if let [r] = &done[..] {
         // one context: also the layout from before the sweep

@@ -49,6 +49,29 @@ fn sum_words(s: &[u64]) -> u64 {
     acc.iter().fold(tail, |a, v| a.wrapping_add(*v))
 }
 
+/// The best of `reps` streaming passes over `mib` MiB with `threads` threads, in bytes/s
+/// (what `bench-vs-llama` sets decode's weight traffic against, in the same run).
+pub(crate) fn stream_rate(mib: usize, reps: usize, threads: usize) -> f64 {
+    let words = mib * (1 << 20) / 8;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let per = words.div_ceil(threads.max(1));
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let t0 = Instant::now();
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = buf
+                .chunks(per)
+                .map(|c| sc.spawn(move || sum_words(c)))
+                .collect();
+            for h in hs {
+                std::hint::black_box(h.join().unwrap_or_default());
+            }
+        });
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    (words * 8) as f64 / best
+}
+
 pub fn run(a: Args) -> Result<()> {
     let words = a.mib * (1 << 20) / 8;
     let buf: Vec<u64> = (0..words as u64).collect(); // touches every page

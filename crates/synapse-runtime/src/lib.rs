@@ -18,6 +18,7 @@
 #![deny(missing_docs)]
 
 mod attention;
+pub mod calib;
 pub mod engine;
 pub mod error;
 pub mod executor;

@@ -317,6 +317,27 @@ impl Model {
         self.ir.hparams.hidden as usize
     }
 
+    /// Weight bytes one decode step reads: every layer's linears and the LM head (the token
+    /// embedding only as the tied LM head: a lookup reads one row of it).
+    pub fn decode_read_bytes(&self) -> usize {
+        let lin = |l: &LinearW| l.m.weight_bytes();
+        let mut n = lin(&self.head);
+        for l in &self.layers {
+            n += lin(&l.q) + lin(&l.k) + lin(&l.v) + lin(&l.o);
+            n += lin(&l.gate) + lin(&l.up) + lin(&l.down);
+        }
+        n
+    }
+
+    /// Bytes of an f32 KV cache one decode step reads at context `ctx` (keys and values of
+    /// every layer's attended cells: a sliding-window layer at most its window).
+    pub fn kv_read_bytes_f32(&self, ctx: usize) -> usize {
+        self.layers
+            .iter()
+            .map(|l| 2 * 4 * l.n_kv_heads * l.head_dim * l.window.map_or(ctx, |w| w.min(ctx)))
+            .sum()
+    }
+
     /// Bytes of weights held (encoded).
     pub fn weight_bytes(&self) -> usize {
         let lin = |l: &LinearW| l.m.weight_bytes();

@@ -7,7 +7,7 @@
 
 /// A point of the forward pass, named after the tensor llama.cpp's graph computes there (see
 /// [`Stage::llama_name`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stage {
     /// The scaled token embeddings (`embd`).
     Embd,

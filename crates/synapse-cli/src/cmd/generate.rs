@@ -188,6 +188,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "tokens": out.tokens,
             "text": text_out,
             "stop": format!("{:?}", out.stop),
+            "weight_bytes": model.weight_bytes(),
+            "decode_read_bytes": model.decode_read_bytes(),
+            "kv_read_bytes_mid": model.kv_read_bytes_f32(ids.len() + out.tokens.len() / 2),
             "timings": {
                 "load_s": load_s,
                 "prefill_tok_s": t.prefill_tok_s(),
