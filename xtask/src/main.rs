@@ -14,6 +14,7 @@ mod oracle_fixtures;
 mod parity_fixtures;
 mod quant_models;
 mod test;
+mod text_corpus;
 mod tiny_models;
 mod tokenizer_fixtures;
 mod vocab_suite;
@@ -65,6 +66,9 @@ enum Command {
     QuantModels(quant_models::Args),
     /// Time Synapse's quantized matmul against ggml's on Gemma 3 270M's shapes, side by side.
     BenchKernelsVsGgml(bench_kernels_vs_ggml::Args),
+    /// Fetch the calibration / held-out evaluation text (Debian's python3.11-doc), split by
+    /// document.
+    TextCorpus(text_corpus::Args),
     /// The test command: fetch the test data (.ci/fetch-test-data), then the workspace's
     /// tests (nextest) and doctests; fails if any step fails.
     Test(test::Args),
@@ -89,6 +93,7 @@ fn main() -> anyhow::Result<()> {
         Command::GgmlKernelFixtures(a) => ggml_kernel_fixtures::run(a),
         Command::QuantModels(a) => quant_models::run(a),
         Command::BenchKernelsVsGgml(a) => bench_kernels_vs_ggml::run(a),
+        Command::TextCorpus(a) => text_corpus::run(a),
         Command::Test(a) => test::run(a),
     }
 }

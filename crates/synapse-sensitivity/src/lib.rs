@@ -10,10 +10,14 @@
 //! hash, sample count, codec versions). It serializes to versioned JSON and refuses, with a
 //! typed error, to be applied to a model or codec set it was not measured for.
 //!
+//! [`corpus`] splits calibration text into a calibration part and a held-out evaluation part,
+//! by document.
+//!
 //! Pure library: no files, no executor, no network. Depends only on `synapse-codecs`.
 #![deny(missing_docs)]
 
 pub mod calibration;
+pub mod corpus;
 pub mod distortion;
 pub mod error;
 pub mod map;

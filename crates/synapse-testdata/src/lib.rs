@@ -57,6 +57,18 @@ pub fn default_model() -> PathBuf {
     }
 }
 
+/// The calibration / evaluation text (`cargo xtask text-corpus`): `$XDG_CACHE_HOME/synapse/
+/// text/python3.11-doc`, else `~/.cache/synapse/text/python3.11-doc` (`calibration.txt`,
+/// `evaluation.txt`, `manifest.json`).
+pub fn text_corpus_dir() -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache")
+        });
+    cache.join("synapse").join("text").join("python3.11-doc")
+}
+
 /// llama.cpp's tokenizer test suite (`ggml-vocab-*.gguf` + `.inp`/`.out`, `templates/`):
 /// `$SYNAPSE_VOCAB_SUITE_DIR`, else `$XDG_CACHE_HOME/synapse/vocab-suite`, else
 /// `~/.cache/synapse/vocab-suite` (where `cargo xtask vocab-suite` puts it).

@@ -34,10 +34,6 @@ pub struct PvtQuery<'a> {
     pub out: &'a mut [f32],
 }
 
-/// Cells per block: a block's probabilities (every query's) and one value row's slice of it
-/// stay in L1 while all dimensions and queries use them.
-const BLOCK: usize = 512;
-
 /// `out[d] = Σ_j p[j] · vt[d·stride + col(j)]` for every query, `d < out.len()`, cells
 /// `j ∈ 0..n` laid out in `runs` (cell order; `n` = their total length), cell `j` in lane
 /// `(first_cell + j) mod lanes` of `order`. `state` is scratch (grown here, reused).
@@ -155,8 +151,12 @@ fn reduce_lanes(st: &[f32]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{BLOCK, PvtQuery, PvtRun};
+    use super::{PvtQuery, PvtRun};
     use std::arch::x86_64::*;
+
+    /// Cells per block: a block's probabilities (every query's) and one value row's slice of
+    /// it stay in L1 while all dimensions and queries use them.
+    const BLOCK: usize = 512;
 
     /// Part of a run inside one block: cells `j0..j0 + len` at columns `col..`.
     #[derive(Clone, Copy)]
