@@ -12,6 +12,7 @@ mod membw;
 mod oracle_env;
 mod oracle_fixtures;
 mod parity_fixtures;
+mod perplexity_fixtures;
 mod quant_models;
 mod test;
 mod text_corpus;
@@ -66,6 +67,8 @@ enum Command {
     QuantModels(quant_models::Args),
     /// Time Synapse's quantized matmul against ggml's on Gemma 3 270M's shapes, side by side.
     BenchKernelsVsGgml(bench_kernels_vs_ggml::Args),
+    /// Regenerate fixtures/perplexity: llama.cpp's perplexity of the held-out text.
+    PerplexityFixtures(perplexity_fixtures::Args),
     /// Fetch the calibration / held-out evaluation text (Debian's python3.11-doc), split by
     /// document.
     TextCorpus(text_corpus::Args),
@@ -94,6 +97,7 @@ fn main() -> anyhow::Result<()> {
         Command::QuantModels(a) => quant_models::run(a),
         Command::BenchKernelsVsGgml(a) => bench_kernels_vs_ggml::run(a),
         Command::TextCorpus(a) => text_corpus::run(a),
+        Command::PerplexityFixtures(a) => perplexity_fixtures::run(a),
         Command::Test(a) => test::run(a),
     }
 }

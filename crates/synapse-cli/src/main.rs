@@ -34,6 +34,8 @@ enum Command {
     FetchModel(cmd::fetch_model::Args),
     /// Generate text from a prompt (default model: Gemma 3 270M Q4_K_M).
     Generate(cmd::generate::Args),
+    /// A text's perplexity, computed as llama.cpp's llama-perplexity does.
+    Perplexity(cmd::perplexity::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (llama-server's flags).
     Serve(cmd::serve::Args),
 }
@@ -57,6 +59,7 @@ fn main() -> anyhow::Result<()> {
         Command::Models(a) => cmd::models::run(a),
         Command::FetchModel(a) => cmd::fetch_model::run(a),
         Command::Generate(a) => cmd::generate::run(a),
+        Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Serve(a) => cmd::serve::run(a),
     }
 }

@@ -25,6 +25,7 @@ pub mod executor;
 pub mod generate;
 pub mod kv;
 pub mod load;
+pub mod perplexity;
 pub mod profile;
 pub mod sampling;
 pub mod tap;

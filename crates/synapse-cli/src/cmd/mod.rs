@@ -6,6 +6,7 @@ pub mod import;
 pub mod inspect;
 pub mod load;
 pub mod models;
+pub mod perplexity;
 pub mod serve;
 pub mod tensor;
 pub mod tokenize;

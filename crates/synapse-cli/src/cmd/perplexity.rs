@@ -1,0 +1,97 @@
+//! `synapse-cli perplexity`: a text's perplexity under a model, computed as llama.cpp's
+//! `llama-perplexity` does (`synapse_runtime::perplexity`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::Args as ClapArgs;
+use synapse_runtime::Executor;
+use synapse_runtime::perplexity::{PerplexityParams, perplexity};
+
+use super::load::load_model;
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// The model (as for `generate`: a GGUF, a checkpoint or package directory, a package hash,
+    /// or a published model's name; default: Gemma 3 270M Q4_K_M).
+    #[arg(long, short = 'm', env = "SYNAPSE_MODEL")]
+    model: Option<PathBuf>,
+    /// The store package hashes are looked up in.
+    #[arg(long)]
+    store: Option<PathBuf>,
+    /// The text file (UTF-8).
+    #[arg(long, short = 'f')]
+    file: PathBuf,
+    /// Tokens per chunk.
+    #[arg(long, default_value_t = 512)]
+    ctx: usize,
+    /// Rows per forward pass (at most `--ctx`).
+    #[arg(long, default_value_t = 512)]
+    batch: usize,
+    /// At most this many chunks (default: every whole chunk of the text).
+    #[arg(long)]
+    chunks: Option<usize>,
+    /// Compute threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Print one JSON object instead of llama.cpp-style lines.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `perplexity`.
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&a.file)
+        .with_context(|| format!("reading {} (UTF-8 text)", a.file.display()))?;
+    let (model, tok) = load_model(a.model.as_deref(), a.store.as_deref())?;
+    let model = Arc::new(model);
+    let tokens = tok.encode(&text, true, false)?;
+    let bos = tok.bos().filter(|&b| tokens.first() == Some(&b));
+    if a.chunks == Some(0) {
+        bail!("--chunks must be at least 1");
+    }
+    let mut exec = Executor::new(model.clone(), a.threads)?;
+    let t0 = Instant::now();
+    let p = PerplexityParams {
+        ctx: a.ctx,
+        batch: a.batch,
+        max_chunks: a.chunks,
+        bos,
+    };
+    let json = a.json;
+    let r = perplexity(&mut exec, &tokens, &p, |i, ppl| {
+        if !json {
+            eprint!("[{}]{ppl:.4},", i + 1);
+        }
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    if json {
+        let j = serde_json::json!({
+            "ppl": r.ppl,
+            "ppl_err": r.ppl_err,
+            "nll": r.nll,
+            "tokens": r.count,
+            "text_tokens": tokens.len(),
+            "chunks": r.running.len(),
+            "running": r.running,
+            "ctx": a.ctx,
+            "weight_bytes": model.weight_bytes(),
+            "seconds": secs,
+        });
+        println!("{}", serde_json::to_string(&j)?);
+    } else {
+        eprintln!();
+        println!(
+            "Final estimate: PPL = {:.4} +/- {:.5} ({} tokens scored in {} chunks of {}, {:.1} s)",
+            r.ppl,
+            r.ppl_err,
+            r.count,
+            r.running.len(),
+            a.ctx,
+            secs
+        );
+    }
+    Ok(())
+}

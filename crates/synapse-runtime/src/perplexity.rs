@@ -1,0 +1,130 @@
+//! Perplexity as llama.cpp's `llama-perplexity` computes it (`tools/perplexity`): the text's
+//! tokens (BOS first when the vocabulary adds one) are cut into chunks of `ctx` tokens; each
+//! chunk runs in a fresh cache, its first token replaced by BOS, in passes of at most
+//! `batch` rows, and asks logits for the positions from `ctx / 2` on; the second half of each
+//! chunk is scored: token `t + 1` by the log-softmax of row `t` (`max` in f32, `Σ expf(l − max)`
+//! in f64, `l_tok − max − ln Σ`), the negative log-likelihoods summed in f64;
+//! `ppl = exp(Σ nll / count)`. Fewer than `2·ctx` tokens is an error, as there.
+
+use crate::error::{Result, RuntimeError};
+use crate::executor::{Executor, Row, prompt_order};
+use crate::kv::{KvCache, KvDtype};
+
+/// How to run [`perplexity`].
+#[derive(Debug, Clone, Copy)]
+pub struct PerplexityParams {
+    /// Tokens per chunk (llama.cpp's `-c`).
+    pub ctx: usize,
+    /// Rows per pass (llama.cpp's micro-batch; at most `ctx`).
+    pub batch: usize,
+    /// At most this many chunks (`None`: all that fit).
+    pub max_chunks: Option<usize>,
+    /// The BOS id each chunk starts with (`None`: the chunk's own first token).
+    pub bos: Option<u32>,
+}
+
+/// The result of [`perplexity`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct PerplexityResult {
+    /// `exp(mean nll)` over every scored token.
+    pub ppl: f64,
+    /// Mean negative log-likelihood (nats per token).
+    pub nll: f64,
+    /// Tokens scored.
+    pub count: usize,
+    /// The running perplexity after each chunk (llama.cpp's `[i]x.xxxx` line).
+    pub running: Vec<f64>,
+    /// Standard error of `ppl` (llama.cpp's `+/-`).
+    pub ppl_err: f64,
+}
+
+/// llama.cpp's `log_softmax(n_vocab, logits, tok).log_softmax`.
+pub fn log_softmax(logits: &[f32], tok: usize) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from((l - max).exp())).sum();
+    f64::from(logits[tok] - max) - sum.ln()
+}
+
+/// Runs `tokens` through `exec` chunk by chunk and scores them (see the module docs);
+/// `on_chunk(i, running_ppl)` after each chunk.
+pub fn perplexity(
+    exec: &mut Executor,
+    tokens: &[u32],
+    p: &PerplexityParams,
+    mut on_chunk: impl FnMut(usize, f64),
+) -> Result<PerplexityResult> {
+    let ctx = p.ctx;
+    if ctx < 2 {
+        return Err(RuntimeError::InvalidParam {
+            name: "ctx",
+            reason: format!("{ctx}: a chunk needs at least 2 tokens"),
+        });
+    }
+    if tokens.len() < 2 * ctx {
+        return Err(RuntimeError::InvalidParam {
+            name: "ctx",
+            reason: format!(
+                "the text has {} tokens; perplexity with a context of {ctx} needs at least {}",
+                tokens.len(),
+                2 * ctx
+            ),
+        });
+    }
+    let batch = p.batch.clamp(1, ctx);
+    let vocab = exec.model().vocab();
+    let n_chunk = (tokens.len() / ctx).min(p.max_chunks.unwrap_or(usize::MAX));
+    let first = ctx / 2;
+    let model = exec.model().clone();
+    let mut kv = KvCache::new(&model, KvDtype::F32, 1, ctx, batch)?;
+    let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
+    let mut running = Vec::with_capacity(n_chunk);
+    let mut logits = vec![0f32; (ctx - first) * vocab];
+    let mut rows = Vec::with_capacity(batch);
+    for c in 0..n_chunk {
+        let chunk = &tokens[c * ctx..(c + 1) * ctx];
+        kv.open(0)?;
+        let mut got = 0;
+        for b0 in (0..ctx).step_by(batch) {
+            let b1 = (b0 + batch).min(ctx);
+            rows.clear();
+            rows.extend((b0..b1).map(|pos| Row {
+                slot: 0,
+                pos: pos as u32,
+                token: match (pos, p.bos) {
+                    (0, Some(bos)) => bos,
+                    _ => chunk[pos],
+                },
+                logits: pos >= first,
+                order: prompt_order(pos, ctx, batch),
+            }));
+            let out = exec.forward(&mut kv, &rows)?;
+            logits[got..got + out.len()].copy_from_slice(out);
+            got += out.len();
+        }
+        for i in 0..ctx - 1 - first {
+            let row = &logits[i * vocab..(i + 1) * vocab];
+            let v = -log_softmax(row, chunk[first + i + 1] as usize);
+            nll += v;
+            nll2 += v * v;
+        }
+        count += ctx - 1 - first;
+        let r = (nll / count as f64).exp();
+        running.push(r);
+        on_chunk(c, r);
+    }
+    let mean = nll / count as f64;
+    let ppl = mean.exp();
+    let var = nll2 / count as f64 - mean * mean;
+    let ppl_err = if var > 0.0 && count > 1 {
+        (var / (count - 1) as f64).sqrt() * ppl
+    } else {
+        0.0
+    };
+    Ok(PerplexityResult {
+        ppl,
+        nll: mean,
+        count,
+        running,
+        ppl_err,
+    })
+}
