@@ -15,20 +15,13 @@ perplexity, the final one, and the text's hash from the corpus manifest.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import sys
 
 import numpy as np
 import llama_cpp as L
 
-
-def quiet_logs():
-    @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
-    def _noop(level, text, user):  # noqa: ARG001
-        pass
-    quiet_logs.cb = _noop
-    L.llama_log_set(_noop, None)
+from parity_fixtures import load, quiet_logs
 
 
 def main():
@@ -36,12 +29,7 @@ def main():
     n_ctx, n_chunks, out = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
     quiet_logs()
     L.llama_backend_init()
-    mp = L.llama_model_default_params()
-    mp.n_gpu_layers = 0
-    mp.use_extra_bufts = False
-    model = L.llama_model_load_from_file(model_path.encode(), mp)
-    if not model:
-        raise RuntimeError(f"cannot load {model_path}")
+    model = load(model_path, False)
     vocab = L.llama_model_get_vocab(model)
     n_vocab = L.llama_vocab_n_tokens(vocab)
     cp = L.llama_context_default_params()

@@ -101,10 +101,7 @@ pub(crate) fn attention(
         });
         r0 = r1;
     }
-    let lo_of = |pos: usize| match l.window {
-        Some(w) => (pos + 1).saturating_sub(w),
-        None => 0,
-    };
+    let lo_of = |pos: usize| window_lo(l, pos);
     let span = |it: &AttnItem| rows[it.r1 - 1].pos as usize + 1 - lo_of(rows[it.r0].pos as usize);
     let n_scores: usize = items
         .iter()
@@ -170,10 +167,7 @@ fn split(
     let hdim = l.head_dim;
     let qd = l.n_heads * hdim;
     let group = l.n_heads / l.n_kv_heads;
-    let lo_of = |pos: usize| match l.window {
-        Some(w) => (pos + 1).saturating_sub(w),
-        None => 0,
-    };
+    let lo_of = |pos: usize| window_lo(l, pos);
     // Blocks with their score offsets: query (row r0 + i / n_heads, head i % n_heads) of a
     // block at `base + i · n_keys`.
     st.blocks.clear();
@@ -353,6 +347,14 @@ fn split(
     });
 }
 
+/// The first position a query at `pos` attends (its sliding window's start, or 0).
+fn window_lo(l: &crate::load::LayerW, pos: usize) -> usize {
+    match l.window {
+        Some(w) => (pos + 1).saturating_sub(w),
+        None => 0,
+    }
+}
+
 /// ggml sums P·V with its f32 GEMM when the batch has two or more rows, else `vec_dot`: the
 /// row's own order class says which.
 fn pv_order(class: OrderClass) -> PvOrder {
@@ -387,10 +389,7 @@ fn attend_group(
     let (Buf::F32(kb), Buf::F32(vb)) = (&slot.k[il], &slot.v[il]) else {
         return;
     };
-    let lo_of = |pos: usize| match l.window {
-        Some(w) => (pos + 1).saturating_sub(w),
-        None => 0,
-    };
+    let lo_of = |pos: usize| window_lo(l, pos);
     let (lo, hi) = (lo_of(first.pos as usize), rows[it.r1 - 1].pos as usize + 1);
     let n_keys = hi - lo;
     let nq = (it.r1 - it.r0) * (it.h1 - it.h0);
@@ -548,10 +547,7 @@ fn attend_one(
         return;
     };
     let pos = row.pos as usize;
-    let lo = match l.window {
-        Some(w) => (pos + 1).saturating_sub(w),
-        None => 0,
-    };
+    let lo = window_lo(l, pos);
     let n_keys = pos + 1 - lo;
     // Sized for the most keys this layer can hold at once, so a session whose context grows
     // does not reallocate step after step.

@@ -114,24 +114,7 @@ fn chunked_prefill_matches_one_pass() {
         let mut kv = KvCache::new(&model, KvDtype::F32, 1, 64, chunk).unwrap();
         kv.open(0).unwrap();
         let mut exec = Executor::new(model.clone(), 2).unwrap();
-        let mut got = Vec::new();
-        for (ci, part) in seq.chunks(chunk).enumerate() {
-            let rows: Vec<Row> = part
-                .iter()
-                .enumerate()
-                .map(|(i, &t)| Row {
-                    slot: 0,
-                    pos: (ci * chunk + i) as u32,
-                    token: t,
-                    logits: ci * chunk + i + 1 == seq.len(),
-                    order: OrderClass::of(part.len()),
-                })
-                .collect();
-            let out = exec.forward(&mut kv, &rows).unwrap();
-            if !out.is_empty() {
-                got = out.to_vec();
-            }
-        }
+        let got = prefill_chunks(&mut exec, &mut kv, seq, chunk);
         // Chunks of fewer rows sum P·V and F32 products in ggml's one-row order, so only the
         // last bits may differ.
         assert!(
@@ -255,11 +238,8 @@ fn a_cache_made_for_another_model_is_refused() {
     ));
 }
 
-/// Logits of the last position of `seq` with a `dtype` cache, prefilled `chunk` rows a pass.
-fn last_logits(model: &Arc<Model>, seq: &[u32], dtype: KvDtype, chunk: usize) -> Vec<f32> {
-    let mut kv = KvCache::new(model, dtype, 1, 64, chunk).unwrap();
-    kv.open(0).unwrap();
-    let mut exec = Executor::new(model.clone(), 2).unwrap();
+/// Prefills `seq` into slot 0 `chunk` rows a pass; the last position's logits.
+fn prefill_chunks(exec: &mut Executor, kv: &mut KvCache, seq: &[u32], chunk: usize) -> Vec<f32> {
     let mut got = Vec::new();
     for (ci, part) in seq.chunks(chunk).enumerate() {
         let rows: Vec<Row> = part
@@ -273,12 +253,20 @@ fn last_logits(model: &Arc<Model>, seq: &[u32], dtype: KvDtype, chunk: usize) ->
                 order: OrderClass::of(part.len()),
             })
             .collect();
-        let out = exec.forward(&mut kv, &rows).unwrap();
+        let out = exec.forward(kv, &rows).unwrap();
         if !out.is_empty() {
             got = out.to_vec();
         }
     }
     got
+}
+
+/// Logits of the last position of `seq` with a `dtype` cache, prefilled `chunk` rows a pass.
+fn last_logits(model: &Arc<Model>, seq: &[u32], dtype: KvDtype, chunk: usize) -> Vec<f32> {
+    let mut kv = KvCache::new(model, dtype, 1, 64, chunk).unwrap();
+    kv.open(0).unwrap();
+    let mut exec = Executor::new(model.clone(), 2).unwrap();
+    prefill_chunks(&mut exec, &mut kv, seq, chunk)
 }
 
 #[test]
