@@ -36,6 +36,8 @@ enum Command {
     Generate(cmd::generate::Args),
     /// A text's perplexity, computed as llama.cpp's llama-perplexity does.
     Perplexity(cmd::perplexity::Args),
+    /// Measure every tensor's importance on calibration text (an importance map, JSON).
+    Importance(cmd::importance::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (llama-server's flags).
     Serve(cmd::serve::Args),
 }
@@ -60,6 +62,7 @@ fn main() -> anyhow::Result<()> {
         Command::FetchModel(a) => cmd::fetch_model::run(a),
         Command::Generate(a) => cmd::generate::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
+        Command::Importance(a) => cmd::importance::run(a),
         Command::Serve(a) => cmd::serve::run(a),
     }
 }

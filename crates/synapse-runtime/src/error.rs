@@ -14,6 +14,9 @@ pub enum RuntimeError {
     /// A kernel rejected a weight or a shape.
     #[error(transparent)]
     Kernel(#[from] synapse_kernels::KernelError),
+    /// Measuring importance failed (calibration shape, a codec).
+    #[error(transparent)]
+    Sensitivity(#[from] synapse_sensitivity::SensitivityError),
     /// A Synapse package could not be opened as a model (missing, corrupt or inconsistent
     /// objects, a graph the family adapter refuses).
     #[error(transparent)]

@@ -23,6 +23,7 @@ pub mod engine;
 pub mod error;
 pub mod executor;
 pub mod generate;
+pub mod importance;
 pub mod kv;
 pub mod load;
 pub mod perplexity;

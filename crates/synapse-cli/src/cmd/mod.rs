@@ -3,6 +3,7 @@ pub mod cas;
 pub mod fetch_model;
 pub mod generate;
 pub mod import;
+pub mod importance;
 pub mod inspect;
 pub mod load;
 pub mod models;

@@ -1,0 +1,94 @@
+//! `synapse-cli importance`: the importance map of a model (`synapse_runtime::importance`):
+//! calibration text through the executor, every linear measured under the codec ladder on its
+//! own captured inputs, written as the map's versioned JSON.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::Args as ClapArgs;
+use synapse_runtime::Executor;
+use synapse_runtime::importance::{ImportanceParams, build_importance_map};
+
+use super::load::load_model;
+
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// The model (as for `generate`; default: Gemma 3 270M Q4_K_M).
+    #[arg(long, short = 'm', env = "SYNAPSE_MODEL")]
+    model: Option<PathBuf>,
+    /// The store package hashes are looked up in.
+    #[arg(long)]
+    store: Option<PathBuf>,
+    /// Calibration text (UTF-8): the calibration part only, never the evaluation text
+    /// (`cargo xtask text-corpus` writes both).
+    #[arg(long)]
+    calib: PathBuf,
+    /// Tokens of the text to run (its first ones).
+    #[arg(long, default_value_t = 8192)]
+    tokens: usize,
+    /// Input rows kept per capture site.
+    #[arg(long, default_value_t = 512)]
+    rows: usize,
+    /// Positions per session (the text runs in sessions of this many tokens).
+    #[arg(long, default_value_t = 512)]
+    ctx: usize,
+    /// Where to write the map (JSON).
+    #[arg(long, short = 'o')]
+    out: PathBuf,
+    /// Compute threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+/// Runs `importance`.
+pub fn run(a: Args) -> anyhow::Result<()> {
+    if a.calib.file_name().is_some_and(|n| n == "evaluation.txt") {
+        bail!(
+            "{}: the held-out evaluation text is never used for calibration",
+            a.calib.display()
+        );
+    }
+    let bytes =
+        std::fs::read(&a.calib).with_context(|| format!("reading {}", a.calib.display()))?;
+    let text = String::from_utf8(bytes).context("the calibration text is not UTF-8")?;
+    let (model, tok) = load_model(a.model.as_deref(), a.store.as_deref())?;
+    let model = Arc::new(model);
+    let mut ids = tok.encode(&text, true, false)?;
+    ids.truncate(a.tokens);
+    if ids.is_empty() {
+        bail!("the calibration text tokenizes to nothing");
+    }
+    let mut exec = Executor::new(model.clone(), a.threads)?;
+    let p = ImportanceParams {
+        max_rows: a.rows,
+        batch: a.ctx.min(512),
+        ctx: a.ctx,
+        text_id: blake3::hash(text.as_bytes()).to_hex().to_string(),
+        ..ImportanceParams::default()
+    };
+    let t0 = Instant::now();
+    eprintln!(
+        "importance: {} calibration tokens, {} rows per site",
+        ids.len(),
+        a.rows
+    );
+    let map = build_importance_map(&mut exec, &ids, &p, |done, total, name| {
+        eprintln!(
+            "  [{done}/{total}] {name} ({:.1} s)",
+            t0.elapsed().as_secs_f64()
+        );
+    })?;
+    std::fs::write(&a.out, map.to_json()? + "\n")
+        .with_context(|| format!("writing {}", a.out.display()))?;
+    eprintln!(
+        "importance: {} tensors, calibration {}, {} samples -> {} ({:.1} s)",
+        map.tensors.len(),
+        &map.provenance.calibration_hash[..12],
+        map.provenance.sample_count,
+        a.out.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

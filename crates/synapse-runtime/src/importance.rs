@@ -1,0 +1,151 @@
+//! The importance map of a real model: calibration text runs through the executor with a
+//! [`CalibrationRecorder`] attached; each linear's weights (decoded from their source
+//! encoding) are measured under every codec of the candidate ladder on its own input rows
+//! (`synapse_sensitivity::measure_tensor`: exact size and activation-aware output distortion
+//! `‖(W − Q(W))X‖² / ‖WX‖²`); the measurements and their provenance (model fingerprint,
+//! calibration hash, sample count, codec versions) form an [`ImportanceMap`].
+
+use std::sync::Arc;
+
+use synapse_codecs::{Codec, EncodingId, codec_for, default_ladder};
+use synapse_kernels::QuantMatrix;
+use synapse_sensitivity::{Calibration, ImportanceMap, ImportanceMapBuilder, measure_tensor};
+
+use crate::calib::CalibrationRecorder;
+use crate::error::{Result, RuntimeError};
+use crate::executor::{Executor, Row, prompt_order};
+use crate::kv::{KvCache, KvDtype};
+use crate::load::Model;
+
+/// How to build a map.
+#[derive(Debug, Clone)]
+pub struct ImportanceParams {
+    /// Input rows kept per capture site.
+    pub max_rows: usize,
+    /// Rows per forward pass (one session; positions restart every `batch · chunks` tokens).
+    pub batch: usize,
+    /// Positions per session before the cache restarts (the context the text is run at).
+    pub ctx: usize,
+    /// The candidate encodings (default: `synapse_codecs::default_ladder()`).
+    pub ladder: Vec<EncodingId>,
+    /// What the calibration text is (its hash, e.g. the corpus part's), recorded in the
+    /// provenance together with the token count and `max_rows`.
+    pub text_id: String,
+}
+
+impl Default for ImportanceParams {
+    fn default() -> Self {
+        ImportanceParams {
+            max_rows: 512,
+            batch: 512,
+            ctx: 512,
+            ladder: default_ladder(),
+            text_id: String::new(),
+        }
+    }
+}
+
+/// Every linear of `model` by its IR weight name.
+pub fn linears(model: &Model) -> Vec<(String, Arc<QuantMatrix>)> {
+    let ir = &model.ir;
+    let name = |id| ir.weight(id).name.clone();
+    let mut v = Vec::new();
+    for (l, r) in model.layers.iter().zip(&ir.layers) {
+        let (a, f) = (&r.attention, &r.ffn);
+        for (id, m) in [
+            (a.q.weight, &l.q.m),
+            (a.k.weight, &l.k.m),
+            (a.v.weight, &l.v.m),
+            (a.o.weight, &l.o.m),
+            (f.gate.weight, &l.gate.m),
+            (f.up.weight, &l.up.m),
+            (f.down.weight, &l.down.m),
+        ] {
+            v.push((name(id), m.clone()));
+        }
+    }
+    v.push((name(ir.lm_head.linear.weight), model.head.m.clone()));
+    v
+}
+
+/// Runs `tokens` (the calibration part, tokenized) through `exec` and measures every linear
+/// (see the module docs); `progress(done, total, name)` after each tensor.
+pub fn build_importance_map(
+    exec: &mut Executor,
+    tokens: &[u32],
+    p: &ImportanceParams,
+    mut progress: impl FnMut(usize, usize, &str),
+) -> Result<ImportanceMap> {
+    if tokens.is_empty() || p.max_rows == 0 || p.batch == 0 || p.ctx == 0 {
+        return Err(RuntimeError::InvalidParam {
+            name: "importance",
+            reason: "needs calibration tokens and positive rows, batch and ctx".into(),
+        });
+    }
+    let model = exec.model().clone();
+    let rec = CalibrationRecorder::new(&model, p.max_rows, tokens.len() as u64);
+    let prev = exec.set_tap(Some(Box::new(rec.clone())));
+    let batch = p.batch.min(p.ctx);
+    let mut kv = KvCache::new(&model, KvDtype::F32, 1, p.ctx, batch)?;
+    let run = (|| -> Result<()> {
+        for seg in tokens.chunks(p.ctx) {
+            kv.open(0)?;
+            for b0 in (0..seg.len()).step_by(batch) {
+                let b1 = (b0 + batch).min(seg.len());
+                let rows: Vec<Row> = (b0..b1)
+                    .map(|pos| Row {
+                        slot: 0,
+                        pos: pos as u32,
+                        token: seg[pos],
+                        // Every row through the LM head: its input is a site too.
+                        logits: true,
+                        order: prompt_order(pos, seg.len(), batch),
+                    })
+                    .collect();
+                exec.forward(&mut kv, &rows)?;
+            }
+        }
+        Ok(())
+    })();
+    exec.set_tap(prev);
+    run?;
+    let sites = rec.sites();
+    let by_name = linears(&model);
+    let mut h = blake3::Hasher::new();
+    h.update(p.text_id.as_bytes());
+    h.update(&(tokens.len() as u64).to_le_bytes());
+    h.update(&(p.max_rows as u64).to_le_bytes());
+    let rows_total: usize = sites.iter().map(|(_, s)| s.rows()).sum();
+    let mut b = ImportanceMapBuilder::new(
+        &model.ir.fingerprint,
+        h.finalize().to_hex().as_ref(),
+        rows_total as u64,
+    );
+    let codecs: Vec<Box<dyn Codec>> = p.ladder.iter().map(|&id| codec_for(id)).collect();
+    let refs: Vec<&dyn Codec> = codecs.iter().map(|c| c.as_ref()).collect();
+    let total = by_name.len();
+    let mut done = 0;
+    for (_, s) in &sites {
+        let calib = Calibration::new(s.data.clone(), s.rows(), s.cols)?;
+        for name in &s.weights {
+            let Some((_, m)) = by_name.iter().find(|(n, _)| n == name) else {
+                continue;
+            };
+            let (rows, cols) = (m.rows(), m.cols());
+            let mut w = vec![0f32; rows * cols];
+            for (r, out) in w.chunks_exact_mut(cols).enumerate() {
+                m.dequantize_row(r, out)?;
+            }
+            let source = model
+                .profile
+                .encoding(name)
+                .map(str::to_owned)
+                .unwrap_or_else(|| "f32".into());
+            let t = measure_tensor(&w, rows, &source, m.weight_bytes() as u64, &calib, &refs)?;
+            b.add(name, t)?;
+            done += 1;
+            progress(done, total, name);
+        }
+    }
+    Ok(b.finish())
+}

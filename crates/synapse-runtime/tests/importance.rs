@@ -1,0 +1,105 @@
+//! Importance maps of the tiny fixtures built end to end (capture in the executor → decode →
+//! every codec of the ladder → activation-aware distortion): every linear measured, sizes
+//! below the source, distortion falling as bits rise, provenance that refuses another model,
+//! and the same map from the same text.
+
+mod common;
+
+use std::sync::Arc;
+
+use synapse_runtime::importance::{ImportanceParams, build_importance_map, linears};
+use synapse_runtime::{Executor, Model};
+use synapse_sensitivity::ImportanceMap;
+
+fn tiny(family: &str) -> Option<(Arc<Model>, Vec<u32>)> {
+    let dir = common::workspace_root().join("fixtures/tiny").join(family);
+    if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+        return None;
+    }
+    let toks: Vec<u32> = common::tiny_sequences(&dir).concat();
+    Some((
+        Arc::new(Model::load(&dir.join("model.q8_0.gguf")).unwrap()),
+        toks,
+    ))
+}
+
+fn build(model: &Arc<Model>, toks: &[u32]) -> ImportanceMap {
+    let mut exec = Executor::new(model.clone(), 2).unwrap();
+    let p = ImportanceParams {
+        max_rows: 48,
+        batch: 16,
+        ctx: 32,
+        text_id: "tiny sequences".into(),
+        ..ImportanceParams::default()
+    };
+    let mut seen = 0;
+    let map = build_importance_map(&mut exec, toks, &p, |done, total, _| {
+        assert!(done <= total);
+        seen = done;
+    })
+    .unwrap();
+    assert_eq!(seen, linears(model).len());
+    map
+}
+
+#[test]
+fn every_linear_is_measured_under_the_ladder() {
+    for family in ["llama", "qwen2", "gemma3"] {
+        let Some((m, toks)) = tiny(family) else {
+            return;
+        };
+        let map = build(&m, &toks);
+        let names: Vec<String> = linears(&m).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(map.tensors.len(), names.len(), "{family}");
+        for n in &names {
+            let t = &map.tensors[n];
+            assert_eq!(t.source_encoding, "q8_0", "{family} {n}");
+            assert!(
+                !t.options.is_empty(),
+                "{family} {n}: no option below the source"
+            );
+            for o in &t.options {
+                assert!(o.bytes < t.source_bytes, "{family} {n} {}", o.encoding);
+                assert!(o.distortion.is_finite() && o.distortion >= 0.0);
+            }
+            // The symmetric ladder: fewer bits, more distortion.
+            let sym: Vec<&synapse_sensitivity::EncodingOption> = t
+                .options
+                .iter()
+                .filter(|o| o.encoding.contains(".symmetric."))
+                .collect();
+            assert!(sym.len() >= 4, "{family} {n}: {:?}", t.options);
+            for w in sym.windows(2) {
+                assert!(w[0].bytes > w[1].bytes);
+                assert!(
+                    w[0].distortion < w[1].distortion,
+                    "{family} {n}: {} {} vs {} {}",
+                    w[0].encoding,
+                    w[0].distortion,
+                    w[1].encoding,
+                    w[1].distortion
+                );
+            }
+        }
+        assert_eq!(map.provenance.model_fingerprint, m.ir.fingerprint);
+        map.check_applies_to(&m.ir.fingerprint).unwrap();
+        assert!(map.check_applies_to("another model").is_err());
+        // Serialized and back, the same map.
+        let back = ImportanceMap::from_json(&map.to_json().unwrap()).unwrap();
+        assert_eq!(back, map);
+    }
+}
+
+#[test]
+fn the_same_text_gives_the_same_map() {
+    let Some((m, toks)) = tiny("llama") else {
+        return;
+    };
+    let (a, b) = (build(&m, &toks), build(&m, &toks));
+    assert_eq!(a, b);
+    let c = build(&m, &toks[..toks.len() / 2]);
+    assert_ne!(
+        a.provenance.calibration_hash, c.provenance.calibration_hash,
+        "another text, another calibration hash"
+    );
+}
