@@ -11,16 +11,12 @@ use clap::Args as ClapArgs;
 use synapse_runtime::Executor;
 use synapse_runtime::importance::{ImportanceParams, build_importance_map};
 
-use super::load::load_model;
+use super::load::ModelArgs;
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
-    /// The model (as for `generate`; default: Gemma 3 270M Q4_K_M).
-    #[arg(long, short = 'm', env = "SYNAPSE_MODEL")]
-    model: Option<PathBuf>,
-    /// The store package hashes are looked up in.
-    #[arg(long)]
-    store: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArgs,
     /// Calibration text (UTF-8): the calibration part only, never the evaluation text
     /// (`cargo xtask text-corpus` writes both).
     #[arg(long)]
@@ -53,7 +49,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let bytes =
         std::fs::read(&a.calib).with_context(|| format!("reading {}", a.calib.display()))?;
     let text = String::from_utf8(bytes).context("the calibration text is not UTF-8")?;
-    let (model, tok) = load_model(a.model.as_deref(), a.store.as_deref())?;
+    let (model, tok) = a.model.load()?;
     let model = Arc::new(model);
     let mut ids = tok.encode(&text, true, false)?;
     ids.truncate(a.tokens);

@@ -155,3 +155,25 @@ pub fn load_model(
         }
     })
 }
+
+/// `--model` and `--store`, shared by the commands that load a model.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A GGUF file, a safetensors checkpoint directory, a Synapse package directory, a
+    /// package hash (or unique prefix, at least 8 hex digits) in the store, or a published
+    /// model's name (`smollm2-135m-instruct`, `qwen2.5-coder-0.5b-instruct`: fetched once)
+    /// (default: Gemma 3 270M Q4_K_M from the model cache).
+    #[arg(long, short = 'm', env = "SYNAPSE_MODEL")]
+    pub model: Option<std::path::PathBuf>,
+    /// The store package hashes are looked up in (default: `$SYNAPSE_STORE`, else
+    /// `${XDG_DATA_HOME:-~/.local/share}/synapse/store`).
+    #[arg(long)]
+    pub store: Option<std::path::PathBuf>,
+}
+
+impl ModelArgs {
+    /// The model and its tokenizer.
+    pub fn load(&self) -> anyhow::Result<(synapse_runtime::Model, synapse_tokenizer::Tokenizer)> {
+        load_model(self.model.as_deref(), self.store.as_deref())
+    }
+}

@@ -10,17 +10,12 @@ use clap::Args as ClapArgs;
 use synapse_runtime::Executor;
 use synapse_runtime::perplexity::{PerplexityParams, perplexity};
 
-use super::load::load_model;
+use super::load::ModelArgs;
 
 #[derive(ClapArgs, Debug)]
 pub struct Args {
-    /// The model (as for `generate`: a GGUF, a checkpoint or package directory, a package hash,
-    /// or a published model's name; default: Gemma 3 270M Q4_K_M).
-    #[arg(long, short = 'm', env = "SYNAPSE_MODEL")]
-    model: Option<PathBuf>,
-    /// The store package hashes are looked up in.
-    #[arg(long)]
-    store: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArgs,
     /// The text file (UTF-8).
     #[arg(long, short = 'f')]
     file: PathBuf,
@@ -45,7 +40,7 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("reading {} (UTF-8 text)", a.file.display()))?;
-    let (model, tok) = load_model(a.model.as_deref(), a.store.as_deref())?;
+    let (model, tok) = a.model.load()?;
     let model = Arc::new(model);
     let tokens = tok.encode(&text, true, false)?;
     let bos = tok.bos().filter(|&b| tokens.first() == Some(&b));
