@@ -30,6 +30,7 @@ pub mod perplexity;
 pub mod profile;
 pub mod sampling;
 pub mod tap;
+mod variant;
 
 pub use error::{Result, RuntimeError};
 pub use executor::{Executor, Row, prompt_order};
