@@ -36,6 +36,27 @@ pub struct PerplexityResult {
     pub running: Vec<f64>,
     /// Standard error of `ppl` (llama.cpp's `+/-`).
     pub ppl_err: f64,
+    /// Mean KL divergence `KL(p_reference ‖ p_model)` of the next-token distribution over the
+    /// scored rows, when a reference ran beside ([`perplexity_against`]).
+    pub kl: Option<f64>,
+}
+
+/// `KL(p ‖ q)` of the softmaxes of two logit rows, in f64.
+pub fn kl_divergence(p_logits: &[f32], q_logits: &[f32]) -> f64 {
+    let lse = |r: &[f32]| {
+        let m = r.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        m + r.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln()
+    };
+    let (lp, lq) = (lse(p_logits), lse(q_logits));
+    p_logits
+        .iter()
+        .zip(q_logits)
+        .map(|(&a, &b)| {
+            let la = a as f64 - lp;
+            la.exp() * (la - (b as f64 - lq))
+        })
+        .sum::<f64>()
+        .max(0.0)
 }
 
 /// llama.cpp's `log_softmax(n_vocab, logits, tok).log_softmax`.
@@ -49,6 +70,19 @@ pub fn log_softmax(logits: &[f32], tok: usize) -> f64 {
 /// `on_chunk(i, running_ppl)` after each chunk.
 pub fn perplexity(
     exec: &mut Executor,
+    tokens: &[u32],
+    p: &PerplexityParams,
+    on_chunk: impl FnMut(usize, f64),
+) -> Result<PerplexityResult> {
+    perplexity_against(exec, None, tokens, p, on_chunk)
+}
+
+/// [`perplexity`], and with a `reference` executor (the source precision of the same model)
+/// the mean KL divergence of `exec`'s next-token distribution from the reference's over the
+/// scored rows.
+pub fn perplexity_against(
+    exec: &mut Executor,
+    mut reference: Option<&mut Executor>,
     tokens: &[u32],
     p: &PerplexityParams,
     mut on_chunk: impl FnMut(usize, f64),
@@ -76,13 +110,34 @@ pub fn perplexity(
     let first = ctx / 2;
     let model = exec.model().clone();
     let mut kv = KvCache::new(&model, KvDtype::F32, 1, ctx, batch)?;
+    let mut ref_kv = match reference.as_deref() {
+        Some(r) => {
+            if r.model().vocab() != vocab || r.model().ir.fingerprint != model.ir.fingerprint {
+                return Err(RuntimeError::InvalidParam {
+                    name: "reference",
+                    reason: "the reference must be the same model (another precision)".into(),
+                });
+            }
+            Some(KvCache::new(r.model(), KvDtype::F32, 1, ctx, batch)?)
+        }
+        None => None,
+    };
     let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
+    let mut kl_sum = 0f64;
     let mut running = Vec::with_capacity(n_chunk);
     let mut logits = vec![0f32; (ctx - first) * vocab];
+    let mut ref_logits = if reference.is_some() {
+        vec![0f32; (ctx - first) * vocab]
+    } else {
+        Vec::new()
+    };
     let mut rows = Vec::with_capacity(batch);
     for c in 0..n_chunk {
         let chunk = &tokens[c * ctx..(c + 1) * ctx];
         kv.open(0)?;
+        if let Some(k) = ref_kv.as_mut() {
+            k.open(0)?;
+        }
         let mut got = 0;
         for b0 in (0..ctx).step_by(batch) {
             let b1 = (b0 + batch).min(ctx);
@@ -99,6 +154,10 @@ pub fn perplexity(
             }));
             let out = exec.forward(&mut kv, &rows)?;
             logits[got..got + out.len()].copy_from_slice(out);
+            if let (Some(r), Some(k)) = (reference.as_deref_mut(), ref_kv.as_mut()) {
+                let o = r.forward(k, &rows)?;
+                ref_logits[got..got + o.len()].copy_from_slice(o);
+            }
             got += out.len();
         }
         for i in 0..ctx - 1 - first {
@@ -106,6 +165,9 @@ pub fn perplexity(
             let v = -log_softmax(row, chunk[first + i + 1] as usize);
             nll += v;
             nll2 += v * v;
+            if !ref_logits.is_empty() {
+                kl_sum += kl_divergence(&ref_logits[i * vocab..(i + 1) * vocab], row);
+            }
         }
         count += ctx - 1 - first;
         let r = (nll / count as f64).exp();
@@ -126,5 +188,6 @@ pub fn perplexity(
         count,
         running,
         ppl_err,
+        kl: reference.is_some().then(|| kl_sum / count as f64),
     })
 }

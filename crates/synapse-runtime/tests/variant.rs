@@ -99,3 +99,45 @@ fn re_encoded_tensors_run_and_cost_what_their_bits_say() {
     assert!(model.with_encodings(&bad).is_err());
     assert!(model.with_encodings(&BTreeMap::new()).is_err());
 }
+
+#[test]
+fn perplexity_reports_kl_against_the_source() {
+    use synapse_runtime::perplexity::{PerplexityParams, kl_divergence, perplexity_against};
+    let dir = common::workspace_root().join("fixtures/tiny/llama");
+    if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+        return;
+    }
+    let model = Arc::new(Model::load(&dir.join("model.q8_0.gguf")).unwrap());
+    let toks: Vec<u32> = (0..96u32).map(|i| 1 + (i * 53) % 450).collect();
+    let p = PerplexityParams {
+        ctx: 32,
+        batch: 32,
+        max_chunks: None,
+        bos: None,
+    };
+    let all: Vec<String> = linears(&model).into_iter().map(|(n, _)| n).collect();
+    let run = |bits: u32| {
+        let id = EncodingId::Symmetric { bits, group: 64 };
+        let v = Arc::new(
+            model
+                .with_encodings(&all.iter().map(|n| (n.clone(), id)).collect())
+                .unwrap(),
+        );
+        let mut exec = Executor::new(v, 2).unwrap();
+        let mut reference = Executor::new(model.clone(), 2).unwrap();
+        perplexity_against(&mut exec, Some(&mut reference), &toks, &p, |_, _| {}).unwrap()
+    };
+    let (q8, q2) = (run(8), run(2));
+    let (k8, k2) = (q8.kl.unwrap(), q2.kl.unwrap());
+    assert!(k8 > 0.0 && k8 < 1e-3 && k2 > 10.0 * k8, "{k8} {k2}");
+    // The source against itself: KL exactly 0, the same perplexity as without a reference.
+    let mut a = Executor::new(model.clone(), 2).unwrap();
+    let mut b = Executor::new(model.clone(), 2).unwrap();
+    let same = perplexity_against(&mut a, Some(&mut b), &toks, &p, |_, _| {}).unwrap();
+    assert_eq!(same.kl, Some(0.0));
+    let alone = synapse_runtime::perplexity::perplexity(&mut a, &toks, &p, |_, _| {}).unwrap();
+    assert_eq!(alone.ppl.to_bits(), same.ppl.to_bits());
+    assert_eq!(alone.kl, None);
+    assert!(kl_divergence(&[1.0, 2.0, 3.0], &[1.0, 2.0, 3.0]).abs() < 1e-15);
+    assert!(kl_divergence(&[5.0, 0.0], &[0.0, 5.0]) > 4.0);
+}

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::Args as ClapArgs;
 use synapse_runtime::Executor;
-use synapse_runtime::perplexity::{PerplexityParams, perplexity};
+use synapse_runtime::perplexity::{PerplexityParams, perplexity_against};
 
 use super::load::ModelArgs;
 
@@ -28,6 +28,10 @@ pub struct Args {
     /// At most this many chunks (default: every whole chunk of the text).
     #[arg(long)]
     chunks: Option<usize>,
+    /// Run every linear in one Synapse encoding (`uniform:syn.q4.symmetric.g64.v1`) and
+    /// report the mean KL divergence from the source precision beside the perplexity.
+    #[arg(long, value_name = "uniform:ENCODING")]
+    profile: Option<String>,
     /// Compute threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -47,7 +51,30 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.chunks == Some(0) {
         bail!("--chunks must be at least 1");
     }
-    let mut exec = Executor::new(model.clone(), a.threads)?;
+    // `--profile uniform:ID`: the variant runs, the source is the KL reference.
+    let variant = match &a.profile {
+        None => None,
+        Some(spec) => {
+            let Some(id) = spec.strip_prefix("uniform:") else {
+                bail!(
+                    "--profile takes uniform:ENCODING (e.g. uniform:syn.q4.symmetric.g64.v1), not {spec:?}"
+                );
+            };
+            let id = synapse_codecs::EncodingId::parse(id)
+                .with_context(|| format!("--profile: unknown encoding {id:?}"))?;
+            let all = synapse_runtime::importance::linears(&model)
+                .into_iter()
+                .map(|(n, _)| (n, id))
+                .collect();
+            Some(Arc::new(model.with_encodings(&all)?))
+        }
+    };
+    let mut reference = match &variant {
+        Some(_) => Some(Executor::new(model.clone(), a.threads)?),
+        None => None,
+    };
+    let run_model = variant.clone().unwrap_or_else(|| model.clone());
+    let mut exec = Executor::new(run_model.clone(), a.threads)?;
     let t0 = Instant::now();
     let p = PerplexityParams {
         ctx: a.ctx,
@@ -56,7 +83,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         bos,
     };
     let json = a.json;
-    let r = perplexity(&mut exec, &tokens, &p, |i, ppl| {
+    let r = perplexity_against(&mut exec, reference.as_mut(), &tokens, &p, |i, ppl| {
         if !json {
             eprint!("[{}]{ppl:.4},", i + 1);
         }
@@ -72,20 +99,23 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "chunks": r.running.len(),
             "running": r.running,
             "ctx": a.ctx,
-            "weight_bytes": model.weight_bytes(),
+            "kl": r.kl,
+            "profile": run_model.profile.hash(),
+            "weight_bytes": run_model.weight_bytes(),
             "seconds": secs,
         });
         println!("{}", serde_json::to_string(&j)?);
     } else {
         eprintln!();
         println!(
-            "Final estimate: PPL = {:.4} +/- {:.5} ({} tokens scored in {} chunks of {}, {:.1} s)",
+            "Final estimate: PPL = {:.4} +/- {:.5} ({} tokens scored in {} chunks of {}, {:.1} s){}",
             r.ppl,
             r.ppl_err,
             r.count,
             r.running.len(),
             a.ctx,
-            secs
+            secs,
+            r.kl.map_or(String::new(), |k| format!(", KL vs source {k:.6}"))
         );
     }
     Ok(())
