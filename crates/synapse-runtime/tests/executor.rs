@@ -22,16 +22,6 @@ fn fixture(family: &str) -> Option<(Arc<Model>, Vec<Vec<u32>>)> {
     Some((model, seqs))
 }
 
-/// Logits of every position of `seq`, run alone in slot 0 of a fresh cache in one pass.
-fn alone(model: &Arc<Model>, seq: &[u32]) -> Vec<f32> {
-    let mut kv = KvCache::new(model, KvDtype::F32, 1, 64, 64).unwrap();
-    kv.open(0).unwrap();
-    let mut exec = Executor::new(model.clone(), 2).unwrap();
-    exec.forward(&mut kv, &common::all_logit_rows(seq))
-        .unwrap()
-        .to_vec()
-}
-
 fn max_rel(a: &[f32], b: &[f32]) -> f64 {
     let scale = b.iter().fold(0f64, |m, v| m.max(v.abs() as f64)).max(1e-9);
     a.iter()
@@ -47,7 +37,10 @@ fn ragged_batch_of_sessions_matches_each_session_alone() {
     };
     let vocab = model.vocab();
     let (a, b) = (&seqs[0], &seqs[1]);
-    let (want_a, want_b) = (alone(&model, a), alone(&model, b));
+    let (want_a, want_b) = (
+        common::alone_logits(&model, a),
+        common::alone_logits(&model, b),
+    );
 
     // Both sessions in one pass, rows interleaved, slot 1 before slot 0 where both exist.
     let mut kv = KvCache::new(&model, KvDtype::F32, 2, 64, 64).unwrap();
@@ -108,7 +101,7 @@ fn chunked_prefill_matches_one_pass() {
     };
     let vocab = model.vocab();
     let seq = &seqs[1];
-    let want = alone(&model, seq);
+    let want = common::alone_logits(&model, seq);
     let last = &want[(seq.len() - 1) * vocab..];
     for chunk in [1usize, 3, 8] {
         let mut kv = KvCache::new(&model, KvDtype::F32, 1, 64, chunk).unwrap();

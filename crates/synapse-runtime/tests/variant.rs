@@ -11,15 +11,6 @@ use synapse_codecs::EncodingId;
 use synapse_runtime::importance::linears;
 use synapse_runtime::{Executor, KvCache, KvDtype, Model};
 
-fn logits(model: &Arc<Model>, seq: &[u32]) -> Vec<f32> {
-    let mut kv = KvCache::new(model, KvDtype::F32, 1, 64, 64).unwrap();
-    kv.open(0).unwrap();
-    let mut exec = Executor::new(model.clone(), 2).unwrap();
-    exec.forward(&mut kv, &common::all_logit_rows(seq))
-        .unwrap()
-        .to_vec()
-}
-
 /// Mean KL(p_source ‖ p_variant) over the rows.
 fn mean_kl(src: &[f32], var: &[f32], vocab: usize) -> f64 {
     let soft = |r: &[f32]| {
@@ -54,7 +45,7 @@ fn re_encoded_tensors_run_and_cost_what_their_bits_say() {
     let model = Arc::new(Model::load(&dir.join("model.q8_0.gguf")).unwrap());
     let seq = &common::tiny_sequences(&dir)[0];
     let vocab = model.vocab();
-    let src = logits(&model, seq);
+    let src = common::alone_logits(&model, seq);
     let all: Vec<String> = linears(&model).into_iter().map(|(n, _)| n).collect();
     let mut kls = Vec::new();
     for bits in [8u32, 4, 2] {
@@ -65,7 +56,7 @@ fn re_encoded_tensors_run_and_cost_what_their_bits_say() {
         for n in &all {
             assert_eq!(v.profile.encoding(n), Some(id.to_string().as_str()));
         }
-        let got = logits(&v, seq);
+        let got = common::alone_logits(&v, seq);
         assert!(got.iter().all(|x| x.is_finite()));
         kls.push(mean_kl(&src, &got, vocab));
         // A cache made for the source precision is refused by the variant's executor.

@@ -49,3 +49,15 @@ pub fn all_logit_rows(seq: &[u32]) -> Vec<synapse_runtime::Row> {
         })
         .collect()
 }
+
+/// Logits of every position of `seq`, run alone in slot 0 of a fresh 64-position cache in one
+/// pass.
+pub fn alone_logits(model: &std::sync::Arc<synapse_runtime::Model>, seq: &[u32]) -> Vec<f32> {
+    use synapse_runtime::{Executor, KvCache, KvDtype};
+    let mut kv = KvCache::new(model, KvDtype::F32, 1, 64, 64).unwrap();
+    kv.open(0).unwrap();
+    let mut exec = Executor::new(model.clone(), 2).unwrap();
+    exec.forward(&mut kv, &all_logit_rows(seq))
+        .unwrap()
+        .to_vec()
+}
