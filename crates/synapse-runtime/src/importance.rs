@@ -51,17 +51,11 @@ pub fn linears(model: &Model) -> Vec<(String, Arc<QuantMatrix>)> {
     let name = |id| ir.weight(id).name.clone();
     let mut v = Vec::new();
     for (l, r) in model.layers.iter().zip(&ir.layers) {
-        let (a, f) = (&r.attention, &r.ffn);
-        for (id, m) in [
-            (a.q.weight, &l.q.m),
-            (a.k.weight, &l.k.m),
-            (a.v.weight, &l.v.m),
-            (a.o.weight, &l.o.m),
-            (f.gate.weight, &l.gate.m),
-            (f.up.weight, &l.up.m),
-            (f.down.weight, &l.down.m),
-        ] {
-            v.push((name(id), m.clone()));
+        for (id, lin) in crate::load::layer_weight_ids(r)
+            .into_iter()
+            .zip(l.linears())
+        {
+            v.push((name(id), lin.m.clone()));
         }
     }
     v.push((name(ir.lm_head.linear.weight), model.head.m.clone()));

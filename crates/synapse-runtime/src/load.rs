@@ -162,6 +162,42 @@ pub struct LayerW {
     pub ffn_post_norm: Option<NormW>,
 }
 
+impl LayerW {
+    /// The layer's linears in IR order: q, k, v, o, gate, up, down.
+    pub fn linears(&self) -> [&LinearW; 7] {
+        [
+            &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
+        ]
+    }
+
+    /// [`LayerW::linears`], mutably.
+    pub(crate) fn linears_mut(&mut self) -> [&mut LinearW; 7] {
+        [
+            &mut self.q,
+            &mut self.k,
+            &mut self.v,
+            &mut self.o,
+            &mut self.gate,
+            &mut self.up,
+            &mut self.down,
+        ]
+    }
+}
+
+/// The IR weight ids of a layer's linears, in [`LayerW::linears`]' order.
+pub(crate) fn layer_weight_ids(r: &synapse_model::LayerRegion) -> [synapse_model::WeightId; 7] {
+    let (a, f) = (&r.attention, &r.ffn);
+    [
+        a.q.weight,
+        a.k.weight,
+        a.v.weight,
+        a.o.weight,
+        f.gate.weight,
+        f.up.weight,
+        f.down.weight,
+    ]
+}
+
 /// A loaded model: the IR, its profile and executable weights.
 #[derive(Debug)]
 pub struct Model {
@@ -320,13 +356,13 @@ impl Model {
     /// Weight bytes one decode step reads: every layer's linears and the LM head (the token
     /// embedding only as the tied LM head: a lookup reads one row of it).
     pub fn decode_read_bytes(&self) -> usize {
-        let lin = |l: &LinearW| l.m.weight_bytes();
-        let mut n = lin(&self.head);
-        for l in &self.layers {
-            n += lin(&l.q) + lin(&l.k) + lin(&l.v) + lin(&l.o);
-            n += lin(&l.gate) + lin(&l.up) + lin(&l.down);
-        }
-        n
+        let layers: usize = self
+            .layers
+            .iter()
+            .flat_map(|l| l.linears())
+            .map(|l| l.m.weight_bytes())
+            .sum();
+        self.head.m.weight_bytes() + layers
     }
 
     /// Bytes of an f32 KV cache one decode step reads at context `ctx` (keys and values of
@@ -345,11 +381,12 @@ impl Model {
         if !Arc::ptr_eq(&self.embd, &self.head.m) {
             n += lin(&self.head);
         }
-        for l in &self.layers {
-            n += lin(&l.q) + lin(&l.k) + lin(&l.v) + lin(&l.o);
-            n += lin(&l.gate) + lin(&l.up) + lin(&l.down);
-        }
-        n
+        n + self
+            .layers
+            .iter()
+            .flat_map(|l| l.linears())
+            .map(lin)
+            .sum::<usize>()
     }
 }
 

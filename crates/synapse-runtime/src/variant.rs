@@ -53,16 +53,10 @@ impl Model {
         let mut profile = self.profile.clone();
         let mut done = 0;
         for (l, r) in layers.iter_mut().zip(&ir.layers) {
-            let (a, f) = (&r.attention, &r.ffn);
-            for (wid, lin) in [
-                (a.q.weight, &mut l.q),
-                (a.k.weight, &mut l.k),
-                (a.v.weight, &mut l.v),
-                (a.o.weight, &mut l.o),
-                (f.gate.weight, &mut l.gate),
-                (f.up.weight, &mut l.up),
-                (f.down.weight, &mut l.down),
-            ] {
+            for (wid, lin) in crate::load::layer_weight_ids(r)
+                .into_iter()
+                .zip(l.linears_mut())
+            {
                 let n = name(wid);
                 if let Some(&id) = changes.get(&n) {
                     lin.m = Arc::new(reencode(&lin.m, id)?);
