@@ -17,6 +17,9 @@ pub enum RuntimeError {
     /// Measuring importance failed (calibration shape, a codec).
     #[error(transparent)]
     Sensitivity(#[from] synapse_sensitivity::SensitivityError),
+    /// No precision profile meets the request (budget too small, …).
+    #[error(transparent)]
+    Selector(#[from] synapse_selector::SelectorError),
     /// A Synapse package could not be opened as a model (missing, corrupt or inconsistent
     /// objects, a graph the family adapter refuses).
     #[error(transparent)]

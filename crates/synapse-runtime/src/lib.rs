@@ -27,6 +27,7 @@ pub mod importance;
 pub mod kv;
 pub mod load;
 pub mod perplexity;
+pub mod precision;
 pub mod profile;
 pub mod sampling;
 pub mod tap;

@@ -5,42 +5,10 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use synapse_runtime::importance::{ImportanceParams, build_importance_map, linears};
-use synapse_runtime::{Executor, Model};
+use synapse_runtime::importance::linears;
 use synapse_sensitivity::ImportanceMap;
 
-fn tiny(family: &str) -> Option<(Arc<Model>, Vec<u32>)> {
-    let dir = common::workspace_root().join("fixtures/tiny").join(family);
-    if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
-        return None;
-    }
-    let toks: Vec<u32> = common::tiny_sequences(&dir).concat();
-    Some((
-        Arc::new(Model::load(&dir.join("model.q8_0.gguf")).unwrap()),
-        toks,
-    ))
-}
-
-fn build(model: &Arc<Model>, toks: &[u32]) -> ImportanceMap {
-    let mut exec = Executor::new(model.clone(), 2).unwrap();
-    let p = ImportanceParams {
-        max_rows: 48,
-        batch: 16,
-        ctx: 32,
-        text_id: "tiny sequences".into(),
-        ..ImportanceParams::default()
-    };
-    let mut seen = 0;
-    let map = build_importance_map(&mut exec, toks, &p, |done, total, _| {
-        assert!(done <= total);
-        seen = done;
-    })
-    .unwrap();
-    assert_eq!(seen, linears(model).len());
-    map
-}
+use common::{tiny_importance_map as build, tiny_q8_model as tiny};
 
 #[test]
 fn every_linear_is_measured_under_the_ladder() {

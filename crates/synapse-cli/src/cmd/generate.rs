@@ -85,6 +85,8 @@ pub struct Args {
     /// Keep generating after an end-of-generation token (benchmarks: always `-n` tokens).
     #[arg(long)]
     ignore_eos: bool,
+    #[command(flatten)]
+    precision: super::load::PrecisionArgs,
 }
 
 /// Runs `generate`.
@@ -105,7 +107,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     let t_load = Instant::now();
     let (model, tok) = load_model(args.model.as_deref(), args.store.as_deref())?;
-    let model = Arc::new(model);
+    let source = Arc::new(model);
+    let source_bytes = source.weight_bytes();
+    let model = args.precision.apply(&source)?.model;
+    drop(source);
     let load_s = t_load.elapsed().as_secs_f64();
 
     let text = if args.chat {
@@ -189,6 +194,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "text": text_out,
             "stop": format!("{:?}", out.stop),
             "weight_bytes": model.weight_bytes(),
+            "source_weight_bytes": source_bytes,
+            "profile": model.profile.hash(),
             "decode_read_bytes": model.decode_read_bytes(),
             "kv_read_bytes_mid": model.kv_read_bytes_f32(ids.len() + out.tokens.len() / 2),
             "timings": {

@@ -30,9 +30,11 @@ pub struct Args {
     /// Positions per session (the text runs in sessions of this many tokens).
     #[arg(long, default_value_t = 512)]
     ctx: usize,
-    /// Where to write the map (JSON).
+    /// Where to write the map (JSON; default: the model's stored map, which `--budget` then
+    /// finds by itself: `$SYNAPSE_IMPORTANCE_DIR` or `~/.cache/synapse/importance`, one
+    /// `<model fingerprint>.json` per model).
     #[arg(long, short = 'o')]
-    out: PathBuf,
+    out: Option<PathBuf>,
     /// Compute threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -76,14 +78,27 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             t0.elapsed().as_secs_f64()
         );
     })?;
-    std::fs::write(&a.out, map.to_json()? + "\n")
-        .with_context(|| format!("writing {}", a.out.display()))?;
+    let out = match &a.out {
+        Some(p) => p.clone(),
+        None => {
+            let p = super::load::stored_map_path(&model.ir.fingerprint)?;
+            if let Some(d) = p.parent() {
+                std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            }
+            p
+        }
+    };
+    // Written whole to a temporary file, then renamed: a stored map is never half written.
+    let tmp = out.with_extension("json.tmp");
+    std::fs::write(&tmp, map.to_json()? + "\n")
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &out).with_context(|| format!("writing {}", out.display()))?;
     eprintln!(
         "importance: {} tensors, calibration {}, {} samples -> {} ({:.1} s)",
         map.tensors.len(),
         &map.provenance.calibration_hash[..12],
         map.provenance.sample_count,
-        a.out.display(),
+        out.display(),
         t0.elapsed().as_secs_f64()
     );
     Ok(())

@@ -177,3 +177,77 @@ impl ModelArgs {
         load_model(self.model.as_deref(), self.store.as_deref())
     }
 }
+
+/// Where `synapse-cli importance` keeps a model's importance map when no `-o` is given, and
+/// where `--budget` looks for it: `$SYNAPSE_IMPORTANCE_DIR`, else
+/// `${XDG_CACHE_HOME:-~/.cache}/synapse/importance`, one `<model fingerprint>.json` per model.
+pub fn importance_dir() -> anyhow::Result<PathBuf> {
+    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(d) = var("SYNAPSE_IMPORTANCE_DIR") {
+        return Ok(PathBuf::from(d));
+    }
+    let cache = match var("XDG_CACHE_HOME") {
+        Some(x) => PathBuf::from(x),
+        None => {
+            PathBuf::from(var("HOME").context("no HOME for the cache directory")?).join(".cache")
+        }
+    };
+    Ok(cache.join("synapse").join("importance"))
+}
+
+/// The stored importance map of the model with this fingerprint.
+pub fn stored_map_path(fingerprint: &str) -> anyhow::Result<PathBuf> {
+    Ok(importance_dir()?.join(format!("{fingerprint}.json")))
+}
+
+/// `--budget`, `--profile` and `--map`, shared by the commands that run a model.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct PrecisionArgs {
+    /// Resident weight bytes to fit: a byte count (`188743680`), with a unit (`180MB`,
+    /// `180MiB`), or a share of the source's weight bytes (`75%`). The selector picks the
+    /// least-distortion profile from the model's importance map (`synapse-cli importance`).
+    #[arg(long, conflicts_with = "profile")]
+    pub budget: Option<String>,
+    /// `source` (the default), or `uniform:ENCODING` for one Synapse encoding on every linear
+    /// (e.g. `uniform:syn.q4.symmetric.g64.v1`).
+    #[arg(long, value_name = "source|uniform:ENCODING")]
+    pub profile: Option<String>,
+    /// The importance map `--budget` selects from (default: the one `synapse-cli importance`
+    /// stored for this model).
+    #[arg(long, requires = "budget")]
+    pub map: Option<PathBuf>,
+}
+
+impl PrecisionArgs {
+    /// The model these flags ask for (the source model itself when none is given).
+    pub fn apply(
+        &self,
+        model: &std::sync::Arc<Model>,
+    ) -> anyhow::Result<synapse_runtime::precision::Applied> {
+        use synapse_runtime::precision::{Budget, Precision, apply};
+        let p = match (&self.budget, &self.profile) {
+            (Some(b), _) => {
+                let budget: Budget = b.parse()?;
+                let path = match &self.map {
+                    Some(p) => p.clone(),
+                    None => stored_map_path(&model.ir.fingerprint)?,
+                };
+                let text = std::fs::read_to_string(&path).with_context(|| {
+                    format!(
+                        "reading the importance map {} (make one with `synapse-cli importance --calib TEXT`)",
+                        path.display()
+                    )
+                })?;
+                let map = synapse_sensitivity::ImportanceMap::from_json(&text)
+                    .with_context(|| format!("parsing {}", path.display()))?;
+                Precision::Budget {
+                    budget,
+                    map: Box::new(map),
+                }
+            }
+            (None, Some(spec)) => Precision::parse_profile(spec)?,
+            (None, None) => Precision::Source,
+        };
+        Ok(apply(model, &p)?)
+    }
+}

@@ -28,10 +28,8 @@ pub struct Args {
     /// At most this many chunks (default: every whole chunk of the text).
     #[arg(long)]
     chunks: Option<usize>,
-    /// Run every linear in one Synapse encoding (`uniform:syn.q4.symmetric.g64.v1`) and
-    /// report the mean KL divergence from the source precision beside the perplexity.
-    #[arg(long, value_name = "uniform:ENCODING")]
-    profile: Option<String>,
+    #[command(flatten)]
+    precision: super::load::PrecisionArgs,
     /// Compute threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -51,29 +49,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.chunks == Some(0) {
         bail!("--chunks must be at least 1");
     }
-    // `--profile uniform:ID`: the variant runs, the source is the KL reference.
-    let variant = match &a.profile {
-        None => None,
-        Some(spec) => {
-            let Some(id) = spec.strip_prefix("uniform:") else {
-                bail!(
-                    "--profile takes uniform:ENCODING (e.g. uniform:syn.q4.symmetric.g64.v1), not {spec:?}"
-                );
-            };
-            let id = synapse_codecs::EncodingId::parse(id)
-                .with_context(|| format!("--profile: unknown encoding {id:?}"))?;
-            let all = synapse_runtime::importance::linears(&model)
-                .into_iter()
-                .map(|(n, _)| (n, id))
-                .collect();
-            Some(Arc::new(model.with_encodings(&all)?))
-        }
+    // Another precision than the source's: the variant runs, the source is the KL reference.
+    let applied = a.precision.apply(&model)?;
+    let run_model = applied.model.clone();
+    let mut reference = if Arc::ptr_eq(&run_model, &model) {
+        None
+    } else {
+        Some(Executor::new(model.clone(), a.threads)?)
     };
-    let mut reference = match &variant {
-        Some(_) => Some(Executor::new(model.clone(), a.threads)?),
-        None => None,
-    };
-    let run_model = variant.clone().unwrap_or_else(|| model.clone());
     let mut exec = Executor::new(run_model.clone(), a.threads)?;
     let t0 = Instant::now();
     let p = PerplexityParams {
@@ -102,6 +85,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "kl": r.kl,
             "profile": run_model.profile.hash(),
             "weight_bytes": run_model.weight_bytes(),
+            "source_weight_bytes": model.weight_bytes(),
+            "budget_distortion": applied.profile.as_ref().map(|p| p.total_distortion),
             "seconds": secs,
         });
         println!("{}", serde_json::to_string(&j)?);

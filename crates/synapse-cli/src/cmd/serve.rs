@@ -58,6 +58,8 @@ pub struct Args {
     /// Allow cross-origin requests from any origin.
     #[arg(long)]
     cors: bool,
+    #[command(flatten)]
+    precision: super::load::PrecisionArgs,
     /// KV cache element type: f32 or f16.
     #[arg(long, default_value = "f32")]
     kv: String,
@@ -133,7 +135,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let (model, tok) = load_model(Some(&model_path), args.store.as_deref())?;
     let family = model.ir.family.name().to_string();
-    let model = Arc::new(model);
+    let model = args.precision.apply(&Arc::new(model))?.model;
     let tok = Arc::new(tok);
 
     let file_name = model_path

@@ -61,3 +61,42 @@ pub fn alone_logits(model: &std::sync::Arc<synapse_runtime::Model>, seq: &[u32])
         .unwrap()
         .to_vec()
 }
+
+/// A tiny-model fixture's Q8_0 GGUF and its token sequences concatenated (`None`, skipped
+/// locally, when the fixtures are absent).
+pub fn tiny_q8_model(family: &str) -> Option<(std::sync::Arc<synapse_runtime::Model>, Vec<u32>)> {
+    let dir = workspace_root().join("fixtures/tiny").join(family);
+    if !require(&dir.join("oracle.json"), "tiny-model fixture") {
+        return None;
+    }
+    let toks: Vec<u32> = tiny_sequences(&dir).concat();
+    Some((
+        std::sync::Arc::new(synapse_runtime::Model::load(&dir.join("model.q8_0.gguf")).unwrap()),
+        toks,
+    ))
+}
+
+/// The importance map of a tiny model on `toks` (48 rows per site, sessions of 32 positions),
+/// checking that the progress callback counts every linear.
+pub fn tiny_importance_map(
+    model: &std::sync::Arc<synapse_runtime::Model>,
+    toks: &[u32],
+) -> synapse_sensitivity::ImportanceMap {
+    use synapse_runtime::importance::{ImportanceParams, build_importance_map, linears};
+    let mut exec = synapse_runtime::Executor::new(model.clone(), 2).unwrap();
+    let p = ImportanceParams {
+        max_rows: 48,
+        batch: 16,
+        ctx: 32,
+        text_id: "tiny sequences".into(),
+        ..ImportanceParams::default()
+    };
+    let mut seen = 0;
+    let map = build_importance_map(&mut exec, toks, &p, |done, total, _| {
+        assert!(done <= total);
+        seen = done;
+    })
+    .unwrap();
+    assert_eq!(seen, linears(model).len());
+    map
+}

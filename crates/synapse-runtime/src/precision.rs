@@ -1,0 +1,256 @@
+//! What precision a model runs at, as users ask for it: the source encodings, one Synapse
+//! encoding for every linear (`uniform:ENCODING`), or a weight budget that the selector
+//! (`synapse-selector`) meets from the model's importance map — the cheapest-distortion profile
+//! whose resident weight bytes fit. [`apply`] turns the request into the model that runs
+//! ([`Model::with_encodings`]), refusing a map measured on another model (typed error) before
+//! anything is re-encoded.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use synapse_codecs::EncodingId;
+use synapse_selector::{Constraints, Profile, Selector};
+use synapse_sensitivity::ImportanceMap;
+
+use crate::error::{Result, RuntimeError};
+use crate::load::Model;
+
+/// A weight budget: resident weight bytes, absolute or as a share of the source model's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Budget {
+    /// Bytes (`188743680`, `180MB`, `180MiB`, `1.5GB`).
+    Bytes(u64),
+    /// Percent of the source model's weight bytes (`75%`), in `(0, 100]`.
+    Percent(f64),
+}
+
+impl Budget {
+    /// The budget in bytes for a model whose source weights take `source_bytes`.
+    pub fn bytes(&self, source_bytes: u64) -> u64 {
+        match *self {
+            Budget::Bytes(b) => b,
+            Budget::Percent(p) => (source_bytes as f64 * p / 100.0).floor() as u64,
+        }
+    }
+}
+
+impl fmt::Display for Budget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Budget::Bytes(b) => write!(f, "{b} bytes"),
+            Budget::Percent(p) => write!(f, "{p}%"),
+        }
+    }
+}
+
+fn bad_budget(s: &str, why: &str) -> RuntimeError {
+    RuntimeError::InvalidParam {
+        name: "budget",
+        reason: format!(
+            "{s:?}: {why} (a byte count such as 188743680 or 180MB, or a percentage such as 75%)"
+        ),
+    }
+}
+
+impl FromStr for Budget {
+    type Err = RuntimeError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let t = s.trim();
+        if let Some(p) = t.strip_suffix('%') {
+            let v: f64 = p
+                .trim()
+                .parse()
+                .map_err(|_| bad_budget(s, "not a number"))?;
+            if !(v > 0.0 && v <= 100.0) {
+                return Err(bad_budget(s, "a percentage must be in (0, 100]"));
+            }
+            return Ok(Budget::Percent(v));
+        }
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (num, unit) = (&t[..split], t[split..].trim());
+        let scale: u64 = match unit.to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "kb" | "k" => 1_000,
+            "mb" | "m" => 1_000_000,
+            "gb" | "g" => 1_000_000_000,
+            "kib" => 1 << 10,
+            "mib" => 1 << 20,
+            "gib" => 1 << 30,
+            _ => return Err(bad_budget(s, "unknown unit")),
+        };
+        let v: f64 = num.parse().map_err(|_| bad_budget(s, "not a number"))?;
+        let bytes = v * scale as f64;
+        if !(1.0..1e18).contains(&bytes) {
+            return Err(bad_budget(s, "out of range"));
+        }
+        if unit.is_empty() && num.contains('.') {
+            return Err(bad_budget(s, "a plain byte count is a whole number"));
+        }
+        Ok(Budget::Bytes(bytes.floor() as u64))
+    }
+}
+
+/// The precision a model is asked to run at.
+#[derive(Debug, Clone)]
+pub enum Precision {
+    /// The source encodings.
+    Source,
+    /// One Synapse encoding for every linear.
+    Uniform(EncodingId),
+    /// The selector's profile for a budget, from the model's importance map.
+    Budget {
+        /// The budget.
+        budget: Budget,
+        /// The importance map (checked against the model).
+        map: Box<ImportanceMap>,
+    },
+}
+
+impl Precision {
+    /// Parses `--profile`'s value: `source` or `uniform:ENCODING`.
+    pub fn parse_profile(spec: &str) -> Result<Self> {
+        if spec == "source" {
+            return Ok(Precision::Source);
+        }
+        let Some(id) = spec.strip_prefix("uniform:") else {
+            return Err(RuntimeError::InvalidParam {
+                name: "profile",
+                reason: format!(
+                    "{spec:?}: expected `source` or uniform:ENCODING (e.g. uniform:syn.q4.symmetric.g64.v1)"
+                ),
+            });
+        };
+        let id = EncodingId::parse(id).map_err(|e| RuntimeError::InvalidParam {
+            name: "profile",
+            reason: format!("{id:?}: {e}"),
+        })?;
+        Ok(Precision::Uniform(id))
+    }
+}
+
+/// What [`apply`] made.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    /// The model to run (the source model itself at the source precision).
+    pub model: Arc<Model>,
+    /// The selector's profile (budget requests only).
+    pub profile: Option<Profile>,
+    /// Weight bytes outside the map's tensors (embeddings of untied heads …), counted in the
+    /// budget but never demoted.
+    pub fixed_bytes: u64,
+}
+
+/// The linears of `model` that `map` covers, with their source bytes; an error if the map was
+/// measured on another model, or misses one of the model's linears.
+fn mapped_bytes(model: &Model, map: &ImportanceMap) -> Result<u64> {
+    map.check_applies_to(&model.ir.fingerprint)?;
+    let mut total = 0u64;
+    for (name, m) in crate::importance::linears(model) {
+        let t = map
+            .tensors
+            .get(&name)
+            .ok_or_else(|| RuntimeError::InvalidParam {
+                name: "importance map",
+                reason: format!("has no entry for the model's linear {name:?}"),
+            })?;
+        if t.source_bytes != m.weight_bytes() as u64 {
+            return Err(RuntimeError::InvalidParam {
+                name: "importance map",
+                reason: format!(
+                    "{name:?}: {} source bytes in the map, {} in the model",
+                    t.source_bytes,
+                    m.weight_bytes()
+                ),
+            });
+        }
+        total += t.source_bytes;
+    }
+    Ok(total)
+}
+
+/// The model `p` asks for (see the module docs).
+pub fn apply(model: &Arc<Model>, p: &Precision) -> Result<Applied> {
+    let all = model.weight_bytes() as u64;
+    match p {
+        Precision::Source => Ok(Applied {
+            model: model.clone(),
+            profile: None,
+            fixed_bytes: all,
+        }),
+        Precision::Uniform(id) => {
+            let changes: BTreeMap<String, EncodingId> = crate::importance::linears(model)
+                .into_iter()
+                .map(|(n, _)| (n, *id))
+                .collect();
+            Ok(Applied {
+                model: Arc::new(model.with_encodings(&changes)?),
+                profile: None,
+                fixed_bytes: 0,
+            })
+        }
+        Precision::Budget { budget, map } => {
+            let mapped = mapped_bytes(model, map)?;
+            let fixed = all - mapped.min(all);
+            let want = budget.bytes(all);
+            // Every option the map measured is a codec this build runs; the source encodings
+            // are the models' own.
+            let supported: BTreeSet<String> = map
+                .tensors
+                .values()
+                .flat_map(|t| {
+                    t.options
+                        .iter()
+                        .map(|o| o.encoding.clone())
+                        .chain([t.source_encoding.clone()])
+                })
+                .collect();
+            let c = Constraints {
+                supported: Some(supported),
+                ..Constraints::default()
+            };
+            let sel = Selector::for_model(map, &model.ir.fingerprint, &c)?;
+            let linear_budget =
+                want.checked_sub(fixed)
+                    .ok_or(synapse_selector::SelectorError::BudgetTooSmall {
+                        budget: want,
+                        minimum: fixed + sel.minimum_bytes(),
+                    })?;
+            let profile = sel.select(linear_budget).map_err(|e| match e {
+                synapse_selector::SelectorError::BudgetTooSmall { minimum, .. } => {
+                    synapse_selector::SelectorError::BudgetTooSmall {
+                        budget: want,
+                        minimum: minimum + fixed,
+                    }
+                }
+                e => e,
+            })?;
+            let mut changes = BTreeMap::new();
+            for (name, a) in &profile.assignments {
+                if a.encoding == map.tensors[name].source_encoding {
+                    continue;
+                }
+                let id =
+                    EncodingId::parse(&a.encoding).map_err(|e| RuntimeError::InvalidParam {
+                        name: "importance map",
+                        reason: format!("{name:?}: {e}"),
+                    })?;
+                changes.insert(name.clone(), id);
+            }
+            let run = if changes.is_empty() {
+                model.clone()
+            } else {
+                Arc::new(model.with_encodings(&changes)?)
+            };
+            Ok(Applied {
+                model: run,
+                profile: Some(profile),
+                fixed_bytes: fixed,
+            })
+        }
+    }
+}
