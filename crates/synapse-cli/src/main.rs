@@ -38,6 +38,9 @@ enum Command {
     Perplexity(cmd::perplexity::Args),
     /// Measure every tensor's importance on calibration text (an importance map, JSON).
     Importance(cmd::importance::Args),
+    /// Validate an importance map by ablation: demote one tensor group at a time, measure the
+    /// KL divergence from the source on held-out text, rank-correlate with the prediction.
+    Ablate(cmd::ablate::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (llama-server's flags).
     Serve(cmd::serve::Args),
 }
@@ -63,6 +66,7 @@ fn main() -> anyhow::Result<()> {
         Command::Generate(a) => cmd::generate::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Importance(a) => cmd::importance::run(a),
+        Command::Ablate(a) => cmd::ablate::run(a),
         Command::Serve(a) => cmd::serve::run(a),
     }
 }

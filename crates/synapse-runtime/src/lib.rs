@@ -17,6 +17,7 @@
 //! family-specific is an attribute in the IR.
 #![deny(missing_docs)]
 
+pub mod ablation;
 mod attention;
 pub mod calib;
 pub mod engine;

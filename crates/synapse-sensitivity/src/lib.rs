@@ -10,6 +10,8 @@
 //! hash, sample count, codec versions). It serializes to versioned JSON and refuses, with a
 //! typed error, to be applied to a model or codec set it was not measured for.
 //!
+//! [`rank`] measures how well predicted distortions rank measured effects (Spearman).
+//!
 //! [`corpus`] splits calibration text into a calibration part and a held-out evaluation part,
 //! by document.
 //!
@@ -21,6 +23,7 @@ pub mod corpus;
 pub mod distortion;
 pub mod error;
 pub mod map;
+pub mod rank;
 
 pub use calibration::Calibration;
 pub use distortion::{measure_tensor, output_distortion};

@@ -1,4 +1,5 @@
 //! One module per subcommand.
+pub mod ablate;
 pub mod cas;
 pub mod fetch_model;
 pub mod generate;

@@ -1,0 +1,157 @@
+//! Validation of an importance map by ablation: one group of tensors at a time is demoted to
+//! one encoding while every other tensor keeps its source precision, and the mean KL divergence
+//! of the next-token distribution from the source's is measured on held-out text (the
+//! perplexity protocol, [`crate::perplexity`]). Beside each measurement stands what the map
+//! predicted for the same demotion — the sum of the group's measured output distortions, the
+//! selector's objective — and the report gives Spearman's rank correlation of the two: how well
+//! the map orders what hurts.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use synapse_codecs::EncodingId;
+use synapse_sensitivity::ImportanceMap;
+use synapse_sensitivity::rank::spearman;
+
+use crate::error::{Result, RuntimeError};
+use crate::executor::Executor;
+use crate::load::Model;
+use crate::perplexity::{PerplexityParams, perplexity_against};
+
+/// Tensors demoted together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Group {
+    /// A name for the report (`blk.3.attn`, `blk.3.ffn`, the head's tensor name).
+    pub name: String,
+    /// IR weight names of the linears.
+    pub tensors: Vec<String>,
+}
+
+/// The default grouping: per layer its attention linears (`blk.N.attn`: q, k, v, output) and
+/// its FFN linears (`blk.N.ffn`), and the LM head alone.
+pub fn layer_groups(model: &Model) -> Vec<Group> {
+    let mut groups: BTreeMap<(usize, usize), Group> = BTreeMap::new();
+    let mut head = Vec::new();
+    for (name, _) in crate::importance::linears(model) {
+        let layer = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|n| n.parse::<usize>().ok());
+        match layer {
+            Some(l) => {
+                let ffn = name.contains(".ffn_");
+                let g = groups.entry((l, ffn as usize)).or_insert_with(|| Group {
+                    name: format!("blk.{l}.{}", if ffn { "ffn" } else { "attn" }),
+                    tensors: Vec::new(),
+                });
+                g.tensors.push(name);
+            }
+            None => head.push(Group {
+                name: name.clone(),
+                tensors: vec![name],
+            }),
+        }
+    }
+    groups.into_values().chain(head).collect()
+}
+
+/// One group's measurement.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AblationRow {
+    /// The group's name.
+    pub group: String,
+    /// Σ of the map's distortion of the group's tensors at the encoding.
+    pub predicted: f64,
+    /// Measured mean KL divergence from the source.
+    pub kl: f64,
+    /// Weight bytes the demotion saves.
+    pub saved_bytes: u64,
+}
+
+/// Every group's measurement and the rank agreement.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AblationReport {
+    /// The encoding every group was demoted to.
+    pub encoding: String,
+    /// Per group, in the order given.
+    pub rows: Vec<AblationRow>,
+    /// Spearman's ρ of `predicted` against `kl` (`None` below 2 groups or with a constant side).
+    pub spearman: Option<f64>,
+    /// Tokens scored per group.
+    pub tokens: usize,
+}
+
+/// Demotes each group of `groups` to `enc` in turn and measures it on `tokens` (see the module
+/// docs); `progress(done, total, row)` after each group. The map must be `model`'s and hold
+/// `enc` for every tensor of the groups.
+#[allow(clippy::too_many_arguments)]
+pub fn ablate(
+    model: &Arc<Model>,
+    map: &ImportanceMap,
+    enc: EncodingId,
+    groups: &[Group],
+    tokens: &[u32],
+    p: &PerplexityParams,
+    threads: usize,
+    mut progress: impl FnMut(usize, usize, &AblationRow),
+) -> Result<AblationReport> {
+    map.check_applies_to(&model.ir.fingerprint)?;
+    let id = enc.to_string();
+    let mut predicted = Vec::with_capacity(groups.len());
+    for g in groups {
+        if g.tensors.is_empty() {
+            return Err(RuntimeError::InvalidParam {
+                name: "groups",
+                reason: format!("group {:?} has no tensor", g.name),
+            });
+        }
+        let mut d = 0f64;
+        let mut saved = 0u64;
+        for t in &g.tensors {
+            let ti = map
+                .tensors
+                .get(t)
+                .ok_or_else(|| RuntimeError::InvalidParam {
+                    name: "importance map",
+                    reason: format!("has no entry for {t:?}"),
+                })?;
+            let o = ti
+                .options
+                .iter()
+                .find(|o| o.encoding == id)
+                .ok_or_else(|| RuntimeError::InvalidParam {
+                    name: "importance map",
+                    reason: format!("{t:?} was not measured at {id}"),
+                })?;
+            d += o.distortion;
+            saved += ti.source_bytes.saturating_sub(o.bytes);
+        }
+        predicted.push((d, saved));
+    }
+    let mut reference = Executor::new(model.clone(), threads)?;
+    let mut rows = Vec::with_capacity(groups.len());
+    let mut count = 0;
+    for (g, &(d, saved)) in groups.iter().zip(&predicted) {
+        let changes: BTreeMap<String, EncodingId> =
+            g.tensors.iter().map(|t| (t.clone(), enc)).collect();
+        let variant = Arc::new(model.with_encodings(&changes)?);
+        let mut exec = Executor::new(variant, threads)?;
+        let r = perplexity_against(&mut exec, Some(&mut reference), tokens, p, |_, _| {})?;
+        count = r.count;
+        let row = AblationRow {
+            group: g.name.clone(),
+            predicted: d,
+            kl: r.kl.unwrap_or(f64::NAN),
+            saved_bytes: saved,
+        };
+        progress(rows.len() + 1, groups.len(), &row);
+        rows.push(row);
+    }
+    let (a, b): (Vec<f64>, Vec<f64>) = rows.iter().map(|r| (r.predicted, r.kl)).unzip();
+    Ok(AblationReport {
+        encoding: id,
+        spearman: spearman(&a, &b),
+        rows,
+        tokens: count,
+    })
+}
