@@ -115,6 +115,30 @@ fn main() {
             (262144, 640),
         ],
     };
+    // `KBENCH_CODECS=syn.q4.symmetric.g64.v1,…`: Synapse codecs (random N(0,1) weights,
+    // encoded) instead of the ggml types.
+    let codecs: Vec<String> = std::env::var("KBENCH_CODECS")
+        .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+        .unwrap_or_default();
+    let mut mats: Vec<(String, usize, usize, QuantMatrix)> = Vec::new();
+    for id in &codecs {
+        for &(rows, k) in &shapes {
+            let mut rng = ChaCha8Rng::seed_from_u64(2);
+            let w: Vec<f32> = (0..rows * k)
+                .map(|_| rng.random::<f32>() * 2.0 - 1.0)
+                .collect();
+            let c = synapse_codecs::resolve(id).expect("KBENCH_CODECS: an encoding ID");
+            let bytes = c.encode_matrix(&w, rows, k).expect("encode");
+            let short = id.split('.').take(3).collect::<Vec<_>>().join(".");
+            mats.push((
+                short,
+                rows,
+                k,
+                QuantMatrix::from_codec(id, &bytes, rows, k).expect("m"),
+            ));
+        }
+    }
+    let types = if codecs.is_empty() { types } else { Vec::new() };
     for ty in types {
         for &(rows, k) in &shapes {
             let (rows, k): (usize, usize) = (rows, k);
@@ -128,7 +152,13 @@ fn main() {
                 continue;
             }
             let m = QuantMatrix::from_ggml(ty, &weights(ty, rows, k), rows, k).expect("m");
-            let mut line = format!("{:>5} {rows:>5}x{k:<5}", ty.name());
+            mats.push((ty.name().to_string(), rows, k, m));
+        }
+    }
+    {
+        for (name, rows, k, m) in &mats {
+            let (rows, k) = (*rows, *k);
+            let mut line = format!("{name:>5} {rows:>5}x{k:<5}");
             for &n in &ns {
                 let x: Vec<f32> = (0..n * k)
                     .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)

@@ -356,6 +356,12 @@ impl QuantMatrix {
         let ty = match &self.store {
             Store::Ggml(t) => *t,
             Store::Codec {
+                id: EncodingId::Symmetric { bits, group: 64 },
+                ..
+            } if self.cols.is_multiple_of(kernels::codec_sym::GROUP) => {
+                return self.codec_sym(*bits, x, n, y, ctx);
+            }
+            Store::Codec {
                 codec,
                 row_separable,
                 ..
@@ -533,6 +539,53 @@ impl QuantMatrix {
             // SAFETY: this path is taken only on Avx512Vnni, which KernelCtx holds only when
             // the CPU supports it; `act`/`init` hold n·nb blocks; chunks write disjoint rows.
             unsafe { gemv32::rows(ty, w, rb, nb, act, init, yp.get(), rows, r0, r1) };
+        });
+        Ok(())
+    }
+
+    /// A symmetric g64 codec matrix through the integer path (`kernels::codec_sym`): the
+    /// activations quantized once as Q8_0 blocks, AVX-512 VBMI/VNNI where the CPU has it, the
+    /// bit-identical scalar path elsewhere.
+    fn codec_sym(
+        &self,
+        bits: u32,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+        ctx: &mut KernelCtx,
+    ) -> Result<()> {
+        use crate::act::BlockQ8x32;
+        use kernels::codec_sym;
+        let (rows, cols) = (self.rows, self.cols);
+        let ng = cols / codec_sym::GROUP;
+        // The forced reference path runs the scalar kernel (the same bits).
+        #[cfg(target_arch = "x86_64")]
+        let simd = codec_sym::has_avx512() && ctx.path() != crate::dispatch::KernelPath::Scalar;
+        let (act_scratch, pack, pool) = ctx.parts2();
+        act_scratch.set_len(n * ActKind::Q8x32.row_bytes(cols));
+        quantize_rows(ActKind::Q8x32, x, cols, act_scratch.as_bytes_mut());
+        let act: &[BlockQ8x32] = bytemuck::cast_slice(act_scratch.as_bytes());
+        let lanes = n * ng * 16;
+        pack.set_len(2 * lanes * 4);
+        let (init, da) =
+            bytemuck::cast_slice_mut::<u8, i32>(pack.as_bytes_mut()).split_at_mut(lanes);
+        let da: &mut [f32] = bytemuck::cast_slice_mut(da);
+        codec_sym::prepare(bits, act, init, da);
+        let (init, da): (&[i32], &[f32]) = (init, da);
+        let yp = SyncPtr(y.as_mut_ptr());
+        let (w, rb) = (self.data.as_bytes(), self.row_bytes);
+        pool.run_rows(rows, 8, 2 * rows * cols * n, &|r0, r1| {
+            // SAFETY: rows were validated as `ng` groups of this codec at construction; the
+            // lane arrays hold n·ng·16 entries; chunks write disjoint rows; the SIMD path only
+            // where the CPU has its features.
+            unsafe {
+                #[cfg(target_arch = "x86_64")]
+                if simd {
+                    codec_sym::rows_avx512(bits, w, rb, ng, act, init, da, yp.get(), rows, r0, r1);
+                    return;
+                }
+                codec_sym::rows_scalar(bits, w, rb, ng, act, init, da, yp.get(), rows, r0, r1);
+            }
         });
         Ok(())
     }

@@ -1,5 +1,7 @@
 //! Synapse's own codecs through the port: `syn.q{2..8}.symmetric`, `syn.ternary.absmean` (per
-//! group and per tensor), against f64 dots of the codec's decoded matrix.
+//! group and per tensor), against f64 dots of the codec's decoded matrix; the integer path of
+//! the symmetric g64 codecs (activations quantized as Q8_0) bit-identical between its SIMD and
+//! scalar versions and for any number of activation rows beside it.
 
 mod common;
 
@@ -36,7 +38,11 @@ fn codec_matrices_match_decoded_f64_dots() {
                         let wr = &dec[r * cols..(r + 1) * cols];
                         let xt = &x[t * cols..(t + 1) * cols];
                         let want = common::dot64(wr, xt);
-                        let tol = 1e-5 * common::abs_dot(wr, xt) + 1e-6;
+                        let tol = if int_path(id, cols) {
+                            q8_act_bound(wr, xt)
+                        } else {
+                            1e-5 * common::abs_dot(wr, xt) + 1e-6
+                        };
                         let got = y[t * rows + r] as f64;
                         assert!(
                             (got - want).abs() <= tol,
@@ -48,6 +54,83 @@ fn codec_matrices_match_decoded_f64_dots() {
             let mut row = vec![0f32; cols];
             m.dequantize_row(rows - 1, &mut row).unwrap();
             assert_eq!(&row[..], &dec[(rows - 1) * cols..]);
+        }
+    }
+}
+
+/// Whether `id` at `cols` takes the integer path (activations quantized as Q8_0 blocks).
+fn int_path(id: &str, cols: usize) -> bool {
+    id.contains(".symmetric.g64.") && cols.is_multiple_of(64)
+}
+
+/// How far a dot with activations quantized as Q8_0 blocks may be from the exact one: each
+/// activation moves by at most `0.6·d` (`d = amax/127` of its 32-block: half a step, plus the
+/// f16 rounding of `d` over 127 steps), plus float rounding.
+fn q8_act_bound(w: &[f32], x: &[f32]) -> f64 {
+    let mut b = 0f64;
+    for (wb, xb) in w.chunks(32).zip(x.chunks(32)) {
+        let d = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64 / 127.0;
+        b += wb.iter().map(|v| v.abs() as f64).sum::<f64>() * 0.6 * d;
+    }
+    b + 1e-5 * common::abs_dot(w, x) + 1e-6
+}
+
+#[test]
+fn symmetric_g64_integer_path_simd_equals_scalar_and_rows_are_independent() {
+    for bits in 2..=8u32 {
+        let id = format!("syn.q{bits}.symmetric.g64.v1");
+        let codec = resolve(&id).unwrap();
+        for (rows, cols) in [(1, 64), (9, 128), (37, 640), (16, 1536)] {
+            let w = common::generate_data(0.3 + bits as f32, rows * cols, 1.0);
+            let bytes = codec.encode_matrix(&w, rows, cols).unwrap();
+            let dec = codec.decode_matrix(&bytes, rows, cols).unwrap();
+            let m = QuantMatrix::from_codec(&id, &bytes, rows, cols).unwrap();
+            let n = 11;
+            let x: Vec<f32> = (0..n)
+                .flat_map(|t| common::generate_data(t as f32 * 1.7 + 0.1, cols, 2.0))
+                .collect();
+            let run = |path: KernelPath, threads: usize, x: &[f32], n: usize| {
+                let mut ctx = KernelCtx::with_path_and_threads(path, threads).unwrap();
+                let mut y = vec![f32::NAN; n * rows];
+                m.matmul(x, n, &mut y, &mut ctx).unwrap();
+                y
+            };
+            let scalar = run(KernelPath::Scalar, 1, &x, n);
+            for (path, threads) in [
+                (KernelPath::best_supported(), 1),
+                (KernelPath::best_supported(), 2),
+            ] {
+                let got = run(path, threads, &x, n);
+                for (i, (a, b)) in got.iter().zip(&scalar).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{id} {rows}x{cols} {path} [{i}]");
+                }
+            }
+            // Each activation row alone: the same bits as beside the ten others.
+            for t in [0, 5, n - 1] {
+                let alone = run(
+                    KernelPath::best_supported(),
+                    2,
+                    &x[t * cols..(t + 1) * cols],
+                    1,
+                );
+                for r in 0..rows {
+                    assert_eq!(
+                        alone[r].to_bits(),
+                        scalar[t * rows + r].to_bits(),
+                        "{id} t={t} r={r}"
+                    );
+                }
+            }
+            for t in 0..n {
+                for r in 0..rows {
+                    let (wr, xt) = (&dec[r * cols..(r + 1) * cols], &x[t * cols..(t + 1) * cols]);
+                    let (got, want) = (scalar[t * rows + r] as f64, common::dot64(wr, xt));
+                    assert!(
+                        (got - want).abs() <= q8_act_bound(wr, xt),
+                        "{id} {rows}x{cols} t={t} r={r}: {got} vs {want}"
+                    );
+                }
+            }
         }
     }
 }

@@ -1,0 +1,211 @@
+//! Synapse's symmetric group codecs `syn.q{2..8}.symmetric.g64.v1` against activations
+//! quantized as ggml's Q8_0 (32-element blocks, [`BlockQ8x32`]) — the integer path that runs a
+//! precision profile's demoted tensors, instead of the codec's own f32 `linear`.
+//!
+//! Per weight row, activation row and 64-element group: the codes `u = q + 2^(b−1)` (unsigned,
+//! as `vpdpbusd` wants) meet the activation codes in 16 i32 lanes of 4 consecutive products
+//! each, every lane starting at `−2^(b−1)·Σ(its 4 activations)`, so a lane ends as `Σ q·a`
+//! exactly; lanes 0–7 lie in the group's first activation block, 8–15 in its second. Then per
+//! lane `acc = fma(float(lane), d_w·d_a, acc)` (`d_w·d_a` one rounded product), and at the end
+//! the 16 lanes fold as `(acc[l] + acc[l+8])`, then `((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))`.
+//! The scalar path computes exactly this, so the SIMD path (AVX-512 VBMI + VNNI: `vpermb` and
+//! `vpmultishiftqb` unpack the LSB-first bit stream of any width in three instructions) equals
+//! it bit for bit; each row's result depends only on its own activations (batch invariance).
+
+use half::f16;
+
+use crate::act::BlockQ8x32;
+
+/// Elements per group (the only group size this path takes).
+pub(crate) const GROUP: usize = 64;
+
+/// Bytes of one group of `bits`-bit codes: the f16 scale, then `64·bits/8` code bytes.
+pub(crate) fn group_bytes(bits: u32) -> usize {
+    2 + GROUP * bits as usize / 8
+}
+
+/// Per activation row and group: the 16 lane starts (`−2^(b−1)·Σ` of each lane's 4 activation
+/// codes) into `init`, and the lanes' activation scales `[d₀ ×8, d₁ ×8]` into `da`.
+pub(crate) fn prepare(bits: u32, act: &[BlockQ8x32], init: &mut [i32], da: &mut [f32]) {
+    let bias = 1i32 << (bits - 1);
+    for (blocks, (iv, dv)) in act
+        .chunks_exact(2)
+        .zip(init.chunks_exact_mut(16).zip(da.chunks_exact_mut(16)))
+    {
+        for (h, b) in blocks.iter().enumerate() {
+            for j in 0..8 {
+                let s: i32 = b.qs[4 * j..4 * j + 4].iter().map(|&q| q as i32).sum();
+                iv[8 * h + j] = -bias * s;
+                dv[8 * h + j] = b.d;
+            }
+        }
+    }
+}
+
+/// The 64 codes of one group's code area (LSB-first, `bits` each).
+fn unpack(bits: u32, area: &[u8], out: &mut [u8; GROUP]) {
+    let b = bits as usize;
+    let mask = (1u32 << b) - 1;
+    for (i, o) in out.iter_mut().enumerate() {
+        let bit = b * i;
+        let (byte, sh) = (bit / 8, bit % 8);
+        let lo = area[byte] as u32;
+        let hi = area.get(byte + 1).copied().unwrap_or(0) as u32;
+        *o = (((lo | hi << 8) >> sh) & mask) as u8;
+    }
+}
+
+/// The final fold of the 16 lanes (see the module docs).
+fn fold(acc: &[f32; 16]) -> f32 {
+    let v: [f32; 8] = std::array::from_fn(|l| acc[l] + acc[l + 8]);
+    ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]))
+}
+
+/// Output rows `r0..r1` of `W·X` for `n` activation rows (`act`: `n·2·ng` blocks; `init`,
+/// `da`: [`prepare`] of them), written to `y[t·ystride + r]` — the reference path.
+///
+/// # Safety
+/// `w` holds rows of `ng` groups of `bits`-bit codes (`row_bytes` each); `y` is valid for
+/// writes at `t·ystride + r` (`t < n`, `r0 <= r < r1`), which this call alone writes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn rows_scalar(
+    bits: u32,
+    w: &[u8],
+    row_bytes: usize,
+    ng: usize,
+    act: &[BlockQ8x32],
+    init: &[i32],
+    da: &[f32],
+    y: *mut f32,
+    ystride: usize,
+    r0: usize,
+    r1: usize,
+) {
+    let gb = group_bytes(bits);
+    let n = act.len() / (2 * ng).max(1);
+    let mut codes = [0u8; GROUP];
+    for r in r0..r1 {
+        let row = &w[r * row_bytes..(r + 1) * row_bytes];
+        for t in 0..n {
+            let mut acc = [0f32; 16];
+            for g in 0..ng {
+                let grp = &row[g * gb..(g + 1) * gb];
+                let dw = f16::from_le_bytes([grp[0], grp[1]]).to_f32();
+                unpack(bits, &grp[2..], &mut codes);
+                let base = (t * ng + g) * 16;
+                for (l, a) in acc.iter_mut().enumerate() {
+                    let blk = &act[(t * ng + g) * 2 + l / 8];
+                    let j = 4 * (l % 8);
+                    let mut s = init[base + l];
+                    for k in 0..4 {
+                        s += codes[4 * l + k] as i32 * blk.qs[j + k] as i32;
+                    }
+                    *a = (s as f32).mul_add(dw * da[base + l], *a);
+                }
+            }
+            // SAFETY: the caller's contract.
+            unsafe { *y.add(t * ystride + r) = fold(&acc) };
+        }
+    }
+}
+
+/// [`rows_scalar`] on AVX-512 (F, BW, VBMI, VNNI), the same bits; up to 8 activation rows share
+/// each group's unpacking.
+///
+/// # Safety
+/// As [`rows_scalar`], and the CPU has AVX-512 F, BW, VL, VBMI and VNNI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn rows_avx512(
+    bits: u32,
+    w: &[u8],
+    row_bytes: usize,
+    ng: usize,
+    act: &[BlockQ8x32],
+    init: &[i32],
+    da: &[f32],
+    y: *mut f32,
+    ystride: usize,
+    r0: usize,
+    r1: usize,
+) {
+    use std::arch::x86_64::*;
+    let b = bits as usize;
+    let gb = group_bytes(bits);
+    let n = act.len() / (2 * ng).max(1);
+    // vpermb: byte 8j + k of the output takes stream byte b·j + k (8 codes of b bits are b
+    // bytes, bit-aligned at qword j's start); vpmultishiftqb: byte k of each qword takes the
+    // 8 bits from bit b·k of its qword; the mask keeps b of them.
+    let idx: [u8; 64] = std::array::from_fn(|i| (b * (i / 8) + i % 8).min(63) as u8);
+    let ctl: [u8; 64] = std::array::from_fn(|i| (b * (i % 8)) as u8);
+    let load_mask: u64 = if b == 8 { !0 } else { (1u64 << (8 * b)) - 1 };
+    // SAFETY: the caller's contract; every load below stays inside a group of `w` (masked to
+    // its 8·b code bytes), an activation block pair, or the prepared lane arrays.
+    unsafe {
+        let idx = _mm512_loadu_si512(idx.as_ptr().cast());
+        let ctl = _mm512_loadu_si512(ctl.as_ptr().cast());
+        let cmask = _mm512_set1_epi8(((1u32 << b) - 1) as u8 as i8);
+        let mut t0 = 0;
+        while t0 < n {
+            let nt = (n - t0).min(8);
+            for r in r0..r1 {
+                let row = w.as_ptr().add(r * row_bytes);
+                let mut acc = [_mm512_setzero_ps(); 8];
+                for g in 0..ng {
+                    let grp = row.add(g * gb);
+                    _mm_prefetch::<_MM_HINT_T1>(grp.wrapping_add(6144).cast());
+                    let raw = _mm512_maskz_loadu_epi8(load_mask, grp.add(2).cast());
+                    let codes = if b == 8 {
+                        raw
+                    } else {
+                        let q = _mm512_permutexvar_epi8(idx, raw);
+                        _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl, q), cmask)
+                    };
+                    let dw = _mm512_set1_ps(
+                        f16::from_bits(std::ptr::read_unaligned(grp.cast::<u16>())).to_f32(),
+                    );
+                    for (k, a) in acc.iter_mut().enumerate().take(nt) {
+                        let t = t0 + k;
+                        let pair = act.as_ptr().add((t * ng + g) * 2);
+                        let av = _mm512_inserti64x4(
+                            _mm512_castsi256_si512(_mm256_loadu_si256((*pair).qs.as_ptr().cast())),
+                            _mm256_loadu_si256((*pair.add(1)).qs.as_ptr().cast()),
+                            1,
+                        );
+                        let base = (t * ng + g) * 16;
+                        let iv = _mm512_loadu_si512(init.as_ptr().add(base).cast());
+                        let lanes = _mm512_dpbusd_epi32(iv, codes, av);
+                        let d = _mm512_mul_ps(dw, _mm512_loadu_ps(da.as_ptr().add(base)));
+                        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), d, *a);
+                    }
+                }
+                for (k, a) in acc.iter().enumerate().take(nt) {
+                    let lo = _mm512_castps512_ps256(*a);
+                    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(*a), 1));
+                    let v = _mm256_add_ps(lo, hi);
+                    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+                    *y.add((t0 + k) * ystride + r) = _mm_cvtss_f32(s);
+                }
+            }
+            t0 += nt;
+        }
+    }
+}
+
+/// Whether this CPU runs [`rows_avx512`].
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx512() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vbmi")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+    })
+}
