@@ -2,6 +2,7 @@
 
 mod bench_engine;
 mod bench_kernels_vs_ggml;
+mod bench_precision;
 mod bench_server;
 mod bench_vs_llama;
 mod ggml_kernel_fixtures;
@@ -67,6 +68,9 @@ enum Command {
     QuantModels(quant_models::Args),
     /// Time Synapse's quantized matmul against ggml's on Gemma 3 270M's shapes, side by side.
     BenchKernelsVsGgml(bench_kernels_vs_ggml::Args),
+    /// Budgeted precision on a real model: uniform profiles vs the importance-driven profile
+    /// at the same weight bytes (perplexity, KL vs source, decode tok/s, greedy agreement).
+    BenchPrecision(bench_precision::Args),
     /// Regenerate fixtures/perplexity: llama.cpp's perplexity of the held-out text.
     PerplexityFixtures(perplexity_fixtures::Args),
     /// Fetch the calibration / held-out evaluation text (Debian's python3.11-doc), split by
@@ -98,6 +102,7 @@ fn main() -> anyhow::Result<()> {
         Command::BenchKernelsVsGgml(a) => bench_kernels_vs_ggml::run(a),
         Command::TextCorpus(a) => text_corpus::run(a),
         Command::PerplexityFixtures(a) => perplexity_fixtures::run(a),
+        Command::BenchPrecision(a) => bench_precision::run(a),
         Command::Test(a) => test::run(a),
     }
 }

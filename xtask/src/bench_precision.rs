@@ -1,0 +1,205 @@
+//! `cargo xtask bench-precision`: what budgeted precision buys on a real model, on the held-out
+//! evaluation text (`cargo xtask text-corpus`). For every uniform profile `uniform:ENC` it runs
+//! `synapse-cli perplexity --json` (perplexity and mean KL divergence from the source), then the
+//! importance-driven profile at the same resident weight bytes (`--budget <those bytes>`, from
+//! the model's stored importance map: `synapse-cli importance --calib calibration.txt`), and
+//! for each profile the decode speed and the greedy agreement with the source over 64 tokens
+//! (`synapse-cli generate --json` on a prompt from the evaluation text). Prints one markdown
+//! table: the README's.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+/// Arguments of `bench-precision`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The model (a published name such as `smollm2-135m-instruct`, or a path; default: the
+    /// default model).
+    #[arg(long)]
+    model: Option<String>,
+    /// Uniform encodings to compare against (each also gives the budget of one importance-driven
+    /// profile).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "syn.q8.symmetric.g64.v1,syn.q6.symmetric.g64.v1,syn.q5.symmetric.g64.v1,syn.q4.symmetric.g64.v1,syn.q3.symmetric.g64.v1"
+    )]
+    encodings: Vec<String>,
+    /// Chunks of 512 tokens scored.
+    #[arg(long, default_value_t = 4)]
+    chunks: usize,
+    /// Tokens generated for the speed and agreement columns.
+    #[arg(long, default_value_t = 64)]
+    n_gen: usize,
+    /// Compute threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Use this synapse-cli binary instead of building one.
+    #[arg(long)]
+    synapse_bin: Option<PathBuf>,
+    /// Also write the rows as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+struct Row {
+    profile: String,
+    weight_bytes: u64,
+    ppl: f64,
+    kl: Option<f64>,
+    decode_tok_s: f64,
+    agree: usize,
+}
+
+fn run_json(cmd: &mut Command) -> Result<serde_json::Value> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let s = String::from_utf8(out.stdout)?;
+    let line = s.lines().last().unwrap_or_default();
+    serde_json::from_str(line).with_context(|| format!("parsing the JSON of {cmd:?}: {line}"))
+}
+
+/// Runs `bench-precision`.
+pub fn run(a: Args) -> Result<()> {
+    let bin = match &a.synapse_bin {
+        Some(b) => b.clone(),
+        None => {
+            let st = Command::new(env!("CARGO"))
+                .args(["build", "--release", "-p", "synapse-cli"])
+                .status()
+                .context("cargo build --release -p synapse-cli")?;
+            if !st.success() {
+                bail!("building synapse-cli failed ({st})");
+            }
+            crate::bench_vs_llama::target_dir().join("release/synapse-cli")
+        }
+    };
+    let text = crate::text_corpus::corpus_dir();
+    let eval = text.join("evaluation.txt");
+    if !eval.is_file() {
+        bail!("{} missing: run `cargo xtask text-corpus`", eval.display());
+    }
+    // A prompt of ~100 words from the evaluation text, for speed and agreement.
+    let body = std::fs::read_to_string(&eval)?;
+    let prompt: String = body
+        .split_whitespace()
+        .skip(500)
+        .take(100)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let base = |sub: &str| {
+        let mut c = Command::new(&bin);
+        c.arg(sub).arg("--threads").arg(a.threads.to_string());
+        if let Some(m) = &a.model {
+            c.arg("--model").arg(m);
+        }
+        c
+    };
+    let ppl = |extra: &[String]| -> Result<serde_json::Value> {
+        let mut c = base("perplexity");
+        c.arg("-f")
+            .arg(&eval)
+            .arg("--chunks")
+            .arg(a.chunks.to_string())
+            .arg("--json")
+            .args(extra);
+        run_json(&mut c)
+    };
+    let gen_ = |extra: &[String]| -> Result<serde_json::Value> {
+        let mut c = base("generate");
+        c.arg(&prompt)
+            .arg("-n")
+            .arg(a.n_gen.to_string())
+            .arg("--ignore-eos")
+            .arg("--json")
+            .args(extra);
+        run_json(&mut c)
+    };
+    let tokens = |j: &serde_json::Value| -> Vec<u64> {
+        j["tokens"]
+            .as_array()
+            .map(|v| v.iter().filter_map(|t| t.as_u64()).collect())
+            .unwrap_or_default()
+    };
+    let src_gen = gen_(&[])?;
+    let src_tokens = tokens(&src_gen);
+    let mut rows = Vec::new();
+    let mut measure = |label: String, extra: Vec<String>| -> Result<u64> {
+        eprintln!("bench-precision: {label} ...");
+        let p = ppl(&extra)?;
+        let g = if extra.is_empty() {
+            src_gen.clone()
+        } else {
+            gen_(&extra)?
+        };
+        let t = tokens(&g);
+        let agree = t
+            .iter()
+            .zip(&src_tokens)
+            .take_while(|(x, y)| x == y)
+            .count();
+        let wb = p["weight_bytes"].as_u64().unwrap_or(0);
+        rows.push(Row {
+            profile: label,
+            weight_bytes: wb,
+            ppl: p["ppl"].as_f64().unwrap_or(f64::NAN),
+            kl: p["kl"].as_f64(),
+            decode_tok_s: g["timings"]["decode_tok_s"].as_f64().unwrap_or(f64::NAN),
+            agree,
+        });
+        Ok(wb)
+    };
+    let source_bytes = measure("source".into(), vec![])?;
+    for enc in &a.encodings {
+        let wb = measure(
+            format!("uniform:{enc}"),
+            vec!["--profile".into(), format!("uniform:{enc}")],
+        )?;
+        if wb >= source_bytes {
+            eprintln!("bench-precision: {enc} is not smaller than the source; no budget row");
+            continue;
+        }
+        measure(
+            format!("budget {wb} (importance)"),
+            vec!["--budget".into(), wb.to_string()],
+        )?;
+    }
+    println!(
+        "| profile | weight bytes | % of source | perplexity | KL vs source | decode tok/s | greedy agreement (of {}) |",
+        a.n_gen
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {:.1}% | {:.4} | {} | {:.1} | {} |",
+            r.profile,
+            r.weight_bytes,
+            100.0 * r.weight_bytes as f64 / source_bytes as f64,
+            r.ppl,
+            r.kl.map_or("—".into(), |k| format!("{k:.5}")),
+            r.decode_tok_s,
+            r.agree
+        );
+    }
+    if let Some(p) = &a.json {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "profile": r.profile, "weight_bytes": r.weight_bytes, "ppl": r.ppl,
+                    "kl": r.kl, "decode_tok_s": r.decode_tok_s, "agree": r.agree,
+                })
+            })
+            .collect();
+        std::fs::write(p, serde_json::to_string_pretty(&v)? + "\n")?;
+    }
+    Ok(())
+}
