@@ -41,6 +41,8 @@ enum Command {
     /// Validate an importance map by ablation: demote one tensor group at a time, measure the
     /// KL divergence from the source on held-out text, rank-correlate with the prediction.
     Ablate(cmd::ablate::Args),
+    /// Show the precision profile `--budget` / `--profile` selects, tensor by tensor.
+    Profile(cmd::profile::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (llama-server's flags).
     Serve(cmd::serve::Args),
 }
@@ -67,6 +69,7 @@ fn main() -> anyhow::Result<()> {
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Importance(a) => cmd::importance::run(a),
         Command::Ablate(a) => cmd::ablate::run(a),
+        Command::Profile(a) => cmd::profile::run(a),
         Command::Serve(a) => cmd::serve::run(a),
     }
 }

@@ -119,6 +119,10 @@ pub fn build_importance_map(
     let refs: Vec<&dyn Codec> = codecs.iter().map(|c| c.as_ref()).collect();
     let total = by_name.len();
     let mut done = 0;
+    // A head tied to the token embedding is one table with two uses: its options also carry
+    // the lookup's distortion (below).
+    let tied = Arc::ptr_eq(&model.embd, &model.head.m);
+    let head_name = model.ir.weight(model.ir.lm_head.linear.weight).name.clone();
     for (_, s) in &sites {
         let calib = Calibration::new(s.data.clone(), s.rows(), s.cols)?;
         for name in &s.weights {
@@ -135,11 +139,84 @@ pub fn build_importance_map(
                 .encoding(name)
                 .map(str::to_owned)
                 .unwrap_or_else(|| "f32".into());
-            let t = measure_tensor(&w, rows, &source, m.weight_bytes() as u64, &calib, &refs)?;
+            let mut t = measure_tensor(&w, rows, &source, m.weight_bytes() as u64, &calib, &refs)?;
+            if tied && *name == head_name {
+                add_lookup_distortion(&mut t, &w, cols, tokens, &refs)?;
+            }
             b.add(name, t)?;
             done += 1;
             progress(done, total, name);
         }
     }
     Ok(b.finish())
+}
+
+/// Adds to each option of a tied embedding / head table the distortion of its other use, the
+/// token lookup: `Σ_r c_r ‖w_r − q_r‖² / Σ_r c_r ‖w_r‖²` over the rows `r` the calibration text
+/// reads, `c_r` times each — the relative error of the residual stream's first input, beside
+/// the head's output distortion (the selector sums distortions, so the table pays for both).
+fn add_lookup_distortion(
+    t: &mut synapse_sensitivity::TensorImportance,
+    w: &[f32],
+    cols: usize,
+    tokens: &[u32],
+    codecs: &[&dyn Codec],
+) -> Result<()> {
+    let ce = |e| RuntimeError::from(synapse_kernels::KernelError::from(e));
+    let rows = w.len() / cols.max(1);
+    let mut counts = std::collections::BTreeMap::<usize, u64>::new();
+    for &tok in tokens {
+        if (tok as usize) < rows {
+            *counts.entry(tok as usize).or_default() += 1;
+        }
+    }
+    let den: f64 = counts
+        .iter()
+        .map(|(&r, &c)| {
+            c as f64
+                * w[r * cols..(r + 1) * cols]
+                    .iter()
+                    .map(|&v| f64::from(v) * f64::from(v))
+                    .sum::<f64>()
+        })
+        .sum();
+    for o in &mut t.options {
+        let Some(codec) = codecs.iter().find(|c| c.id().to_string() == o.encoding) else {
+            continue;
+        };
+        let one = codec.matrix_size(1, cols).map_err(ce)?;
+        let whole = codec.matrix_size(rows, cols).map_err(ce)?;
+        let mut num = 0f64;
+        if rows * one == whole {
+            // Row-separable: encode and decode only the rows read.
+            for (&r, &c) in &counts {
+                let row = &w[r * cols..(r + 1) * cols];
+                let q = codec
+                    .decode(&codec.encode_matrix(row, 1, cols).map_err(ce)?, cols)
+                    .map_err(ce)?;
+                num += c as f64
+                    * row
+                        .iter()
+                        .zip(&q)
+                        .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
+                        .sum::<f64>();
+            }
+        } else {
+            let q = codec
+                .decode_matrix(&codec.encode_matrix(w, rows, cols).map_err(ce)?, rows, cols)
+                .map_err(ce)?;
+            for (&r, &c) in &counts {
+                num += c as f64
+                    * w[r * cols..(r + 1) * cols]
+                        .iter()
+                        .zip(&q[r * cols..(r + 1) * cols])
+                        .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
+                        .sum::<f64>();
+            }
+        }
+        if den > 0.0 {
+            o.distortion += num / den;
+        }
+    }
+    Ok(())
 }

@@ -71,3 +71,60 @@ fn the_same_text_gives_the_same_map() {
         "another text, another calibration hash"
     );
 }
+
+/// A head tied to the token embedding pays for both uses: each option's distortion is the
+/// head's output distortion plus the lookup's relative error under the calibration tokens'
+/// frequencies (computed here independently); an untied head only the former.
+#[test]
+fn a_tied_table_carries_the_lookup_distortion_too() {
+    let (Some((g, gt)), Some((l, lt))) = (tiny("gemma3"), tiny("llama")) else {
+        return;
+    };
+    assert!(
+        std::sync::Arc::ptr_eq(&g.embd, &g.head.m),
+        "tiny gemma3 ties its head"
+    );
+    assert!(
+        !std::sync::Arc::ptr_eq(&l.embd, &l.head.m),
+        "tiny llama does not"
+    );
+    let map = build(&g, &gt);
+    let head = g.ir.weight(g.ir.lm_head.linear.weight).name.clone();
+    let (rows, cols) = (g.head.m.rows(), g.head.m.cols());
+    let mut w = vec![0f32; rows * cols];
+    for (r, out) in w.chunks_exact_mut(cols).enumerate() {
+        g.head.m.dequantize_row(r, out).unwrap();
+    }
+    let (mut num_by, mut den) = (std::collections::BTreeMap::new(), 0f64);
+    for &t in &gt {
+        let row = &w[t as usize * cols..(t as usize + 1) * cols];
+        den += row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>();
+        for o in &map.tensors[&head].options {
+            let c = synapse_codecs::resolve(&o.encoding).unwrap();
+            let q = c
+                .decode(&c.encode_matrix(row, 1, cols).unwrap(), cols)
+                .unwrap();
+            let e: f64 = row
+                .iter()
+                .zip(&q)
+                .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
+                .sum();
+            *num_by.entry(o.encoding.clone()).or_insert(0f64) += e;
+        }
+    }
+    for o in &map.tensors[&head].options {
+        let lookup = num_by[&o.encoding] / den;
+        assert!(lookup > 0.0);
+        // The output part is positive too, so the sum is strictly above the lookup part.
+        assert!(
+            o.distortion > lookup,
+            "{}: {} vs lookup {lookup}",
+            o.encoding,
+            o.distortion
+        );
+    }
+    // Untied: the head is measured as a linear like any other.
+    let lm = build(&l, &lt);
+    let lh = l.ir.weight(l.ir.lm_head.linear.weight).name.clone();
+    assert!(!lm.tensors[&lh].options.is_empty());
+}

@@ -9,6 +9,7 @@ pub mod inspect;
 pub mod load;
 pub mod models;
 pub mod perplexity;
+pub mod profile;
 pub mod serve;
 pub mod tensor;
 pub mod tokenize;
