@@ -67,3 +67,53 @@ fn each_group_is_measured_against_its_prediction() {
         assert!(ablate(&m, &other, id, &groups, &toks, &p, 2, |_, _, _| {}).is_err());
     }
 }
+
+/// KL weights from an ablation on calibration tokens: positive, one per tensor, equal within a
+/// group, and with them the map predicts exactly the KL each group's demotion measured there.
+#[test]
+fn kl_weights_make_the_map_predict_the_measured_kl() {
+    let Some((m, toks)) = common::tiny_q8_model("llama") else {
+        return;
+    };
+    let mut map = common::tiny_importance_map(&m, &toks);
+    let groups = layer_groups(&m);
+    let p = PerplexityParams {
+        ctx: 16,
+        batch: 16,
+        max_chunks: Some(2),
+        bos: None,
+    };
+    let enc = EncodingId::parse("syn.q4.symmetric.g64.v1").unwrap();
+    let mut rows = Vec::new();
+    let w =
+        synapse_runtime::ablation::kl_weights(&m, &map, enc, &groups, &toks, &p, 2, |_, _, r| {
+            rows.push(r.clone())
+        })
+        .unwrap();
+    assert_eq!(w.len(), synapse_runtime::importance::linears(&m).len());
+    map.set_kl_weights(&w, "tiny").unwrap();
+    for (g, row) in groups.iter().zip(&rows) {
+        let ws: Vec<f64> = g.tensors.iter().map(|t| w[t]).collect();
+        assert!(ws.iter().all(|&x| x > 0.0 && x == ws[0]), "{g:?} {ws:?}");
+        let predicted: f64 = g
+            .tensors
+            .iter()
+            .map(|t| {
+                let ti = &map.tensors[t];
+                ti.kl_weight
+                    * ti.options
+                        .iter()
+                        .find(|o| o.encoding == enc.to_string())
+                        .unwrap()
+                        .distortion
+            })
+            .sum();
+        if row.kl > 0.0 {
+            assert!(
+                (predicted - row.kl).abs() <= 1e-12 * row.kl.max(1.0),
+                "{g:?}: {predicted} vs {}",
+                row.kl
+            );
+        }
+    }
+}

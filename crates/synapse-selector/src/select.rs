@@ -160,7 +160,7 @@ impl Selector {
                     let mut e: BTreeMap<&str, (u64, f64)> = t
                         .options
                         .iter()
-                        .map(|o| (o.encoding.as_str(), (o.bytes, o.distortion)))
+                        .map(|o| (o.encoding.as_str(), (o.bytes, t.kl_weight * o.distortion)))
                         .collect();
                     e.insert(t.source_encoding.as_str(), (t.source_bytes, 0.0));
                     e

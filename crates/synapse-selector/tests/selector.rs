@@ -40,6 +40,7 @@ fn map_of(tensors: Vec<TensorSpec>) -> ImportanceMap {
                 source_encoding: "bf16".into(),
                 source_bytes,
                 options,
+                kl_weight: 1.0,
             },
         );
     }
@@ -50,6 +51,7 @@ fn map_of(tensors: Vec<TensorSpec>) -> ImportanceMap {
             calibration_hash: "c".into(),
             sample_count: 1,
             codec_versions: versions.into_iter().collect(),
+            kl_weights: None,
         },
         tensors: map,
     }
@@ -356,4 +358,40 @@ fn diff_lists_exact_changes_and_hash_is_stable() {
         s.select(1_000_000).unwrap().hash()
     );
     assert_eq!(hi.hash().to_string().len(), 64);
+}
+
+#[test]
+fn kl_weights_scale_what_a_demotion_costs() {
+    // Unweighted, c is demoted first; weighted 1000× (its demotion measured as that harmful),
+    // it is demoted last and its cost in the profile is the weighted one.
+    let mut m = three();
+    let first = |m: &ImportanceMap| {
+        Selector::new(m, &Constraints::default())
+            .unwrap()
+            .demotion_order()
+            .first()
+            .unwrap()
+            .item
+            .clone()
+    };
+    assert_eq!(first(&m), "c");
+    let w: BTreeMap<String, f64> = [("c".to_string(), 1000.0)].into();
+    m.set_kl_weights(&w, "test").unwrap();
+    assert_eq!(m.provenance.kl_weights.as_deref(), Some("test"));
+    assert_ne!(first(&m), "c");
+    let s = Selector::new(&m, &Constraints::default()).unwrap();
+    assert_eq!(s.demotion_order().last().unwrap().item, "c");
+    let all_small = s.select(750).unwrap();
+    assert!((all_small.assignments["c"].distortion - 2.0).abs() < 1e-12);
+    // The weights survive JSON; invalid ones are refused.
+    let back = ImportanceMap::from_json(&m.to_json().unwrap()).unwrap();
+    assert_eq!(back, m);
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let w: BTreeMap<String, f64> = [("a".to_string(), bad)].into();
+        assert!(m.clone().set_kl_weights(&w, "bad").is_err(), "{bad}");
+    }
+    let unknown: BTreeMap<String, f64> = [("zz".to_string(), 2.0)].into();
+    assert!(m.clone().set_kl_weights(&unknown, "x").is_err());
+    // An unweighted map's JSON has no kl fields (maps written before them read the same).
+    assert!(!three().to_json().unwrap().contains("kl_weight"));
 }

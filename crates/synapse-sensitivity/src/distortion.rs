@@ -163,6 +163,7 @@ pub fn measure_tensor(
         source_encoding: source_encoding.to_owned(),
         source_bytes,
         options,
+        kl_weight: 1.0,
     })
 }
 

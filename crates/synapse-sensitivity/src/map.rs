@@ -51,6 +51,19 @@ pub struct TensorImportance {
     pub source_bytes: u64,
     /// Options strictly smaller than the source, sorted by bytes descending.
     pub options: Vec<EncodingOption>,
+    /// What one unit of this tensor's relative distortion costs in next-token KL divergence,
+    /// measured by ablation on calibration text ([`ImportanceMap::set_kl_weights`]); 1 (and
+    /// absent from the JSON) until measured. The selector minimizes `Σ kl_weight · distortion`.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub kl_weight: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn is_one(v: &f64) -> bool {
+    *v == 1.0
 }
 
 /// Where the measurements came from.
@@ -65,6 +78,9 @@ pub struct Provenance {
     pub sample_count: u64,
     /// Every encoding ID measured, sorted (IDs carry their codec version).
     pub codec_versions: Vec<String>,
+    /// How the tensors' `kl_weight`s were measured (absent: not measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_weights: Option<String>,
 }
 
 /// Per tensor, per candidate encoding: distortion and size, plus provenance.
@@ -131,6 +147,7 @@ impl ImportanceMapBuilder {
                 calibration_hash: self.calibration_hash,
                 sample_count: self.sample_count,
                 codec_versions: codecs,
+                kl_weights: None,
             },
             tensors: self.tensors,
         }
@@ -172,8 +189,33 @@ impl ImportanceMap {
         Ok(map)
     }
 
+    /// Sets each named tensor's `kl_weight` (finite and positive) and records how they were
+    /// measured; tensors not named keep theirs.
+    pub fn set_kl_weights(
+        &mut self,
+        weights: &BTreeMap<String, f64>,
+        how: impl Into<String>,
+    ) -> Result<()> {
+        for (name, &w) in weights {
+            if !(w.is_finite() && w > 0.0) {
+                return Err(malformed(format!(
+                    "{name}: kl_weight {w} is not finite and positive"
+                )));
+            }
+            self.tensors
+                .get_mut(name)
+                .ok_or_else(|| malformed(format!("{name}: not in the map")))?
+                .kl_weight = w;
+        }
+        self.provenance.kl_weights = Some(how.into());
+        Ok(())
+    }
+
     fn validate(&self) -> Result<()> {
         for (name, t) in &self.tensors {
+            if !(t.kl_weight.is_finite() && t.kl_weight > 0.0) {
+                return Err(malformed(format!("{name}: invalid kl_weight")));
+            }
             let mut prev = t.source_bytes;
             for o in &t.options {
                 if !(o.distortion.is_finite() && o.distortion >= 0.0) {

@@ -38,6 +38,17 @@ pub struct Args {
     /// Compute threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Skip weighting tensors by measured KL (by default each group of tensors — a layer's
+    /// attention, its FFN, the head — is demoted alone to `--kl-encoding` on calibration text
+    /// and its KL divergence per unit of predicted distortion becomes its tensors' weight).
+    #[arg(long)]
+    no_kl_weights: bool,
+    /// The encoding the KL weights are measured at.
+    #[arg(long, default_value = "syn.q4.symmetric.g64.v1")]
+    kl_encoding: String,
+    /// Chunks of `--ctx` calibration tokens each KL-weight ablation scores.
+    #[arg(long, default_value_t = 2)]
+    kl_chunks: usize,
 }
 
 /// Runs `importance`.
@@ -78,6 +89,53 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             t0.elapsed().as_secs_f64()
         );
     })?;
+    let mut map = map;
+    if !a.no_kl_weights {
+        use synapse_runtime::ablation::{kl_weights, layer_groups};
+        use synapse_runtime::perplexity::PerplexityParams;
+        let enc = synapse_codecs::EncodingId::parse(&a.kl_encoding)
+            .with_context(|| format!("--kl-encoding {:?}", a.kl_encoding))?;
+        let all = tok.encode(&text, true, false)?;
+        let bos = tok.bos().filter(|&b| all.first() == Some(&b));
+        let p = PerplexityParams {
+            ctx: a.ctx,
+            batch: a.ctx.min(512),
+            max_chunks: Some(a.kl_chunks.max(1)),
+            bos,
+        };
+        let groups = layer_groups(&model);
+        eprintln!(
+            "importance: KL weights, {} groups at {} on {} calibration chunks",
+            groups.len(),
+            enc,
+            a.kl_chunks
+        );
+        let w = kl_weights(
+            &model,
+            &map,
+            enc,
+            &groups,
+            &all,
+            &p,
+            a.threads,
+            |d, n, r| {
+                eprintln!(
+                    "  [{d}/{n}] {:<14} predicted {:.4e} KL {:.5} ({:.1} s)",
+                    r.group,
+                    r.predicted,
+                    r.kl,
+                    t0.elapsed().as_secs_f64()
+                );
+            },
+        )?;
+        map.set_kl_weights(
+            &w,
+            format!(
+                "ablation at {enc}, {} chunks of {} calibration tokens",
+                a.kl_chunks, a.ctx
+            ),
+        )?;
+    }
     let out = match &a.out {
         Some(p) => p.clone(),
         None => {
