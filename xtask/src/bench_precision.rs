@@ -4,8 +4,14 @@
 //! importance-driven profile at the same resident weight bytes (`--budget <those bytes>`, from
 //! the model's stored importance map: `synapse-cli importance --calib calibration.txt`), and
 //! for each profile the decode speed and the greedy agreement with the source over 64 tokens
-//! (`synapse-cli generate --json` on a prompt from the evaluation text). Prints one markdown
-//! table: the README's.
+//! (`synapse-cli generate --json` on a prompt from the evaluation text). Beside them,
+//! llama.cpp's own re-quantization of the same GGUF (`--llama-quants`: `llama_model_quantize`
+//! with `allow_requantize`, through llama-cpp-python in the oracle venv; `xtask/py/requant.py`),
+//! without and with an importance matrix of the calibration text (`synapse-cli importance
+//! --imatrix-only`: per linear the mean x² of each input column, the data llama.cpp's imatrix
+//! tool hands the quantizer), each scored by Synapse against the source GGUF (`perplexity
+//! --reference`; Synapse runs every ggml type with llama.cpp's bits), and the importance-driven
+//! profile at each of their sizes. Prints one markdown table: the README's.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -36,6 +42,9 @@ pub struct Args {
     /// Compute threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// llama.cpp re-quantizations to compare (llama_ftype suffixes; empty: none).
+    #[arg(long, value_delimiter = ',', default_value = "Q4_K_M,Q3_K_M,Q2_K")]
+    llama_quants: Vec<String>,
     /// Use this synapse-cli binary instead of building one.
     #[arg(long)]
     synapse_bin: Option<PathBuf>,
@@ -132,7 +141,7 @@ pub fn run(a: Args) -> Result<()> {
     let src_gen = gen_(&[])?;
     let src_tokens = tokens(&src_gen);
     let mut rows = Vec::new();
-    let mut measure = |label: String, extra: Vec<String>| -> Result<u64> {
+    let measure = |rows: &mut Vec<Row>, label: String, extra: Vec<String>| -> Result<u64> {
         eprintln!("bench-precision: {label} ...");
         let p = ppl(&extra)?;
         let g = if extra.is_empty() {
@@ -157,9 +166,10 @@ pub fn run(a: Args) -> Result<()> {
         });
         Ok(wb)
     };
-    let source_bytes = measure("source".into(), vec![])?;
+    let source_bytes = measure(&mut rows, "source".into(), vec![])?;
     for enc in &a.encodings {
         let wb = measure(
+            &mut rows,
             format!("uniform:{enc}"),
             vec!["--profile".into(), format!("uniform:{enc}")],
         )?;
@@ -168,9 +178,99 @@ pub fn run(a: Args) -> Result<()> {
             continue;
         }
         measure(
+            &mut rows,
             format!("budget {wb} (importance)"),
             vec!["--budget".into(), wb.to_string()],
         )?;
+    }
+    if !a.llama_quants.iter().all(|q| q.is_empty()) {
+        let src = {
+            let mut c = Command::new(&bin);
+            c.arg("fetch-model");
+            if let Some(m) = &a.model {
+                c.arg(m);
+            }
+            let out = c.output().context("synapse-cli fetch-model")?;
+            if !out.status.success() {
+                bail!(
+                    "fetch-model failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            PathBuf::from(String::from_utf8(out.stdout)?.trim())
+        };
+        let dir = crate::bench_vs_llama::target_dir().join("requant");
+        std::fs::create_dir_all(&dir)?;
+        let stem = src
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let im = dir.join(format!("{stem}.imatrix.json"));
+        let mut c = base("importance");
+        c.arg("--calib")
+            .arg(text.join("calibration.txt"))
+            .arg("--imatrix-only")
+            .arg("--imatrix-out")
+            .arg(&im);
+        let st = c
+            .status()
+            .context("synapse-cli importance --imatrix-only")?;
+        if !st.success() {
+            bail!("computing the imatrix failed ({st})");
+        }
+        for q in a.llama_quants.iter().filter(|q| !q.is_empty()) {
+            for with_im in [false, true] {
+                let tag = if with_im { "+imatrix" } else { "" };
+                let dst = dir.join(format!("{stem}.{q}{tag}.gguf"));
+                let mut args: Vec<&std::ffi::OsStr> =
+                    vec![src.as_os_str(), dst.as_os_str(), q.as_ref()];
+                if with_im {
+                    args.push(im.as_os_str());
+                }
+                crate::parity_fixtures::run_py("requant.py", &args, &[])?;
+                let file = dst.to_string_lossy().into_owned();
+                let reference = src.to_string_lossy().into_owned();
+                // Score the re-quantized file against the source: `--model` is the file.
+                let label = format!("llama.cpp {q}{tag}");
+                eprintln!("bench-precision: {label} ...");
+                let mut c = Command::new(&bin);
+                c.arg("perplexity")
+                    .args(["--threads", &a.threads.to_string()])
+                    .args(["--model", &file, "--reference", &reference])
+                    .arg("-f")
+                    .arg(&eval)
+                    .args(["--chunks", &a.chunks.to_string(), "--json"]);
+                let p = run_json(&mut c)?;
+                let mut g = Command::new(&bin);
+                g.arg("generate")
+                    .args(["--threads", &a.threads.to_string(), "--model", &file])
+                    .arg(&prompt)
+                    .args(["-n", &a.n_gen.to_string(), "--ignore-eos", "--json"]);
+                let g = run_json(&mut g)?;
+                let t = tokens(&g);
+                let agree = t
+                    .iter()
+                    .zip(&src_tokens)
+                    .take_while(|(x, y)| x == y)
+                    .count();
+                let wb = p["weight_bytes"].as_u64().unwrap_or(0);
+                rows.push(Row {
+                    profile: label,
+                    weight_bytes: wb,
+                    ppl: p["ppl"].as_f64().unwrap_or(f64::NAN),
+                    kl: p["kl"].as_f64(),
+                    decode_tok_s: g["timings"]["decode_tok_s"].as_f64().unwrap_or(f64::NAN),
+                    agree,
+                });
+                if with_im && wb < source_bytes {
+                    measure(
+                        &mut rows,
+                        format!("budget {wb} (importance)"),
+                        vec!["--budget".into(), wb.to_string()],
+                    )?;
+                }
+            }
+        }
     }
     println!(
         "| profile | weight bytes | % of source | perplexity | KL vs source | decode tok/s | greedy agreement (of {}) |",

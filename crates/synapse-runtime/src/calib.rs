@@ -41,6 +41,9 @@ pub struct SiteSamples {
     pub data: Vec<f32>,
     /// Input rows this site saw (kept or not).
     pub seen: u64,
+    /// `Σ x²` of each input column over every row seen (kept or not): with `seen`, llama.cpp's
+    /// importance matrix (`imatrix`) of the linears this site feeds.
+    pub sq: Vec<f64>,
 }
 
 impl SiteSamples {
@@ -141,6 +144,7 @@ impl CalibrationRecorder {
                         cols,
                         data: Vec::new(),
                         seen: 0,
+                        sq: vec![0.0; cols],
                     },
                 )
             })
@@ -191,6 +195,9 @@ impl Tap for CalibrationRecorder {
         }
         let key = mix(((layer.map_or(u32::MAX as usize, |l| l) as u64) << 8) ^ stage as u64);
         for r in 0..rows {
+            for (a, &x) in s.sq.iter_mut().zip(&data[r * cols..(r + 1) * cols]) {
+                *a += f64::from(x) * f64::from(x);
+            }
             let i = s.seen;
             s.seen += 1;
             if s.data.len() >= max_rows * cols {

@@ -26,7 +26,8 @@ pub struct ImportanceParams {
     pub batch: usize,
     /// Positions per session before the cache restarts (the context the text is run at).
     pub ctx: usize,
-    /// The candidate encodings (default: `synapse_codecs::default_ladder()`).
+    /// The candidate encodings (default: `synapse_codecs::default_ladder()`; empty: measure
+    /// nothing, the pass yields only the imatrix).
     pub ladder: Vec<EncodingId>,
     /// What the calibration text is (its hash, e.g. the corpus part's), recorded in the
     /// provenance together with the token count and `max_rows`.
@@ -62,14 +63,28 @@ pub fn linears(model: &Model) -> Vec<(String, Arc<QuantMatrix>)> {
     v
 }
 
+/// Per linear (IR weight name), the mean of `x²` of each input column over every calibration
+/// row its input saw — llama.cpp's importance matrix, as `llama_model_quantize` takes it.
+pub type Imatrix = std::collections::BTreeMap<String, Vec<f32>>;
+
 /// Runs `tokens` (the calibration part, tokenized) through `exec` and measures every linear
 /// (see the module docs); `progress(done, total, name)` after each tensor.
 pub fn build_importance_map(
     exec: &mut Executor,
     tokens: &[u32],
     p: &ImportanceParams,
-    mut progress: impl FnMut(usize, usize, &str),
+    progress: impl FnMut(usize, usize, &str),
 ) -> Result<ImportanceMap> {
+    build_importance_map_and_imatrix(exec, tokens, p, progress).map(|(m, _)| m)
+}
+
+/// [`build_importance_map`], and the [`Imatrix`] of the same pass.
+pub fn build_importance_map_and_imatrix(
+    exec: &mut Executor,
+    tokens: &[u32],
+    p: &ImportanceParams,
+    mut progress: impl FnMut(usize, usize, &str),
+) -> Result<(ImportanceMap, Imatrix)> {
     if tokens.is_empty() || p.max_rows == 0 || p.batch == 0 || p.ctx == 0 {
         return Err(RuntimeError::InvalidParam {
             name: "importance",
@@ -104,12 +119,25 @@ pub fn build_importance_map(
     exec.set_tap(prev);
     run?;
     let sites = rec.sites();
+    let mut imatrix = Imatrix::new();
+    for (_, s) in &sites {
+        let n = s.seen.max(1) as f64;
+        let mean: Vec<f32> = s.sq.iter().map(|&v| (v / n) as f32).collect();
+        for w in &s.weights {
+            imatrix.insert(w.clone(), mean.clone());
+        }
+    }
     let by_name = linears(&model);
     let mut h = blake3::Hasher::new();
     h.update(p.text_id.as_bytes());
     h.update(&(tokens.len() as u64).to_le_bytes());
     h.update(&(p.max_rows as u64).to_le_bytes());
     let rows_total: usize = sites.iter().map(|(_, s)| s.rows()).sum();
+    if p.ladder.is_empty() {
+        // Nothing to measure: the imatrix alone.
+        let b = ImportanceMapBuilder::new(&model.ir.fingerprint, "", 0);
+        return Ok((b.finish(), imatrix));
+    }
     let mut b = ImportanceMapBuilder::new(
         &model.ir.fingerprint,
         h.finalize().to_hex().as_ref(),
@@ -148,7 +176,7 @@ pub fn build_importance_map(
             progress(done, total, name);
         }
     }
-    Ok(b.finish())
+    Ok((b.finish(), imatrix))
 }
 
 /// Adds to each option of a tied embedding / head table the distortion of its other use, the

@@ -79,6 +79,19 @@ fn capture_changes_nothing_covers_every_linear_and_keeps_the_rows() {
         for (site, s) in &sites {
             assert_eq!(s.seen as usize, total, "{family} {site:?}: rows seen");
             assert_eq!(s.rows(), total, "{family} {site:?}: every row kept");
+            // The imatrix sums: Σ x² of each column over every row (here, the kept rows).
+            assert_eq!(s.sq.len(), s.cols);
+            for (j, &v) in s.sq.iter().enumerate() {
+                let want: f64 = s
+                    .data
+                    .chunks_exact(s.cols)
+                    .map(|r| f64::from(r[j]) * f64::from(r[j]))
+                    .sum();
+                assert!(
+                    (v - want).abs() <= 1e-12 * want.max(1.0),
+                    "{family} {site:?} col {j}"
+                );
+            }
         }
         // The rows are the stage's own.
         let raw = Raw(Default::default(), Some(1), Some(Stage::FfnAct));

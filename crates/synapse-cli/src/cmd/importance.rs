@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::Args as ClapArgs;
 use synapse_runtime::Executor;
-use synapse_runtime::importance::{ImportanceParams, build_importance_map};
+use synapse_runtime::importance::{ImportanceParams, build_importance_map_and_imatrix};
 
 use super::load::ModelArgs;
 
@@ -38,6 +38,13 @@ pub struct Args {
     /// Compute threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Also write the importance matrix of the same pass (per linear, the mean `x²` of each
+    /// input column: llama.cpp's `imatrix`, for `llama_model_quantize`) as JSON.
+    #[arg(long)]
+    imatrix_out: Option<PathBuf>,
+    /// Only the capture pass and `--imatrix-out` (no map is measured or written).
+    #[arg(long, requires = "imatrix_out")]
+    imatrix_only: bool,
     /// Skip weighting tensors by measured KL (by default each group of tensors — a layer's
     /// attention, its FFN, the head — is demoted alone to `--kl-encoding` on calibration text
     /// and its KL divergence per unit of predicted distortion becomes its tensors' weight).
@@ -77,18 +84,39 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         text_id: blake3::hash(text.as_bytes()).to_hex().to_string(),
         ..ImportanceParams::default()
     };
+    let p = if a.imatrix_only {
+        ImportanceParams {
+            ladder: Vec::new(),
+            ..p
+        }
+    } else {
+        p
+    };
     let t0 = Instant::now();
     eprintln!(
         "importance: {} calibration tokens, {} rows per site",
         ids.len(),
         a.rows
     );
-    let map = build_importance_map(&mut exec, &ids, &p, |done, total, name| {
+    let (map, imatrix) =
+        build_importance_map_and_imatrix(&mut exec, &ids, &p, |done, total, name| {
+            eprintln!(
+                "  [{done}/{total}] {name} ({:.1} s)",
+                t0.elapsed().as_secs_f64()
+            );
+        })?;
+    if let Some(p) = &a.imatrix_out {
+        std::fs::write(p, serde_json::to_string(&imatrix)? + "\n")
+            .with_context(|| format!("writing {}", p.display()))?;
         eprintln!(
-            "  [{done}/{total}] {name} ({:.1} s)",
-            t0.elapsed().as_secs_f64()
+            "importance: imatrix of {} tensors -> {}",
+            imatrix.len(),
+            p.display()
         );
-    })?;
+    }
+    if a.imatrix_only {
+        return Ok(());
+    }
     let mut map = map;
     if !a.no_kl_weights {
         use synapse_runtime::ablation::{kl_weights, layer_groups};

@@ -30,6 +30,10 @@ pub struct Args {
     chunks: Option<usize>,
     #[command(flatten)]
     precision: super::load::PrecisionArgs,
+    /// Report the KL divergence from this model instead (another file of the same model, e.g.
+    /// the source a re-quantized GGUF was made from; same vocabulary and tokenizer).
+    #[arg(long)]
+    reference: Option<PathBuf>,
     /// Compute threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -52,7 +56,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // Another precision than the source's: the variant runs, the source is the KL reference.
     let applied = a.precision.apply(&model)?;
     let run_model = applied.model.clone();
-    let mut reference = if Arc::ptr_eq(&run_model, &model) {
+    let mut reference = if let Some(r) = &a.reference {
+        let (rm, rtok) = super::load::load_model(Some(r), a.model.store.as_deref())?;
+        let head = &text[..text.char_indices().nth(4096).map_or(text.len(), |(i, _)| i)];
+        if rtok.encode(head, true, false)? != tok.encode(head, true, false)? {
+            bail!("--reference tokenizes the text differently: not the same model");
+        }
+        Some(Executor::new(Arc::new(rm), a.threads)?)
+    } else if Arc::ptr_eq(&run_model, &model) {
         None
     } else {
         Some(Executor::new(model.clone(), a.threads)?)
