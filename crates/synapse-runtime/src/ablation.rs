@@ -60,7 +60,8 @@ pub fn layer_groups(model: &Model) -> Vec<Group> {
 pub struct AblationRow {
     /// The group's name.
     pub group: String,
-    /// Σ of the map's distortion of the group's tensors at the encoding.
+    /// Σ of the map's distortion of the group's tensors at the encoding, each times its
+    /// `kl_weight` (the selector's cost).
     pub predicted: f64,
     /// Measured mean KL divergence from the source.
     pub kl: f64,
@@ -123,7 +124,7 @@ pub fn ablate(
                     name: "importance map",
                     reason: format!("{t:?} was not measured at {id}"),
                 })?;
-            d += o.distortion;
+            d += ti.kl_weight * o.distortion;
             saved += ti.source_bytes.saturating_sub(o.bytes);
         }
         predicted.push((d, saved));
@@ -201,7 +202,9 @@ pub fn kl_weights(
     let mut out = BTreeMap::new();
     for (g, w) in groups.iter().zip(q) {
         for t in &g.tensors {
-            out.insert(t.clone(), w.unwrap_or(floor));
+            // Relative to the weight the prediction already carried (1 for a fresh map).
+            let prev = map.tensors.get(t).map_or(1.0, |x| x.kl_weight);
+            out.insert(t.clone(), prev * w.unwrap_or(floor));
         }
     }
     Ok(out)
