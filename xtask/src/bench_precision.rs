@@ -62,6 +62,33 @@ struct Row {
     agree: usize,
 }
 
+/// Generated token ids of a `generate --json` object.
+fn tokens(j: &serde_json::Value) -> Vec<u64> {
+    j["tokens"]
+        .as_array()
+        .map(|v| v.iter().filter_map(|t| t.as_u64()).collect())
+        .unwrap_or_default()
+}
+
+impl Row {
+    /// A row from `perplexity --json` (`p`) and `generate --json` (`g`): the agreement is the
+    /// length of the prefix `g` shares with the source's tokens.
+    fn of(profile: String, p: &serde_json::Value, g: &serde_json::Value, src: &[u64]) -> Row {
+        Row {
+            profile,
+            weight_bytes: p["weight_bytes"].as_u64().unwrap_or(0),
+            ppl: p["ppl"].as_f64().unwrap_or(f64::NAN),
+            kl: p["kl"].as_f64(),
+            decode_tok_s: g["timings"]["decode_tok_s"].as_f64().unwrap_or(f64::NAN),
+            agree: tokens(g)
+                .iter()
+                .zip(src)
+                .take_while(|(x, y)| x == y)
+                .count(),
+        }
+    }
+}
+
 fn run_json(cmd: &mut Command) -> Result<serde_json::Value> {
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
@@ -132,12 +159,6 @@ pub fn run(a: Args) -> Result<()> {
             .args(extra);
         run_json(&mut c)
     };
-    let tokens = |j: &serde_json::Value| -> Vec<u64> {
-        j["tokens"]
-            .as_array()
-            .map(|v| v.iter().filter_map(|t| t.as_u64()).collect())
-            .unwrap_or_default()
-    };
     let src_gen = gen_(&[])?;
     let src_tokens = tokens(&src_gen);
     let mut rows = Vec::new();
@@ -149,21 +170,9 @@ pub fn run(a: Args) -> Result<()> {
         } else {
             gen_(&extra)?
         };
-        let t = tokens(&g);
-        let agree = t
-            .iter()
-            .zip(&src_tokens)
-            .take_while(|(x, y)| x == y)
-            .count();
-        let wb = p["weight_bytes"].as_u64().unwrap_or(0);
-        rows.push(Row {
-            profile: label,
-            weight_bytes: wb,
-            ppl: p["ppl"].as_f64().unwrap_or(f64::NAN),
-            kl: p["kl"].as_f64(),
-            decode_tok_s: g["timings"]["decode_tok_s"].as_f64().unwrap_or(f64::NAN),
-            agree,
-        });
+        let r = Row::of(label, &p, &g, &src_tokens);
+        let wb = r.weight_bytes;
+        rows.push(r);
         Ok(wb)
     };
     let source_bytes = measure(&mut rows, "source".into(), vec![])?;
@@ -247,21 +256,9 @@ pub fn run(a: Args) -> Result<()> {
                     .arg(&prompt)
                     .args(["-n", &a.n_gen.to_string(), "--ignore-eos", "--json"]);
                 let g = run_json(&mut g)?;
-                let t = tokens(&g);
-                let agree = t
-                    .iter()
-                    .zip(&src_tokens)
-                    .take_while(|(x, y)| x == y)
-                    .count();
-                let wb = p["weight_bytes"].as_u64().unwrap_or(0);
-                rows.push(Row {
-                    profile: label,
-                    weight_bytes: wb,
-                    ppl: p["ppl"].as_f64().unwrap_or(f64::NAN),
-                    kl: p["kl"].as_f64(),
-                    decode_tok_s: g["timings"]["decode_tok_s"].as_f64().unwrap_or(f64::NAN),
-                    agree,
-                });
+                let r = Row::of(label, &p, &g, &src_tokens);
+                let wb = r.weight_bytes;
+                rows.push(r);
                 if with_im && wb < source_bytes {
                     measure(
                         &mut rows,
