@@ -71,6 +71,19 @@ fn tokens(j: &serde_json::Value) -> Vec<u64> {
 }
 
 impl Row {
+    /// The row as a line of the markdown table (printed as soon as it is measured).
+    fn print(&self) {
+        println!(
+            "| {} | {} | {:.4} | {} | {:.1} | {} |",
+            self.profile,
+            self.weight_bytes,
+            self.ppl,
+            self.kl.map_or("—".into(), |k| format!("{k:.5}")),
+            self.decode_tok_s,
+            self.agree
+        );
+    }
+
     /// A row from `perplexity --json` (`p`) and `generate --json` (`g`): the agreement is the
     /// length of the prefix `g` shares with the source's tokens.
     fn of(profile: String, p: &serde_json::Value, g: &serde_json::Value, src: &[u64]) -> Row {
@@ -159,6 +172,15 @@ pub fn run(a: Args) -> Result<()> {
             .args(extra);
         run_json(&mut c)
     };
+    if a.llama_quants.iter().any(|q| !q.is_empty()) {
+        // Fail now, not after the Synapse rows, when the oracle venv is missing.
+        crate::oracle_env::python()?;
+    }
+    println!(
+        "| profile | weight bytes | perplexity | KL vs source | decode tok/s | greedy agreement (of {}) |",
+        a.n_gen
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
     let src_gen = gen_(&[])?;
     let src_tokens = tokens(&src_gen);
     let mut rows = Vec::new();
@@ -172,6 +194,7 @@ pub fn run(a: Args) -> Result<()> {
         };
         let r = Row::of(label, &p, &g, &src_tokens);
         let wb = r.weight_bytes;
+        r.print();
         rows.push(r);
         Ok(wb)
     };
@@ -258,6 +281,7 @@ pub fn run(a: Args) -> Result<()> {
                 let g = run_json(&mut g)?;
                 let r = Row::of(label, &p, &g, &src_tokens);
                 let wb = r.weight_bytes;
+                r.print();
                 rows.push(r);
                 if with_im && wb < source_bytes {
                     measure(
@@ -269,23 +293,10 @@ pub fn run(a: Args) -> Result<()> {
             }
         }
     }
-    println!(
-        "| profile | weight bytes | % of source | perplexity | KL vs source | decode tok/s | greedy agreement (of {}) |",
-        a.n_gen
+    eprintln!(
+        "bench-precision: source {source_bytes} weight bytes; {} rows",
+        rows.len()
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
-    for r in &rows {
-        println!(
-            "| {} | {} | {:.1}% | {:.4} | {} | {:.1} | {} |",
-            r.profile,
-            r.weight_bytes,
-            100.0 * r.weight_bytes as f64 / source_bytes as f64,
-            r.ppl,
-            r.kl.map_or("—".into(), |k| format!("{k:.5}")),
-            r.decode_tok_s,
-            r.agree
-        );
-    }
     if let Some(p) = &a.json {
         let v: Vec<serde_json::Value> = rows
             .iter()
