@@ -42,6 +42,13 @@ pub struct Args {
     /// input column: llama.cpp's `imatrix`, for `llama_model_quantize`) as JSON.
     #[arg(long)]
     imatrix_out: Option<PathBuf>,
+    /// Keep the measured distortions of the stored map (or `--map`), and measure its KL weights
+    /// afresh (at `--kl-encoding`); no capture pass.
+    #[arg(long, conflicts_with_all = ["imatrix_only", "no_kl_weights"])]
+    reweight: bool,
+    /// The map `--reweight` starts from (default: the stored one).
+    #[arg(long, requires = "reweight")]
+    map: Option<PathBuf>,
     /// Only the capture pass and `--imatrix-out` (no map is measured or written).
     #[arg(long, requires = "imatrix_out")]
     imatrix_only: bool,
@@ -98,13 +105,29 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ids.len(),
         a.rows
     );
-    let (map, imatrix) =
+    let (map, imatrix) = if a.reweight {
+        let path = match &a.map {
+            Some(p) => p.clone(),
+            None => super::load::stored_map_path(&model.ir.fingerprint)?,
+        };
+        let mut m = synapse_sensitivity::ImportanceMap::from_json(
+            &std::fs::read_to_string(&path)
+                .with_context(|| format!("reading the importance map {}", path.display()))?,
+        )
+        .with_context(|| format!("parsing {}", path.display()))?;
+        m.check_applies_to(&model.ir.fingerprint)?;
+        for t in m.tensors.values_mut() {
+            t.kl_weight = 1.0;
+        }
+        (m, Default::default())
+    } else {
         build_importance_map_and_imatrix(&mut exec, &ids, &p, |done, total, name| {
             eprintln!(
                 "  [{done}/{total}] {name} ({:.1} s)",
                 t0.elapsed().as_secs_f64()
             );
-        })?;
+        })?
+    };
     if let Some(p) = &a.imatrix_out {
         std::fs::write(p, serde_json::to_string(&imatrix)? + "\n")
             .with_context(|| format!("writing {}", p.display()))?;
