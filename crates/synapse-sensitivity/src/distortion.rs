@@ -12,6 +12,23 @@ pub const UNBOUNDED: f64 = f64::MAX;
 /// Widest layer input for which the Gram path is used (its `cols²` f64 matrix is 32 MiB here).
 pub const GRAM_MAX_COLS: usize = 2048;
 
+/// Rows of a tensor the output energies are summed over: a taller tensor (an LM head of
+/// 262,144 rows) is measured on this many rows spread evenly over it (row `⌊i·rows/MAX⌋`),
+/// the encoding itself always being of the whole tensor — the ratio of two sums over a
+/// uniform sample of rows, not the cost of 262,144 · cols² multiply-adds per codec.
+pub const MEASURE_MAX_ROWS: usize = 16_384;
+
+/// The rows the energies are summed over (see [`MEASURE_MAX_ROWS`]).
+fn measured_rows(rows: usize) -> Vec<usize> {
+    if rows <= MEASURE_MAX_ROWS {
+        (0..rows).collect()
+    } else {
+        (0..MEASURE_MAX_ROWS)
+            .map(|i| i * rows / MEASURE_MAX_ROWS)
+            .collect()
+    }
+}
+
 fn check_shape(len: usize, rows: usize, cols: usize, what: &'static str) -> Result<()> {
     let n = rows
         .checked_mul(cols)
@@ -129,7 +146,13 @@ pub fn measure_tensor(
     check_shape(w.len(), rows, cols, "weight elements")?;
     // The reference energy and the Gram matrix are shared by every codec.
     let g = (cols > 0 && use_gram(calib)).then(|| gram(calib));
-    let wf: Vec<f64> = w.iter().map(|&a| f64::from(a)).collect();
+    let pick = measured_rows(rows);
+    let take = |m: &[f32]| -> Vec<f64> {
+        pick.iter()
+            .flat_map(|&r| m[r * cols..(r + 1) * cols].iter().map(|&a| f64::from(a)))
+            .collect()
+    };
+    let wf: Vec<f64> = if cols == 0 { Vec::new() } else { take(w) };
     let den = if cols == 0 {
         0.0
     } else {
@@ -142,7 +165,7 @@ pub fn measure_tensor(
         let num = if cols == 0 {
             0.0
         } else {
-            let err: Vec<f64> = wf.iter().zip(&q).map(|(&a, &b)| a - f64::from(b)).collect();
+            let err: Vec<f64> = wf.iter().zip(take(&q)).map(|(&a, b)| a - b).collect();
             energy(&err, calib, g.as_deref())
         };
         options.push(EncodingOption {
@@ -170,6 +193,49 @@ pub fn measure_tensor(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tall_tensor_is_measured_on_an_even_row_sample() {
+        let (rows, cols, samples) = (2 * MEASURE_MAX_ROWS + 7, 64, 80);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| (((i * 7919) % 2003) as f32 / 1001.0 - 1.0) * (1.0 + (i / cols % 5) as f32))
+            .collect();
+        let x: Vec<f32> = (0..samples * cols)
+            .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+            .collect();
+        let calib = Calibration::new(x, samples, cols).unwrap();
+        let codec = synapse_codecs::resolve("syn.q3.symmetric.g64.v1").unwrap();
+        let t = measure_tensor(
+            &w,
+            rows,
+            "f32",
+            (rows * cols * 4) as u64,
+            &calib,
+            &[&*codec],
+        )
+        .unwrap();
+        let pick = measured_rows(rows);
+        assert_eq!(pick.len(), MEASURE_MAX_ROWS);
+        assert!(pick.windows(2).all(|p| p[0] < p[1]) && *pick.last().unwrap() < rows);
+        // Exactly the distortion of the sampled rows (the bytes are the whole tensor's) ...
+        let q = codec
+            .decode_matrix(&codec.encode_matrix(&w, rows, cols).unwrap(), rows, cols)
+            .unwrap();
+        let sub = |m: &[f32]| -> Vec<f32> {
+            pick.iter()
+                .flat_map(|&r| m[r * cols..(r + 1) * cols].to_vec())
+                .collect()
+        };
+        let want = output_distortion(&sub(&w), &sub(&q), pick.len(), &calib).unwrap();
+        assert_eq!(t.options[0].distortion, want);
+        assert_eq!(
+            t.options[0].bytes,
+            codec.matrix_size(rows, cols).unwrap() as u64
+        );
+        // ... and close to the whole tensor's.
+        let full = output_distortion(&w, &q, rows, &calib).unwrap();
+        assert!((want - full).abs() <= 0.02 * full, "{want} vs {full}");
+    }
 
     #[test]
     fn gram_and_direct_paths_agree() {
