@@ -27,6 +27,7 @@ pub async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
                 "slots": info.slots,
                 "weight_bytes": info.weight_bytes,
                 "kernel_path": info.kernel_path,
+                "profile": info.profile,
             },
         }],
     }))

@@ -327,4 +327,6 @@ pub struct EngineInfo {
     pub weight_bytes: u64,
     /// Kernel path in use.
     pub kernel_path: String,
+    /// The precision profile's hash (the source's, or a budget's / uniform profile's).
+    pub profile: String,
 }

@@ -77,6 +77,7 @@ impl Engine {
             fingerprint: model.ir.fingerprint.clone(),
             weight_bytes: model.weight_bytes() as u64,
             kernel_path: sched.executor().kernel_path().name().to_string(),
+            profile: model.profile.hash().to_string(),
         };
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
