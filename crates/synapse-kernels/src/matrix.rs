@@ -558,9 +558,17 @@ impl QuantMatrix {
         use kernels::codec_sym;
         let (rows, cols) = (self.rows, self.cols);
         let ng = cols / codec_sym::GROUP;
-        // The forced reference path runs the scalar kernel (the same bits).
+        // By the context's path (the forced reference path runs the scalar kernel; every path
+        // computes the same bits).
         #[cfg(target_arch = "x86_64")]
-        let simd = codec_sym::has_avx512() && ctx.path() != crate::dispatch::KernelPath::Scalar;
+        let simd = {
+            use crate::dispatch::KernelPath;
+            match ctx.path() {
+                KernelPath::Avx512Vnni if codec_sym::has_avx512() => 2,
+                KernelPath::Avx512Vnni | KernelPath::AvxVnni | KernelPath::Avx2 => 1,
+                _ => 0,
+            }
+        };
         let (act_scratch, pack, pool) = ctx.parts2();
         act_scratch.set_len(n * ActKind::Q8x32.row_bytes(cols));
         quantize_rows(ActKind::Q8x32, x, cols, act_scratch.as_bytes_mut());
@@ -580,9 +588,40 @@ impl QuantMatrix {
             // where the CPU has its features.
             unsafe {
                 #[cfg(target_arch = "x86_64")]
-                if simd {
-                    codec_sym::rows_avx512(bits, w, rb, ng, act, init, da, yp.get(), rows, r0, r1);
-                    return;
+                match simd {
+                    2 => {
+                        codec_sym::rows_avx512(
+                            bits,
+                            w,
+                            rb,
+                            ng,
+                            act,
+                            init,
+                            da,
+                            yp.get(),
+                            rows,
+                            r0,
+                            r1,
+                        );
+                        return;
+                    }
+                    1 => {
+                        codec_sym::rows_avx2(
+                            bits,
+                            w,
+                            rb,
+                            ng,
+                            act,
+                            init,
+                            da,
+                            yp.get(),
+                            rows,
+                            r0,
+                            r1,
+                        );
+                        return;
+                    }
+                    _ => {}
                 }
                 codec_sym::rows_scalar(bits, w, rb, ng, act, init, da, yp.get(), rows, r0, r1);
             }

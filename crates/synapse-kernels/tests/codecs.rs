@@ -96,10 +96,11 @@ fn symmetric_g64_integer_path_simd_equals_scalar_and_rows_are_independent() {
                 y
             };
             let scalar = run(KernelPath::Scalar, 1, &x, n);
-            for (path, threads) in [
-                (KernelPath::best_supported(), 1),
-                (KernelPath::best_supported(), 2),
-            ] {
+            // Every SIMD path this CPU has (AVX-512 VBMI/VNNI, AVX2 …), at 1 and 2 threads.
+            let paths = KernelPath::supported()
+                .into_iter()
+                .filter(|p| *p != KernelPath::Scalar);
+            for (path, threads) in paths.flat_map(|p| [(p, 1), (p, 2)]) {
                 let got = run(path, threads, &x, n);
                 for (i, (a, b)) in got.iter().zip(&scalar).enumerate() {
                     assert_eq!(a.to_bits(), b.to_bits(), "{id} {rows}x{cols} {path} [{i}]");

@@ -195,6 +195,86 @@ pub(crate) unsafe fn rows_avx512(
     }
 }
 
+/// [`rows_scalar`] on AVX2 + FMA (no VBMI, no VNNI needed), the same bits: each group's codes
+/// unpacked once (on the stack) for up to 8 activation rows; per 32-element half the exact
+/// lane sums by `vpmaddwd` on 16-bit widened codes and activations (no `vpmaddubsw`
+/// saturation), the pair sums folded to 4-element lanes, then the same conversion, product and
+/// FMA per lane as the scalar path.
+///
+/// # Safety
+/// As [`rows_scalar`], and the CPU has AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn rows_avx2(
+    bits: u32,
+    w: &[u8],
+    row_bytes: usize,
+    ng: usize,
+    act: &[BlockQ8x32],
+    init: &[i32],
+    da: &[f32],
+    y: *mut f32,
+    ystride: usize,
+    r0: usize,
+    r1: usize,
+) {
+    use std::arch::x86_64::*;
+    let gb = group_bytes(bits);
+    let n = act.len() / (2 * ng).max(1);
+    let mut codes = [0u8; GROUP];
+    // SAFETY: the caller's contract; loads stay inside `codes`, an activation block or the
+    // prepared lane arrays.
+    unsafe {
+        // (a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, …) after `hadd`: back to lane order 0..8.
+        let order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+        let mut t0 = 0;
+        while t0 < n {
+            let nt = (n - t0).min(8);
+            for r in r0..r1 {
+                let row = &w[r * row_bytes..(r + 1) * row_bytes];
+                let mut acc = [[_mm256_setzero_ps(); 2]; 8];
+                for g in 0..ng {
+                    let grp = &row[g * gb..(g + 1) * gb];
+                    let dw = _mm256_set1_ps(f16::from_le_bytes([grp[0], grp[1]]).to_f32());
+                    unpack(bits, &grp[2..], &mut codes);
+                    for (k, a) in acc.iter_mut().enumerate().take(nt) {
+                        let t = t0 + k;
+                        let base = (t * ng + g) * 16;
+                        for (h, ah) in a.iter_mut().enumerate() {
+                            let blk = &act[(t * ng + g) * 2 + h];
+                            let c = _mm256_loadu_si256(codes.as_ptr().add(32 * h).cast());
+                            let q = _mm256_loadu_si256(blk.qs.as_ptr().cast());
+                            let c_lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(c));
+                            let c_hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(c, 1));
+                            let q_lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
+                            let q_hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
+                            // Pair sums of elements 0..16 and 16..32, then 4-element lanes.
+                            let p_lo = _mm256_madd_epi16(c_lo, q_lo);
+                            let p_hi = _mm256_madd_epi16(c_hi, q_hi);
+                            let l =
+                                _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(p_lo, p_hi), order);
+                            let iv = _mm256_loadu_si256(init.as_ptr().add(base + 8 * h).cast());
+                            let lanes = _mm256_add_epi32(l, iv);
+                            let d =
+                                _mm256_mul_ps(dw, _mm256_loadu_ps(da.as_ptr().add(base + 8 * h)));
+                            *ah = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), d, *ah);
+                        }
+                    }
+                }
+                for (k, a) in acc.iter().enumerate().take(nt) {
+                    let v = _mm256_add_ps(a[0], a[1]);
+                    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+                    *y.add((t0 + k) * ystride + r) = _mm_cvtss_f32(s);
+                }
+            }
+            t0 += nt;
+        }
+    }
+}
+
 /// Whether this CPU runs [`rows_avx512`].
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn has_avx512() -> bool {
