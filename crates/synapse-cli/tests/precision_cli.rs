@@ -1,0 +1,176 @@
+//! Budgeted precision through the command line on a tiny fixture: `importance` stores the map
+//! per model (`$SYNAPSE_IMPORTANCE_DIR`), `generate --budget` / `perplexity --budget` /
+//! `profile --budget` find and apply it, and every way to get it wrong is a clear error before
+//! anything runs (a budget below every profile, another model's map, a malformed budget).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_synapse-cli");
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .unwrap()
+        .to_path_buf()
+}
+
+fn cli(dir: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("SYNAPSE_IMPORTANCE_DIR", dir)
+        .env("RUST_BACKTRACE", "0")
+        .env_remove("SYNAPSE_MODEL")
+        .output()
+        .unwrap()
+}
+
+fn json(o: &Output) -> Value {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = String::from_utf8_lossy(&o.stdout);
+    serde_json::from_str(s.lines().last().unwrap()).unwrap()
+}
+
+fn err(o: &Output) -> String {
+    assert!(
+        !o.status.success(),
+        "succeeded: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn a_budget_runs_the_stored_maps_profile_and_bad_requests_are_refused() {
+    let llama = root().join("fixtures/tiny/llama/model.q8_0.gguf");
+    let qwen = root().join("fixtures/tiny/qwen2/model.q8_0.gguf");
+    if !synapse_testdata::require(&llama, "tiny-model fixture") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("calibration.txt");
+    let words: Vec<String> = (0..600)
+        .map(|i| format!("word{} and more", i % 97))
+        .collect();
+    std::fs::write(&text, words.join(" ")).unwrap();
+    let (m, t) = (llama.to_str().unwrap(), text.to_str().unwrap());
+    let imp = |model: &str, out: Option<&Path>| {
+        let o = out.map(|p| p.to_str().unwrap().to_string());
+        let mut a = vec![
+            "importance",
+            "-m",
+            model,
+            "--calib",
+            t,
+            "--tokens",
+            "256",
+            "--ctx",
+            "32",
+            "--rows",
+            "64",
+            "--kl-chunks",
+            "1",
+        ];
+        if let Some(o) = &o {
+            a.extend(["-o", o.as_str()]);
+        }
+        let r = cli(dir.path(), &a);
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    };
+    imp(m, None);
+    let stored: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .collect();
+    assert_eq!(stored.len(), 1, "one stored map");
+
+    let g = json(&cli(
+        dir.path(),
+        &[
+            "generate", "-m", m, "--budget", "60%", "--json", "-n", "6", "hello",
+        ],
+    ));
+    let src = json(&cli(
+        dir.path(),
+        &["generate", "-m", m, "--json", "-n", "6", "hello"],
+    ));
+    let (wb, sb) = (
+        g["weight_bytes"].as_u64().unwrap(),
+        g["source_weight_bytes"].as_u64().unwrap(),
+    );
+    assert!(wb <= sb * 60 / 100, "{wb} of {sb}");
+    assert_ne!(g["profile"], src["profile"]);
+    assert_eq!(src["weight_bytes"].as_u64().unwrap(), sb);
+
+    let p = json(&cli(
+        dir.path(),
+        &["profile", "-m", m, "--budget", "60%", "--json"],
+    ));
+    assert_eq!(p["profile"], g["profile"]);
+    assert_eq!(p["weight_bytes"].as_u64().unwrap(), wb);
+
+    let ppl = json(&cli(
+        dir.path(),
+        &[
+            "perplexity",
+            "-m",
+            m,
+            "-f",
+            t,
+            "--ctx",
+            "32",
+            "--chunks",
+            "2",
+            "--budget",
+            "60%",
+            "--json",
+        ],
+    ));
+    assert!(ppl["kl"].as_f64().unwrap() > 0.0);
+    assert_eq!(ppl["weight_bytes"].as_u64().unwrap(), wb);
+
+    let e = err(&cli(
+        dir.path(),
+        &["generate", "-m", m, "--budget", "1", "-n", "2", "hi"],
+    ));
+    assert!(e.contains("below the smallest possible total"), "{e}");
+    let e = err(&cli(
+        dir.path(),
+        &["generate", "-m", m, "--budget", "150%", "-n", "2", "hi"],
+    ));
+    assert!(e.contains("percentage"), "{e}");
+    if synapse_testdata::require(&qwen, "tiny-model fixture") {
+        // No stored map for qwen2: the error says how to make one.
+        let q = qwen.to_str().unwrap();
+        let e = err(&cli(
+            dir.path(),
+            &["generate", "-m", q, "--budget", "60%", "-n", "2", "hi"],
+        ));
+        assert!(e.contains("synapse-cli importance"), "{e}");
+        // llama's map given to qwen2: refused as another model's.
+        let map = stored[0].path();
+        let e = err(&cli(
+            dir.path(),
+            &[
+                "generate",
+                "-m",
+                q,
+                "--budget",
+                "60%",
+                "--map",
+                map.to_str().unwrap(),
+                "-n",
+                "2",
+                "hi",
+            ],
+        ));
+        assert!(e.contains("model_fingerprint"), "{e}");
+        let other = dir.path().join("qwen-map.json");
+        imp(q, Some(&other));
+        assert!(other.is_file());
+    }
+}
