@@ -264,8 +264,42 @@ impl Selector {
             .sum()
     }
 
+    /// [`select`](Self::select), then the slack the prefix's last (large) step left filled:
+    /// applied steps are undone, most costly per byte first, whenever an item's latest step fits
+    /// in what is left of the budget, until none does. The total never exceeds `budget` and the
+    /// distortion never exceeds the prefix's; unlike `select`, a larger budget is not
+    /// guaranteed to only promote (a one-shot choice, not a residency policy).
+    pub fn select_filled(&self, budget: u64) -> Result<Profile> {
+        let (mut level, mut total) = self.prefix(budget)?;
+        loop {
+            let mut changed = false;
+            for &(i, l) in self.order.iter().rev() {
+                if level[i] != l {
+                    continue;
+                }
+                let it = &self.items[i];
+                let back = it.ladder[l - 1].bytes - it.ladder[l].bytes;
+                if total + back <= budget {
+                    total += back;
+                    level[i] = l - 1;
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        Ok(self.profile_at(&level, total))
+    }
+
     /// The profile for `budget` bytes: the shortest prefix of the demotion order that fits.
     pub fn select(&self, budget: u64) -> Result<Profile> {
+        let (level, total) = self.prefix(budget)?;
+        Ok(self.profile_at(&level, total))
+    }
+
+    /// Each item's level and the total after the shortest prefix that fits `budget`.
+    fn prefix(&self, budget: u64) -> Result<(Vec<usize>, u64)> {
         let mut level = vec![0usize; self.items.len()];
         let mut total = self.maximum_bytes();
         let mut steps = self.order.iter();
@@ -290,9 +324,14 @@ impl Selector {
             total -= it.ladder[l - 1].bytes - it.ladder[l].bytes;
             level[i] = l;
         }
+        Ok((level, total))
+    }
+
+    /// The profile with each item at `level` (`total` its bytes).
+    fn profile_at(&self, level: &[usize], total: u64) -> Profile {
         let mut assignments = BTreeMap::new();
         let mut total_distortion = 0.0;
-        for (it, &l) in self.items.iter().zip(&level) {
+        for (it, &l) in self.items.iter().zip(level) {
             let o = &it.ladder[l];
             total_distortion += o.distortion;
             for (m, &(bytes, distortion)) in it.members.iter().zip(&o.members) {
@@ -306,10 +345,10 @@ impl Selector {
                 );
             }
         }
-        Ok(Profile {
+        Profile {
             assignments,
             total_bytes: total,
             total_distortion,
-        })
+        }
     }
 }

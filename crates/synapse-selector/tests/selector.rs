@@ -190,6 +190,31 @@ proptest! {
     }
 
     #[test]
+    fn filling_the_slack_fits_and_never_adds_distortion(map in arb_map(), c in arb_constraints(), budget in 0u64..40_000) {
+        let Some(s) = selector(&map, &c) else { return Ok(()) };
+        match (s.select(budget), s.select_filled(budget)) {
+            (Ok(p), Ok(f)) => {
+                prop_assert!(f.total_bytes <= budget);
+                prop_assert!(f.total_bytes >= p.total_bytes);
+                prop_assert_eq!(f.total_bytes, f.assignments.values().map(|a| a.bytes).sum::<u64>());
+                prop_assert!(f.total_distortion <= p.total_distortion + 1e-12);
+                // Only promotions relative to the prefix, each to a level the prefix passed.
+                prop_assert!(diff(&p, &f).iter().all(|ch| ch.kind == ChangeKind::Promotion));
+                // No single undo left that would still fit.
+                let slack = budget - f.total_bytes;
+                for st in s.demotion_order() {
+                    let at: Vec<&String> = st.item.split('+').map(|m| &f.assignments[m].encoding).collect();
+                    if at.iter().all(|e| **e == st.to) {
+                        prop_assert!(st.saved_bytes > slack, "{} could come back", st.item);
+                    }
+                }
+            }
+            (Err(_), Err(_)) => {}
+            (a, b) => prop_assert!(false, "select {:?} vs select_filled {:?}", a.is_ok(), b.is_ok()),
+        }
+    }
+
+    #[test]
     fn identical_assignments_share_a_hash(map in arb_map(), budget in 0u64..40_000) {
         let s = Selector::new(&map, &Constraints::default()).unwrap();
         if let Ok(p) = s.select(budget) {
