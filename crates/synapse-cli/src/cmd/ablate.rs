@@ -9,7 +9,6 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args as ClapArgs;
 use synapse_runtime::ablation::{ablate, layer_groups};
-use synapse_runtime::perplexity::PerplexityParams;
 
 use super::load::ModelArgs;
 
@@ -52,25 +51,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let (model, tok) = a.model.load()?;
     let model = Arc::new(model);
-    let path = match &a.map {
-        Some(p) => p.clone(),
-        None => super::load::stored_map_path(&model.ir.fingerprint)?,
-    };
-    let map = synapse_sensitivity::ImportanceMap::from_json(
-        &std::fs::read_to_string(&path)
-            .with_context(|| format!("reading the importance map {}", path.display()))?,
-    )
-    .with_context(|| format!("parsing {}", path.display()))?;
+    let map = super::load::read_map(a.map.as_deref(), &model.ir.fingerprint)?;
     let enc = synapse_codecs::EncodingId::parse(&a.encoding)
         .with_context(|| format!("--encoding {:?}", a.encoding))?;
-    let tokens = tok.encode(&text, true, false)?;
-    let bos = tok.bos().filter(|&b| tokens.first() == Some(&b));
-    let p = PerplexityParams {
-        ctx: a.ctx,
-        batch: a.ctx.min(512),
-        max_chunks: Some(a.chunks.max(1)),
-        bos,
-    };
+    let (tokens, p) = super::load::perplexity_tokens(&tok, &text, a.ctx, Some(a.chunks.max(1)))?;
     let groups = layer_groups(&model);
     let t0 = Instant::now();
     let r = ablate(

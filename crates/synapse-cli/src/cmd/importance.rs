@@ -106,15 +106,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         a.rows
     );
     let (map, imatrix) = if a.reweight {
-        let path = match &a.map {
-            Some(p) => p.clone(),
-            None => super::load::stored_map_path(&model.ir.fingerprint)?,
-        };
-        let mut m = synapse_sensitivity::ImportanceMap::from_json(
-            &std::fs::read_to_string(&path)
-                .with_context(|| format!("reading the importance map {}", path.display()))?,
-        )
-        .with_context(|| format!("parsing {}", path.display()))?;
+        let mut m = super::load::read_map(a.map.as_deref(), &model.ir.fingerprint)?;
         m.check_applies_to(&model.ir.fingerprint)?;
         for t in m.tensors.values_mut() {
             t.kl_weight = 1.0;
@@ -143,17 +135,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut map = map;
     if !a.no_kl_weights {
         use synapse_runtime::ablation::{kl_weights, layer_groups};
-        use synapse_runtime::perplexity::PerplexityParams;
         let enc = synapse_codecs::EncodingId::parse(&a.kl_encoding)
             .with_context(|| format!("--kl-encoding {:?}", a.kl_encoding))?;
-        let all = tok.encode(&text, true, false)?;
-        let bos = tok.bos().filter(|&b| all.first() == Some(&b));
-        let p = PerplexityParams {
-            ctx: a.ctx,
-            batch: a.ctx.min(512),
-            max_chunks: Some(a.kl_chunks.max(1)),
-            bos,
-        };
+        let (all, p) =
+            super::load::perplexity_tokens(&tok, &text, a.ctx, Some(a.kl_chunks.max(1)))?;
         let groups = layer_groups(&model);
         eprintln!(
             "importance: KL weights, {} groups at {} on {} calibration chunks",

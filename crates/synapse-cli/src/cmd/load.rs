@@ -200,6 +200,45 @@ pub fn stored_map_path(fingerprint: &str) -> anyhow::Result<PathBuf> {
     Ok(importance_dir()?.join(format!("{fingerprint}.json")))
 }
 
+/// The importance map at `path`, else the one stored for the model with `fingerprint`
+/// (parsed and validated; whether it applies to the model is the caller's check).
+pub fn read_map(
+    path: Option<&Path>,
+    fingerprint: &str,
+) -> anyhow::Result<synapse_sensitivity::ImportanceMap> {
+    let path = match path {
+        Some(p) => p.to_path_buf(),
+        None => stored_map_path(fingerprint)?,
+    };
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "reading the importance map {} (make one with `synapse-cli importance --calib TEXT`)",
+            path.display()
+        )
+    })?;
+    synapse_sensitivity::ImportanceMap::from_json(&text)
+        .with_context(|| format!("parsing {}", path.display()))
+}
+
+/// The text's tokens and llama.cpp's perplexity protocol for them: chunks of `ctx` (BOS first
+/// when the tokenizer adds one), at most `chunks` of them.
+pub fn perplexity_tokens(
+    tok: &Tokenizer,
+    text: &str,
+    ctx: usize,
+    chunks: Option<usize>,
+) -> anyhow::Result<(Vec<u32>, synapse_runtime::perplexity::PerplexityParams)> {
+    let tokens = tok.encode(text, true, false)?;
+    let bos = tok.bos().filter(|&b| tokens.first() == Some(&b));
+    let p = synapse_runtime::perplexity::PerplexityParams {
+        ctx,
+        batch: ctx.min(512),
+        max_chunks: chunks,
+        bos,
+    };
+    Ok((tokens, p))
+}
+
 /// `--budget`, `--profile` and `--map`, shared by the commands that run a model.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct PrecisionArgs {
@@ -228,18 +267,7 @@ impl PrecisionArgs {
         let p = match (&self.budget, &self.profile) {
             (Some(b), _) => {
                 let budget: Budget = b.parse()?;
-                let path = match &self.map {
-                    Some(p) => p.clone(),
-                    None => stored_map_path(&model.ir.fingerprint)?,
-                };
-                let text = std::fs::read_to_string(&path).with_context(|| {
-                    format!(
-                        "reading the importance map {} (make one with `synapse-cli importance --calib TEXT`)",
-                        path.display()
-                    )
-                })?;
-                let map = synapse_sensitivity::ImportanceMap::from_json(&text)
-                    .with_context(|| format!("parsing {}", path.display()))?;
+                let map = read_map(self.map.as_deref(), &model.ir.fingerprint)?;
                 Precision::Budget {
                     budget,
                     map: Box::new(map),
