@@ -561,14 +561,18 @@ impl QuantMatrix {
         // By the context's path (the forced reference path runs the scalar kernel; every path
         // computes the same bits).
         #[cfg(target_arch = "x86_64")]
-        let simd = {
+        let kernel: codec_sym::RowsFn = {
             use crate::dispatch::KernelPath;
             match ctx.path() {
-                KernelPath::Avx512Vnni if codec_sym::has_avx512() => 2,
-                KernelPath::Avx512Vnni | KernelPath::AvxVnni | KernelPath::Avx2 => 1,
-                _ => 0,
+                KernelPath::Avx512Vnni if codec_sym::has_avx512() => codec_sym::rows_avx512,
+                KernelPath::Avx512Vnni | KernelPath::AvxVnni | KernelPath::Avx2 => {
+                    codec_sym::rows_avx2
+                }
+                _ => codec_sym::rows_scalar,
             }
         };
+        #[cfg(not(target_arch = "x86_64"))]
+        let kernel: codec_sym::RowsFn = codec_sym::rows_scalar;
         let (act_scratch, pack, pool) = ctx.parts2();
         act_scratch.set_len(n * ActKind::Q8x32.row_bytes(cols));
         quantize_rows(ActKind::Q8x32, x, cols, act_scratch.as_bytes_mut());
@@ -586,45 +590,7 @@ impl QuantMatrix {
             // SAFETY: rows were validated as `ng` groups of this codec at construction; the
             // lane arrays hold n·ng·16 entries; chunks write disjoint rows; the SIMD path only
             // where the CPU has its features.
-            unsafe {
-                #[cfg(target_arch = "x86_64")]
-                match simd {
-                    2 => {
-                        codec_sym::rows_avx512(
-                            bits,
-                            w,
-                            rb,
-                            ng,
-                            act,
-                            init,
-                            da,
-                            yp.get(),
-                            rows,
-                            r0,
-                            r1,
-                        );
-                        return;
-                    }
-                    1 => {
-                        codec_sym::rows_avx2(
-                            bits,
-                            w,
-                            rb,
-                            ng,
-                            act,
-                            init,
-                            da,
-                            yp.get(),
-                            rows,
-                            r0,
-                            r1,
-                        );
-                        return;
-                    }
-                    _ => {}
-                }
-                codec_sym::rows_scalar(bits, w, rb, ng, act, init, da, yp.get(), rows, r0, r1);
-            }
+            unsafe { kernel(bits, w, rb, ng, act, init, da, yp.get(), rows, r0, r1) };
         });
         Ok(())
     }

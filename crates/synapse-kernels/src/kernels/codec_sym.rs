@@ -42,6 +42,22 @@ pub(crate) fn prepare(bits: u32, act: &[BlockQ8x32], init: &mut [i32], da: &mut 
     }
 }
 
+/// The signature every path of this kernel shares ([`rows_scalar`]'s contract, plus the CPU
+/// features of the path chosen).
+pub(crate) type RowsFn = unsafe fn(
+    u32,
+    &[u8],
+    usize,
+    usize,
+    &[BlockQ8x32],
+    &[i32],
+    &[f32],
+    *mut f32,
+    usize,
+    usize,
+    usize,
+);
+
 /// The 64 codes of one group's code area (LSB-first, `bits` each).
 fn unpack(bits: u32, area: &[u8], out: &mut [u8; GROUP]) {
     let b = bits as usize;
