@@ -133,6 +133,36 @@ fn a_budget_runs_the_stored_maps_profile_and_bad_requests_are_refused() {
     assert!(ppl["kl"].as_f64().unwrap() > 0.0);
     assert_eq!(ppl["weight_bytes"].as_u64().unwrap(), wb);
 
+    // A re-quantized file scored against its source file: the F32 GGUF is the reference here.
+    let f32_model = root().join("fixtures/tiny/llama/model.f32.gguf");
+    let r = f32_model.to_str().unwrap();
+    let ppl_args = |reference: &str| {
+        cli(
+            dir.path(),
+            &[
+                "perplexity",
+                "-m",
+                m,
+                "--reference",
+                reference,
+                "-f",
+                t,
+                "--ctx",
+                "32",
+                "--chunks",
+                "2",
+                "--json",
+            ],
+        )
+    };
+    let kl = json(&ppl_args(r))["kl"].as_f64().unwrap();
+    assert!(kl > 0.0 && kl < 0.05, "Q8_0 vs F32: KL {kl}");
+    assert_eq!(
+        json(&ppl_args(m))["kl"].as_f64().unwrap(),
+        0.0,
+        "a file against itself"
+    );
+
     let e = err(&cli(
         dir.path(),
         &["generate", "-m", m, "--budget", "1", "-n", "2", "hi"],
