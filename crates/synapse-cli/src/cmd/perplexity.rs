@@ -31,7 +31,9 @@ pub struct Args {
     #[command(flatten)]
     precision: super::load::PrecisionArgs,
     /// Report the KL divergence from this model instead (another file of the same model, e.g.
-    /// the source a re-quantized GGUF was made from; same vocabulary and tokenizer).
+    /// the source a re-quantized GGUF was made from). It must tokenize the text the same way
+    /// and have the same vocabulary size; that is all that is checked, so another model of the
+    /// same vocabulary is accepted (the KL between two models).
     #[arg(long)]
     reference: Option<PathBuf>,
     /// Compute threads.
