@@ -1,8 +1,8 @@
 //! What precision a model runs at, as users ask for it: the source encodings, one Synapse
 //! encoding for every linear (`uniform:ENCODING`), or a weight budget that the selector
 //! (`synapse-selector`) meets from the model's importance map — the cheapest-distortion profile
-//! whose resident weight bytes fit (the slack the greedy prefix leaves filled back,
-//! `Selector::select_filled`). [`apply`] turns the request into the model that runs
+//! whose resident weight bytes fit (`Selector::select_best`: an exact knapsack over the
+//! ladders, or the greedy prefix with its slack filled back when that costs less). [`apply`] turns the request into the model that runs
 //! ([`Model::with_encodings`]), refusing a map measured on another model (typed error) before
 //! anything is re-encoded.
 
@@ -221,7 +221,7 @@ pub fn apply(model: &Arc<Model>, p: &Precision) -> Result<Applied> {
                         budget: want,
                         minimum: fixed + sel.minimum_bytes(),
                     })?;
-            let profile = sel.select_filled(linear_budget).map_err(|e| match e {
+            let profile = sel.select_best(linear_budget).map_err(|e| match e {
                 synapse_selector::SelectorError::BudgetTooSmall { minimum, .. } => {
                     synapse_selector::SelectorError::BudgetTooSmall {
                         budget: want,

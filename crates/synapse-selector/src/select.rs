@@ -292,6 +292,58 @@ impl Selector {
         Ok(self.profile_at(&level, total))
     }
 
+    /// The least-cost profile that fits `budget` as an exact multiple-choice knapsack over the
+    /// items' ladders (dynamic programming over the budget in at most 16,384 units, every
+    /// option's bytes rounded *up* to whole units, so the result always fits), or
+    /// [`select_filled`](Self::select_filled)'s profile when that one costs less (the rounding
+    /// can hide a solution). A one-shot choice like `select_filled`: not monotone in the budget.
+    pub fn select_best(&self, budget: u64) -> Result<Profile> {
+        let filled = self.select_filled(budget)?;
+        const UNITS: u64 = 16_384;
+        let unit = budget.div_ceil(UNITS).max(1);
+        let cap = (budget / unit) as usize;
+        let cost = |b: u64| b.div_ceil(unit) as usize;
+        // best[c]: least cost of the items so far within c units; choice[i][c]: item i's level.
+        let mut best = vec![0f64; cap + 1];
+        let mut choice: Vec<Vec<u8>> = Vec::with_capacity(self.items.len());
+        for it in &self.items {
+            let mut next = vec![f64::INFINITY; cap + 1];
+            let mut ch = vec![u8::MAX; cap + 1];
+            for (l, o) in it.ladder.iter().enumerate() {
+                let w = cost(o.bytes);
+                if w > cap {
+                    continue;
+                }
+                for c in w..=cap {
+                    let v = best[c - w] + o.distortion;
+                    if v < next[c] {
+                        next[c] = v;
+                        ch[c] = l as u8;
+                    }
+                }
+            }
+            best = next;
+            choice.push(ch);
+        }
+        if !best[cap].is_finite() || best[cap] >= filled.total_distortion {
+            return Ok(filled);
+        }
+        let mut level = vec![0usize; self.items.len()];
+        let mut c = cap;
+        for i in (0..self.items.len()).rev() {
+            let l = choice[i][c] as usize;
+            level[i] = l;
+            c -= cost(self.items[i].ladder[l].bytes);
+        }
+        let total = self
+            .items
+            .iter()
+            .zip(&level)
+            .map(|(it, &l)| it.ladder[l].bytes)
+            .sum();
+        Ok(self.profile_at(&level, total))
+    }
+
     /// The profile for `budget` bytes: the shortest prefix of the demotion order that fits.
     pub fn select(&self, budget: u64) -> Result<Profile> {
         let (level, total) = self.prefix(budget)?;

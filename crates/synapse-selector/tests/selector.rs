@@ -215,6 +215,27 @@ proptest! {
     }
 
     #[test]
+    fn the_knapsack_fits_and_is_never_worse_than_the_greedy(map in arb_map(), c in arb_constraints(), budget in 0u64..40_000) {
+        let Some(s) = selector(&map, &c) else { return Ok(()) };
+        match (s.select_filled(budget), s.select_best(budget)) {
+            (Ok(f), Ok(b)) => {
+                prop_assert!(b.total_bytes <= budget);
+                prop_assert_eq!(b.total_bytes, b.assignments.values().map(|a| a.bytes).sum::<u64>());
+                prop_assert!(b.total_distortion <= f.total_distortion + 1e-12);
+                prop_assert_eq!(b.assignments.len(), map.tensors.len());
+                for (name, a) in &b.assignments {
+                    if let Some(sup) = &c.supported { prop_assert!(sup.contains(&a.encoding)); }
+                    if c.pinned.contains(name) {
+                        prop_assert_eq!(a.bytes, s.select(u64::MAX).unwrap().assignments[name].bytes);
+                    }
+                }
+            }
+            (Err(_), Err(_)) => {}
+            (a, b) => prop_assert!(false, "select_filled {:?} vs select_best {:?}", a.is_ok(), b.is_ok()),
+        }
+    }
+
+    #[test]
     fn identical_assignments_share_a_hash(map in arb_map(), budget in 0u64..40_000) {
         let s = Selector::new(&map, &Constraints::default()).unwrap();
         if let Ok(p) = s.select(budget) {
@@ -383,6 +404,28 @@ fn diff_lists_exact_changes_and_hash_is_stable() {
         s.select(1_000_000).unwrap().hash()
     );
     assert_eq!(hi.hash().to_string().len(), 64);
+}
+
+#[test]
+fn the_knapsack_finds_what_the_greedy_order_misses() {
+    // 60 bytes must go. The big tensor's step is the cheapest per byte (0.06 for 600 bytes),
+    // so the greedy prefix takes it and its 600 bytes cannot come back within the slack; the
+    // small tensor's step alone (0.05 for 70 bytes) is enough and costs less.
+    let m = map_of(vec![
+        ("big".into(), 1000, vec![(0, 400, 0.06)]),
+        ("s".into(), 300, vec![(0, 230, 0.05)]),
+    ]);
+    let s = Selector::new(&m, &Constraints::default()).unwrap();
+    let (f, b) = (s.select_filled(1240).unwrap(), s.select_best(1240).unwrap());
+    assert_eq!(
+        f.assignments["big"].bytes, 400,
+        "the greedy demotes the big one"
+    );
+    assert!((f.total_distortion - 0.06).abs() < 1e-12);
+    assert_eq!(b.assignments["big"].bytes, 1000);
+    assert_eq!(b.assignments["s"].bytes, 230);
+    assert!((b.total_distortion - 0.05).abs() < 1e-12);
+    assert_eq!(b.total_bytes, 1230);
 }
 
 #[test]
