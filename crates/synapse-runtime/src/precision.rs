@@ -6,7 +6,7 @@
 //! ([`Model::with_encodings`]), refusing a map measured on another model (typed error) before
 //! anything is re-encoded.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -198,23 +198,10 @@ pub fn apply(model: &Arc<Model>, p: &Precision) -> Result<Applied> {
             let mapped = mapped_bytes(model, map)?;
             let fixed = all - mapped.min(all);
             let want = budget.bytes(all);
-            // Every option the map measured is a codec this build runs; the source encodings
-            // are the models' own.
-            let supported: BTreeSet<String> = map
-                .tensors
-                .values()
-                .flat_map(|t| {
-                    t.options
-                        .iter()
-                        .map(|o| o.encoding.clone())
-                        .chain([t.source_encoding.clone()])
-                })
-                .collect();
-            let c = Constraints {
-                supported: Some(supported),
-                ..Constraints::default()
-            };
-            let sel = Selector::for_model(map, &model.ir.fingerprint, &c)?;
+            // Every option the map holds is a codec this build runs (checked with the
+            // fingerprint in `mapped_bytes`), and the source encodings are the model's own: no
+            // constraint beyond the map.
+            let sel = Selector::new(map, &Constraints::default())?;
             let linear_budget =
                 want.checked_sub(fixed)
                     .ok_or(synapse_selector::SelectorError::BudgetTooSmall {
