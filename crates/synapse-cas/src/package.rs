@@ -828,6 +828,58 @@ impl Package {
         self.store.get(&blob.object)
     }
 
+    /// This package with `map` (JSON bytes) in its importance slot, replacing any earlier map:
+    /// the map is stored as an object first, then a new manifest is written atomically — over
+    /// a package directory's `manifest.toml` (the directory's package hash changes), or as
+    /// `packages/<new hash>.toml` in a store, beside the manifest it was made from (which
+    /// stays a valid package). The model fingerprint does not change: the map is not part of
+    /// the model. Returns the new package.
+    pub fn with_importance(
+        &self,
+        map_json: &[u8],
+        calibration: BTreeMap<String, String>,
+    ) -> Result<Package> {
+        let session = self.store.session()?;
+        let put = session.put(map_json)?;
+        let mut manifest = self.manifest.clone();
+        manifest.importance = Some(ImportanceSlot {
+            map: Blob {
+                object: put.id,
+                size: map_json.len() as u64,
+                media_type: "application/json".into(),
+            },
+            calibration,
+        });
+        manifest.validate()?;
+        let bytes = manifest.to_toml()?.into_bytes();
+        let hash = ObjectId::of(&bytes);
+        let in_place = self
+            .manifest_path
+            .file_name()
+            .is_some_and(|n| n == MANIFEST_FILE)
+            && self.manifest_path.parent() == Some(self.store.root());
+        let rel = if in_place {
+            PathBuf::from(MANIFEST_FILE)
+        } else {
+            PathBuf::from("packages").join(format!("{}.toml", hash.hex()))
+        };
+        let manifest_path = session.write_file(&rel, &bytes)?;
+        Ok(Package {
+            store: self.store.clone(),
+            manifest,
+            hash,
+            manifest_path,
+        })
+    }
+
+    /// The importance map's JSON bytes (verified), when the package carries one.
+    pub fn importance_map(&self) -> Result<Option<Object>> {
+        match &self.manifest.importance {
+            Some(slot) => Ok(Some(self.blob(&slot.map)?)),
+            None => Ok(None),
+        }
+    }
+
     /// Checks every object this package references; `progress` gets each object's size.
     pub fn verify(&self, mut progress: impl FnMut(u64)) -> Result<VerifyReport> {
         let mut report = VerifyReport {

@@ -231,3 +231,62 @@ fn builder_refuses_duplicates_and_dangling_aliases() {
     assert!(b.alias("x", "w").is_err());
     assert!(b.alias("w", "w").is_err());
 }
+
+#[test]
+fn an_importance_map_is_stored_in_the_package_and_survives_gc() {
+    let cal: std::collections::BTreeMap<String, String> =
+        [("calibration_hash".to_string(), "ab12".to_string())].into();
+    // A package directory: its manifest is rewritten in place.
+    let d = tempfile::tempdir().unwrap();
+    let built = build(d.path(), ManifestTarget::Directory);
+    let pkg = Package::open_dir(d.path()).unwrap();
+    assert!(pkg.importance_map().unwrap().is_none());
+    let with = pkg.with_importance(br#"{"map":1}"#, cal.clone()).unwrap();
+    assert_ne!(with.hash(), built.hash);
+    assert_eq!(
+        with.manifest().model.fingerprint,
+        built.manifest.model.fingerprint
+    );
+    let again = Package::open_dir(d.path()).unwrap();
+    assert_eq!(again.hash(), with.hash());
+    assert_eq!(&*again.importance_map().unwrap().unwrap(), br#"{"map":1}"#);
+    assert_eq!(
+        again.manifest().importance.as_ref().unwrap().calibration,
+        cal
+    );
+    // A newer map replaces it.
+    let newer = again.with_importance(br#"{"map":2}"#, cal.clone()).unwrap();
+    let reread = Package::open_dir(d.path()).unwrap();
+    assert_eq!(reread.hash(), newer.hash());
+    assert_eq!(&*reread.importance_map().unwrap().unwrap(), br#"{"map":2}"#);
+
+    // In a store: a new manifest beside the old one; gc keeps the map of the live one.
+    let s = tempfile::tempdir().unwrap();
+    let b2 = build(s.path(), ManifestTarget::Store);
+    let old = Package::open(&b2.hash.hex(), s.path()).unwrap();
+    let new = old.with_importance(br#"{"map":3}"#, cal).unwrap();
+    assert_ne!(new.hash(), old.hash());
+    assert!(
+        Package::open(&b2.hash.hex(), s.path()).is_ok(),
+        "the old one stays"
+    );
+    let opened = Package::open(&new.hash().hex(), s.path()).unwrap();
+    assert_eq!(&*opened.importance_map().unwrap().unwrap(), br#"{"map":3}"#);
+    let store = Store::open(s.path()).unwrap();
+    store.gc(false).unwrap();
+    assert_eq!(&*opened.importance_map().unwrap().unwrap(), br#"{"map":3}"#);
+    // A flipped byte in the map object: an error, never other bytes.
+    let obj = &opened.manifest().importance.as_ref().unwrap().map.object;
+    let path = store.object_path(obj);
+    let mut perms = fs::metadata(&path).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    fs::set_permissions(&path, perms).unwrap();
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[0] ^= 1;
+    fs::write(&path, &bytes).unwrap();
+    assert!(matches!(
+        opened.importance_map(),
+        Err(CasError::Corrupt { .. })
+    ));
+}

@@ -22,6 +22,7 @@ fn cli(dir: &Path, args: &[&str]) -> Output {
     Command::new(BIN)
         .args(args)
         .env("SYNAPSE_IMPORTANCE_DIR", dir)
+        .env("SYNAPSE_STORE", dir.join("store"))
         .env("RUST_BACKTRACE", "0")
         .env_remove("SYNAPSE_MODEL")
         .output()
@@ -132,6 +133,30 @@ fn a_budget_runs_the_stored_maps_profile_and_bad_requests_are_refused() {
     ));
     assert!(ppl["kl"].as_f64().unwrap() > 0.0);
     assert_eq!(ppl["weight_bytes"].as_u64().unwrap(), wb);
+    // The first run of the profile quantized its tensors into the store's variant cache;
+    // later runs of it quantize nothing.
+    let (gv, pv) = (&g["variants"], &ppl["variants"]);
+    let n = gv["encoded"].as_u64().unwrap();
+    assert!(n > 0 && gv["reused"] == 0, "{gv}");
+    assert!(pv["encoded"] == 0 && pv["reused"] == n, "{pv}");
+    let nc = json(&cli(
+        dir.path(),
+        &[
+            "generate",
+            "-m",
+            m,
+            "--budget",
+            "60%",
+            "--no-variant-cache",
+            "--json",
+            "-n",
+            "6",
+            "hello",
+        ],
+    ));
+    assert!(nc["variants"]["encoded"] == n && nc["variants"]["reused"] == 0);
+    assert_eq!(nc["tokens"], g["tokens"]);
+    assert_eq!(nc["profile"], g["profile"]);
 
     // A re-quantized file scored against its source file: the F32 GGUF is the reference here.
     let f32_model = root().join("fixtures/tiny/llama/model.f32.gguf");
@@ -203,4 +228,47 @@ fn a_budget_runs_the_stored_maps_profile_and_bad_requests_are_refused() {
         imp(q, Some(&other));
         assert!(other.is_file());
     }
+
+    // A package keeps its own map: `importance` on a package stores the map in it (a new
+    // manifest), and `--budget` on the package finds it there, with no cached map beside.
+    let pkg = dir.path().join("pkg");
+    let o = cli(dir.path(), &["import", m, "--out", pkg.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let before = std::fs::read(pkg.join("manifest.toml")).unwrap();
+    imp(pkg.to_str().unwrap(), None);
+    let after = std::fs::read_to_string(pkg.join("manifest.toml")).unwrap();
+    assert_ne!(before, after.as_bytes());
+    assert!(after.contains("[importance"), "{after}");
+    for e in std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+    {
+        if e.path().extension().is_some_and(|x| x == "json") {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+    let gp = json(&cli(
+        dir.path(),
+        &[
+            "generate",
+            "-m",
+            pkg.to_str().unwrap(),
+            "--budget",
+            "60%",
+            "--json",
+            "-n",
+            "6",
+            "hello",
+        ],
+    ));
+    assert!(gp["weight_bytes"].as_u64().unwrap() <= sb * 60 / 100);
+    // Same model (fingerprint), and a map of the same calibration: the same profile.
+    assert_eq!(gp["profile"], g["profile"]);
+    assert_eq!(gp["tokens"], g["tokens"]);
+    // The source GGUF has no map of its own now: the error says how to make one.
+    let e = err(&cli(
+        dir.path(),
+        &["generate", "-m", m, "--budget", "60%", "-n", "2", "hi"],
+    ));
+    assert!(e.contains("synapse-cli importance"), "{e}");
 }

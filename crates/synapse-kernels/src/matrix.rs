@@ -145,6 +145,37 @@ impl QuantMatrix {
     /// `syn.q4.symmetric.g64.v1`) of a row-major `rows × cols` matrix. Every row is decoded once
     /// here, so malformed bytes (reserved codes, bad scales) are refused at load, not mid-matmul.
     pub fn from_codec(id: &str, bytes: &[u8], rows: usize, cols: usize) -> Result<Self> {
+        let (store, row_bytes) = Self::check_codec(id, bytes, rows, cols)?;
+        Ok(Self {
+            store,
+            rows,
+            cols,
+            row_bytes,
+            data: Data::Owned(AlignedBuf::from_bytes(bytes)),
+        })
+    }
+
+    /// [`QuantMatrix::from_codec`] over shared bytes without copying them (e.g. a cached
+    /// variant memory-mapped from the object store); the same validation.
+    pub fn from_codec_shared(
+        id: &str,
+        src: Arc<dyn WeightSource>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self> {
+        let (store, row_bytes) = Self::check_codec(id, src.bytes(), rows, cols)?;
+        Ok(Self {
+            store,
+            rows,
+            cols,
+            row_bytes,
+            data: Data::Shared(src),
+        })
+    }
+
+    /// Validates a codec matrix's bytes (length, and every row decodes); returns its store
+    /// and bytes per row (0 when rows are not separable).
+    fn check_codec(id: &str, bytes: &[u8], rows: usize, cols: usize) -> Result<(Store, usize)> {
         let eid = EncodingId::parse(id)?;
         let codec: Arc<dyn Codec> = Arc::from(synapse_codecs::codec_for(eid));
         let expected = codec.matrix_size(rows, cols)?;
@@ -172,17 +203,14 @@ impl QuantMatrix {
         } else {
             codec.decode_matrix(bytes, rows, cols)?;
         }
-        Ok(Self {
-            store: Store::Codec {
+        Ok((
+            Store::Codec {
                 id: eid,
                 codec,
                 row_separable,
             },
-            rows,
-            cols,
-            row_bytes: if row_separable { one } else { 0 },
-            data: Data::Owned(AlignedBuf::from_bytes(bytes)),
-        })
+            if row_separable { one } else { 0 },
+        ))
     }
 
     /// Builds an f32 matrix from values (row-major `rows × cols`).
@@ -219,6 +247,11 @@ impl QuantMatrix {
     /// Bytes of the encoded weights.
     pub fn weight_bytes(&self) -> usize {
         self.data.len()
+    }
+
+    /// All the matrix's bytes in its encoding (what a content hash of the tensor covers).
+    pub fn raw_bytes(&self) -> &[u8] {
+        self.data.as_bytes()
     }
 
     /// The encoded bytes of row `r` (`None` past the end, or for per-tensor codecs whose rows

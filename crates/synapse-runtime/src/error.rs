@@ -24,6 +24,9 @@ pub enum RuntimeError {
     /// objects, a graph the family adapter refuses).
     #[error(transparent)]
     Package(#[from] synapse_import::ImportError),
+    /// The object store holding cached precision variants failed.
+    #[error("variant cache: {0}")]
+    VariantCache(#[from] synapse_cas::CasError),
     /// The path is neither a GGUF file nor a safetensors checkpoint.
     #[error("{path}: {reason}")]
     NotAModel {

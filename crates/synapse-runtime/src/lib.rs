@@ -32,7 +32,7 @@ pub mod precision;
 pub mod profile;
 pub mod sampling;
 pub mod tap;
-mod variant;
+pub mod variant;
 
 pub use error::{Result, RuntimeError};
 pub use executor::{Executor, Row, prompt_order};
@@ -43,3 +43,4 @@ pub use profile::PrecisionProfile;
 pub use sampling::{Sampler, SamplingParams, StopStrings, argmax};
 pub use synapse_kernels::OrderClass;
 pub use tap::{Stage, Tap};
+pub use variant::{VariantCache, VariantStats};

@@ -2,8 +2,9 @@
 //! encoding for every linear (`uniform:ENCODING`), or a weight budget that the selector
 //! (`synapse-selector`) meets from the model's importance map — the cheapest-distortion profile
 //! whose resident weight bytes fit (`Selector::select_best`: an exact knapsack over the
-//! ladders, or the greedy prefix with its slack filled back when that costs less). [`apply`] turns the request into the model that runs
-//! ([`Model::with_encodings`]), refusing a map measured on another model (typed error) before
+//! ladders, or the greedy prefix with its slack filled back when that costs less). [`apply`]
+//! turns the request into the model that runs ([`Model::with_encodings_cached`]: re-encoded
+//! tensors quantized once and kept in a [`VariantCache`]), refusing a map measured on another model (typed error) before
 //! anything is re-encoded.
 
 use std::collections::BTreeMap;
@@ -17,6 +18,7 @@ use synapse_sensitivity::ImportanceMap;
 
 use crate::error::{Result, RuntimeError};
 use crate::load::Model;
+use crate::variant::{VariantCache, VariantStats};
 
 /// A weight budget: resident weight bytes, absolute or as a share of the source model's.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -144,6 +146,8 @@ pub struct Applied {
     /// Weight bytes outside the map's tensors (embeddings of untied heads …), counted in the
     /// budget but never demoted.
     pub fixed_bytes: u64,
+    /// Tensors quantized vs taken from the variant cache.
+    pub variants: VariantStats,
 }
 
 /// The linears of `model` that `map` covers, with their source bytes; an error if the map was
@@ -174,24 +178,28 @@ fn mapped_bytes(model: &Model, map: &ImportanceMap) -> Result<u64> {
     Ok(total)
 }
 
-/// The model `p` asks for (see the module docs).
-pub fn apply(model: &Arc<Model>, p: &Precision) -> Result<Applied> {
+/// The model `p` asks for (see the module docs); re-encoded tensors come from `cache` when it
+/// holds them and are stored there otherwise.
+pub fn apply(model: &Arc<Model>, p: &Precision, cache: Option<&VariantCache>) -> Result<Applied> {
     let all = model.weight_bytes() as u64;
     match p {
         Precision::Source => Ok(Applied {
             model: model.clone(),
             profile: None,
             fixed_bytes: all,
+            variants: VariantStats::default(),
         }),
         Precision::Uniform(id) => {
             let changes: BTreeMap<String, EncodingId> = crate::importance::linears(model)
                 .into_iter()
                 .map(|(n, _)| (n, *id))
                 .collect();
+            let (m, variants) = model.with_encodings_cached(&changes, cache)?;
             Ok(Applied {
-                model: Arc::new(model.with_encodings(&changes)?),
+                model: Arc::new(m),
                 profile: None,
                 fixed_bytes: 0,
+                variants,
             })
         }
         Precision::Budget { budget, map } => {
@@ -229,15 +237,17 @@ pub fn apply(model: &Arc<Model>, p: &Precision) -> Result<Applied> {
                     })?;
                 changes.insert(name.clone(), id);
             }
-            let run = if changes.is_empty() {
-                model.clone()
+            let (run, variants) = if changes.is_empty() {
+                (model.clone(), VariantStats::default())
             } else {
-                Arc::new(model.with_encodings(&changes)?)
+                let (m, v) = model.with_encodings_cached(&changes, cache)?;
+                (Arc::new(m), v)
             };
             Ok(Applied {
                 model: run,
                 profile: Some(profile),
                 fixed_bytes: fixed,
+                variants,
             })
         }
     }

@@ -4,33 +4,156 @@
 //! for the source precision is refused by an executor of the variant. The untouched weights
 //! are shared with the source model (`Arc`).
 //!
-//! This is what an ablation (one tensor group demoted at a time) and a budgeted profile run on;
-//! the codecs' own `linear` is the kernel path until their SIMD kernels exist.
+//! This is what an ablation (one tensor group demoted at a time) and a budgeted profile run on.
+//!
+//! Re-encoding is deterministic (decode, then the codec's encoder), so its result is cached:
+//! with a [`VariantCache`] each variant is stored once in a CAS object store under (blake3 of
+//! the tensor's bytes in its current encoding, target encoding id, codec version) — the
+//! store's variant index — and later starts memory-map the stored object instead of
+//! quantizing (`VariantStats` counts both). A cached object is verified by its hash and by
+//! the codec's own validation before use; a corrupt or unusable one is recomputed and
+//! replaced, never used. The source key is the tensor's bytes alone, the same id an imported
+//! package stores the tensor under, so `cas gc` keeps a package's variants while the package
+//! lives (variants of a tensor no package holds — a model run straight from a GGUF — are
+//! collected by the next gc and recomputed when needed).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use synapse_cas::{CasError, Index, IndexKey, ObjectId, Store};
 use synapse_codecs::{EncodingId, codec_for};
-use synapse_kernels::QuantMatrix;
+use synapse_kernels::{QuantMatrix, WeightSource};
 
 use crate::error::{Result, RuntimeError};
 use crate::load::Model;
 
-/// `m` re-encoded as `id`.
-fn reencode(m: &QuantMatrix, id: EncodingId) -> Result<QuantMatrix> {
+/// Where re-encoded tensors are kept across runs: a CAS object store and its variant index.
+#[derive(Debug, Clone)]
+pub struct VariantCache {
+    store: Store,
+}
+
+/// What building a variant model did, tensor by tensor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct VariantStats {
+    /// Tensors quantized here (no cache, a cache miss, or a cached object that was unusable).
+    pub encoded: usize,
+    /// Tensors memory-mapped from the cache (nothing quantized).
+    pub reused: usize,
+    /// Of `encoded`: cached objects found corrupt, missing or invalid and replaced.
+    pub replaced: usize,
+}
+
+impl VariantCache {
+    /// The cache in the object store at `dir` (created if absent).
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Self> {
+        Ok(VariantCache {
+            store: Store::open(dir)?,
+        })
+    }
+
+    /// The cache in the user's default store (`$SYNAPSE_STORE`, else
+    /// `~/.local/share/synapse/store`), the one `synapse-cli import` writes packages to.
+    pub fn open_default() -> Result<Self> {
+        Self::open(synapse_cas::default_store_dir())
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The key of `m` re-encoded as `id`.
+    pub fn key(m: &QuantMatrix, id: EncodingId) -> IndexKey {
+        IndexKey {
+            source: ObjectId::of(m.raw_bytes()),
+            encoding: id.to_string(),
+            codec_version: synapse_codecs::id::VERSION,
+        }
+    }
+
+    /// `m` as `id`: the cached object when there is a usable one, else encoded and stored.
+    fn get_or_encode(
+        &self,
+        m: &QuantMatrix,
+        id: EncodingId,
+        stats: &mut VariantStats,
+    ) -> Result<QuantMatrix> {
+        let key = Self::key(m, id);
+        let index = Index::open(&self.store);
+        let (rows, cols) = (m.rows(), m.cols());
+        let mut stale = false;
+        if let Some(obj) = index.get(&key)? {
+            match self.store.get(&obj) {
+                Ok(o) => {
+                    let src: Arc<dyn WeightSource> = Arc::new(Mapped(o));
+                    match QuantMatrix::from_codec_shared(&key.encoding, src, rows, cols) {
+                        Ok(q) => {
+                            stats.reused += 1;
+                            return Ok(q);
+                        }
+                        Err(e) => {
+                            tracing::warn!(%obj, encoding = %key.encoding, error = %e, "cached variant invalid; re-encoding");
+                        }
+                    }
+                }
+                Err(CasError::Corrupt { .. } | CasError::Missing { .. }) => {
+                    tracing::warn!(%obj, encoding = %key.encoding, "cached variant corrupt or missing; re-encoding");
+                }
+                Err(e) => return Err(e.into()),
+            }
+            stale = true;
+        }
+        let bytes = encode(m, id)?;
+        let q = QuantMatrix::from_codec(&key.encoding, &bytes, rows, cols)?;
+        let session = self.store.session()?;
+        let put = session.put(&bytes)?;
+        index.insert(&key, put.id)?;
+        stats.encoded += 1;
+        stats.replaced += usize::from(stale);
+        Ok(q)
+    }
+}
+
+/// A cached variant's memory map as a matrix's bytes.
+struct Mapped(synapse_cas::Object);
+
+impl WeightSource for Mapped {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// The bytes of `m` re-encoded as `id`.
+fn encode(m: &QuantMatrix, id: EncodingId) -> Result<Vec<u8>> {
     let (rows, cols) = (m.rows(), m.cols());
     let mut w = vec![0f32; rows * cols];
     for (r, out) in w.chunks_exact_mut(cols).enumerate() {
         m.dequantize_row(r, out)?;
     }
-    let bytes = codec_for(id)
+    Ok(codec_for(id)
         .encode_matrix(&w, rows, cols)
-        .map_err(synapse_kernels::KernelError::from)?;
+        .map_err(synapse_kernels::KernelError::from)?)
+}
+
+/// `m` re-encoded as `id`, through `cache` when there is one.
+fn reencode(
+    m: &QuantMatrix,
+    id: EncodingId,
+    cache: Option<&VariantCache>,
+    stats: &mut VariantStats,
+) -> Result<QuantMatrix> {
+    if let Some(c) = cache {
+        return c.get_or_encode(m, id, stats);
+    }
+    let bytes = encode(m, id)?;
+    stats.encoded += 1;
     Ok(QuantMatrix::from_codec(
         &id.to_string(),
         &bytes,
-        rows,
-        cols,
+        m.rows(),
+        m.cols(),
     )?)
 }
 
@@ -39,6 +162,17 @@ impl Model {
     /// module docs). A name that is not a linear of the model is an error; so is an empty
     /// change set (it would be the source model under another name).
     pub fn with_encodings(&self, changes: &BTreeMap<String, EncodingId>) -> Result<Model> {
+        Ok(self.with_encodings_cached(changes, None)?.0)
+    }
+
+    /// [`Model::with_encodings`] through a variant cache: tensors whose variant is cached are
+    /// memory-mapped from it, the others quantized and stored.
+    pub fn with_encodings_cached(
+        &self,
+        changes: &BTreeMap<String, EncodingId>,
+        cache: Option<&VariantCache>,
+    ) -> Result<(Model, VariantStats)> {
+        let mut stats = VariantStats::default();
         if changes.is_empty() {
             return Err(RuntimeError::InvalidParam {
                 name: "encodings",
@@ -59,7 +193,7 @@ impl Model {
             {
                 let n = name(wid);
                 if let Some(&id) = changes.get(&n) {
-                    lin.m = Arc::new(reencode(&lin.m, id)?);
+                    lin.m = Arc::new(reencode(&lin.m, id, cache, &mut stats)?);
                     profile.encodings.insert(n, id.to_string());
                     done += 1;
                 }
@@ -68,7 +202,7 @@ impl Model {
         let hn = name(ir.lm_head.linear.weight);
         if let Some(&id) = changes.get(&hn) {
             let tied = Arc::ptr_eq(&self.embd, &self.head.m);
-            head.m = Arc::new(reencode(&head.m, id)?);
+            head.m = Arc::new(reencode(&head.m, id, cache, &mut stats)?);
             if tied {
                 // One table serves both: the lookup reads the re-encoded rows too.
                 embd = head.m.clone();
@@ -87,7 +221,7 @@ impl Model {
                 reason: format!("not linears of this model: {unknown:?}"),
             });
         }
-        Ok(Model {
+        let model = Model {
             ir: self.ir.clone(),
             profile,
             embd,
@@ -97,6 +231,7 @@ impl Model {
             head,
             softcap: self.softcap,
             gelu_f16_table: self.gelu_f16_table,
-        })
+        };
+        Ok((model, stats))
     }
 }

@@ -25,7 +25,7 @@ fn a_budget_is_met_by_the_selected_profile() {
                 budget: Budget::Percent(pct),
                 map: Box::new(map.clone()),
             };
-            let a = apply(&m, &p).unwrap();
+            let a = apply(&m, &p, None).unwrap();
             let prof = a.profile.as_ref().unwrap();
             let want = Budget::Percent(pct).bytes(source);
             let resident = a.model.weight_bytes() as u64;
@@ -80,6 +80,7 @@ fn a_map_of_another_model_or_an_impossible_budget_is_refused() {
             budget: Budget::Percent(50.0),
             map: Box::new(map.clone()),
         },
+        None,
     );
     assert!(
         matches!(other, Err(RuntimeError::Sensitivity(_))),
@@ -91,6 +92,7 @@ fn a_map_of_another_model_or_an_impossible_budget_is_refused() {
             budget: Budget::Bytes(1000),
             map: Box::new(map),
         },
+        None,
     );
     match tiny {
         Err(RuntimeError::Selector(synapse_selector::SelectorError::BudgetTooSmall {

@@ -51,7 +51,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let (model, tok) = a.model.load()?;
     let model = Arc::new(model);
-    let map = super::load::read_map(a.map.as_deref(), &model.ir.fingerprint)?;
+    let map = super::load::read_map(
+        a.map.as_deref(),
+        &model.ir.fingerprint,
+        a.model.package()?.as_ref(),
+    )?;
     let enc = synapse_codecs::EncodingId::parse(&a.encoding)
         .with_context(|| format!("--encoding {:?}", a.encoding))?;
     let (tokens, p) = super::load::perplexity_tokens(&tok, &text, a.ctx, Some(a.chunks.max(1)))?;

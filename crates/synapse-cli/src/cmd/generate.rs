@@ -109,7 +109,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (model, tok) = load_model(args.model.as_deref(), args.store.as_deref())?;
     let source = Arc::new(model);
     let source_bytes = source.weight_bytes();
-    let model = args.precision.apply(&source)?.model;
+    let prepared = args
+        .precision
+        .apply(&source, args.model.as_deref(), args.store.as_deref())?;
+    let model = prepared.applied.model.clone();
     drop(source);
     let load_s = t_load.elapsed().as_secs_f64();
 
@@ -196,6 +199,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "weight_bytes": model.weight_bytes(),
             "source_weight_bytes": source_bytes,
             "profile": model.profile.hash(),
+            "variants": prepared.json(),
             "decode_read_bytes": model.decode_read_bytes(),
             "kv_read_bytes_mid": model.kv_read_bytes_f32(ids.len() + out.tokens.len() / 2),
             "timings": {

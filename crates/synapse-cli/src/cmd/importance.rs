@@ -32,7 +32,8 @@ pub struct Args {
     ctx: usize,
     /// Where to write the map (JSON; default: the model's stored map, which `--budget` then
     /// finds by itself: `$SYNAPSE_IMPORTANCE_DIR` or `~/.cache/synapse/importance`, one
-    /// `<model fingerprint>.json` per model).
+    /// `<model fingerprint>.json` per model; when `--model` is a Synapse package, the map is
+    /// also stored in the package, whose own map `--budget` then prefers).
     #[arg(long, short = 'o')]
     out: Option<PathBuf>,
     /// Compute threads.
@@ -106,7 +107,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         a.rows
     );
     let (map, imatrix) = if a.reweight {
-        let mut m = super::load::read_map(a.map.as_deref(), &model.ir.fingerprint)?;
+        let mut m = super::load::read_map(
+            a.map.as_deref(),
+            &model.ir.fingerprint,
+            a.model.package()?.as_ref(),
+        )?;
         m.check_applies_to(&model.ir.fingerprint)?;
         for t in m.tensors.values_mut() {
             t.kl_weight = 1.0;
@@ -187,6 +192,33 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     std::fs::write(&tmp, map.to_json()? + "\n")
         .with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, &out).with_context(|| format!("writing {}", out.display()))?;
+    // A package keeps its own map too (`--budget` prefers it): a new manifest with the map in
+    // its importance slot.
+    if a.out.is_none()
+        && let Some(pkg) = a.model.package()?
+    {
+        let pv = &map.provenance;
+        let calibration = [
+            ("model_fingerprint", pv.model_fingerprint.clone()),
+            ("calibration_hash", pv.calibration_hash.clone()),
+            ("sample_count", pv.sample_count.to_string()),
+            ("codec_versions", pv.codec_versions.join(",")),
+            ("kl_weights", pv.kl_weights.clone().unwrap_or_default()),
+            ("tool", format!("synapse-cli {}", env!("CARGO_PKG_VERSION"))),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let new = pkg
+            .with_importance((map.to_json()? + "\n").as_bytes(), calibration)
+            .with_context(|| format!("storing the map in package {}", pkg.hash()))?;
+        eprintln!(
+            "importance: stored in the package: {} (was {}), manifest {}",
+            new.hash(),
+            pkg.hash(),
+            new.manifest_path().display()
+        );
+    }
     eprintln!(
         "importance: {} tensors, calibration {}, {} samples -> {} ({:.1} s)",
         map.tensors.len(),

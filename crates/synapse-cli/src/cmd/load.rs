@@ -176,6 +176,33 @@ impl ModelArgs {
     pub fn load(&self) -> anyhow::Result<(synapse_runtime::Model, synapse_tokenizer::Tokenizer)> {
         load_model(self.model.as_deref(), self.store.as_deref())
     }
+
+    /// The package `--model` names, when it names one.
+    pub fn package(&self) -> anyhow::Result<Option<synapse_cas::Package>> {
+        model_package(self.model.as_deref(), self.store.as_deref())
+    }
+}
+
+/// The Synapse package `model` names (opened, not loaded as a model), when it names one
+/// rather than a source file.
+pub fn model_package(
+    model: Option<&Path>,
+    store: Option<&Path>,
+) -> anyhow::Result<Option<synapse_cas::Package>> {
+    let model_path = match model {
+        Some(p) => p.to_path_buf(),
+        None => default_model()?,
+    };
+    match model_ref(&model_path)? {
+        ModelRef::Source(_) => Ok(None),
+        ModelRef::Package(query) => {
+            let store = store.map_or_else(synapse_cas::default_store_dir, Path::to_path_buf);
+            Ok(Some(
+                synapse_cas::Package::open(&query, &store)
+                    .with_context(|| format!("opening package {query}"))?,
+            ))
+        }
+    }
 }
 
 /// Where `synapse-cli importance` keeps a model's importance map when no `-o` is given, and
@@ -200,12 +227,22 @@ pub fn stored_map_path(fingerprint: &str) -> anyhow::Result<PathBuf> {
     Ok(importance_dir()?.join(format!("{fingerprint}.json")))
 }
 
-/// The importance map at `path`, else the one stored for the model with `fingerprint`
-/// (parsed and validated; whether it applies to the model is the caller's check).
+/// The importance map at `path`, else the one `package` carries, else the one stored for
+/// the model with `fingerprint` (parsed and validated; whether it applies to the model is the
+/// caller's check).
 pub fn read_map(
     path: Option<&Path>,
     fingerprint: &str,
+    package: Option<&synapse_cas::Package>,
 ) -> anyhow::Result<synapse_sensitivity::ImportanceMap> {
+    if path.is_none()
+        && let Some(pkg) = package
+        && let Some(bytes) = pkg.importance_map()?
+    {
+        let text = std::str::from_utf8(&bytes).context("the package's importance map")?;
+        return synapse_sensitivity::ImportanceMap::from_json(text)
+            .with_context(|| format!("parsing the importance map of package {}", pkg.hash()));
+    }
     let path = match path {
         Some(p) => p.to_path_buf(),
         None => stored_map_path(fingerprint)?,
@@ -251,23 +288,58 @@ pub struct PrecisionArgs {
     /// (e.g. `uniform:syn.q4.symmetric.g64.v1`).
     #[arg(long, value_name = "source|uniform:ENCODING")]
     pub profile: Option<String>,
-    /// The importance map `--budget` selects from (default: the one `synapse-cli importance`
-    /// stored for this model).
+    /// The importance map `--budget` selects from (default: the package's own map when
+    /// `--model` is a package that carries one, else the one `synapse-cli importance` stored
+    /// for this model).
     #[arg(long, requires = "budget")]
     pub map: Option<PathBuf>,
+    /// Quantize every re-encoded tensor here instead of taking it from (and storing it in)
+    /// the store's variant cache.
+    #[arg(long)]
+    pub no_variant_cache: bool,
+}
+
+/// What [`PrecisionArgs::apply`] made, and how long it took.
+pub struct Prepared {
+    /// The model to run and its profile.
+    pub applied: synapse_runtime::precision::Applied,
+    /// Seconds spent re-encoding (or mapping cached variants).
+    pub seconds: f64,
+}
+
+impl Prepared {
+    /// The `--json` report of the variants: quantized, reused from the cache, seconds.
+    pub fn json(&self) -> serde_json::Value {
+        let v = &self.applied.variants;
+        serde_json::json!({
+            "encoded": v.encoded,
+            "reused": v.reused,
+            "replaced": v.replaced,
+            "seconds": self.seconds,
+        })
+    }
 }
 
 impl PrecisionArgs {
-    /// The model these flags ask for (the source model itself when none is given).
+    /// The model these flags ask for (the source model itself when none is given; `model_arg`
+    /// is what `--model` named, whose package's importance map `--budget` prefers);
+    /// re-encoded tensors go through the variant cache of `store` (default: the user store)
+    /// unless `--no-variant-cache`.
     pub fn apply(
         &self,
         model: &std::sync::Arc<Model>,
-    ) -> anyhow::Result<synapse_runtime::precision::Applied> {
+        model_arg: Option<&Path>,
+        store: Option<&Path>,
+    ) -> anyhow::Result<Prepared> {
         use synapse_runtime::precision::{Budget, Precision, apply};
         let p = match (&self.budget, &self.profile) {
             (Some(b), _) => {
                 let budget: Budget = b.parse()?;
-                let map = read_map(self.map.as_deref(), &model.ir.fingerprint)?;
+                let package = match &self.map {
+                    Some(_) => None,
+                    None => model_package(model_arg, store)?,
+                };
+                let map = read_map(self.map.as_deref(), &model.ir.fingerprint, package.as_ref())?;
                 Precision::Budget {
                     budget,
                     map: Box::new(map),
@@ -276,6 +348,25 @@ impl PrecisionArgs {
             (None, Some(spec)) => Precision::parse_profile(spec)?,
             (None, None) => Precision::Source,
         };
-        Ok(apply(model, &p)?)
+        let t0 = std::time::Instant::now();
+        let cache = match (&p, self.no_variant_cache) {
+            (Precision::Source, _) | (_, true) => None,
+            _ => Some(synapse_runtime::VariantCache::open(
+                store.map_or_else(synapse_cas::default_store_dir, Path::to_path_buf),
+            )?),
+        };
+        let applied = apply(model, &p, cache.as_ref())?;
+        let seconds = t0.elapsed().as_secs_f64();
+        let v = &applied.variants;
+        if v.encoded + v.reused > 0 {
+            tracing::info!(
+                encoded = v.encoded,
+                reused = v.reused,
+                replaced = v.replaced,
+                seconds,
+                "precision variants ready"
+            );
+        }
+        Ok(Prepared { applied, seconds })
     }
 }

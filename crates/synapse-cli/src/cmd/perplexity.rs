@@ -56,7 +56,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         bail!("--chunks must be at least 1");
     }
     // Another precision than the source's: the variant runs, the source is the KL reference.
-    let applied = a.precision.apply(&model)?;
+    let prepared = a
+        .precision
+        .apply(&model, a.model.model.as_deref(), a.model.store.as_deref())?;
+    let applied = &prepared.applied;
     let run_model = applied.model.clone();
     let mut reference = if let Some(r) = &a.reference {
         let (rm, rtok) = super::load::load_model(Some(r), a.model.store.as_deref())?;
@@ -100,6 +103,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "weight_bytes": run_model.weight_bytes(),
             "source_weight_bytes": model.weight_bytes(),
             "budget_distortion": applied.profile.as_ref().map(|p| p.total_distortion),
+            "variants": prepared.json(),
             "seconds": secs,
         });
         println!("{}", serde_json::to_string(&j)?);

@@ -23,7 +23,10 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let (model, _) = a.model.load()?;
     let model = Arc::new(model);
-    let applied = a.precision.apply(&model)?;
+    let prepared = a
+        .precision
+        .apply(&model, a.model.model.as_deref(), a.model.store.as_deref())?;
+    let applied = &prepared.applied;
     let m = &applied.model;
     let mut rows = Vec::new();
     for (name, lin) in synapse_runtime::importance::linears(m) {

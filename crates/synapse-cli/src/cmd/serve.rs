@@ -135,7 +135,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let (model, tok) = load_model(Some(&model_path), args.store.as_deref())?;
     let family = model.ir.family.name().to_string();
-    let model = args.precision.apply(&Arc::new(model))?.model;
+    let model = args
+        .precision
+        .apply(&Arc::new(model), Some(&model_path), args.store.as_deref())?
+        .applied
+        .model;
     let tok = Arc::new(tok);
 
     let file_name = model_path
