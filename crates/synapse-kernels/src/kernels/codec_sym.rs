@@ -211,11 +211,17 @@ pub(crate) unsafe fn rows_avx512(
     }
 }
 
-/// [`rows_scalar`] on AVX2 + FMA (no VBMI, no VNNI needed), the same bits: each group's codes
-/// unpacked once (on the stack) for up to 8 activation rows; per 32-element half the exact
-/// lane sums by `vpmaddwd` on 16-bit widened codes and activations (no `vpmaddubsw`
-/// saturation), the pair sums folded to 4-element lanes, then the same conversion, product and
-/// FMA per lane as the scalar path.
+/// [`rows_scalar`] on AVX2 + FMA (no VBMI, no VNNI needed), the same bits. Each group's codes
+/// are unpacked once for up to 8 activation rows into 32 bytes per half, in element order: a
+/// byte shuffle brings each code's two bytes into a 16-bit lane, a per-lane multiply and a
+/// shift leave the code, and `packus` of the registers holding elements (0..8 | 16..24) and
+/// (8..16 | 24..32) of the half puts them in order (4-bit codes: two nibble masks and an
+/// interleave; 8-bit codes: one load). Then per half and activation row, as ggml's
+/// Q8_0 dot does, `vpmaddubsw` (codes ≤ 127 against |a| ≤ 127: pair sums below 2^15, no
+/// saturation) and `vpmaddwd` by ones give the 8 four-element lanes exactly, started at the
+/// prepared `init`; 8-bit codes (up to 255) go in signed instead, `q = u − 128`, as
+/// `vpmaddubsw(|q|, sign(a, q))`, which is `Σ q·a` itself (no start). Then the same
+/// conversion, product and FMA per lane as the scalar path.
 ///
 /// # Safety
 /// As [`rows_scalar`], and the CPU has AVX2, FMA and F16C.
@@ -237,43 +243,99 @@ pub(crate) unsafe fn rows_avx2(
 ) {
     use std::arch::x86_64::*;
     let gb = group_bytes(bits);
+    let b = bits as usize;
     let n = act.len() / (2 * ng).max(1);
-    let mut codes = [0u8; GROUP];
-    // SAFETY: the caller's contract; loads stay inside `codes`, an activation block or the
-    // prepared lane arrays.
+    // The 8 codes of a 128-bit lane take `b` bytes from a byte boundary (8·b bits), so every
+    // lane shares one pattern: code i's two bytes (`⌊b·i/8⌋`, +1) into 16-bit lane i,
+    // shifted left by a per-lane multiply so its field ends at bit 15, then right by 16 − b.
+    let mut shuf = [0u8; 32];
+    let mut mul = [0i16; 16];
+    for i in 0..8 {
+        let (k, sh) = ((b * i / 8) as u8, b * i % 8);
+        for lane in 0..2 {
+            shuf[16 * lane + 2 * i] = k;
+            shuf[16 * lane + 2 * i + 1] = k + 1;
+            mul[8 * lane + i] = (1u32 << (16 - sh - b)) as u16 as i16;
+        }
+    }
+    // A group's loads read up to 16 − b bytes past its code area; the last groups of the
+    // matrix go through this zero-padded copy instead.
+    let mut tail = [0u8; 8 * 8 + 16];
+    // SAFETY: the caller's contract; loads stay inside `w` (or `tail`), an activation block
+    // or the prepared lane arrays.
     unsafe {
-        // (a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, …) after `hadd`: back to lane order 0..8.
-        let order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+        let shuf = _mm256_loadu_si256(shuf.as_ptr().cast());
+        let mul = _mm256_loadu_si256(mul.as_ptr().cast());
+        let right = _mm_cvtsi32_si128(16 - bits as i32);
+        let ones = _mm256_set1_epi16(1);
+        let flip = _mm256_set1_epi8(-128);
+        let low4 = _mm256_set1_epi8(0x0f);
         let mut t0 = 0;
         while t0 < n {
             let nt = (n - t0).min(8);
             for r in r0..r1 {
-                let row = &w[r * row_bytes..(r + 1) * row_bytes];
+                let row = r * row_bytes;
                 let mut acc = [[_mm256_setzero_ps(); 2]; 8];
                 for g in 0..ng {
-                    let grp = &row[g * gb..(g + 1) * gb];
-                    let dw = _mm256_set1_ps(f16::from_le_bytes([grp[0], grp[1]]).to_f32());
-                    unpack(bits, &grp[2..], &mut codes);
+                    let grp = row + g * gb;
+                    let h = u16::from_le_bytes([w[grp], w[grp + 1]]);
+                    let dw = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
+                    let area = if grp + 2 + 7 * b + 16 <= w.len() {
+                        w.as_ptr().add(grp + 2)
+                    } else {
+                        tail[..8 * b].copy_from_slice(&w[grp + 2..grp + 2 + 8 * b]);
+                        tail.as_ptr()
+                    };
+                    // The 32 codes of each half, in order (u8).
+                    let mut codes = [_mm256_setzero_si256(); 2];
+                    for (hf, c) in codes.iter_mut().enumerate() {
+                        if b == 8 {
+                            *c = _mm256_loadu_si256(area.add(32 * hf).cast());
+                            continue;
+                        }
+                        if b == 4 {
+                            // Byte i holds codes 2i (low nibble) and 2i + 1.
+                            let x = _mm_loadu_si128(area.add(16 * hf).cast());
+                            let lo = _mm_and_si128(x, _mm256_castsi256_si128(low4));
+                            let hi =
+                                _mm_and_si128(_mm_srli_epi16(x, 4), _mm256_castsi256_si128(low4));
+                            *c = _mm256_set_m128i(
+                                _mm_unpackhi_epi8(lo, hi),
+                                _mm_unpacklo_epi8(lo, hi),
+                            );
+                            continue;
+                        }
+                        let mut ab = [_mm256_setzero_si256(); 2];
+                        for (j, v) in ab.iter_mut().enumerate() {
+                            let at = 4 * b * hf + b * j;
+                            let lo = _mm_loadu_si128(area.add(at).cast());
+                            let hi = _mm_loadu_si128(area.add(at + 2 * b).cast());
+                            let x = _mm256_shuffle_epi8(_mm256_set_m128i(hi, lo), shuf);
+                            *v = _mm256_srl_epi16(_mm256_mullo_epi16(x, mul), right);
+                        }
+                        *c = _mm256_packus_epi16(ab[0], ab[1]);
+                    }
                     for (k, a) in acc.iter_mut().enumerate().take(nt) {
                         let t = t0 + k;
                         let base = (t * ng + g) * 16;
-                        for (h, ah) in a.iter_mut().enumerate() {
-                            let blk = &act[(t * ng + g) * 2 + h];
-                            let c = _mm256_loadu_si256(codes.as_ptr().add(32 * h).cast());
+                        for (hf, ah) in a.iter_mut().enumerate() {
+                            let blk = &act[(t * ng + g) * 2 + hf];
                             let q = _mm256_loadu_si256(blk.qs.as_ptr().cast());
-                            let c_lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(c));
-                            let c_hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(c, 1));
-                            let q_lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
-                            let q_hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
-                            // Pair sums of elements 0..16 and 16..32, then 4-element lanes.
-                            let p_lo = _mm256_madd_epi16(c_lo, q_lo);
-                            let p_hi = _mm256_madd_epi16(c_hi, q_hi);
-                            let l =
-                                _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(p_lo, p_hi), order);
-                            let iv = _mm256_loadu_si256(init.as_ptr().add(base + 8 * h).cast());
-                            let lanes = _mm256_add_epi32(l, iv);
+                            let lanes = if b == 8 {
+                                let sq = _mm256_xor_si256(codes[hf], flip);
+                                let p = _mm256_maddubs_epi16(
+                                    _mm256_abs_epi8(sq),
+                                    _mm256_sign_epi8(q, sq),
+                                );
+                                _mm256_madd_epi16(p, ones)
+                            } else {
+                                let p = _mm256_maddubs_epi16(codes[hf], q);
+                                let iv =
+                                    _mm256_loadu_si256(init.as_ptr().add(base + 8 * hf).cast());
+                                _mm256_add_epi32(_mm256_madd_epi16(p, ones), iv)
+                            };
                             let d =
-                                _mm256_mul_ps(dw, _mm256_loadu_ps(da.as_ptr().add(base + 8 * h)));
+                                _mm256_mul_ps(dw, _mm256_loadu_ps(da.as_ptr().add(base + 8 * hf)));
                             *ah = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), d, *ah);
                         }
                     }
