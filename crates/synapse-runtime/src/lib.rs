@@ -30,6 +30,7 @@ pub mod load;
 pub mod perplexity;
 pub mod precision;
 pub mod profile;
+pub mod promotion;
 pub mod sampling;
 pub mod tap;
 pub mod variant;

@@ -152,7 +152,7 @@ pub struct Applied {
 
 /// The linears of `model` that `map` covers, with their source bytes; an error if the map was
 /// measured on another model, or misses one of the model's linears.
-fn mapped_bytes(model: &Model, map: &ImportanceMap) -> Result<u64> {
+pub(crate) fn mapped_bytes(model: &Model, map: &ImportanceMap) -> Result<u64> {
     map.check_applies_to(&model.ir.fingerprint)?;
     let mut total = 0u64;
     for (name, m) in crate::importance::linears(model) {
