@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use synapse_runtime::engine::EngineStats;
+use synapse_runtime::engine::{EngineInfo, EngineStats};
 
 /// Time from request to first generated token, seconds.
 pub const TTFT: &str = "synapse_time_to_first_token_seconds";
@@ -84,9 +84,12 @@ pub fn rejected(reason: &'static str) {
     metrics::counter!(REJECTED, "reason" => reason).increment(1);
 }
 
-/// Renders the Prometheus text with the engine's current numbers.
-pub fn render(stats: &EngineStats) -> String {
+/// Renders the Prometheus text with the engine's current numbers and its precision (resident
+/// weight bytes, and the profile hash as an info-style gauge: `…{profile="<hash>"} 1`).
+pub fn render(stats: &EngineStats, info: &EngineInfo) -> String {
     use metrics::{counter, gauge};
+    gauge!("synapse_weight_bytes").set(info.weight_bytes as f64);
+    gauge!("synapse_precision_profile_info", "profile" => info.profile.clone()).set(1.0);
     gauge!("synapse_queue_depth").set(stats.queued as f64);
     gauge!("synapse_active_sessions").set(stats.active as f64);
     gauge!("synapse_slots").set(stats.slots as f64);

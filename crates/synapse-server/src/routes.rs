@@ -46,7 +46,8 @@ pub async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
 
 /// `GET /metrics`.
 pub async fn metrics(State(state): State<AppState>) -> Response {
-    let text = crate::metrics::render(&state.engine().stats());
+    let engine = state.engine();
+    let text = crate::metrics::render(&engine.stats(), &engine.info());
     (
         [(
             header::CONTENT_TYPE,

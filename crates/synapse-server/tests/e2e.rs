@@ -420,12 +420,33 @@ async fn completions_and_chat_streaming_and_not() {
         "synapse_time_to_first_token_seconds_bucket",
         "synapse_inter_token_latency_seconds_bucket",
         "synapse_rejected_requests_total",
+        "synapse_weight_bytes",
     ] {
         assert!(
             metrics.contains(name),
             "{name} missing from /metrics:\n{metrics}"
         );
     }
+    // The precision the engine runs, as `/v1/models` names it.
+    let models: Value = s
+        .http
+        .get(format!("{}/v1/models", s.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let profile = models["data"][0]["meta"]["profile"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        metrics.contains(&format!(
+            "synapse_precision_profile_info{{profile=\"{profile}\"}} 1"
+        )),
+        "{metrics}"
+    );
     s.drained().await;
 }
 
