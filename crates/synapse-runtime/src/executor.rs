@@ -167,7 +167,7 @@ impl Executor {
     pub fn forward(&mut self, kv: &mut KvCache, rows: &[Row]) -> Result<&[f32]> {
         let m = self.model.clone();
         let id = kv.identity();
-        if id.model != m.ir.fingerprint || id.profile != self.profile_hash {
+        if id.model != m.ir.fingerprint {
             return Err(RuntimeError::KvIdentity {
                 cache: id.to_string(),
                 executor: format!("{}/{}", &m.ir.fingerprint[..12], &self.profile_hash[..12]),
@@ -455,11 +455,27 @@ impl Executor {
                     vocab,
                 });
             }
-            let len = kv.slot(row.slot)?.tokens.len() as u32;
             let e = match seen.iter_mut().find(|e| e.0 == row.slot) {
                 Some(e) => e,
                 None => {
-                    seen.push((row.slot, len, 0));
+                    let slot = kv.slot(row.slot)?;
+                    // Only slots of this executor's precision profile.
+                    if slot.profile != self.profile_hash {
+                        return Err(RuntimeError::KvIdentity {
+                            cache: format!(
+                                "{} slot {} (profile {})",
+                                kv.identity(),
+                                row.slot,
+                                &slot.profile[..slot.profile.len().min(12)]
+                            ),
+                            executor: format!(
+                                "{}/{}",
+                                &self.model.ir.fingerprint[..12],
+                                &self.profile_hash[..12]
+                            ),
+                        });
+                    }
+                    seen.push((row.slot, slot.tokens.len() as u32, 0));
                     seen.last_mut().ok_or(RuntimeError::UnknownSlot(row.slot))?
                 }
             };

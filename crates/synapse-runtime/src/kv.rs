@@ -11,7 +11,10 @@
 //! - A slot remembers the tokens it holds, so a new turn of the same session reuses the longest
 //!   common prefix ([`KvCache::reuse_prefix`]).
 //! - The cache carries a [`KvIdentity`] (model fingerprint, precision-profile hash, element
-//!   type): the executor refuses a cache made for another model or precision.
+//!   type): the executor refuses a cache made for another model. Each slot records the
+//!   precision profile its positions were computed under (the identity's unless
+//!   [`KvCache::set_profile`] changed it), and an executor runs rows only of slots of its own
+//!   profile: one cache can hold sessions of several profiles of one model, never mixed.
 
 use half::f16;
 use synapse_kernels::OrderClass;
@@ -190,6 +193,8 @@ pub(crate) struct Slot {
     pub tokens: Vec<u32>,
     /// The float order each position was computed in (its K/V bits depend on it).
     pub orders: Vec<OrderClass>,
+    /// The precision profile (hash) the positions were computed under.
+    pub profile: String,
 }
 
 /// The KV cache of one executor.
@@ -302,8 +307,30 @@ impl KvCache {
                         .collect(),
                     tokens: Vec::with_capacity(self.capacity),
                     orders: Vec::with_capacity(self.capacity),
+                    profile: self.identity.profile.clone(),
                 })
             }
+        }
+        Ok(())
+    }
+
+    /// The precision profile an open slot's positions belong to.
+    pub fn slot_profile(&self, slot: SlotId) -> Option<&str> {
+        self.slot(slot).ok().map(|s| s.profile.as_str())
+    }
+
+    /// Makes an open slot belong to `profile`; positions computed under another profile are
+    /// dropped (they are not this profile's K/V).
+    pub fn set_profile(&mut self, slot: SlotId, profile: &str) -> Result<()> {
+        let s = self
+            .slots
+            .get_mut(slot as usize)
+            .and_then(|s| s.as_mut())
+            .ok_or(RuntimeError::UnknownSlot(slot))?;
+        if s.profile != profile {
+            s.tokens.clear();
+            s.orders.clear();
+            s.profile = profile.to_string();
         }
         Ok(())
     }
@@ -425,6 +452,7 @@ impl KvCache {
         d.tokens.extend_from_slice(&s.tokens[..n]);
         d.orders.clear();
         d.orders.extend_from_slice(&s.orders[..n]);
+        d.profile.clone_from(&s.profile);
         Ok(n)
     }
 

@@ -234,6 +234,32 @@ impl PrecisionController {
         t
     }
 
+    /// [`PrecisionController::update`], and the transition's model (built through `cache`)
+    /// installed in `engine` for the sessions admitted from now on. If building or installing
+    /// fails, the controller keeps its profile and the error is returned.
+    pub fn drive(
+        &mut self,
+        engine: &crate::engine::Engine,
+        budget: u64,
+        now: Instant,
+        cache: Option<&VariantCache>,
+    ) -> Result<Option<Transition>> {
+        let saved = (self.current.clone(), self.last_change);
+        let Some(t) = self.update(budget, now)? else {
+            return Ok(None);
+        };
+        let installed = self
+            .model(&t.profile, cache)
+            .and_then(|(m, _)| engine.install(m));
+        match installed {
+            Ok(()) => Ok(Some(t)),
+            Err(e) => {
+                (self.current, self.last_change) = saved;
+                Err(e)
+            }
+        }
+    }
+
     /// The model that runs `profile` (a controller's current profile or a transition's):
     /// built from the source model, re-encoded tensors from `cache` when it holds them.
     pub fn model(

@@ -637,3 +637,82 @@ fn admission_gauges_have_no_gap() {
         }
     }
 }
+
+/// A precision profile installed while serving: the sessions admitted after it run on it
+/// (bit for bit as alone on that profile), a session already running finishes on its own
+/// (bit for bit as alone on the source), and no K/V crosses profiles — a prompt cached
+/// under one profile is not reused under the other, and is again once its profile returns.
+#[test]
+fn a_new_profile_serves_new_sessions_while_running_ones_keep_theirs() {
+    let Some((model, pieces)) = setup() else {
+        return;
+    };
+    let cfg = small_cfg();
+    let q4 = synapse_codecs::EncodingId::Symmetric { bits: 4, group: 64 };
+    let changes: std::collections::BTreeMap<String, synapse_codecs::EncodingId> =
+        synapse_runtime::importance::linears(&model)
+            .into_iter()
+            .take(7)
+            .map(|(n, _)| (n, q4))
+            .collect();
+    let variant = Arc::new(model.with_encodings(&changes).unwrap());
+    let (pa, pb) = (encode(&pieces, PROMPTS[2]), encode(&pieces, PROMPTS[0]));
+    let ref_a = bits(&solo(&model, &pieces, &cfg, req(pa.clone(), 24, 0)));
+    let ref_b = bits(&solo(&variant, &pieces, &cfg, req(pb.clone(), 16, 2)));
+    let ref_b_source = bits(&solo(&model, &pieces, &cfg, req(pb.clone(), 16, 2)));
+    assert_ne!(ref_b, ref_b_source, "the profile changes the logits");
+
+    let mut s = Scheduler::new(model.clone(), pieces.clone(), cfg.clone()).unwrap();
+    let mut a = s.submit(req(pa.clone(), 24, 0)).unwrap();
+    for _ in 0..4 {
+        assert!(s.step());
+    }
+    s.install(variant.clone()).unwrap();
+    assert_eq!(s.executor().model().profile.hash(), variant.profile.hash());
+    // Installing it again is a no-op.
+    s.install(variant.clone()).unwrap();
+    let mut b = s.submit(req(pb.clone(), 16, 2)).unwrap();
+    // The same prompt as the running source session: nothing of its K/V is borrowed.
+    let mut c = s.submit(req(pa.clone(), 24, 0)).unwrap();
+    while s.step() {}
+    let (ea, eb, ec) = (drain(&mut a), drain(&mut b), drain(&mut c));
+    assert_eq!(
+        bits(&ea),
+        ref_a,
+        "the running session kept the source profile"
+    );
+    assert_eq!(bits(&eb), ref_b, "a new session runs on the new profile");
+    assert_eq!(finished(&ec).cached_tokens, 0);
+    let ref_c = bits(&solo(&variant, &pieces, &cfg, req(pa.clone(), 24, 0)));
+    assert_eq!(bits(&ec), ref_c);
+    // Back to the source: the prompt cached under it is reused, with the same bits.
+    s.install(model.clone()).unwrap();
+    let mut d = s.submit(req(pa.clone(), 24, 0)).unwrap();
+    while s.step() {}
+    let ed = drain(&mut d);
+    assert!(
+        finished(&ed).cached_tokens > 0,
+        "the source profile's prefix again"
+    );
+    assert_eq!(bits(&ed), ref_a);
+
+    // Through the engine: `info()` follows the installed profile, `stats()` counts changes.
+    let engine = Engine::start(model.clone(), pieces.clone(), cfg.clone()).unwrap();
+    assert_eq!(engine.info().profile, model.profile.hash());
+    engine.install(variant.clone()).unwrap();
+    assert_eq!(engine.info().profile, variant.profile.hash());
+    assert_eq!(engine.info().weight_bytes, variant.weight_bytes() as u64);
+    assert_eq!(engine.stats().profile_changes, 1);
+    // Over the memory budget: refused, nothing changes.
+    let mut tight = cfg.clone();
+    let kv = KvCache::new(&model, KvDtype::F32, tight.slots, tight.ctx, tight.ubatch)
+        .unwrap()
+        .slot_bytes()
+        * tight.slots;
+    tight.memory = Some(variant.weight_bytes() as u64 + kv as u64);
+    let smaller = Engine::start(variant.clone(), pieces.clone(), tight).unwrap();
+    assert!(smaller.install(model.clone()).is_err());
+    assert_eq!(smaller.info().profile, variant.profile.hash());
+    engine.shutdown();
+    smaller.shutdown();
+}

@@ -47,7 +47,7 @@ pub async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
 /// `GET /metrics`.
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let engine = state.engine();
-    let text = crate::metrics::render(&engine.stats(), engine.info());
+    let text = crate::metrics::render(&engine.stats(), &engine.info());
     (
         [(
             header::CONTENT_TYPE,

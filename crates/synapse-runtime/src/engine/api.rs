@@ -310,6 +310,8 @@ pub struct EngineStats {
     pub kv_bytes: u64,
     /// KV bytes the ledger allows.
     pub kv_budget_bytes: u64,
+    /// Precision profiles installed since the start (promotions and demotions).
+    pub profile_changes: u64,
 }
 
 /// Fixed facts about a running engine.
@@ -327,6 +329,7 @@ pub struct EngineInfo {
     pub weight_bytes: u64,
     /// Kernel path in use.
     pub kernel_path: String,
-    /// The precision profile's hash (the source's, or a budget's / uniform profile's).
+    /// The hash of the precision profile new sessions run on (the source's, or a budget's /
+    /// uniform profile's; it changes when a new profile is installed).
     pub profile: String,
 }

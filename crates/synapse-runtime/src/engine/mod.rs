@@ -38,6 +38,8 @@ use stats::SharedStats;
 
 enum Cmd {
     Submit(Box<Waiting>),
+    /// Install a precision profile of the running model; the result goes back.
+    Install(Arc<Model>, mpsc::Sender<Result<()>>),
     Stop,
 }
 
@@ -154,9 +156,34 @@ impl Engine {
         self.stats.snapshot()
     }
 
-    /// Fixed facts about the engine.
-    pub fn info(&self) -> &EngineInfo {
-        &self.info
+    /// Facts about the engine: fixed ones, and the precision profile new sessions get now.
+    pub fn info(&self) -> EngineInfo {
+        let (profile, weight_bytes) = self.stats.profile();
+        EngineInfo {
+            profile,
+            weight_bytes,
+            ..self.info.clone()
+        }
+    }
+
+    /// Installs `model` — the running model at another precision profile (e.g. a
+    /// [`crate::promotion::Transition`]'s) — for the sessions admitted from now on; running
+    /// sessions finish on their own profile. Blocks until the engine thread has installed it
+    /// (or refused it: another model, or over `EngineConfig::memory`).
+    pub fn install(&self, model: Arc<Model>) -> Result<()> {
+        let (rtx, rrx) = mpsc::channel();
+        let sent = match self.tx.lock() {
+            Ok(tx) => tx.send(Cmd::Install(model, rtx)).is_ok(),
+            Err(_) => false,
+        };
+        let stopped = || crate::RuntimeError::InvalidParam {
+            name: "install",
+            reason: "the engine has stopped".into(),
+        };
+        if !sent {
+            return Err(stopped());
+        }
+        rrx.recv().map_err(|_| stopped())?
     }
 
     /// The configuration it runs with.
@@ -195,12 +222,18 @@ fn run(mut sched: Scheduler, rx: mpsc::Receiver<Cmd>) {
             }
             match rx.recv() {
                 Ok(Cmd::Submit(w)) => sched.enqueue(*w),
+                Ok(Cmd::Install(m, r)) => {
+                    let _ = r.send(sched.install(m));
+                }
                 Ok(Cmd::Stop) | Err(_) => stopping = true,
             }
         }
         loop {
             match rx.try_recv() {
                 Ok(Cmd::Submit(w)) => sched.enqueue(*w),
+                Ok(Cmd::Install(m, r)) => {
+                    let _ = r.send(sched.install(m));
+                }
                 Ok(Cmd::Stop) => stopping = true,
                 Err(mpsc::TryRecvError::Empty) => break,
                 Err(mpsc::TryRecvError::Disconnected) => {

@@ -44,7 +44,12 @@ pub const MAX_TOP_LOGPROBS: usize = 64;
 /// The scheduler core: owns the executor, the KV cache and the sessions. [`super::Engine`]
 /// runs it on its own thread; tests may drive it step by step.
 pub struct Scheduler {
-    exec: Executor,
+    /// One executor per precision profile still in use; new sessions run on `current`
+    /// (a profile installed by [`Scheduler::install`]), running ones keep theirs to the end.
+    execs: Vec<Option<Executor>>,
+    current: usize,
+    /// The current executor's profile hash.
+    current_profile: String,
     kv: KvCache,
     pieces: Arc<dyn TokenPieces>,
     cfg: EngineConfig,
@@ -63,7 +68,9 @@ pub struct Scheduler {
     ran: Vec<(usize, usize)>,
     logits: Vec<f32>,
     done: Vec<(usize, FinishReason)>,
-    retired: Vec<(Active, FinishReason)>,
+    /// Of `done`: sessions whose pass failed (their error was sent; no `Done`).
+    failed: Vec<usize>,
+    retired: Vec<(Active, FinishReason, bool)>,
     next_id: u64,
     pub(crate) stats: Arc<SharedStats>,
 }
@@ -169,13 +176,17 @@ impl Scheduler {
         let eog = model.ir.special.eos.clone();
         let vocab = model.vocab();
         let exec = Executor::new(model, cfg.threads)?;
+        let profile = exec.model().profile.hash();
         let stats = Arc::new(SharedStats::default());
         stats.slots.store(cfg.slots as u64, Ordering::Relaxed);
         stats
             .kv_budget_bytes
             .store((kv.slot_bytes() * cfg.slots) as u64, Ordering::Relaxed);
+        stats.set_profile(&profile, weights);
         Ok(Scheduler {
-            exec,
+            execs: vec![Some(exec)],
+            current: 0,
+            current_profile: profile,
             kv,
             pieces,
             eog,
@@ -190,6 +201,7 @@ impl Scheduler {
             ran: Vec::with_capacity(cfg.slots),
             logits: vec![0.0; vocab],
             done: Vec::with_capacity(cfg.slots),
+            failed: Vec::new(),
             retired: Vec::with_capacity(cfg.slots),
             next_id: 0,
             stats,
@@ -204,7 +216,9 @@ impl Scheduler {
 
     /// The executor.
     pub fn executor(&self) -> &Executor {
-        &self.exec
+        self.execs[self.current]
+            .as_ref()
+            .expect("the current executor is always present")
     }
 
     /// The KV cache (slots hold running sessions and cached prefixes).
@@ -255,9 +269,72 @@ impl Scheduler {
         self.waiting.len()
     }
 
+    /// Installs `model` (the same model at another precision profile) as the profile new
+    /// sessions get from the next admission on; running sessions finish on the profile they
+    /// started with (their K/V belongs to it), and an executor no session uses any more is
+    /// dropped. With `EngineConfig::memory` set, the new profile's weights plus the KV must fit
+    /// it (while sessions of the old profile run, weights the two profiles do not share are
+    /// resident twice).
+    pub fn install(&mut self, model: Arc<Model>) -> Result<()> {
+        let cur = self.executor().model().clone();
+        if model.ir.fingerprint != cur.ir.fingerprint {
+            return Err(RuntimeError::InvalidParam {
+                name: "install",
+                reason: "another model (fingerprint differs): only a precision profile of the \
+                         running model can be installed"
+                    .into(),
+            });
+        }
+        let profile = model.profile.hash();
+        if profile == cur.profile.hash() {
+            return Ok(());
+        }
+        let weights = model.weight_bytes() as u64;
+        let kv = (self.kv.slot_bytes() * self.cfg.slots) as u64;
+        if let Some(budget) = self.cfg.memory
+            && weights + kv > budget
+        {
+            return Err(RuntimeError::InvalidParam {
+                name: "install",
+                reason: format!(
+                    "memory budget {budget} B: the profile's weights take {weights} B and the \
+                     KV {kv} B"
+                ),
+            });
+        }
+        // A profile installed before and still running sessions is reused as it is.
+        let existing = self.execs.iter().position(|e| {
+            e.as_ref()
+                .is_some_and(|e| e.model().profile.hash() == profile)
+        });
+        self.current = match existing {
+            Some(i) => i,
+            None => {
+                self.execs
+                    .push(Some(Executor::new(model, self.cfg.threads)?));
+                self.execs.len() - 1
+            }
+        };
+        self.stats.set_profile(&profile, weights);
+        self.current_profile = profile.clone();
+        self.stats.profile_changes.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(profile = %&profile[..12], weight_bytes = weights, "precision profile installed");
+        self.drop_unused_execs();
+        Ok(())
+    }
+
+    /// Drops the executors of profiles no session runs on (never the current one).
+    fn drop_unused_execs(&mut self) {
+        for (i, e) in self.execs.iter_mut().enumerate() {
+            if i != self.current && e.is_some() && !self.active.iter().any(|a| a.exec == i) {
+                *e = None;
+            }
+        }
+    }
+
     /// One scheduling step: drop cancelled sessions, admit waiting ones into free slots, run
-    /// one forward pass over the step's rows and turn its logits into tokens. Returns whether
-    /// a pass ran.
+    /// one forward pass per precision profile in use over the step's rows and turn their
+    /// logits into tokens. Returns whether a pass ran.
     pub fn step(&mut self) -> bool {
         self.reap_cancelled();
         self.admit();
@@ -265,28 +342,53 @@ impl Scheduler {
             self.publish();
             return false;
         }
-        self.build_rows();
-        if self.rows.is_empty() {
-            return false;
+        // Every decode first (whatever its profile), then prompt chunks up to the budget.
+        let decodes = self
+            .active
+            .iter()
+            .filter(|a| a.phase == Phase::Decode)
+            .count();
+        let mut prefill_budget = self.cfg.step_tokens - decodes.min(self.cfg.step_tokens);
+        let mut ran_any = false;
+        for e in 0..self.execs.len() {
+            if self.execs[e].is_none() || !self.active.iter().any(|a| a.exec == e) {
+                continue;
+            }
+            self.build_rows(e, &mut prefill_budget);
+            if self.rows.is_empty() {
+                continue;
+            }
+            ran_any = true;
+            self.run_pass(e);
         }
-        let out = match self.exec.forward(&mut self.kv, &self.rows) {
+        self.retire(true);
+        self.drop_unused_execs();
+        ran_any
+    }
+
+    /// One forward pass of executor `e` over the built rows; its logits become tokens.
+    fn run_pass(&mut self, e: usize) {
+        let Some(exec) = self.execs[e].as_mut() else {
+            return;
+        };
+        let out = match exec.forward(&mut self.kv, &self.rows) {
             Ok(out) => out,
-            Err(e) => {
+            Err(err) => {
                 // An executor error fails the sessions of this pass (their slots are reset),
                 // never the engine.
-                let msg = e.to_string();
+                let msg = err.to_string();
                 tracing::error!(error = %msg, "forward pass failed");
                 for &(i, _) in &self.ran {
                     let a = &mut self.active[i];
                     let _ = a.tx.send(Event::Error(format!("engine error: {msg}")));
                     self.done.push((i, FinishReason::Stop));
+                    self.failed.push(i);
                 }
                 for &(i, _) in &self.ran {
                     let slot = self.active[i].slot;
                     let _ = self.kv.open(slot);
                 }
-                self.retire(false);
-                return true;
+                return;
             }
         };
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
@@ -315,29 +417,27 @@ impl Scheduler {
         self.stats
             .generated_tokens
             .fetch_add(generated, Ordering::Relaxed);
-        self.retire(true);
-        true
     }
 
-    fn build_rows(&mut self) {
+    /// The rows of the sessions on executor `e`: each decoding session's next row, then
+    /// prompt chunks in admission order while `prefill_budget` lasts.
+    fn build_rows(&mut self, e: usize, prefill_budget: &mut usize) {
         self.rows.clear();
         self.owners.clear();
         self.ran.clear();
-        let mut budget = self.cfg.step_tokens;
         for (i, a) in self.active.iter().enumerate() {
-            if a.phase == Phase::Decode {
+            if a.exec == e && a.phase == Phase::Decode {
                 self.rows.push(Row::decode(a.slot, a.pos as u32, a.last));
                 self.owners.push(i);
                 self.ran.push((i, 1));
-                budget -= 1;
             }
         }
         let max_chunk = self.kv.max_chunk();
         for (i, a) in self.active.iter().enumerate() {
-            if a.phase != Phase::Prefill || budget == 0 {
+            if a.exec != e || a.phase != Phase::Prefill || *prefill_budget == 0 {
                 continue;
             }
-            let n = budget.min(a.prompt.len() - a.pos).min(max_chunk);
+            let n = (*prefill_budget).min(a.prompt.len() - a.pos).min(max_chunk);
             for p in a.pos..a.pos + n {
                 let last = p + 1 == a.prompt.len();
                 self.rows.push(Row {
@@ -352,7 +452,7 @@ impl Scheduler {
                 }
             }
             self.ran.push((i, n));
-            budget -= n;
+            *prefill_budget -= n;
         }
     }
 
@@ -368,17 +468,19 @@ impl Scheduler {
         let mut done = std::mem::take(&mut self.done);
         for &(i, reason) in done.iter() {
             let a = self.active.remove(i);
+            let failed = self.failed.contains(&i);
             tracing::debug!(session = a.id, ?reason, generated = a.generated, "finished");
             self.free_slot(a.slot);
-            self.retired.push((a, reason));
+            self.retired.push((a, reason, failed));
         }
+        self.failed.clear();
         done.clear();
         self.done = done;
         // Gauges first: a client that sees its `Done` may submit again at once, and must find
         // the slot counted free.
         self.publish();
-        for (mut a, reason) in self.retired.drain(..) {
-            if report {
+        for (mut a, reason, failed) in self.retired.drain(..) {
+            if report && !failed {
                 a.finish(reason);
             }
         }
@@ -447,7 +549,12 @@ impl Scheduler {
                     continue;
                 }
                 let slot = s as SlotId;
-                let score = self.kv.common_prefix(slot, prompt, &orders);
+                // Positions of another profile are not this session's K/V.
+                let score = if self.kv.slot_profile(slot) == Some(self.current_profile.as_str()) {
+                    self.kv.common_prefix(slot, prompt, &orders)
+                } else {
+                    0
+                };
                 let used = self.slot_used[s];
                 let better = match best {
                     None => true,
@@ -465,6 +572,7 @@ impl Scheduler {
             let donor = self
                 .active
                 .iter()
+                .filter(|a| a.exec == self.current)
                 .map(|a| (a.slot, self.kv.common_prefix(a.slot, prompt, &orders)))
                 .max_by_key(|&(_, n)| n);
             let mut result = Ok(());
@@ -475,6 +583,9 @@ impl Scheduler {
             }
             if result.is_ok() && !self.kv.is_open(slot) {
                 result = self.kv.open(slot);
+            }
+            if result.is_ok() {
+                result = self.kv.set_profile(slot, &self.current_profile);
             }
             let reused = result.and_then(|_| self.kv.reuse_prefix(slot, prompt, &orders));
             let reused = match reused {
@@ -512,7 +623,7 @@ impl Scheduler {
                 cached_tokens: reused,
             });
             self.active
-                .push(Active::new(w, slot, orders, reused, sampler));
+                .push(Active::new(w, slot, self.current, orders, reused, sampler));
             self.stats
                 .active
                 .store(self.active.len() as u64, Ordering::SeqCst);

@@ -34,6 +34,8 @@ pub(crate) enum Phase {
 pub(crate) struct Active {
     pub id: u64,
     pub slot: SlotId,
+    /// The scheduler's executor (precision profile) this session runs on, start to end.
+    pub exec: usize,
     pub tx: UnboundedSender<Event>,
     pub cancel: Arc<AtomicBool>,
     pub prompt: Vec<u32>,
@@ -75,6 +77,7 @@ impl Active {
     pub fn new(
         w: Waiting,
         slot: SlotId,
+        exec: usize,
         orders: Vec<OrderClass>,
         cached: usize,
         sampler: Sampler,
@@ -85,6 +88,7 @@ impl Active {
         Active {
             id: w.id,
             slot,
+            exec,
             tx: w.tx,
             cancel: w.cancel,
             pos: cached,

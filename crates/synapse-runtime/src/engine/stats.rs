@@ -1,5 +1,6 @@
 //! Counters and gauges the engine publishes (read by `/metrics` and tests).
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::api::EngineStats;
@@ -21,9 +22,27 @@ pub(crate) struct SharedStats {
     pub steps: AtomicU64,
     pub kv_bytes: AtomicU64,
     pub kv_budget_bytes: AtomicU64,
+    /// The precision profile new sessions get, and its resident weight bytes.
+    pub profile: Mutex<String>,
+    pub weight_bytes: AtomicU64,
+    pub profile_changes: AtomicU64,
 }
 
 impl SharedStats {
+    /// Publishes the profile new sessions run on.
+    pub fn set_profile(&self, hash: &str, weight_bytes: u64) {
+        if let Ok(mut p) = self.profile.lock() {
+            hash.clone_into(&mut p);
+        }
+        self.weight_bytes.store(weight_bytes, Ordering::Relaxed);
+    }
+
+    /// The profile new sessions run on, and its weight bytes.
+    pub fn profile(&self) -> (String, u64) {
+        let p = self.profile.lock().map(|p| p.clone()).unwrap_or_default();
+        (p, self.weight_bytes.load(Ordering::Relaxed))
+    }
+
     pub fn snapshot(&self) -> EngineStats {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         EngineStats {
@@ -39,6 +58,7 @@ impl SharedStats {
             steps: g(&self.steps),
             kv_bytes: g(&self.kv_bytes),
             kv_budget_bytes: g(&self.kv_budget_bytes),
+            profile_changes: g(&self.profile_changes),
         }
     }
 }
