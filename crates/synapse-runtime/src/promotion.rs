@@ -285,3 +285,50 @@ impl PrecisionController {
         Ok((Arc::new(m), v))
     }
 }
+
+/// A running engine's precision under budgets that arrive while it serves (from an operator,
+/// or a residency manager): the controller, the engine it installs into, the variant cache.
+/// Shareable (`Send + Sync`); budgets are applied one at a time.
+#[derive(Debug)]
+pub struct BudgetDriver {
+    controller: std::sync::Mutex<PrecisionController>,
+    engine: Arc<crate::engine::Engine>,
+    cache: Option<VariantCache>,
+    source_bytes: u64,
+}
+
+impl BudgetDriver {
+    /// Drives `engine` (started on `controller`'s current profile) with `controller`.
+    pub fn new(
+        controller: PrecisionController,
+        engine: Arc<crate::engine::Engine>,
+        cache: Option<VariantCache>,
+    ) -> Self {
+        let source_bytes = controller.source.weight_bytes() as u64;
+        BudgetDriver {
+            controller: std::sync::Mutex::new(controller),
+            engine,
+            cache,
+            source_bytes,
+        }
+    }
+
+    /// The source model's weight bytes (what a percentage budget is a share of).
+    pub fn source_bytes(&self) -> u64 {
+        self.source_bytes
+    }
+
+    /// Applies a new budget now (see [`PrecisionController::drive`]); blocks while a new
+    /// profile is built (seconds when its tensors are not in the variant cache).
+    pub fn set_budget(&self, budget: crate::precision::Budget) -> Result<Option<Transition>> {
+        let bytes = budget.bytes(self.source_bytes);
+        let mut c = self
+            .controller
+            .lock()
+            .map_err(|_| RuntimeError::InvalidParam {
+                name: "budget",
+                reason: "a previous budget change panicked".into(),
+            })?;
+        c.drive(&self.engine, bytes, Instant::now(), self.cache.as_ref())
+    }
+}

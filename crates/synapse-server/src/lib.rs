@@ -67,6 +67,8 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(routes::health))
         .route("/v1/health", get(routes::health))
         .route("/metrics", get(routes::metrics))
+        .route("/v1/precision", post(routes::precision))
+        .route("/precision", post(routes::precision))
         .route("/tokenize", post(routes::tokenize))
         .route("/v1/tokenize", post(routes::tokenize))
         .route("/detokenize", post(routes::detokenize))

@@ -174,6 +174,14 @@ pub struct ContentPart {
     pub text: Option<String>,
 }
 
+/// `POST /v1/precision`'s body: the weight budget to run at (Synapse's extension).
+#[derive(Debug, Deserialize)]
+pub struct PrecisionRequest {
+    /// Bytes (`188743680`), with a unit (`"180MB"`, `"180MiB"`), or a share of the source's
+    /// weight bytes (`"75%"`).
+    pub budget: serde_json::Value,
+}
+
 /// `/tokenize`'s body (llama-server's shape).
 #[derive(Debug, Deserialize)]
 pub struct TokenizeRequest {

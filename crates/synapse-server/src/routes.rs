@@ -8,7 +8,9 @@ use serde_json::json;
 
 use crate::error::{Result, ServerError};
 use crate::extract::JsonBody;
-use crate::openai::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};
+use crate::openai::{
+    DetokenizeRequest, DetokenizeResponse, PrecisionRequest, TokenizeRequest, TokenizeResponse,
+};
 use crate::state::AppState;
 
 /// `GET /v1/models`.
@@ -94,4 +96,54 @@ pub async fn detokenize(
     Ok(Json(DetokenizeResponse {
         content: String::from_utf8_lossy(&bytes).into_owned(),
     }))
+}
+
+/// `POST /v1/precision` (Synapse's extension): `{"budget": "75%" | "180MB" | bytes}` — the
+/// weight budget the engine runs at from now on. A larger budget promotes (after the
+/// server's hysteresis and cooldown), a smaller one demotes at once; sessions admitted
+/// afterwards run on the new profile, running ones finish on theirs. Answers the profile
+/// in effect and, when it changed, the tensors that changed (most important first for a
+/// promotion).
+pub async fn precision(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<PrecisionRequest>,
+) -> Result<Json<serde_json::Value>> {
+    let Some(driver) = state.precision().cloned() else {
+        return Err(ServerError::invalid(
+            "budget",
+            "this server runs a fixed precision: start it with --budget to change budgets",
+        ));
+    };
+    let budget: synapse_runtime::precision::Budget = match &req.budget {
+        serde_json::Value::String(s) => s.parse(),
+        serde_json::Value::Number(n) => n.to_string().parse(),
+        _ => {
+            return Err(ServerError::invalid(
+                "budget",
+                "a number of bytes or a string",
+            ));
+        }
+    }
+    .map_err(|e: synapse_runtime::RuntimeError| ServerError::invalid("budget", e.to_string()))?;
+    let t = tokio::task::spawn_blocking(move || driver.set_budget(budget))
+        .await
+        .map_err(|e| ServerError::Internal(e.to_string()))?
+        .map_err(|e| ServerError::invalid("budget", e.to_string()))?;
+    let info = state.engine().info();
+    let changes = t.as_ref().map(|t| {
+        t.changes
+            .iter()
+            .map(|c| json!({"tensor": c.tensor, "from": c.from, "to": c.to}))
+            .collect::<Vec<_>>()
+    });
+    Ok(Json(json!({
+        "changed": t.is_some(),
+        "direction": t.as_ref().map(|t| match t.direction {
+            synapse_runtime::promotion::Direction::Promote => "promote",
+            synapse_runtime::promotion::Direction::Demote => "demote",
+        }),
+        "profile": info.profile,
+        "weight_bytes": info.weight_bytes,
+        "changes": changes,
+    })))
 }

@@ -55,6 +55,7 @@ pub(crate) struct Inner {
     pub(crate) cfg: ServerConfig,
     pub(crate) grammars: tokio::sync::OnceCell<Arc<Grammars>>,
     pub(crate) created: u64,
+    pub(crate) precision: Option<Arc<synapse_runtime::promotion::BudgetDriver>>,
 }
 
 /// The state handlers share (cheap to clone).
@@ -90,7 +91,26 @@ impl AppState {
             cfg,
             grammars: tokio::sync::OnceCell::new(),
             created,
+            precision: None,
         })))
+    }
+
+    /// This state with `driver` behind `POST /v1/precision` (a server started with a budget
+    /// and an importance map); an error once the state has been shared.
+    pub fn with_precision(
+        mut self,
+        driver: Arc<synapse_runtime::promotion::BudgetDriver>,
+    ) -> Result<Self> {
+        let inner = Arc::get_mut(&mut self.0).ok_or_else(|| {
+            ServerError::Internal("with_precision on a state already shared".into())
+        })?;
+        inner.precision = Some(driver);
+        Ok(self)
+    }
+
+    /// The budget driver, when the server has one.
+    pub(crate) fn precision(&self) -> Option<&Arc<synapse_runtime::promotion::BudgetDriver>> {
+        self.0.precision.as_ref()
     }
 
     /// The engine.

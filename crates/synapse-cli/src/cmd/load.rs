@@ -321,6 +321,44 @@ impl Prepared {
 }
 
 impl PrecisionArgs {
+    /// `--budget` and the importance map it selects from (`--map`, the package's, or the
+    /// stored one), when a budget is given.
+    pub fn budget_and_map(
+        &self,
+        model: &Model,
+        model_arg: Option<&Path>,
+        store: Option<&Path>,
+    ) -> anyhow::Result<
+        Option<(
+            synapse_runtime::precision::Budget,
+            synapse_sensitivity::ImportanceMap,
+        )>,
+    > {
+        let Some(b) = &self.budget else {
+            return Ok(None);
+        };
+        let budget: synapse_runtime::precision::Budget = b.parse()?;
+        let package = match &self.map {
+            Some(_) => None,
+            None => model_package(model_arg, store)?,
+        };
+        let map = read_map(self.map.as_deref(), &model.ir.fingerprint, package.as_ref())?;
+        Ok(Some((budget, map)))
+    }
+
+    /// The variant cache of `store` (default: the user store), unless `--no-variant-cache`.
+    pub fn variant_cache(
+        &self,
+        store: Option<&Path>,
+    ) -> anyhow::Result<Option<synapse_runtime::VariantCache>> {
+        if self.no_variant_cache {
+            return Ok(None);
+        }
+        Ok(Some(synapse_runtime::VariantCache::open(
+            store.map_or_else(synapse_cas::default_store_dir, Path::to_path_buf),
+        )?))
+    }
+
     /// The model these flags ask for (the source model itself when none is given; `model_arg`
     /// is what `--model` named, whose package's importance map `--budget` prefers);
     /// re-encoded tensors go through the variant cache of `store` (default: the user store)
@@ -331,29 +369,19 @@ impl PrecisionArgs {
         model_arg: Option<&Path>,
         store: Option<&Path>,
     ) -> anyhow::Result<Prepared> {
-        use synapse_runtime::precision::{Budget, Precision, apply};
-        let p = match (&self.budget, &self.profile) {
-            (Some(b), _) => {
-                let budget: Budget = b.parse()?;
-                let package = match &self.map {
-                    Some(_) => None,
-                    None => model_package(model_arg, store)?,
-                };
-                let map = read_map(self.map.as_deref(), &model.ir.fingerprint, package.as_ref())?;
-                Precision::Budget {
-                    budget,
-                    map: Box::new(map),
-                }
-            }
+        use synapse_runtime::precision::{Precision, apply};
+        let p = match (self.budget_and_map(model, model_arg, store)?, &self.profile) {
+            (Some((budget, map)), _) => Precision::Budget {
+                budget,
+                map: Box::new(map),
+            },
             (None, Some(spec)) => Precision::parse_profile(spec)?,
             (None, None) => Precision::Source,
         };
         let t0 = std::time::Instant::now();
-        let cache = match (&p, self.no_variant_cache) {
-            (Precision::Source, _) | (_, true) => None,
-            _ => Some(synapse_runtime::VariantCache::open(
-                store.map_or_else(synapse_cas::default_store_dir, Path::to_path_buf),
-            )?),
+        let cache = match p {
+            Precision::Source => None,
+            _ => self.variant_cache(store)?,
         };
         let applied = apply(model, &p, cache.as_ref())?;
         let seconds = t0.elapsed().as_secs_f64();

@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use clap::Args as ClapArgs;
 use synapse_runtime::KvDtype;
 use synapse_runtime::engine::{Engine, EngineConfig};
+use synapse_runtime::promotion::{BudgetDriver, PrecisionController, PromotionPolicy};
 use synapse_server::{AppState, ServerConfig, TokenizerPieces};
 
 use super::load::{default_model, load_model};
@@ -66,6 +67,10 @@ pub struct Args {
     /// Seconds a request may take to its response head (streams are not limited).
     #[arg(long, default_value_t = 600)]
     timeout: u64,
+    /// With `--budget`: least seconds between a precision change and the next promotion
+    /// when `POST /v1/precision` raises the budget (a lower budget demotes at once).
+    #[arg(long, default_value_t = 30)]
+    promotion_cooldown: u64,
 }
 
 /// Rewrites llama-server's two-letter short flags (`-np`) to their long names.
@@ -135,11 +140,39 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let (model, tok) = load_model(Some(&model_path), args.store.as_deref())?;
     let family = model.ir.family.name().to_string();
-    let model = args
-        .precision
-        .apply(&Arc::new(model), Some(&model_path), args.store.as_deref())?
-        .applied
-        .model;
+    let source = Arc::new(model);
+    // With --budget the engine runs under a precision controller, so later budgets
+    // (`POST /v1/precision`) only promote or only demote from where it starts.
+    let controller =
+        match args
+            .precision
+            .budget_and_map(&source, Some(&model_path), args.store.as_deref())?
+        {
+            Some((budget, map)) => {
+                let source_bytes = source.weight_bytes() as u64;
+                let mut policy = PromotionPolicy::for_source_bytes(source_bytes);
+                policy.cooldown = Duration::from_secs(args.promotion_cooldown);
+                Some(PrecisionController::new(
+                    &source,
+                    &map,
+                    budget.bytes(source_bytes),
+                    policy,
+                    std::time::Instant::now(),
+                )?)
+            }
+            None => None,
+        };
+    let cache = args.precision.variant_cache(args.store.as_deref())?;
+    let model = match &controller {
+        Some(c) => c.model(c.profile(), cache.as_ref())?.0,
+        None => {
+            args.precision
+                .apply(&source, Some(&model_path), args.store.as_deref())?
+                .applied
+                .model
+        }
+    };
+    drop(source);
     let tok = Arc::new(tok);
 
     let file_name = model_path
@@ -161,10 +194,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         memory,
         ..EngineConfig::default()
     };
-    let engine = Engine::start(model, Arc::new(TokenizerPieces(tok.clone())), cfg)
-        .context("starting the engine")?;
+    let engine = Arc::new(
+        Engine::start(model, Arc::new(TokenizerPieces(tok.clone())), cfg)
+            .context("starting the engine")?,
+    );
     let state = AppState::new(
-        Arc::new(engine),
+        engine.clone(),
         tok,
         ServerConfig {
             model_id,
@@ -177,6 +212,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ..ServerConfig::default()
         },
     )?;
+    let state = match controller {
+        Some(c) => state.with_precision(Arc::new(BudgetDriver::new(c, engine, cache)))?,
+        None => state,
+    };
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
