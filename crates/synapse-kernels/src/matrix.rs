@@ -604,7 +604,12 @@ impl QuantMatrix {
                 _ => codec_sym::rows_scalar,
             }
         };
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        let kernel: codec_sym::RowsFn = match ctx.path() {
+            crate::dispatch::KernelPath::Neon => codec_sym::rows_neon,
+            _ => codec_sym::rows_scalar,
+        };
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         let kernel: codec_sym::RowsFn = codec_sym::rows_scalar;
         let (act_scratch, pack, pool) = ctx.parts2();
         act_scratch.set_len(n * ActKind::Q8x32.row_bytes(cols));

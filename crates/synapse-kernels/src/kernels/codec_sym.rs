@@ -353,6 +353,111 @@ pub(crate) unsafe fn rows_avx2(
     }
 }
 
+/// [`rows_scalar`] on aarch64 NEON, the same bits (compiled in CI, not run on this
+/// project's x86 machines; `tests/codecs.rs` checks it against the scalar path wherever it
+/// runs). Each group's codes are unpacked once for up to 8 activation rows (4 bits: nibble
+/// masks and a zip; 8 bits: a load; other widths: the scalar unpack) and entered signed,
+/// `q = u − 2^(b−1)`, so each lane is `Σ q·a` itself: `vmull_s8` products (|q| ≤ 128, |a| ≤
+/// 127: no i16 overflow), `vpaddlq_s16` pair sums, `vpaddq_s32` into the four-element lanes.
+/// Then per lane `fma(float(lane), d_w·d_a, acc)` and the scalar path's fold.
+///
+/// # Safety
+/// As [`rows_scalar`], and the CPU has NEON.
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn rows_neon(
+    bits: u32,
+    w: &[u8],
+    row_bytes: usize,
+    ng: usize,
+    act: &[BlockQ8x32],
+    _init: &[i32],
+    da: &[f32],
+    y: *mut f32,
+    ystride: usize,
+    r0: usize,
+    r1: usize,
+) {
+    use std::arch::aarch64::*;
+    let gb = group_bytes(bits);
+    let b = bits as usize;
+    let n = act.len() / (2 * ng).max(1);
+    let mut codes = [0u8; GROUP];
+    // SAFETY: the caller's contract; loads stay inside `w`, `codes`, an activation block or
+    // the prepared scale array.
+    unsafe {
+        let bias = vdupq_n_u8(1u8 << (bits - 1));
+        let mut t0 = 0;
+        while t0 < n {
+            let nt = (n - t0).min(8);
+            for r in r0..r1 {
+                let row = &w[r * row_bytes..(r + 1) * row_bytes];
+                let mut acc = [[vdupq_n_f32(0.0); 4]; 8];
+                for g in 0..ng {
+                    let grp = &row[g * gb..(g + 1) * gb];
+                    let dw = f16::from_le_bytes([grp[0], grp[1]]).to_f32();
+                    let area = &grp[2..];
+                    // The 64 codes as signed bytes, in element order (4 × 16).
+                    let mut q = [vdupq_n_s8(0); 4];
+                    match b {
+                        8 => {
+                            for (j, v) in q.iter_mut().enumerate() {
+                                let u = vld1q_u8(area.as_ptr().add(16 * j));
+                                *v = vreinterpretq_s8_u8(vsubq_u8(u, bias));
+                            }
+                        }
+                        4 => {
+                            for h in 0..2 {
+                                let x = vld1q_u8(area.as_ptr().add(16 * h));
+                                let lo = vandq_u8(x, vdupq_n_u8(15));
+                                let hi = vshrq_n_u8(x, 4);
+                                q[2 * h] = vreinterpretq_s8_u8(vsubq_u8(vzip1q_u8(lo, hi), bias));
+                                q[2 * h + 1] =
+                                    vreinterpretq_s8_u8(vsubq_u8(vzip2q_u8(lo, hi), bias));
+                            }
+                        }
+                        _ => {
+                            unpack(bits, area, &mut codes);
+                            for (j, v) in q.iter_mut().enumerate() {
+                                let u = vld1q_u8(codes.as_ptr().add(16 * j));
+                                *v = vreinterpretq_s8_u8(vsubq_u8(u, bias));
+                            }
+                        }
+                    }
+                    for (k, a) in acc.iter_mut().enumerate().take(nt) {
+                        let t = t0 + k;
+                        let base = (t * ng + g) * 16;
+                        for (j, aj) in a.iter_mut().enumerate() {
+                            // Elements 16j..16j+16: half j / 2 of the group, bytes 16·(j % 2)..
+                            let blk = &act[(t * ng + g) * 2 + j / 2];
+                            let x = vld1q_s8(blk.qs.as_ptr().add(16 * (j % 2)).cast());
+                            let lo = vpaddlq_s16(vmull_s8(vget_low_s8(q[j]), vget_low_s8(x)));
+                            let hi = vpaddlq_s16(vmull_high_s8(q[j], x));
+                            let lanes = vpaddq_s32(lo, hi);
+                            let d = vmulq_f32(
+                                vdupq_n_f32(dw),
+                                vld1q_f32(da.as_ptr().add(base + 4 * j)),
+                            );
+                            *aj = vfmaq_f32(*aj, vcvtq_f32_s32(lanes), d);
+                        }
+                    }
+                }
+                for (k, a) in acc.iter().enumerate().take(nt) {
+                    // v[l] = acc[l] + acc[l + 8], then ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)).
+                    let v_lo = vaddq_f32(a[0], a[2]);
+                    let v_hi = vaddq_f32(a[1], a[3]);
+                    let s = vaddq_f32(v_lo, v_hi);
+                    let out = (vgetq_lane_f32(s, 0) + vgetq_lane_f32(s, 2))
+                        + (vgetq_lane_f32(s, 1) + vgetq_lane_f32(s, 3));
+                    *y.add((t0 + k) * ystride + r) = out;
+                }
+            }
+            t0 += nt;
+        }
+    }
+}
+
 /// Whether this CPU runs [`rows_avx512`].
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn has_avx512() -> bool {
