@@ -394,6 +394,13 @@ impl QuantMatrix {
             } if self.cols.is_multiple_of(kernels::codec_sym::GROUP) => {
                 return self.codec_sym(*bits, x, n, y, ctx);
             }
+            // Ternary g64 groups are laid out exactly as 2-bit symmetric ones (`u = q + 2`).
+            Store::Codec {
+                id: EncodingId::TernaryGroup { group: 64 },
+                ..
+            } if self.cols.is_multiple_of(kernels::codec_sym::GROUP) => {
+                return self.codec_sym(2, x, n, y, ctx);
+            }
             Store::Codec {
                 codec,
                 row_separable,

@@ -1,6 +1,6 @@
 //! Synapse's own codecs through the port: `syn.q{2..8}.symmetric`, `syn.ternary.absmean` (per
 //! group and per tensor), against f64 dots of the codec's decoded matrix; the integer path of
-//! the symmetric g64 codecs (activations quantized as Q8_0) bit-identical between its SIMD and
+//! the symmetric and ternary g64 codecs (activations quantized as Q8_0) bit-identical between its SIMD and
 //! scalar versions and for any number of activation rows beside it.
 
 mod common;
@@ -60,7 +60,8 @@ fn codec_matrices_match_decoded_f64_dots() {
 
 /// Whether `id` at `cols` takes the integer path (activations quantized as Q8_0 blocks).
 fn int_path(id: &str, cols: usize) -> bool {
-    id.contains(".symmetric.g64.") && cols.is_multiple_of(64)
+    (id.contains(".symmetric.g64.") || id.contains(".ternary.absmean.g64."))
+        && cols.is_multiple_of(64)
 }
 
 /// How far a dot with activations quantized as Q8_0 blocks may be from the exact one: each
@@ -77,8 +78,11 @@ fn q8_act_bound(w: &[f32], x: &[f32]) -> f64 {
 
 #[test]
 fn symmetric_g64_integer_path_simd_equals_scalar_and_rows_are_independent() {
-    for bits in 2..=8u32 {
-        let id = format!("syn.q{bits}.symmetric.g64.v1");
+    // The symmetric widths, and ternary g64 (the 2-bit layout with the absmean scale).
+    let ids = (2..=8u32)
+        .map(|b| (b, format!("syn.q{b}.symmetric.g64.v1")))
+        .chain([(2, "syn.ternary.absmean.g64.v1".to_string())]);
+    for (bits, id) in ids {
         let codec = resolve(&id).unwrap();
         for (rows, cols) in [(1, 64), (9, 128), (37, 640), (16, 1536)] {
             let w = common::generate_data(0.3 + bits as f32, rows * cols, 1.0);
