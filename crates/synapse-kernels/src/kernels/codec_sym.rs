@@ -275,13 +275,19 @@ pub(crate) unsafe fn rows_avx2(
             let nt = (n - t0).min(8);
             for r in r0..r1 {
                 let row = r * row_bytes;
+                // Every group's over-read stays inside `w` unless this is one of the last rows.
+                let safe = row + row_bytes + 16 <= w.len();
                 let mut acc = [[_mm256_setzero_ps(); 2]; 8];
                 for g in 0..ng {
                     let grp = row + g * gb;
-                    let h = u16::from_le_bytes([w[grp], w[grp + 1]]);
+                    let gp = w.as_ptr().add(grp);
+                    // Decode streams the weights once: ask for them ~6 KB ahead (as the
+                    // one-row ggml-type kernels do).
+                    _mm_prefetch::<_MM_HINT_T1>(gp.wrapping_add(6144).cast());
+                    let h = std::ptr::read_unaligned(gp.cast::<u16>());
                     let dw = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
-                    let area = if grp + 2 + 7 * b + 16 <= w.len() {
-                        w.as_ptr().add(grp + 2)
+                    let area = if safe || grp + 2 + 7 * b + 16 <= w.len() {
+                        gp.add(2)
                     } else {
                         tail[..8 * b].copy_from_slice(&w[grp + 2..grp + 2 + 8 * b]);
                         tail.as_ptr()
