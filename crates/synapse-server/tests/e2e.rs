@@ -428,16 +428,7 @@ async fn completions_and_chat_streaming_and_not() {
         );
     }
     // The precision the engine runs, as `/v1/models` names it.
-    let models: Value = s
-        .http
-        .get(format!("{}/v1/models", s.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let profile = models["data"][0]["meta"]["profile"]
+    let profile = m["data"][0]["meta"]["profile"]
         .as_str()
         .unwrap()
         .to_string();
