@@ -18,7 +18,7 @@
 
 use crate::error::{CasError, Result};
 use crate::id::ObjectId;
-use crate::store::{Store, WriteSession};
+use crate::store::{Object, Store, WriteSession};
 use redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
@@ -235,6 +235,15 @@ impl Index {
     }
 }
 
+/// How [`WriteSession::cached_variant_with`] found its object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VariantLookup {
+    /// `produce` ran (a miss, or a cached object that was unusable).
+    pub produced: bool,
+    /// A cached object was corrupt, missing or refused by `accept`, and replaced.
+    pub replaced: bool,
+}
+
 impl WriteSession<'_> {
     /// Returns the cached encoding of a source tensor, computing and storing it on a miss.
     ///
@@ -248,18 +257,64 @@ impl WriteSession<'_> {
         key: &IndexKey,
         produce: impl FnOnce() -> Result<Vec<u8>>,
     ) -> Result<(ObjectId, bool)> {
+        let (id, l) = self.cached_variant_with(index, key, |o| Some(o.id()), produce)?;
+        Ok((id, l.produced))
+    }
+
+    /// [`Self::cached_variant`] that hands the verified, memory-mapped object to `accept`,
+    /// which turns it into what the caller uses or refuses it (`None`: e.g. bytes that do not
+    /// decode at the expected size); a refused cached object is recomputed and replaced like a
+    /// corrupt one. A freshly produced object that `accept` refuses is an error.
+    pub fn cached_variant_with<T, E: From<CasError>>(
+        &self,
+        index: &Index,
+        key: &IndexKey,
+        accept: impl Fn(Object) -> Option<T>,
+        produce: impl FnOnce() -> std::result::Result<Vec<u8>, E>,
+    ) -> std::result::Result<(T, VariantLookup), E> {
+        let mut replaced = false;
         if let Some(id) = index.get(key)? {
-            match self.store().verify_object(&id) {
-                Ok(_) => return Ok((id, false)),
+            match self.store().get(&id) {
+                Ok(o) => match accept(o) {
+                    Some(t) => {
+                        return Ok((
+                            t,
+                            VariantLookup {
+                                produced: false,
+                                replaced: false,
+                            },
+                        ));
+                    }
+                    None => {
+                        tracing::warn!(%id, encoding = %key.encoding, "cached variant refused; recomputing");
+                    }
+                },
                 Err(CasError::Corrupt { .. } | CasError::Missing { .. }) => {
                     tracing::warn!(%id, encoding = %key.encoding, "cached variant unusable; recomputing");
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
+            replaced = true;
         }
         let bytes = produce()?;
         let out = self.put(&bytes)?;
+        drop(bytes);
+        // Just written (or found intact) under this id by `put`.
+        let obj = self.store().get_unverified(&out.id)?;
+        let t = accept(obj).ok_or_else(|| {
+            CasError::InvalidPackage(format!(
+                "the freshly encoded {} variant {} was refused",
+                key.encoding, out.id
+            ))
+        })?;
+        // The object is durable before the entry naming it commits.
         index.insert(key, out.id)?;
-        Ok((out.id, true))
+        Ok((
+            t,
+            VariantLookup {
+                produced: true,
+                replaced,
+            },
+        ))
     }
 }

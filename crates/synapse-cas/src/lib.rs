@@ -20,7 +20,7 @@ pub mod store;
 
 pub use error::{CasError, Result};
 pub use id::{FileDigest, ObjectId};
-pub use index::{Index, IndexKey};
+pub use index::{Index, IndexKey, VariantLookup};
 pub use package::{BuiltPackage, Manifest, ManifestTarget, Package, PackageBuilder};
 pub use store::{
     Object, PutOutcome, Store, StoreStats, VerifyProblem, VerifyReport, WriteSession,

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use synapse_cas::{CasError, Index, IndexKey, ObjectId, Store};
+use synapse_cas::{Index, IndexKey, ObjectId, Store};
 use synapse_codecs::{EncodingId, codec_for};
 use synapse_kernels::{QuantMatrix, WeightSource};
 
@@ -53,12 +53,6 @@ impl VariantCache {
         })
     }
 
-    /// The cache in the user's default store (`$SYNAPSE_STORE`, else
-    /// `~/.local/share/synapse/store`), the one `synapse-cli import` writes packages to.
-    pub fn open_default() -> Result<Self> {
-        Self::open(synapse_cas::default_store_dir())
-    }
-
     /// The store.
     pub fn store(&self) -> &Store {
         &self.store
@@ -73,7 +67,8 @@ impl VariantCache {
         }
     }
 
-    /// `m` as `id`: the cached object when there is a usable one, else encoded and stored.
+    /// `m` as `id`: the cached object when there is a usable one (its hash and the codec's
+    /// validation at this shape pass), else encoded and stored.
     fn get_or_encode(
         &self,
         m: &QuantMatrix,
@@ -81,37 +76,25 @@ impl VariantCache {
         stats: &mut VariantStats,
     ) -> Result<QuantMatrix> {
         let key = Self::key(m, id);
-        let index = Index::open(&self.store);
         let (rows, cols) = (m.rows(), m.cols());
-        let mut stale = false;
-        if let Some(obj) = index.get(&key)? {
-            match self.store.get(&obj) {
-                Ok(o) => {
-                    let src: Arc<dyn WeightSource> = Arc::new(Mapped(o));
-                    match QuantMatrix::from_codec_shared(&key.encoding, src, rows, cols) {
-                        Ok(q) => {
-                            stats.reused += 1;
-                            return Ok(q);
-                        }
-                        Err(e) => {
-                            tracing::warn!(%obj, encoding = %key.encoding, error = %e, "cached variant invalid; re-encoding");
-                        }
-                    }
-                }
-                Err(CasError::Corrupt { .. } | CasError::Missing { .. }) => {
-                    tracing::warn!(%obj, encoding = %key.encoding, "cached variant corrupt or missing; re-encoding");
-                }
-                Err(e) => return Err(e.into()),
-            }
-            stale = true;
-        }
-        let bytes = encode(m, id)?;
-        let q = QuantMatrix::from_codec(&key.encoding, &bytes, rows, cols)?;
         let session = self.store.session()?;
-        let put = session.put(&bytes)?;
-        index.insert(&key, put.id)?;
-        stats.encoded += 1;
-        stats.replaced += usize::from(stale);
+        let (q, lookup) = session.cached_variant_with(
+            &Index::open(&self.store),
+            &key,
+            |o| {
+                let src: Arc<dyn WeightSource> = Arc::new(Mapped(o));
+                QuantMatrix::from_codec_shared(&key.encoding, src, rows, cols)
+                    .map_err(|e| tracing::warn!(encoding = %key.encoding, error = %e, "cached variant invalid"))
+                    .ok()
+            },
+            || encode(m, id),
+        )?;
+        if lookup.produced {
+            stats.encoded += 1;
+            stats.replaced += usize::from(lookup.replaced);
+        } else {
+            stats.reused += 1;
+        }
         Ok(q)
     }
 }
