@@ -178,6 +178,32 @@ pub(crate) fn mapped_bytes(model: &Model, map: &ImportanceMap) -> Result<u64> {
     Ok(total)
 }
 
+/// `model` running `profile`: every assignment that is not the tensor's source encoding
+/// (`source_encoding`) re-encoded through `cache`; the model itself when there is none.
+pub(crate) fn model_for_profile<'a>(
+    model: &Arc<Model>,
+    profile: &Profile,
+    source_encoding: impl Fn(&str) -> Option<&'a String>,
+    cache: Option<&VariantCache>,
+) -> Result<(Arc<Model>, VariantStats)> {
+    let mut changes = BTreeMap::new();
+    for (name, a) in &profile.assignments {
+        if source_encoding(name) == Some(&a.encoding) {
+            continue;
+        }
+        let id = EncodingId::parse(&a.encoding).map_err(|e| RuntimeError::InvalidParam {
+            name: "importance map",
+            reason: format!("{name:?}: {e}"),
+        })?;
+        changes.insert(name.clone(), id);
+    }
+    if changes.is_empty() {
+        return Ok((model.clone(), VariantStats::default()));
+    }
+    let (m, v) = model.with_encodings_cached(&changes, cache)?;
+    Ok((Arc::new(m), v))
+}
+
 /// The model `p` asks for (see the module docs); re-encoded tensors come from `cache` when it
 /// holds them and are stored there otherwise.
 pub fn apply(model: &Arc<Model>, p: &Precision, cache: Option<&VariantCache>) -> Result<Applied> {
@@ -225,24 +251,12 @@ pub fn apply(model: &Arc<Model>, p: &Precision, cache: Option<&VariantCache>) ->
                 }
                 e => e,
             })?;
-            let mut changes = BTreeMap::new();
-            for (name, a) in &profile.assignments {
-                if a.encoding == map.tensors[name].source_encoding {
-                    continue;
-                }
-                let id =
-                    EncodingId::parse(&a.encoding).map_err(|e| RuntimeError::InvalidParam {
-                        name: "importance map",
-                        reason: format!("{name:?}: {e}"),
-                    })?;
-                changes.insert(name.clone(), id);
-            }
-            let (run, variants) = if changes.is_empty() {
-                (model.clone(), VariantStats::default())
-            } else {
-                let (m, v) = model.with_encodings_cached(&changes, cache)?;
-                (Arc::new(m), v)
-            };
+            let (run, variants) = model_for_profile(
+                model,
+                &profile,
+                |n| Some(&map.tensors[n].source_encoding),
+                cache,
+            )?;
             Ok(Applied {
                 model: run,
                 profile: Some(profile),

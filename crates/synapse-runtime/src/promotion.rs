@@ -23,7 +23,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use synapse_codecs::EncodingId;
 use synapse_selector::{Change, ChangeKind, Constraints, Profile, ProfileHash, Selector, diff};
 use synapse_sensitivity::ImportanceMap;
 
@@ -267,22 +266,12 @@ impl PrecisionController {
         profile: &Profile,
         cache: Option<&VariantCache>,
     ) -> Result<(Arc<Model>, VariantStats)> {
-        let mut changes = BTreeMap::new();
-        for (name, a) in &profile.assignments {
-            if self.source_encodings.get(name) == Some(&a.encoding) {
-                continue;
-            }
-            let id = EncodingId::parse(&a.encoding).map_err(|e| RuntimeError::InvalidParam {
-                name: "importance map",
-                reason: format!("{name:?}: {e}"),
-            })?;
-            changes.insert(name.clone(), id);
-        }
-        if changes.is_empty() {
-            return Ok((self.source.clone(), VariantStats::default()));
-        }
-        let (m, v) = self.source.with_encodings_cached(&changes, cache)?;
-        Ok((Arc::new(m), v))
+        crate::precision::model_for_profile(
+            &self.source,
+            profile,
+            |n| self.source_encodings.get(n),
+            cache,
+        )
     }
 }
 
