@@ -162,6 +162,16 @@ impl Executor {
         self.ctx.path()
     }
 
+    /// Exchanges this executor's kernel context (path, thread pool, scratch) with `other`'s.
+    /// Two executors that run one after the other (a draft and its verifier) can so share one
+    /// pool: the idle one holds a one-thread context, and no idle pool spins beside the busy
+    /// one. Results do not depend on which context runs a pass (the kernels' bits do not
+    /// depend on the thread count).
+    pub fn swap_kernels(&mut self, other: &mut Executor) {
+        std::mem::swap(&mut self.ctx, &mut other.ctx);
+        std::mem::swap(&mut self.threads, &mut other.threads);
+    }
+
     /// Runs one pass. Returns the logits of the rows with `logits = true`, in row order,
     /// `vocab` values each. Every row's K/V is appended to its session.
     pub fn forward(&mut self, kv: &mut KvCache, rows: &[Row]) -> Result<&[f32]> {
@@ -388,12 +398,17 @@ impl Executor {
         if nl == 0 {
             return Ok(&[]);
         }
-        // The LM head sums a session's logits rows in the order of a call with as many rows
-        // as that session asks logits for in this pass (llama.cpp's `n_outputs` of a batch: one
-        // for a prompt's last row and for a decode step), whatever else shares the pass.
+        // The LM head sums a session's prompt rows in the order of a call with as many rows
+        // as that session asks prompt logits for in this pass (llama.cpp's `n_outputs` of a
+        // batch: one for a prompt's last row), whatever else shares the pass; a one-row-order
+        // row (a decode step, or a verified draft position) always in the one-row order, so
+        // k + 1 verified positions give the bits of k + 1 decode steps.
         let heads = &mut s.slots;
         heads.clear();
-        for row in rows.iter().filter(|r| r.logits) {
+        for row in rows
+            .iter()
+            .filter(|r| r.logits && r.order != OrderClass::One)
+        {
             match heads.iter_mut().find(|e| e.0 == row.slot) {
                 Some(e) => e.2 += 1,
                 None => heads.push((row.slot, 0, 1)),
@@ -404,8 +419,12 @@ impl Executor {
         let mut j = 0;
         for (r, row) in rows.iter().enumerate() {
             if row.logits {
-                let count = heads.iter().find(|e| e.0 == row.slot).map_or(1, |e| e.2);
-                let class = OrderClass::of(count);
+                let class = if row.order == OrderClass::One {
+                    OrderClass::One
+                } else {
+                    let count = heads.iter().find(|e| e.0 == row.slot).map_or(1, |e| e.2);
+                    OrderClass::of(count)
+                };
                 match s.runs.last_mut() {
                     Some(run) if run.1 == class => run.0 += 1,
                     _ => s.runs.push((1, class)),

@@ -117,69 +117,27 @@ pub fn generate(
     let eog = exec.model().ir.special.eos.clone();
     let vocab = exec.model().vocab();
     let chunk = params.prefill_chunk.min(kv.max_chunk());
-    if kv.slot(slot).is_err() {
-        kv.open(slot)?;
-    }
-    // Prompt rows sum in llama.cpp's order for the `chunk`-row batch they fall in.
-    let orders: Vec<_> = (0..prompt.len())
-        .map(|p| prompt_order(p, prompt.len(), chunk))
-        .collect();
-    let reused = kv.reuse_prefix(slot, prompt, &orders)?;
     let mut timings = Timings::default();
     let mut logits = vec![0.0f32; vocab];
-    let mut history: Vec<u32> = Vec::with_capacity(prompt.len() + params.max_tokens);
-    history.extend_from_slice(prompt);
 
     // Prefill.
     let t0 = Instant::now();
+    let reused = prefill(exec, kv, slot, prompt, chunk, Some(&mut logits))?;
     let todo = &prompt[reused..];
-    let mut rows: Vec<Row> = Vec::with_capacity(chunk);
-    let mut pos = reused as u32;
-    for (ci, part) in todo.chunks(chunk).enumerate() {
-        let last_chunk = (ci + 1) * chunk >= todo.len();
-        rows.clear();
-        for (i, &t) in part.iter().enumerate() {
-            rows.push(Row {
-                slot,
-                pos,
-                token: t,
-                logits: last_chunk && i + 1 == part.len(),
-                order: orders[pos as usize],
-            });
-            pos += 1;
-        }
-        let out = exec.forward(kv, &rows)?;
-        if last_chunk {
-            logits.copy_from_slice(&out[..vocab]);
-        }
-    }
+    let mut pos = prompt.len() as u32;
     timings.prefill_tokens = todo.len();
     timings.prefill_s = t0.elapsed().as_secs_f64();
 
     // Decode.
     let t1 = Instant::now();
-    let mut out_tokens = Vec::with_capacity(params.max_tokens);
-    let mut stops = StopStrings::new(&params.stop);
+    let mut c = Commit::new(params, eog, prompt);
     let stop = loop {
-        if out_tokens.len() >= params.max_tokens {
+        if c.out.len() >= params.max_tokens {
             break StopReason::MaxTokens;
         }
-        let tok = sampler.sample(&mut logits, &history);
-        if params.stop_at_eog && eog.contains(&tok) {
-            break StopReason::Eog;
-        }
-        out_tokens.push(tok);
-        history.push(tok);
-        let text = piece(tok);
-        let (emit, hit) = stops.push(&text);
-        if !emit.is_empty() {
-            on_text(&emit);
-        }
-        if hit {
-            break StopReason::StopString;
-        }
-        if out_tokens.len() >= params.max_tokens {
-            break StopReason::MaxTokens;
+        let tok = sampler.sample(&mut logits, &c.history);
+        if let Some(r) = c.take(tok, piece, on_text) {
+            break r;
         }
         if pos as usize >= kv.capacity() {
             break StopReason::ContextFull;
@@ -190,15 +148,118 @@ pub fn generate(
         logits.copy_from_slice(&out[..vocab]);
         timings.decode_tokens += 1;
     };
-    let rest = stops.flush();
-    if stop != StopReason::StopString && !rest.is_empty() {
-        on_text(&rest);
-    }
+    c.finish(stop, on_text);
     timings.decode_s = t1.elapsed().as_secs_f64();
     Ok(Generated {
-        tokens: out_tokens,
+        tokens: c.out,
         reused_prefix: reused,
         stop,
         timings,
     })
+}
+
+/// Runs `prompt` into `slot` (opened if needed), reusing the longest prefix the slot already
+/// holds, in passes of `chunk` rows whose float order is llama.cpp's for the `chunk`-row
+/// batch each position falls in. With `logits`, the last position's logits are written
+/// there. Returns the number of positions reused.
+pub(crate) fn prefill(
+    exec: &mut Executor,
+    kv: &mut KvCache,
+    slot: SlotId,
+    prompt: &[u32],
+    chunk: usize,
+    mut logits: Option<&mut [f32]>,
+) -> Result<usize> {
+    if kv.slot(slot).is_err() {
+        kv.open(slot)?;
+    }
+    let orders: Vec<_> = (0..prompt.len())
+        .map(|p| prompt_order(p, prompt.len(), chunk))
+        .collect();
+    let reused = kv.reuse_prefix(slot, prompt, &orders)?;
+    let todo = &prompt[reused..];
+    let mut rows: Vec<Row> = Vec::with_capacity(chunk);
+    let mut pos = reused as u32;
+    let want = logits.is_some();
+    for (ci, part) in todo.chunks(chunk).enumerate() {
+        let last_chunk = (ci + 1) * chunk >= todo.len();
+        rows.clear();
+        for (i, &t) in part.iter().enumerate() {
+            rows.push(Row {
+                slot,
+                pos,
+                token: t,
+                logits: want && last_chunk && i + 1 == part.len(),
+                order: orders[pos as usize],
+            });
+            pos += 1;
+        }
+        let out = exec.forward(kv, &rows)?;
+        if last_chunk && let Some(l) = logits.as_deref_mut() {
+            l.copy_from_slice(&out[..l.len()]);
+        }
+    }
+    Ok(reused)
+}
+
+/// The output side of a generation: takes chosen tokens one at a time and applies the stop
+/// rules (end-of-generation, stop strings, `max_tokens`), so the plain loop and exact
+/// escalation end at the same token for the same reason.
+pub(crate) struct Commit<'a> {
+    params: &'a GenerateParams,
+    eog: Vec<u32>,
+    stops: StopStrings,
+    /// Tokens generated so far.
+    pub(crate) out: Vec<u32>,
+    /// The prompt and the generated tokens (what penalties look at).
+    pub(crate) history: Vec<u32>,
+}
+
+impl<'a> Commit<'a> {
+    pub(crate) fn new(params: &'a GenerateParams, eog: Vec<u32>, prompt: &[u32]) -> Self {
+        let mut history = Vec::with_capacity(prompt.len() + params.max_tokens + 1);
+        history.extend_from_slice(prompt);
+        Commit {
+            params,
+            eog,
+            stops: StopStrings::new(&params.stop),
+            out: Vec::with_capacity(params.max_tokens),
+            history,
+        }
+    }
+
+    /// Takes `tok` as the next token; `Some(reason)` when generation ends with it (an
+    /// end-of-generation token is not taken).
+    pub(crate) fn take(
+        &mut self,
+        tok: u32,
+        piece: &mut dyn FnMut(u32) -> String,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Option<StopReason> {
+        if self.params.stop_at_eog && self.eog.contains(&tok) {
+            return Some(StopReason::Eog);
+        }
+        self.out.push(tok);
+        self.history.push(tok);
+        let text = piece(tok);
+        let (emit, hit) = self.stops.push(&text);
+        if !emit.is_empty() {
+            on_text(&emit);
+        }
+        if hit {
+            return Some(StopReason::StopString);
+        }
+        if self.out.len() >= self.params.max_tokens {
+            return Some(StopReason::MaxTokens);
+        }
+        None
+    }
+
+    /// Flushes held-back text unless a stop string ended the generation.
+    pub(crate) fn finish(&mut self, stop: StopReason, on_text: &mut dyn FnMut(&str)) {
+        let rest = self.stops.flush();
+        if stop != StopReason::StopString && !rest.is_empty() {
+            on_text(&rest);
+        }
+    }
 }

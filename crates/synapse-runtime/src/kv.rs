@@ -395,6 +395,34 @@ impl KvCache {
         })
     }
 
+    /// Drops every position of `slot` from `keep` on (a rejected draft's rows), keeping the
+    /// first `keep`; the next row goes to position `keep`. An error, with nothing changed, if
+    /// a sliding-window ring no longer holds the rows position `keep` needs (never when fewer
+    /// than `max_chunk` positions are dropped).
+    pub fn truncate(&mut self, slot: SlotId, keep: usize) -> Result<()> {
+        let held = self.len(slot)?;
+        if keep >= held {
+            return Ok(());
+        }
+        if keep > 0 && !self.rings_hold(keep, held) {
+            return Err(RuntimeError::InvalidParam {
+                name: "kv truncate",
+                reason: format!(
+                    "slot {slot}: a sliding-window ring no longer holds the rows position {keep} \
+                     needs ({held} positions written)"
+                ),
+            });
+        }
+        let s = self
+            .slots
+            .get_mut(slot as usize)
+            .and_then(|s| s.as_mut())
+            .ok_or(RuntimeError::UnknownSlot(slot))?;
+        s.tokens.truncate(keep);
+        s.orders.truncate(keep);
+        Ok(())
+    }
+
     /// Whether a slot is open (holds buffers).
     pub fn is_open(&self, slot: SlotId) -> bool {
         self.slots.get(slot as usize).is_some_and(|s| s.is_some())

@@ -10,6 +10,8 @@
 //!   identity that includes the precision-profile hash.
 //! - [`Sampler`] and [`generate`]: sampling and the generation loop for one session (chunked
 //!   prefill, stop rules, timings).
+//! - [`escalation::generate_exact`]: greedy generation at the source precision with drafts
+//!   from an approximate profile, verified in one pass per round (the source's own tokens).
 //! - [`engine`]: continuous batching of many sessions ([`engine::Engine`] on its own thread,
 //!   [`engine::Scheduler`] the step logic), bounded admission, cancellation, prefix cache.
 //!
@@ -22,6 +24,7 @@ mod attention;
 pub mod calib;
 pub mod engine;
 pub mod error;
+pub mod escalation;
 pub mod executor;
 pub mod generate;
 pub mod importance;

@@ -1,0 +1,498 @@
+//! Exact escalation: a low-precision draft proposes tokens and the source precision verifies
+//! them, so the output is the source model's own greedy output, token for token.
+//!
+//! A round: the draft executor (an approximate profile, in its own KV slot) catches up with
+//! the committed tokens and proposes `k` tokens by `k` one-row greedy steps; the source
+//! executor then runs the pending token and the `k` drafts as `k + 1` rows of one pass, every
+//! row in the one-row float order ([`OrderClass::One`]), so row `i`'s logits are bit for bit
+//! those of the `i`-th plain decode step (the executor's batch-invariance rule). The source's
+//! choices are taken in order while they equal the drafts; the first that differs (or, with
+//! every draft accepted, the one after the last) ends the round. The source slot then keeps
+//! exactly the positions plain decoding would hold (the rejected drafts' rows are dropped),
+//! so committed K/V only ever comes from the verifier; the draft slot is a working branch,
+//! re-synchronised from the committed tokens at the start of the next round.
+//!
+//! `k` follows a cost model fitted to this run's own measurements: the per-token acceptance
+//! rate (decayed counts), the draft step's time and the verify pass's time as a function of
+//! its rows. Each round takes the `k` with the most expected committed tokens per second,
+//! `k = 0` (a plain decode step) when drafting does not pay, re-probing now and then.
+//!
+//! Architecture invariant: the committed tokens never depend on `k`, on timing, or on the
+//! draft — only the speed does.
+
+use std::time::Instant;
+
+use synapse_kernels::OrderClass;
+
+use crate::error::{Result, RuntimeError};
+use crate::executor::{Executor, Row};
+use crate::generate::{Commit, GenerateParams, Generated, StopReason, Timings, prefill};
+use crate::kv::{KvCache, SlotId};
+use crate::sampling::Sampler;
+
+/// Most drafts per round (a verify pass holds at most this many rows plus one).
+pub const MAX_DRAFT: usize = 16;
+
+/// How drafting is run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DraftParams {
+    /// Most draft tokens per round (1..=[`MAX_DRAFT`]).
+    pub max_k: usize,
+    /// Choose `k` per round from the measured acceptance and costs (else always `max_k`).
+    pub adaptive: bool,
+}
+
+impl Default for DraftParams {
+    fn default() -> Self {
+        DraftParams {
+            max_k: 8,
+            adaptive: true,
+        }
+    }
+}
+
+/// What drafting did in one generation.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EscalationStats {
+    /// Verify passes (rounds), plain steps included.
+    pub rounds: usize,
+    /// Rounds that ran without drafts (the cost model's choice).
+    pub plain_rounds: usize,
+    /// Draft tokens proposed.
+    pub drafted: usize,
+    /// Draft tokens the source accepted.
+    pub accepted: usize,
+    /// Seconds in draft passes (catch-up included).
+    pub draft_s: f64,
+    /// Seconds in verify passes.
+    pub verify_s: f64,
+}
+
+impl EscalationStats {
+    /// Accepted / drafted (0 without drafts).
+    pub fn acceptance(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
+    }
+}
+
+/// The cost model: decayed acceptance counts and per-pass times.
+#[derive(Debug, Clone)]
+struct CostModel {
+    max_k: usize,
+    /// Decayed accepted / rejected draft counts.
+    acc: f64,
+    rej: f64,
+    /// EWMA of one draft step's seconds.
+    draft: Option<f64>,
+    /// EWMA of a verify pass's seconds, by rows (index = rows).
+    verify: [Option<f64>; MAX_DRAFT + 2],
+    /// Plain rounds since the last drafted one.
+    plain_run: usize,
+    last_k: usize,
+}
+
+const DECAY: f64 = 0.85;
+const EWMA: f64 = 0.3;
+/// After this many plain rounds, one drafted round re-measures acceptance.
+const REPROBE: usize = 16;
+
+fn ewma(v: &mut Option<f64>, x: f64) {
+    *v = Some(match *v {
+        Some(o) => o + EWMA * (x - o),
+        None => x,
+    });
+}
+
+impl CostModel {
+    fn new(max_k: usize) -> Self {
+        CostModel {
+            max_k,
+            acc: 0.0,
+            rej: 0.0,
+            draft: None,
+            verify: [None; MAX_DRAFT + 2],
+            plain_run: 0,
+            last_k: max_k.div_ceil(2),
+        }
+    }
+
+    fn observe_round(&mut self, k: usize, accepted: usize) {
+        if k == 0 {
+            return;
+        }
+        self.acc = self.acc * DECAY + accepted as f64;
+        self.rej = self.rej * DECAY + if accepted < k { 1.0 } else { 0.0 };
+    }
+
+    /// Estimated seconds of a verify pass of `rows` rows: the measured value, else a line
+    /// through the two nearest measured row counts (or proportional to one).
+    fn verify_time(&self, rows: usize) -> Option<f64> {
+        if let Some(t) = self.verify[rows] {
+            return Some(t);
+        }
+        let seen: Vec<(usize, f64)> = (1..self.verify.len())
+            .filter_map(|r| self.verify[r].map(|t| (r, t)))
+            .collect();
+        match seen.as_slice() {
+            [] => None,
+            [(r, t)] => Some(t * (1.0 + 0.1 * (rows as f64 - *r as f64)).max(0.5)),
+            _ => {
+                // Least-squares line through the measured points.
+                let n = seen.len() as f64;
+                let mx = seen.iter().map(|p| p.0 as f64).sum::<f64>() / n;
+                let my = seen.iter().map(|p| p.1).sum::<f64>() / n;
+                let sxx: f64 = seen.iter().map(|p| (p.0 as f64 - mx).powi(2)).sum();
+                let sxy: f64 = seen.iter().map(|p| (p.0 as f64 - mx) * (p.1 - my)).sum();
+                let b = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
+                Some((my + b * (rows as f64 - mx)).max(1e-6))
+            }
+        }
+    }
+
+    /// The next round's draft count (≤ `cap`).
+    fn choose(&mut self, cap: usize) -> usize {
+        let cap = cap.min(self.max_k);
+        if cap == 0 {
+            return 0;
+        }
+        // Measure the plain step first, then a drafted round, before trusting the model.
+        let (Some(td), Some(t1)) = (self.draft, self.verify[1]) else {
+            return if self.verify[1].is_none() {
+                0
+            } else {
+                self.last_k.clamp(1, cap)
+            };
+        };
+        let a = (self.acc + 0.5) / (self.acc + self.rej + 1.0);
+        let mut best = (0usize, 1.0 / t1);
+        for k in 1..=cap {
+            let Some(tv) = self.verify_time(k + 1) else {
+                continue;
+            };
+            // Expected tokens committed: 1 + a + … + a^k.
+            let e = if a < 1.0 {
+                (1.0 - a.powi(k as i32 + 1)) / (1.0 - a)
+            } else {
+                k as f64 + 1.0
+            };
+            let rate = e / (k as f64 * td + tv);
+            if rate > best.1 {
+                best = (k, rate);
+            }
+        }
+        if best.0 == 0 {
+            self.plain_run += 1;
+            if self.plain_run >= REPROBE {
+                self.plain_run = 0;
+                return self.last_k.clamp(1, cap);
+            }
+            return 0;
+        }
+        self.plain_run = 0;
+        self.last_k = best.0;
+        best.0
+    }
+}
+
+/// Greedy generation of `prompt` at the source precision (`source`, slot `slot`) with drafts
+/// from `draft` (slot `draft_slot` of the same cache): the same tokens, stop and K/V as
+/// [`crate::generate`] with `source` alone, usually sooner.
+///
+/// Errors (before anything runs): sampling with a temperature (only greedy decoding is
+/// exact this way), two executors of different models, one slot for both, or a verify pass
+/// the cache cannot hold.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_exact(
+    source: &mut Executor,
+    draft: &mut Executor,
+    kv: &mut KvCache,
+    slot: SlotId,
+    draft_slot: SlotId,
+    prompt: &[u32],
+    params: &GenerateParams,
+    dp: &DraftParams,
+    piece: &mut dyn FnMut(u32) -> String,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<(Generated, EscalationStats)> {
+    let bad = |name: &'static str, reason: String| RuntimeError::InvalidParam { name, reason };
+    if prompt.is_empty() {
+        return Err(bad("prompt", "empty prompt".into()));
+    }
+    if params.prefill_chunk == 0 {
+        return Err(bad("prefill_chunk", "must be positive".into()));
+    }
+    if params.sampling.temperature > 0.0 {
+        return Err(bad(
+            "escalation",
+            "exact escalation verifies greedy choices: use temperature 0 (speculative sampling \
+             is not built)"
+                .into(),
+        ));
+    }
+    if !(1..=MAX_DRAFT).contains(&dp.max_k) {
+        return Err(bad(
+            "draft k",
+            format!("{} is outside 1..={MAX_DRAFT}", dp.max_k),
+        ));
+    }
+    if source.model().ir.fingerprint != draft.model().ir.fingerprint {
+        return Err(bad(
+            "draft",
+            "the draft executor runs another model than the source".into(),
+        ));
+    }
+    if slot == draft_slot {
+        return Err(bad(
+            "draft slot",
+            "the draft needs a slot of its own".into(),
+        ));
+    }
+    if kv.max_chunk() < 2 {
+        return Err(bad(
+            "draft",
+            "the cache's max_chunk is 1: a verify pass needs at least 2 rows".into(),
+        ));
+    }
+    let max_k = dp.max_k.min(kv.max_chunk() - 1);
+    let mut sampler = Sampler::new(params.sampling.clone())?;
+    let mut dsampler = Sampler::new(params.sampling.clone())?;
+    let eog = source.model().ir.special.eos.clone();
+    let vocab = source.model().vocab();
+    let chunk = params.prefill_chunk.min(kv.max_chunk());
+    let draft_profile = draft.model().profile.hash();
+    let mut timings = Timings::default();
+    let mut stats = EscalationStats::default();
+    let mut logits = vec![0.0f32; vocab];
+
+    // Prefill: the source as plain generation does it; the draft slot takes the prompt too
+    // (its own working copy, reused across turns like the source's).
+    let t0 = Instant::now();
+    let reused = prefill(source, kv, slot, prompt, chunk, Some(&mut logits))?;
+    if !kv.is_open(draft_slot) {
+        kv.open(draft_slot)?;
+    }
+    kv.set_profile(draft_slot, &draft_profile)?;
+    source.swap_kernels(draft);
+    let dpre = prefill(draft, kv, draft_slot, prompt, chunk, None);
+    source.swap_kernels(draft);
+    dpre?;
+    timings.prefill_tokens = prompt.len() - reused;
+    timings.prefill_s = t0.elapsed().as_secs_f64();
+
+    let t1 = Instant::now();
+    let mut c = Commit::new(params, eog, prompt);
+    let mut model = CostModel::new(max_k);
+    let mut rows: Vec<Row> = Vec::with_capacity(MAX_DRAFT + 1);
+    let mut drafts: Vec<u32> = Vec::with_capacity(MAX_DRAFT);
+    let mut dlogits = vec![0.0f32; vocab];
+    let mut pos = prompt.len();
+    // The first token, from the prefill's logits.
+    if c.out.len() >= params.max_tokens {
+        return Ok((
+            finish(&mut c, StopReason::MaxTokens, reused, timings, t1, on_text),
+            stats,
+        ));
+    }
+    let first = sampler.sample(&mut logits, &c.history);
+    if let Some(r) = c.take(first, piece, on_text) {
+        return Ok((finish(&mut c, r, reused, timings, t1, on_text), stats));
+    }
+    let mut pending = first;
+    let stop = loop {
+        if pos >= kv.capacity() {
+            break StopReason::ContextFull;
+        }
+        // Drafts this round: no more than the tokens still allowed after the pending one's
+        // successor, the context and the pass can hold.
+        let room = (params.max_tokens - c.out.len())
+            .saturating_sub(1)
+            .min(kv.capacity() - 1 - pos);
+        let k = if dp.adaptive {
+            model.choose(room)
+        } else {
+            max_k.min(room)
+        };
+
+        // Draft: catch the draft slot up with the committed tokens plus the pending one,
+        // then k − 1 more one-row steps.
+        drafts.clear();
+        if k > 0 {
+            let td = Instant::now();
+            source.swap_kernels(draft);
+            let r = draft_round(
+                draft,
+                kv,
+                draft_slot,
+                slot,
+                pending,
+                pos,
+                k,
+                &mut dsampler,
+                &mut c.history,
+                &mut drafts,
+                &mut dlogits,
+                &mut rows,
+            );
+            source.swap_kernels(draft);
+            let steps = r?;
+            let dt = td.elapsed().as_secs_f64();
+            stats.draft_s += dt;
+            ewma(&mut model.draft, dt / steps.max(1) as f64);
+        }
+        let k = drafts.len();
+
+        // Verify: the pending token and the drafts, k + 1 one-row-order rows of one pass.
+        let tv = Instant::now();
+        rows.clear();
+        rows.push(Row::decode(slot, pos as u32, pending));
+        for (i, &d) in drafts.iter().enumerate() {
+            rows.push(Row::decode(slot, (pos + 1 + i) as u32, d));
+        }
+        let out = source.forward(kv, &rows)?;
+        let dt = tv.elapsed().as_secs_f64();
+        stats.verify_s += dt;
+        ewma(&mut model.verify[k + 1], dt);
+        stats.rounds += 1;
+        if k == 0 {
+            stats.plain_rounds += 1;
+        }
+        stats.drafted += k;
+
+        // Take the source's choices while they agree with the drafts.
+        let mut ended = None;
+        let mut used = 0;
+        let mut accepted = 0;
+        for i in 0..=k {
+            used = i + 1;
+            let l = &mut logits[..];
+            l.copy_from_slice(&out[i * vocab..(i + 1) * vocab]);
+            let tok = sampler.sample(l, &c.history);
+            timings.decode_tokens += 1;
+            if let Some(r) = c.take(tok, piece, on_text) {
+                ended = Some(r);
+                if i < k && drafts[i] == tok {
+                    accepted += 1;
+                }
+                break;
+            }
+            pending = tok;
+            if i < k && drafts[i] == tok {
+                accepted += 1;
+                continue;
+            }
+            break;
+        }
+        stats.accepted += accepted;
+        model.observe_round(k, accepted);
+        // Positions pos..pos+used hold the pending token and the accepted drafts: exactly
+        // what plain decoding would have fed. Drop the rest.
+        kv.truncate(slot, pos + used)?;
+        pos += used;
+        if let Some(r) = ended {
+            break r;
+        }
+    };
+    Ok((finish(&mut c, stop, reused, timings, t1, on_text), stats))
+}
+
+fn finish(
+    c: &mut Commit<'_>,
+    stop: StopReason,
+    reused: usize,
+    mut timings: Timings,
+    t1: Instant,
+    on_text: &mut dyn FnMut(&str),
+) -> Generated {
+    c.finish(stop, on_text);
+    timings.decode_s = t1.elapsed().as_secs_f64();
+    Generated {
+        tokens: std::mem::take(&mut c.out),
+        reused_prefix: reused,
+        stop,
+        timings,
+    }
+}
+
+/// One draft round: syncs `dslot` with `slot`'s committed tokens plus `pending` (at
+/// position `pos`), then proposes up to `k` greedy tokens into `drafts` (stopping early at a
+/// token the draft has nowhere to put). `history` is restored on return. Returns the number
+/// of draft passes run.
+#[allow(clippy::too_many_arguments)]
+fn draft_round(
+    draft: &mut Executor,
+    kv: &mut KvCache,
+    dslot: SlotId,
+    slot: SlotId,
+    pending: u32,
+    pos: usize,
+    k: usize,
+    sampler: &mut Sampler,
+    history: &mut Vec<u32>,
+    drafts: &mut Vec<u32>,
+    logits: &mut [f32],
+    rows: &mut Vec<Row>,
+) -> Result<usize> {
+    let vocab = logits.len();
+    // The longest prefix the draft slot shares with the committed tokens (pending last).
+    let mut same = {
+        let committed = kv.tokens(slot)?;
+        debug_assert_eq!(committed.len(), pos);
+        kv.tokens(dslot)?
+            .iter()
+            .zip(committed.iter().chain(std::iter::once(&pending)))
+            .take_while(|(a, b)| a == b)
+            .count()
+    };
+    // At least the pending token is run, so its draft logits are fresh.
+    same = same.min(pos);
+    if kv.truncate(dslot, same).is_err() {
+        same = 0;
+        kv.truncate(dslot, 0)?;
+    }
+    let mut passes = 0;
+    let max_chunk = kv.max_chunk();
+    let mut p = same;
+    while p <= pos {
+        let end = (p + max_chunk).min(pos + 1);
+        rows.clear();
+        for q in p..end {
+            let t = if q == pos {
+                pending
+            } else {
+                kv.tokens(slot)?[q]
+            };
+            rows.push(Row {
+                slot: dslot,
+                pos: q as u32,
+                token: t,
+                logits: q == pos,
+                order: OrderClass::One,
+            });
+        }
+        let out = draft.forward(kv, rows)?;
+        passes += 1;
+        if end == pos + 1 {
+            logits.copy_from_slice(&out[..vocab]);
+        }
+        p = end;
+    }
+    let base = history.len();
+    for i in 0..k {
+        let d = sampler.sample(logits, history);
+        drafts.push(d);
+        history.push(d);
+        if i + 1 == k {
+            break;
+        }
+        let row = [Row::decode(dslot, (pos + 1 + i) as u32, d)];
+        let out = draft.forward(kv, &row)?;
+        passes += 1;
+        logits.copy_from_slice(&out[..vocab]);
+    }
+    history.truncate(base);
+    Ok(passes)
+}
