@@ -72,6 +72,9 @@ fn main() {
         })
         .unwrap_or_else(|| vec![1, 4, 8, 128]);
     let mut ctx = KernelCtx::with_path_and_threads(path, threads).expect("ctx");
+    // `KBENCH_ORDER=one`: every row in the one-row float order (decode steps and verified
+    // drafts) instead of the order of an n-row call.
+    let one_order = std::env::var("KBENCH_ORDER").is_ok_and(|v| v == "one");
     println!(
         "path {path}, threads {threads}, pool {:?}; best-of-N call times",
         ctx.pool_kind()
@@ -165,12 +168,15 @@ fn main() {
                     .collect();
                 let mut y = vec![0f32; n * rows];
                 let trials = (2_000_000_000 / (rows * k * n)).clamp(5, 3000);
-                m.matmul(&x, n, &mut y, &mut ctx).expect("warm");
+                let order_rows = if one_order { 1 } else { n };
+                m.matmul_as(&x, n, &mut y, order_rows, &mut ctx)
+                    .expect("warm");
                 let c0 = thread_cpu_ns();
                 let mut ts: Vec<f64> = (0..trials)
                     .map(|_| {
                         let t0 = Instant::now();
-                        m.matmul(&x, n, &mut y, &mut ctx).expect("matmul");
+                        m.matmul_as(&x, n, &mut y, order_rows, &mut ctx)
+                            .expect("matmul");
                         t0.elapsed().as_nanos() as f64
                     })
                     .collect();

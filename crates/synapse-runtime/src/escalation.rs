@@ -15,7 +15,8 @@
 //! `k` follows a cost model fitted to this run's own measurements: the per-token acceptance
 //! rate (decayed counts), the draft step's time and the verify pass's time as a function of
 //! its rows. Each round takes the `k` with the most expected committed tokens per second,
-//! `k = 0` (a plain decode step) when drafting does not pay, re-probing now and then.
+//! `k = 0` (a plain decode step) when drafting does not pay, re-probing now and then (less
+//! often while probes keep failing).
 //!
 //! Architecture invariant: the committed tokens never depend on `k`, on timing, or on the
 //! draft — only the speed does.
@@ -92,13 +93,24 @@ struct CostModel {
     verify: [Option<f64>; MAX_DRAFT + 2],
     /// Plain rounds since the last drafted one.
     plain_run: usize,
+    /// Plain rounds before the next probe (doubles while probes keep failing).
+    reprobe: usize,
+    /// Whether the last drafted round was a probe, and probes in a row that found drafting
+    /// not paying; after [`MAX_FAILED_PROBES`] the draft is not run again.
+    probing: bool,
+    failed_probes: usize,
     last_k: usize,
 }
 
 const DECAY: f64 = 0.85;
 const EWMA: f64 = 0.3;
-/// After this many plain rounds, one drafted round re-measures acceptance.
+/// After this many plain rounds, one drafted round re-measures acceptance; the interval
+/// doubles (up to [`REPROBE_MAX`]) while probes keep finding that drafting does not pay.
 const REPROBE: usize = 16;
+const REPROBE_MAX: usize = 512;
+/// Probes in a row that found drafting not paying before drafting stops for the generation
+/// (each probe first runs the draft over every token since the last one).
+const MAX_FAILED_PROBES: usize = 2;
 
 fn ewma(v: &mut Option<f64>, x: f64) {
     *v = Some(match *v {
@@ -116,6 +128,9 @@ impl CostModel {
             draft: None,
             verify: [None; MAX_DRAFT + 2],
             plain_run: 0,
+            reprobe: REPROBE,
+            probing: false,
+            failed_probes: 0,
             last_k: max_k.div_ceil(2),
         }
     }
@@ -164,6 +179,7 @@ impl CostModel {
             return if self.verify[1].is_none() {
                 0
             } else {
+                self.probing = true;
                 self.last_k.clamp(1, cap)
             };
         };
@@ -185,14 +201,22 @@ impl CostModel {
             }
         }
         if best.0 == 0 {
+            if std::mem::take(&mut self.probing) {
+                self.failed_probes += 1;
+            }
             self.plain_run += 1;
-            if self.plain_run >= REPROBE {
+            if self.plain_run >= self.reprobe && self.failed_probes < MAX_FAILED_PROBES {
                 self.plain_run = 0;
+                self.reprobe = (self.reprobe * 2).min(REPROBE_MAX);
+                self.probing = true;
                 return self.last_k.clamp(1, cap);
             }
             return 0;
         }
         self.plain_run = 0;
+        self.reprobe = REPROBE;
+        self.probing = false;
+        self.failed_probes = 0;
         self.last_k = best.0;
         best.0
     }

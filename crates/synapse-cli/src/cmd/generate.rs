@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use clap::Args as ClapArgs;
+use synapse_runtime::escalation::{DraftParams, generate_exact};
 use synapse_runtime::{Executor, GenerateParams, KvCache, KvDtype, SamplingParams, generate};
 use synapse_tokenizer::{ChatTemplate, Message};
 
@@ -87,7 +88,38 @@ pub struct Args {
     ignore_eos: bool,
     #[command(flatten)]
     precision: super::load::PrecisionArgs,
+    /// `exact`: a low-precision draft proposes tokens and the model's own precision verifies
+    /// them in one pass per round — the output is token for token plain greedy decoding's
+    /// (greedy only: `--temp 0`).
+    #[arg(long, value_enum, default_value_t = Escalation::Off)]
+    escalation: Escalation,
+    /// The draft's profile (`uniform:ENCODING`; default with `--escalation exact`:
+    /// `uniform:syn.q4.symmetric.g64.v1`).
+    #[arg(long, conflicts_with = "draft_budget", value_name = "uniform:ENCODING")]
+    draft_profile: Option<String>,
+    /// The draft's weight budget, selected from the importance map as `--budget` is.
+    #[arg(long)]
+    draft_budget: Option<String>,
+    /// Most draft tokens per round (1..=16); the cost model picks fewer, or none, when they
+    /// do not pay.
+    #[arg(long, default_value_t = 8)]
+    draft_k: usize,
+    /// Always draft `--draft-k` tokens (no cost model).
+    #[arg(long)]
+    fixed_k: bool,
 }
+
+/// Precision escalation modes.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Escalation {
+    /// Plain decoding at the model's precision.
+    Off,
+    /// Drafts verified by the model's precision: its exact greedy tokens.
+    Exact,
+}
+
+/// The draft's default profile.
+pub const DEFAULT_DRAFT_PROFILE: &str = "uniform:syn.q4.symmetric.g64.v1";
 
 /// Runs `generate`.
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -113,6 +145,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .precision
         .apply(&source, args.model.as_deref(), args.store.as_deref())?;
     let model = prepared.applied.model.clone();
+    let draft = match args.escalation {
+        Escalation::Off => {
+            if args.draft_profile.is_some() || args.draft_budget.is_some() {
+                bail!("--draft-profile and --draft-budget need --escalation exact");
+            }
+            None
+        }
+        Escalation::Exact => {
+            let dargs = super::load::PrecisionArgs {
+                budget: args.draft_budget.clone(),
+                profile: match (&args.draft_profile, &args.draft_budget) {
+                    (Some(p), _) => Some(p.clone()),
+                    (None, Some(_)) => None,
+                    (None, None) => Some(DEFAULT_DRAFT_PROFILE.to_string()),
+                },
+                map: args.precision.map.clone(),
+                no_variant_cache: args.precision.no_variant_cache,
+            };
+            let d = dargs.apply(&model, args.model.as_deref(), args.store.as_deref())?;
+            Some(d)
+        }
+    };
     drop(source);
     let load_s = t_load.elapsed().as_secs_f64();
 
@@ -144,7 +198,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 
     let chunk = 512.min(args.ctx);
-    let mut kv = KvCache::new(&model, kv_dtype, 1, args.ctx, chunk)?;
+    let slots = if draft.is_some() { 2 } else { 1 };
+    let mut kv = KvCache::new(&model, kv_dtype, slots, args.ctx, chunk)?;
     let mut exec = Executor::new(model.clone(), args.threads)?;
     let params = GenerateParams {
         max_tokens: args.n,
@@ -179,15 +234,41 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let _ = stdout.flush();
         }
     };
-    let out = generate(
-        &mut exec,
-        &mut kv,
-        0,
-        &ids,
-        &params,
-        &mut piece,
-        &mut on_text,
-    )?;
+    let (out, esc) = match &draft {
+        None => (
+            generate(
+                &mut exec,
+                &mut kv,
+                0,
+                &ids,
+                &params,
+                &mut piece,
+                &mut on_text,
+            )?,
+            None,
+        ),
+        Some(d) => {
+            // The draft borrows the verifier's thread pool while it runs.
+            let mut dexec = Executor::new(d.applied.model.clone(), 1)?;
+            let dp = DraftParams {
+                max_k: args.draft_k,
+                adaptive: !args.fixed_k,
+            };
+            let (g, st) = generate_exact(
+                &mut exec,
+                &mut dexec,
+                &mut kv,
+                0,
+                1,
+                &ids,
+                &params,
+                &dp,
+                &mut piece,
+                &mut on_text,
+            )?;
+            (g, Some(st))
+        }
+    };
     drop(stdout);
     let t = out.timings;
     if args.json {
@@ -210,6 +291,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "decode_tokens": t.decode_tokens,
             },
         });
+        let mut j = j;
+        if let (Some(st), Some(d)) = (&esc, &draft) {
+            j["escalation"] = serde_json::json!({
+                "mode": "exact",
+                "draft_profile": d.applied.model.profile.hash(),
+                "draft_weight_bytes": d.applied.model.weight_bytes(),
+                "draft_variants": d.json(),
+                "max_k": args.draft_k,
+                "adaptive": !args.fixed_k,
+                "drafted": st.drafted,
+                "accepted": st.accepted,
+                "acceptance": st.acceptance(),
+                "rounds": st.rounds,
+                "plain_rounds": st.plain_rounds,
+                "draft_s": st.draft_s,
+                "verify_s": st.verify_s,
+            });
+        }
         println!("{}", serde_json::to_string(&j)?);
     } else {
         println!();
@@ -225,6 +324,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.threads,
             exec.kernel_path().name(),
         );
+        if let Some(st) = &esc {
+            eprintln!(
+                "[exact escalation: {} of {} drafts accepted ({:.0}%), {} rounds, {} without drafts]",
+                st.accepted,
+                st.drafted,
+                100.0 * st.acceptance(),
+                st.rounds,
+                st.plain_rounds,
+            );
+        }
     }
     Ok(())
 }

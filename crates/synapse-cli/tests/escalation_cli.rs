@@ -1,0 +1,115 @@
+//! `generate --escalation exact` through the command line on a tiny fixture: the same tokens
+//! and text as plain greedy decoding, the drafting statistics in `--json`, and the requests
+//! it cannot serve refused with a clear error before anything runs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_synapse-cli");
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .unwrap()
+        .to_path_buf()
+}
+
+fn cli(dir: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("SYNAPSE_STORE", dir.join("store"))
+        .env("RUST_BACKTRACE", "0")
+        .env_remove("SYNAPSE_MODEL")
+        .output()
+        .unwrap()
+}
+
+fn json(o: &Output) -> Value {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = String::from_utf8_lossy(&o.stdout);
+    serde_json::from_str(s.lines().last().unwrap()).unwrap()
+}
+
+fn err(o: &Output) -> String {
+    assert!(
+        !o.status.success(),
+        "succeeded: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn exact_escalation_prints_plain_greedy_output_and_its_drafting() {
+    let llama = root().join("fixtures/tiny/llama/model.q8_0.gguf");
+    if !synapse_testdata::require(&llama, "tiny-model fixture") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let m = llama.to_str().unwrap();
+    let base = [
+        "generate",
+        "once upon a time",
+        "-m",
+        m,
+        "-n",
+        "40",
+        "--ignore-eos",
+        "--json",
+    ];
+    let plain = json(&cli(dir.path(), &base));
+    for extra in [
+        &["--escalation", "exact"][..],
+        &[
+            "--escalation",
+            "exact",
+            "--draft-profile",
+            "uniform:syn.q3.symmetric.g64.v1",
+            "--draft-k",
+            "5",
+            "--fixed-k",
+        ],
+    ] {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let j = json(&cli(dir.path(), &args));
+        assert_eq!(j["tokens"], plain["tokens"], "{extra:?}");
+        assert_eq!(j["text"], plain["text"]);
+        assert_eq!(
+            j["profile"], plain["profile"],
+            "the verifier is the model itself"
+        );
+        let e = &j["escalation"];
+        assert_eq!(e["mode"], "exact");
+        assert_ne!(e["draft_profile"], plain["profile"]);
+        let (drafted, accepted) = (
+            e["drafted"].as_u64().unwrap(),
+            e["accepted"].as_u64().unwrap(),
+        );
+        assert!(accepted <= drafted);
+        if extra.contains(&"--fixed-k") {
+            // A fixed k drafts every round (but the last ones, which the token limit caps).
+            assert!(
+                drafted >= 5 * (e["rounds"].as_u64().unwrap() - 1).min(7),
+                "{e}"
+            );
+            assert_eq!(e["adaptive"], false);
+        }
+    }
+    assert!(plain.get("escalation").is_none());
+
+    let run = |extra: &[&str]| {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        err(&cli(dir.path(), &args))
+    };
+    assert!(run(&["--escalation", "exact", "--temp", "0.7"]).contains("temperature 0"));
+    assert!(run(&["--escalation", "exact", "--draft-k", "0"]).contains("outside 1..=16"));
+    assert!(
+        run(&["--draft-profile", "uniform:syn.q4.symmetric.g64.v1"])
+            .contains("need --escalation exact")
+    );
+    assert!(run(&["--escalation", "exact", "--draft-profile", "uniform:nope"]).contains("nope"));
+    assert!(run(&["--escalation", "sometimes"]).contains("invalid value"));
+}
