@@ -1,6 +1,7 @@
 //! `cargo xtask`: project automation. One module per task; each documents what it regenerates.
 
 mod bench_engine;
+mod bench_escalation;
 mod bench_kernels_vs_ggml;
 mod bench_precision;
 mod bench_server;
@@ -71,6 +72,8 @@ enum Command {
     /// Budgeted precision on a real model: uniform profiles vs the importance-driven profile
     /// at the same weight bytes (perplexity, KL vs source, decode tok/s, greedy agreement).
     BenchPrecision(bench_precision::Args),
+    /// Single-stream greedy decode, plain vs exact escalation (drafts verified by the source).
+    BenchEscalation(bench_escalation::Args),
     /// Regenerate fixtures/perplexity: llama.cpp's perplexity of the held-out text.
     PerplexityFixtures(perplexity_fixtures::Args),
     /// Fetch the calibration / held-out evaluation text (Debian's python3.11-doc), split by
@@ -103,6 +106,7 @@ fn main() -> anyhow::Result<()> {
         Command::TextCorpus(a) => text_corpus::run(a),
         Command::PerplexityFixtures(a) => perplexity_fixtures::run(a),
         Command::BenchPrecision(a) => bench_precision::run(a),
+        Command::BenchEscalation(a) => bench_escalation::run(a),
         Command::Test(a) => test::run(a),
     }
 }

@@ -104,7 +104,17 @@ fn exact_escalation_prints_plain_greedy_output_and_its_drafting() {
         let args: Vec<&str> = base.iter().chain(extra).copied().collect();
         err(&cli(dir.path(), &args))
     };
-    assert!(run(&["--escalation", "exact", "--temp", "0.7"]).contains("temperature 0"));
+    // Sampling: speculative sampling, reproducible from the seed.
+    let sampled: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["--escalation", "exact", "--temp", "0.9", "--seed", "5"])
+        .collect();
+    let a = json(&cli(dir.path(), &sampled));
+    let b = json(&cli(dir.path(), &sampled));
+    assert_eq!(a["tokens"], b["tokens"]);
+    assert_eq!(a["tokens"].as_array().unwrap().len(), 40);
+    assert!(a["escalation"]["drafted"].as_u64().unwrap() > 0);
     assert!(run(&["--escalation", "exact", "--draft-k", "0"]).contains("outside 1..=16"));
     assert!(
         run(&["--draft-profile", "uniform:syn.q4.symmetric.g64.v1"])

@@ -29,7 +29,69 @@ use crate::error::{Result, RuntimeError};
 use crate::executor::{Executor, Row};
 use crate::generate::{Commit, GenerateParams, Generated, StopReason, Timings, prefill};
 use crate::kv::{KvCache, SlotId};
-use crate::sampling::Sampler;
+use crate::sampling::{Sampler, draw, position_uniform};
+
+/// Draw purposes of [`position_uniform`] (one independent variate per position each).
+const DRAW_DRAFT: u64 = 1;
+const DRAW_ACCEPT: u64 = 2;
+const DRAW_RESIDUAL: u64 = 3;
+
+/// Sparse distributions, one per draft position: `(token, probability)`.
+type Dists = Vec<Vec<(u32, f64)>>;
+
+/// Speculative sampling's working state: the draft distributions of a round and scratch.
+struct Speculative {
+    /// The draft's distribution at each draft position of the round.
+    qs: Dists,
+    /// The source's distribution at the position being decided, and a draft distribution.
+    p: Vec<(u32, f64)>,
+    q: Vec<(u32, f64)>,
+    /// A dense copy of q (zero outside its support between calls).
+    qd: Vec<f64>,
+    resid: Vec<(u32, f64)>,
+}
+
+impl Speculative {
+    fn new(vocab: usize) -> Self {
+        Speculative {
+            qs: Vec::new(),
+            p: Vec::new(),
+            q: Vec::new(),
+            qd: vec![0.0; vocab],
+            resid: Vec::new(),
+        }
+    }
+
+    /// The token at position `at`, given the source's distribution `self.p`, the draft's
+    /// `q` and its draw `x ~ q`: `x` with probability `min(1, p(x)/q(x))`, else a draw from
+    /// the normalised `(p − q)⁺` (never `x` then). Marginally, exactly `p`.
+    fn choose(&mut self, q: &[(u32, f64)], x: u32, seed: u64, at: u64) -> u32 {
+        let px = self.p.iter().find(|e| e.0 == x).map_or(0.0, |e| e.1);
+        let qx = q.iter().find(|e| e.0 == x).map_or(0.0, |e| e.1);
+        if qx > 0.0 && position_uniform(seed, at, DRAW_ACCEPT) * qx < px {
+            return x;
+        }
+        for &(t, v) in q {
+            self.qd[t as usize] = v;
+        }
+        self.resid.clear();
+        self.resid.extend(
+            self.p
+                .iter()
+                .map(|&(t, v)| (t, (v - self.qd[t as usize]).max(0.0)))
+                .filter(|e| e.1 > 0.0),
+        );
+        for &(t, _) in q {
+            self.qd[t as usize] = 0.0;
+        }
+        let u = position_uniform(seed, at, DRAW_RESIDUAL);
+        if self.resid.is_empty() {
+            // p ≤ q everywhere p is positive: p = q up to rounding.
+            return draw(&self.p, u);
+        }
+        draw(&self.resid, u)
+    }
+}
 
 /// Most drafts per round (a verify pass holds at most this many rows plus one).
 pub const MAX_DRAFT: usize = 16;
@@ -222,13 +284,19 @@ impl CostModel {
     }
 }
 
-/// Greedy generation of `prompt` at the source precision (`source`, slot `slot`) with drafts
-/// from `draft` (slot `draft_slot` of the same cache): the same tokens, stop and K/V as
-/// [`crate::generate`] with `source` alone, usually sooner.
+/// Generation of `prompt` at the source precision (`source`, slot `slot`) with drafts from
+/// `draft` (slot `draft_slot` of the same cache). Greedy (`temperature <= 0`): the same
+/// tokens, stop and K/V as [`crate::generate`] with `source` alone. Sampled: speculative
+/// sampling — at every position the draft's token `x ~ q` is accepted with probability
+/// `min(1, p(x)/q(x))`, else a token is drawn from `(p − q)⁺`, so each token is distributed
+/// exactly as the source sampler's `p` (penalties, top-k, top-p, min-p and temperature
+/// included); every draw is tied to its position and the seed
+/// ([`crate::sampling::position_uniform`]) and the draft runs at every position, so the output
+/// is a function of the seed alone, not of how rounds were cut (it is not plain sampling's
+/// sequence for the same seed, which draws from one stream).
 ///
-/// Errors (before anything runs): sampling with a temperature (only greedy decoding is
-/// exact this way), two executors of different models, one slot for both, or a verify pass
-/// the cache cannot hold.
+/// Errors (before anything runs): two executors of different models, one slot for both, or a
+/// verify pass the cache cannot hold.
 #[allow(clippy::too_many_arguments)]
 pub fn generate_exact(
     source: &mut Executor,
@@ -248,14 +316,6 @@ pub fn generate_exact(
     }
     if params.prefill_chunk == 0 {
         return Err(bad("prefill_chunk", "must be positive".into()));
-    }
-    if params.sampling.temperature > 0.0 {
-        return Err(bad(
-            "escalation",
-            "exact escalation verifies greedy choices: use temperature 0 (speculative sampling \
-             is not built)"
-                .into(),
-        ));
     }
     if !(1..=MAX_DRAFT).contains(&dp.max_k) {
         return Err(bad(
@@ -313,6 +373,10 @@ pub fn generate_exact(
     let mut rows: Vec<Row> = Vec::with_capacity(MAX_DRAFT + 1);
     let mut drafts: Vec<u32> = Vec::with_capacity(MAX_DRAFT);
     let mut dlogits = vec![0.0f32; vocab];
+    // The verify pass's logits, copied out of the executor (the draft may run in between).
+    let mut vlogits: Vec<f32> = Vec::new();
+    let seed = params.sampling.seed;
+    let mut spec = (params.sampling.temperature > 0.0).then(|| Speculative::new(vocab));
     let mut pos = prompt.len();
     // The first token, from the prefill's logits.
     if c.out.len() >= params.max_tokens {
@@ -344,7 +408,7 @@ pub fn generate_exact(
         // Draft: catch the draft slot up with the committed tokens plus the pending one,
         // then k − 1 more one-row steps.
         drafts.clear();
-        if k > 0 {
+        if k > 0 || spec.is_some() {
             let td = Instant::now();
             source.swap_kernels(draft);
             let r = draft_round(
@@ -360,6 +424,7 @@ pub fn generate_exact(
                 &mut drafts,
                 &mut dlogits,
                 &mut rows,
+                spec.as_mut().map(|sp| (seed, &mut sp.qs)),
             );
             source.swap_kernels(draft);
             let steps = r?;
@@ -376,7 +441,12 @@ pub fn generate_exact(
         for (i, &d) in drafts.iter().enumerate() {
             rows.push(Row::decode(slot, (pos + 1 + i) as u32, d));
         }
-        let out = source.forward(kv, &rows)?;
+        let n_out = (k + 1) * vocab;
+        if vlogits.len() < n_out {
+            vlogits.resize(n_out, 0.0);
+        }
+        vlogits[..n_out].copy_from_slice(&source.forward(kv, &rows)?[..n_out]);
+        let out = &vlogits[..n_out];
         let dt = tv.elapsed().as_secs_f64();
         stats.verify_s += dt;
         ewma(&mut model.verify[k + 1], dt);
@@ -394,7 +464,47 @@ pub fn generate_exact(
             used = i + 1;
             let l = &mut logits[..];
             l.copy_from_slice(&out[i * vocab..(i + 1) * vocab]);
-            let tok = sampler.sample(l, &c.history);
+            sampler.apply_penalties(l, &c.history);
+            let tok = match spec.as_mut() {
+                None => sampler.choose(l),
+                Some(sp) => {
+                    sampler.distribution(l, &mut sp.p);
+                    // The token's position: the pending one is at `pos`.
+                    let at = (pos + 1 + i) as u64;
+                    if i == k {
+                        // Every draft accepted (or none drafted): the draft's distribution
+                        // for the next position, from one more draft step on the last token
+                        // (a round without drafts already has it from the catch-up).
+                        if k > 0 {
+                            let td = Instant::now();
+                            source.swap_kernels(draft);
+                            let last = drafts[k - 1];
+                            let r = draft
+                                .forward(kv, &[Row::decode(draft_slot, (pos + k) as u32, last)])
+                                .map(|o| dlogits.copy_from_slice(&o[..vocab]));
+                            source.swap_kernels(draft);
+                            r?;
+                            stats.draft_s += td.elapsed().as_secs_f64();
+                        }
+                        dsampler.apply_penalties(&mut dlogits, &c.history);
+                        dsampler.distribution(&dlogits, &mut sp.q);
+                        let x = draw(&sp.q, position_uniform(seed, at, DRAW_DRAFT));
+                        stats.drafted += 1;
+                        let q = std::mem::take(&mut sp.q);
+                        let t = sp.choose(&q, x, seed, at);
+                        sp.q = q;
+                        if t == x {
+                            accepted += 1;
+                        }
+                        t
+                    } else {
+                        let q = std::mem::take(&mut sp.qs[i]);
+                        let t = sp.choose(&q, drafts[i], seed, at);
+                        sp.qs[i] = q;
+                        t
+                    }
+                }
+            };
             timings.decode_tokens += 1;
             if let Some(r) = c.take(tok, piece, on_text) {
                 ended = Some(r);
@@ -442,9 +552,11 @@ fn finish(
 }
 
 /// One draft round: syncs `dslot` with `slot`'s committed tokens plus `pending` (at
-/// position `pos`), then proposes up to `k` greedy tokens into `drafts` (stopping early at a
-/// token the draft has nowhere to put). `history` is restored on return. Returns the number
-/// of draft passes run.
+/// position `pos`), then proposes `k` tokens into `drafts` — greedy, or with `sampled`
+/// (seed, distributions) drawn from the draft's distribution at their positions, which are
+/// kept. `logits` then holds the draft's logits after the catch-up (`k = 0`) or for the last
+/// draft's position. `history` is restored on return. Returns the number of draft passes
+/// run.
 #[allow(clippy::too_many_arguments)]
 fn draft_round(
     draft: &mut Executor,
@@ -459,6 +571,7 @@ fn draft_round(
     drafts: &mut Vec<u32>,
     logits: &mut [f32],
     rows: &mut Vec<Row>,
+    mut sampled: Option<(u64, &mut Dists)>,
 ) -> Result<usize> {
     let vocab = logits.len();
     // The longest prefix the draft slot shares with the committed tokens (pending last).
@@ -506,7 +619,20 @@ fn draft_round(
     }
     let base = history.len();
     for i in 0..k {
-        let d = sampler.sample(logits, history);
+        let d = match sampled.as_mut() {
+            None => sampler.sample(logits, history),
+            Some((seed, qs)) => {
+                sampler.apply_penalties(logits, history);
+                if qs.len() <= i {
+                    qs.push(Vec::new());
+                }
+                sampler.distribution(logits, &mut qs[i]);
+                draw(
+                    &qs[i],
+                    position_uniform(*seed, (pos + 1 + i) as u64, DRAW_DRAFT),
+                )
+            }
+        };
         drafts.push(d);
         history.push(d);
         if i + 1 == k {

@@ -182,6 +182,53 @@ impl Sampler {
         if p.temperature <= 0.0 {
             return argmax(logits);
         }
+        let Some(max) = self.filter(logits) else {
+            return 0;
+        };
+        let c = &self.cand;
+        // Temperature and draw.
+        let t = p.temperature as f64;
+        let ws: f64 = c.iter().map(|x| ((x.1 - max) as f64 / t).exp()).sum();
+        let mut u = self.rng.random::<f64>() * ws;
+        for x in c.iter() {
+            u -= ((x.1 - max) as f64 / t).exp();
+            if u <= 0.0 {
+                return x.0;
+            }
+        }
+        c[c.len() - 1].0
+    }
+
+    /// The distribution [`Sampler::choose`] draws from for `logits` (penalties already
+    /// applied): `(token, probability)` for every token it can draw, in its candidate order
+    /// (descending logit, ascending id on ties). Greedy: the argmax with probability 1.
+    pub fn distribution(&mut self, logits: &[f32], out: &mut Vec<(u32, f64)>) {
+        out.clear();
+        let t = self.params.temperature as f64;
+        if t <= 0.0 {
+            out.push((argmax(logits), 1.0));
+            return;
+        }
+        let Some(max) = self.filter(logits) else {
+            out.push((0, 1.0));
+            return;
+        };
+        let ws: f64 = self
+            .cand
+            .iter()
+            .map(|x| ((x.1 - max) as f64 / t).exp())
+            .sum();
+        out.extend(
+            self.cand
+                .iter()
+                .map(|x| (x.0, ((x.1 - max) as f64 / t).exp() / ws)),
+        );
+    }
+
+    /// Leaves in `self.cand` the tokens top-k, top-p and min-p keep, sorted by descending
+    /// logit (ascending id on ties); returns the top logit (`None`: nothing to draw).
+    fn filter(&mut self, logits: &[f32]) -> Option<f32> {
+        let p = &self.params;
         let c = &mut self.cand;
         c.clear();
         c.extend(
@@ -192,7 +239,7 @@ impl Sampler {
                 .map(|(i, &v)| (i as u32, v)),
         );
         if c.is_empty() {
-            return 0;
+            return None;
         }
         // Descending by logit, ascending id on ties.
         let by = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
@@ -221,18 +268,35 @@ impl Sampler {
             let keep = c.iter().take_while(|x| x.1 >= thresh).count();
             c.truncate(keep.max(1));
         }
-        // Temperature and draw.
-        let t = p.temperature as f64;
-        let ws: f64 = c.iter().map(|x| ((x.1 - max) as f64 / t).exp()).sum();
-        let mut u = self.rng.random::<f64>() * ws;
-        for x in c.iter() {
-            u -= ((x.1 - max) as f64 / t).exp();
-            if u <= 0.0 {
-                return x.0;
-            }
-        }
-        c[c.len() - 1].0
+        Some(max)
     }
+}
+
+/// The token at uniform variate `u` ∈ [0, 1) of a distribution (inverse CDF in the list's
+/// order; the last token when rounding leaves `u` past the end).
+pub fn draw(dist: &[(u32, f64)], u: f64) -> u32 {
+    let total: f64 = dist.iter().map(|x| x.1).sum();
+    let mut u = u * total;
+    for x in dist {
+        u -= x.1;
+        if u < 0.0 {
+            return x.0;
+        }
+    }
+    dist.last().map_or(0, |x| x.0)
+}
+
+/// A uniform variate in [0, 1) that depends only on (`seed`, `pos`, `purpose`): draws tied to
+/// a position rather than to how many draws came before, so speculative sampling's output
+/// does not depend on how rounds were cut.
+pub fn position_uniform(seed: u64, pos: u64, purpose: u64) -> f64 {
+    let mut h = blake3::Hasher::new();
+    h.update(&seed.to_le_bytes());
+    h.update(&pos.to_le_bytes());
+    h.update(&purpose.to_le_bytes());
+    let b = h.finalize();
+    let mut r = ChaCha8Rng::from_seed(*b.as_bytes());
+    r.random::<f64>()
 }
 
 /// Holds back text that could be the start of a stop string, and reports a completed stop.

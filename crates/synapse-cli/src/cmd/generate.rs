@@ -89,8 +89,9 @@ pub struct Args {
     #[command(flatten)]
     precision: super::load::PrecisionArgs,
     /// `exact`: a low-precision draft proposes tokens and the model's own precision verifies
-    /// them in one pass per round — the output is token for token plain greedy decoding's
-    /// (greedy only: `--temp 0`).
+    /// them in one pass per round — greedy output is token for token plain greedy decoding's;
+    /// with `--temp` > 0, speculative sampling (each token distributed exactly as the model's
+    /// own sampler draws it, reproducible from `--seed`, not plain sampling's sequence).
     #[arg(long, value_enum, default_value_t = Escalation::Off)]
     escalation: Escalation,
     /// The draft's profile (`uniform:ENCODING`; default with `--escalation exact`:
