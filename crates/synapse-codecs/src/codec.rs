@@ -24,6 +24,21 @@ pub trait Codec: Send + Sync + fmt::Debug {
     /// Decodes a matrix encoding back to row-major f32 (`rows · cols` values).
     fn decode_matrix(&self, bytes: &[u8], rows: usize, cols: usize) -> Result<Vec<f32>>;
 
+    /// [`Codec::decode_matrix`] into `out` (`rows · cols` values). The grouped codecs decode
+    /// without allocating (an embedding row looked up every decode step).
+    fn decode_matrix_into(
+        &self,
+        bytes: &[u8],
+        rows: usize,
+        cols: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let v = self.decode_matrix(bytes, rows, cols)?;
+        check_len("decode output", v.len(), out.len())?;
+        out.copy_from_slice(&v);
+        Ok(())
+    }
+
     /// `y = W x` for the encoded `rows × x.len()` matrix `W`, without materialising `W`.
     fn linear(&self, bytes: &[u8], rows: usize, x: &[f32], y: &mut [f32]) -> Result<()>;
 
@@ -161,15 +176,32 @@ pub(crate) fn grouped_decode<R: GroupRule>(
     rows: usize,
     cols: usize,
 ) -> Result<Vec<f32>> {
+    let n = elements(rows, cols)?;
     check_len(
         "encoded bytes",
         grouped_size(rule, rows, cols)?,
         bytes.len(),
     )?;
-    let n = elements(rows, cols)?;
     let mut out = vec![0.0f32; n];
+    grouped_decode_into(rule, bytes, rows, cols, &mut out)?;
+    Ok(out)
+}
+
+pub(crate) fn grouped_decode_into<R: GroupRule>(
+    rule: &R,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    check_len(
+        "encoded bytes",
+        grouped_size(rule, rows, cols)?,
+        bytes.len(),
+    )?;
+    check_len("decode output", elements(rows, cols)?, out.len())?;
     if cols == 0 {
-        return Ok(out);
+        return Ok(());
     }
     let rb = row_bytes(rule, cols)?;
     let groups_per_row = cols.div_ceil(rule.group());
@@ -195,7 +227,7 @@ pub(crate) fn grouped_decode<R: GroupRule>(
             )?;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 pub(crate) fn grouped_linear<R: GroupRule>(

@@ -169,6 +169,16 @@ impl Codec for Symmetric {
         codec::grouped_decode(self, bytes, rows, cols)
     }
 
+    fn decode_matrix_into(
+        &self,
+        bytes: &[u8],
+        rows: usize,
+        cols: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        codec::grouped_decode_into(self, bytes, rows, cols, out)
+    }
+
     fn linear(&self, bytes: &[u8], rows: usize, x: &[f32], y: &mut [f32]) -> Result<()> {
         codec::grouped_linear(self, bytes, rows, x, y)
     }

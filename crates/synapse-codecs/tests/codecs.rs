@@ -593,3 +593,38 @@ fn every_width_and_group_member() {
     }
     assert_eq!(members, 128 * 15);
 }
+
+/// `decode_matrix_into` writes exactly what `decode_matrix` returns, for every family, and
+/// refuses an output of the wrong length.
+#[test]
+fn decode_into_equals_decode() {
+    let rows = 3;
+    let cols = 200;
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 997) as f32 / 500.0 - 1.0)
+        .collect();
+    let ids = [
+        EncodingId::Symmetric { bits: 4, group: 64 },
+        EncodingId::Symmetric { bits: 7, group: 24 },
+        EncodingId::Asymmetric { bits: 3, group: 64 },
+        EncodingId::TernaryGroup { group: 64 },
+        EncodingId::TernaryTensor,
+    ];
+    for id in ids {
+        let c = codec_for(id);
+        let enc = c.encode_matrix(&w, rows, cols).unwrap();
+        let want = c.decode_matrix(&enc, rows, cols).unwrap();
+        let mut got = vec![f32::NAN; rows * cols];
+        c.decode_matrix_into(&enc, rows, cols, &mut got).unwrap();
+        assert_eq!(
+            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{id}"
+        );
+        let mut short = vec![0.0f32; rows * cols - 1];
+        assert!(
+            c.decode_matrix_into(&enc, rows, cols, &mut short).is_err(),
+            "{id}"
+        );
+    }
+}

@@ -279,9 +279,12 @@ impl QuantMatrix {
                 row_separable: true,
                 ..
             } => {
-                out.copy_from_slice(
-                    &codec.decode(self.row_bytes(r).unwrap_or_default(), self.cols)?,
-                );
+                codec.decode_matrix_into(
+                    self.row_bytes(r).unwrap_or_default(),
+                    1,
+                    self.cols,
+                    out,
+                )?;
                 return Ok(());
             }
             Store::Codec { codec, .. } => {

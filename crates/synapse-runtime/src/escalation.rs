@@ -144,15 +144,17 @@ impl EscalationStats {
 
 /// The cost model: decayed acceptance counts and per-pass times.
 #[derive(Debug, Clone)]
-struct CostModel {
+pub(crate) struct CostModel {
     max_k: usize,
+    /// Never stop probing for good (an engine runs for ever; one generation does not).
+    persistent: bool,
     /// Decayed accepted / rejected draft counts.
     acc: f64,
     rej: f64,
     /// EWMA of one draft step's seconds.
-    draft: Option<f64>,
+    pub(crate) draft: Option<f64>,
     /// EWMA of a verify pass's seconds, by rows (index = rows).
-    verify: [Option<f64>; MAX_DRAFT + 2],
+    pub(crate) verify: [Option<f64>; MAX_DRAFT + 2],
     /// Plain rounds since the last drafted one.
     plain_run: usize,
     /// Plain rounds before the next probe (doubles while probes keep failing).
@@ -174,7 +176,7 @@ const REPROBE_MAX: usize = 512;
 /// (each probe first runs the draft over every token since the last one).
 const MAX_FAILED_PROBES: usize = 2;
 
-fn ewma(v: &mut Option<f64>, x: f64) {
+pub(crate) fn ewma(v: &mut Option<f64>, x: f64) {
     *v = Some(match *v {
         Some(o) => o + EWMA * (x - o),
         None => x,
@@ -182,9 +184,10 @@ fn ewma(v: &mut Option<f64>, x: f64) {
 }
 
 impl CostModel {
-    fn new(max_k: usize) -> Self {
+    pub(crate) fn new(max_k: usize, persistent: bool) -> Self {
         CostModel {
             max_k,
+            persistent,
             acc: 0.0,
             rej: 0.0,
             draft: None,
@@ -197,7 +200,7 @@ impl CostModel {
         }
     }
 
-    fn observe_round(&mut self, k: usize, accepted: usize) {
+    pub(crate) fn observe_round(&mut self, k: usize, accepted: usize) {
         if k == 0 {
             return;
         }
@@ -211,19 +214,20 @@ impl CostModel {
         if let Some(t) = self.verify[rows] {
             return Some(t);
         }
-        let seen: Vec<(usize, f64)> = (1..self.verify.len())
-            .filter_map(|r| self.verify[r].map(|t| (r, t)))
-            .collect();
-        match seen.as_slice() {
-            [] => None,
-            [(r, t)] => Some(t * (1.0 + 0.1 * (rows as f64 - *r as f64)).max(0.5)),
+        // (No allocation: the engine calls this every step.)
+        let seen = || (1..self.verify.len()).filter_map(|r| self.verify[r].map(|t| (r as f64, t)));
+        let n = seen().count() as f64;
+        match n as usize {
+            0 => None,
+            1 => seen()
+                .next()
+                .map(|(r, t)| t * (1.0 + 0.1 * (rows as f64 - r)).max(0.5)),
             _ => {
                 // Least-squares line through the measured points.
-                let n = seen.len() as f64;
-                let mx = seen.iter().map(|p| p.0 as f64).sum::<f64>() / n;
-                let my = seen.iter().map(|p| p.1).sum::<f64>() / n;
-                let sxx: f64 = seen.iter().map(|p| (p.0 as f64 - mx).powi(2)).sum();
-                let sxy: f64 = seen.iter().map(|p| (p.0 as f64 - mx) * (p.1 - my)).sum();
+                let mx = seen().map(|p| p.0).sum::<f64>() / n;
+                let my = seen().map(|p| p.1).sum::<f64>() / n;
+                let sxx: f64 = seen().map(|p| (p.0 - mx).powi(2)).sum();
+                let sxy: f64 = seen().map(|p| (p.0 - mx) * (p.1 - my)).sum();
                 let b = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
                 Some((my + b * (rows as f64 - mx)).max(1e-6))
             }
@@ -231,7 +235,7 @@ impl CostModel {
     }
 
     /// The next round's draft count (≤ `cap`).
-    fn choose(&mut self, cap: usize) -> usize {
+    pub(crate) fn choose(&mut self, cap: usize) -> usize {
         let cap = cap.min(self.max_k);
         if cap == 0 {
             return 0;
@@ -267,7 +271,9 @@ impl CostModel {
                 self.failed_probes += 1;
             }
             self.plain_run += 1;
-            if self.plain_run >= self.reprobe && self.failed_probes < MAX_FAILED_PROBES {
+            if self.plain_run >= self.reprobe
+                && (self.persistent || self.failed_probes < MAX_FAILED_PROBES)
+            {
                 self.plain_run = 0;
                 self.reprobe = (self.reprobe * 2).min(REPROBE_MAX);
                 self.probing = true;
@@ -369,7 +375,7 @@ pub fn generate_exact(
 
     let t1 = Instant::now();
     let mut c = Commit::new(params, eog, prompt);
-    let mut model = CostModel::new(max_k);
+    let mut model = CostModel::new(max_k, false);
     let mut rows: Vec<Row> = Vec::with_capacity(MAX_DRAFT + 1);
     let mut drafts: Vec<u32> = Vec::with_capacity(MAX_DRAFT);
     let mut dlogits = vec![0.0f32; vocab];

@@ -142,6 +142,7 @@ fn small_cfg() -> EngineConfig {
         kv_dtype: KvDtype::F32,
         threads: 2,
         memory: None,
+        ..EngineConfig::default()
     }
 }
 

@@ -110,3 +110,76 @@ fn steady_decode_steps_allocate_nothing() {
     assert_eq!(events, 64 * 6, "one token event per session per step");
     assert_eq!(worst, 0, "steady decode steps allocated {per_step:?} times");
 }
+
+/// The same with exact escalation: steady rounds (draft passes, then the verify pass that
+/// takes and truncates) allocate nothing either.
+#[test]
+fn steady_drafted_rounds_allocate_nothing() {
+    let path = common::default_model();
+    if !common::require(&path, "the default model (Gemma 3 270M Q4_K_M)") {
+        return;
+    }
+    let model = Arc::new(Model::load(&path).unwrap());
+    let spec =
+        synapse_runtime::precision::Precision::parse_profile("uniform:syn.q8.symmetric.g64.v1")
+            .unwrap();
+    let draft = synapse_runtime::precision::apply(&model, &spec, None)
+        .unwrap()
+        .model;
+    let cfg = EngineConfig {
+        slots: 6,
+        ctx: 1024,
+        ubatch: 64,
+        step_tokens: 96,
+        draft: Some(draft),
+        draft_k: 4,
+        draft_adaptive: false,
+        ..EngineConfig::default()
+    };
+    let mut s = Scheduler::new(model, Arc::new(NoText), cfg).unwrap();
+    let mut sessions: Vec<_> = (0..6u32)
+        .map(|i| {
+            let mut r = Request::greedy(vec![2, 818 + i, 5279, 529], 900);
+            r.stop_at_eog = false;
+            r.escalation = true;
+            r
+        })
+        .map(|r| s.submit(r).unwrap())
+        .collect();
+    let drain = |sessions: &mut Vec<synapse_runtime::engine::Session>| {
+        let mut n = 0;
+        for ss in sessions.iter_mut() {
+            while let Some(e) = ss.try_next() {
+                assert!(!matches!(e, Event::Error(_)), "{e:?}");
+                n += 1;
+            }
+        }
+        n
+    };
+    for _ in 0..15 {
+        s.step();
+        drain(&mut sessions);
+    }
+    let mut worst = 0;
+    let mut per_step = Vec::new();
+    let mut events = 0;
+    for _ in 0..20 {
+        ALLOCS.store(0, Ordering::Relaxed);
+        COUNTING.store(true, Ordering::Relaxed);
+        s.step();
+        COUNTING.store(false, Ordering::Relaxed);
+        worst = worst.max(ALLOCS.load(Ordering::Relaxed));
+        per_step.push(ALLOCS.load(Ordering::Relaxed));
+        events += drain(&mut sessions);
+    }
+    let st = s.stats();
+    assert!(st.draft_accepted > 0, "{st:?}");
+    assert!(
+        events > 20 * 6,
+        "drafting committed more than a token per step: {events}"
+    );
+    assert_eq!(
+        worst, 0,
+        "steady drafted rounds allocated {per_step:?} times"
+    );
+}

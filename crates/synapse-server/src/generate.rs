@@ -103,6 +103,7 @@ async fn run(
         vocab: state.tokenizer().vocab_size().min(info.vocab.max(1)),
         ctx: info.ctx,
         default_max_tokens: state.config().default_max_tokens,
+        drafts: info.draft_profile.is_some(),
     };
     let p = validate(&req, api, lim)?;
     // Templates and tokenization of a body up to the limit: off the async workers.
@@ -145,6 +146,7 @@ async fn run(
                 stop_at_eog: p.stop_at_eog,
                 logprobs: p.logprobs,
                 constraint,
+                escalation: p.escalation,
             };
             match engine.submit(r) {
                 Ok(s) => sessions.push(s),

@@ -67,6 +67,9 @@ pub struct GenerationRequest {
     pub repetition_penalty: Option<f64>,
     /// llama.cpp / vLLM: keep going after end-of-generation tokens.
     pub ignore_eos: Option<bool>,
+    /// Synapse: `"exact"` — tokens drafted by the server's draft profile and verified by the
+    /// served precision (the same output as without, possibly sooner); `"off"` (default).
+    pub escalation: Option<String>,
 }
 
 /// `stream_options`.

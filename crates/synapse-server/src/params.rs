@@ -58,6 +58,8 @@ pub struct GenParams {
     pub include_usage: bool,
     /// Structured output.
     pub response_format: ResponseFormat,
+    /// Exact escalation asked for (`"escalation": "exact"`).
+    pub escalation: bool,
 }
 
 /// Limits a request is checked against.
@@ -69,6 +71,8 @@ pub struct Limits {
     pub ctx: usize,
     /// `max_tokens` when a request gives none.
     pub default_max_tokens: Option<usize>,
+    /// Whether the server has a draft profile (requests may ask for exact escalation).
+    pub drafts: bool,
 }
 
 fn range_f(param: &'static str, v: Option<f64>, lo: f64, hi: f64, default: f64) -> Result<f32> {
@@ -253,6 +257,24 @@ pub fn validate(req: &GenerationRequest, api: Api, lim: Limits) -> Result<GenPar
             .as_ref()
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
+    let escalation = match req.escalation.as_deref() {
+        None | Some("off") => false,
+        Some("exact") if lim.drafts => true,
+        Some("exact") => {
+            return Err(ServerError::invalid(
+                "escalation",
+                "this server has no draft profile (start it with --draft-profile or \
+                 --draft-budget)"
+                    .to_string(),
+            ));
+        }
+        Some(other) => {
+            return Err(ServerError::invalid(
+                "escalation",
+                format!("escalation must be \"exact\" or \"off\", not {other:?}"),
+            ));
+        }
+    };
     Ok(GenParams {
         max_tokens,
         sampling: SamplingParams {
@@ -274,6 +296,7 @@ pub fn validate(req: &GenerationRequest, api: Api, lim: Limits) -> Result<GenPar
         stream,
         include_usage,
         response_format,
+        escalation,
     })
 }
 
@@ -318,6 +341,7 @@ mod tests {
         vocab: 1000,
         ctx: 4096,
         default_max_tokens: None,
+        drafts: false,
     };
 
     fn check(api: Api, body: &str) -> Result<GenParams> {

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::kv::KvDtype;
+use crate::load::Model;
 use crate::sampling::SamplingParams;
 
 /// How an [`crate::engine::Engine`] runs.
@@ -31,6 +32,16 @@ pub struct EngineConfig {
     /// Memory budget in bytes over resident weights and KV (`None`: no budget beyond
     /// `slots × ctx`).
     pub memory: Option<u64>,
+    /// A draft profile of the model for exact escalation ([`Request::escalation`]): each
+    /// opted-in session gets a draft slot beside its own, the draft proposes up to
+    /// `draft_k` tokens per step and the session's own profile verifies them in the step's
+    /// pass. `None`: no request can opt in.
+    pub draft: Option<Arc<Model>>,
+    /// Most draft tokens per session and step (1..=16).
+    pub draft_k: usize,
+    /// Choose each step's `k` (0: no drafting that step) by the cost model from measured
+    /// acceptance and pass times; `false`: always `draft_k`.
+    pub draft_adaptive: bool,
 }
 
 impl Default for EngineConfig {
@@ -44,6 +55,9 @@ impl Default for EngineConfig {
             kv_dtype: KvDtype::F32,
             threads: 2,
             memory: None,
+            draft: None,
+            draft_k: 8,
+            draft_adaptive: true,
         }
     }
 }
@@ -86,6 +100,11 @@ pub struct Request {
     pub logprobs: Option<usize>,
     /// A constraint on the output (structured outputs).
     pub constraint: Option<Box<dyn Constraint>>,
+    /// Exact escalation: tokens drafted by the engine's draft profile and verified by this
+    /// session's own (the output is the same as without; only speed differs). Needs
+    /// [`EngineConfig::draft`]. Greedy sessions without a constraint draft; others run as
+    /// plain decoding (their output is the same either way).
+    pub escalation: bool,
 }
 
 impl std::fmt::Debug for Request {
@@ -113,6 +132,7 @@ impl Request {
             stop_at_eog: true,
             logprobs: None,
             constraint: None,
+            escalation: false,
         }
     }
 }
@@ -312,6 +332,10 @@ pub struct EngineStats {
     pub kv_budget_bytes: u64,
     /// Precision profiles installed since the start (promotions and demotions).
     pub profile_changes: u64,
+    /// Draft tokens proposed (exact escalation).
+    pub drafted: u64,
+    /// Draft tokens the verifying profile accepted.
+    pub draft_accepted: u64,
 }
 
 /// Fixed facts about a running engine.
@@ -332,4 +356,6 @@ pub struct EngineInfo {
     /// The hash of the precision profile new sessions run on (the source's, or a budget's /
     /// uniform profile's; it changes when a new profile is installed).
     pub profile: String,
+    /// The draft profile's hash when requests may opt in to exact escalation.
+    pub draft_profile: Option<String>,
 }

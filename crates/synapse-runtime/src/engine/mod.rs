@@ -80,6 +80,7 @@ impl Engine {
             weight_bytes: model.weight_bytes() as u64,
             kernel_path: sched.executor().kernel_path().name().to_string(),
             profile: model.profile.hash().to_string(),
+            draft_profile: cfg.draft.as_ref().map(|d| d.profile.hash()),
         };
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()

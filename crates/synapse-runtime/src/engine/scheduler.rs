@@ -28,10 +28,12 @@ use super::api::{EngineConfig, Event, FinishReason, Request, Session, SubmitErro
 use super::session::{Active, After, Phase, Waiting};
 use super::stats::SharedStats;
 use crate::error::{Result, RuntimeError};
+use crate::escalation::{CostModel, MAX_DRAFT, ewma};
 use crate::executor::{Executor, Row, prompt_order};
 use crate::kv::{KvCache, SlotId};
 use crate::load::Model;
 use crate::sampling::Sampler;
+use synapse_kernels::OrderClass;
 
 /// A running session's prefix is copied into a new session's slot when it serves at least
 /// this many more positions than the best free slot (copying K/V rows is cheap next to
@@ -73,6 +75,17 @@ pub struct Scheduler {
     retired: Vec<(Active, FinishReason, bool)>,
     next_id: u64,
     pub(crate) stats: Arc<SharedStats>,
+    /// Exact escalation: the draft executor (its slots are `slots..2·slots`, session slot
+    /// `s` drafting in `slots + s`), the cost model choosing each step's `k`, this step's
+    /// `k`, and the draft passes' rows and logits owners.
+    draft: Option<Executor>,
+    draft_profile: String,
+    dcost: CostModel,
+    step_k: usize,
+    drows: Vec<Row>,
+    downers: Vec<usize>,
+    /// Whether the pass being run holds prompt rows (its time then says nothing of drafting).
+    pass_has_prompt: bool,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -159,9 +172,36 @@ impl Scheduler {
             )));
         }
         let chunk = cfg.ubatch.min(cfg.ctx);
-        let kv = KvCache::new(&model, cfg.kv_dtype, cfg.slots, cfg.ctx, chunk)?;
-        let weights = model.weight_bytes() as u64;
-        let need = weights + (kv.slot_bytes() * cfg.slots) as u64;
+        if let Some(d) = &cfg.draft {
+            if d.ir.fingerprint != model.ir.fingerprint {
+                return Err(invalid(
+                    "the draft is another model (fingerprint differs): a draft must be a \
+                     precision profile of the served model"
+                        .into(),
+                ));
+            }
+            if !(1..=MAX_DRAFT).contains(&cfg.draft_k) {
+                return Err(invalid(format!(
+                    "draft_k {} is outside 1..={MAX_DRAFT}",
+                    cfg.draft_k
+                )));
+            }
+            if chunk < 2 {
+                return Err(invalid("a verify pass needs ubatch ≥ 2".into()));
+            }
+        }
+        // With a draft, each session slot has a draft slot beside it.
+        let kv_slots = if cfg.draft.is_some() {
+            2 * cfg.slots
+        } else {
+            cfg.slots
+        };
+        let kv = KvCache::new(&model, cfg.kv_dtype, kv_slots, cfg.ctx, chunk)?;
+        // Weights counted once; a draft's are counted whole (conservative: it shares the
+        // tensors it does not re-encode).
+        let weights =
+            model.weight_bytes() as u64 + cfg.draft.as_ref().map_or(0, |d| d.weight_bytes() as u64);
+        let need = weights + (kv.slot_bytes() * kv_slots) as u64;
         if let Some(budget) = cfg.memory
             && need > budget
         {
@@ -177,11 +217,19 @@ impl Scheduler {
         let vocab = model.vocab();
         let exec = Executor::new(model, cfg.threads)?;
         let profile = exec.model().profile.hash();
+        // The draft runs on the verifier's thread pool (lent for its passes).
+        let draft = match &cfg.draft {
+            Some(d) => Some(Executor::new(d.clone(), 1)?),
+            None => None,
+        };
+        let draft_profile = draft
+            .as_ref()
+            .map_or(String::new(), |d| d.model().profile.hash());
         let stats = Arc::new(SharedStats::default());
         stats.slots.store(cfg.slots as u64, Ordering::Relaxed);
         stats
             .kv_budget_bytes
-            .store((kv.slot_bytes() * cfg.slots) as u64, Ordering::Relaxed);
+            .store((kv.slot_bytes() * kv_slots) as u64, Ordering::Relaxed);
         stats.set_profile(&profile, weights);
         Ok(Scheduler {
             execs: vec![Some(exec)],
@@ -205,6 +253,13 @@ impl Scheduler {
             retired: Vec::with_capacity(cfg.slots),
             next_id: 0,
             stats,
+            dcost: CostModel::new(cfg.draft_k.clamp(1, MAX_DRAFT), true),
+            draft,
+            draft_profile,
+            step_k: 0,
+            drows: Vec::with_capacity(cfg.slots * chunk),
+            downers: Vec::with_capacity(cfg.slots),
+            pass_has_prompt: false,
             cfg,
         })
     }
@@ -219,6 +274,11 @@ impl Scheduler {
         self.execs[self.current]
             .as_ref()
             .expect("the current executor is always present")
+    }
+
+    /// The engine's counters and gauges now.
+    pub fn stats(&self) -> super::api::EngineStats {
+        self.stats.snapshot()
     }
 
     /// The KV cache (slots hold running sessions and cached prefixes).
@@ -342,12 +402,15 @@ impl Scheduler {
             self.publish();
             return false;
         }
+        // Drafts of the escalating sessions (verified in their profile's pass below).
+        self.draft_phase();
         // Every decode first (whatever its profile), then prompt chunks up to the budget.
-        let decodes = self
+        let decodes: usize = self
             .active
             .iter()
             .filter(|a| a.phase == Phase::Decode)
-            .count();
+            .map(|a| 1 + a.drafts.len())
+            .sum();
         let mut prefill_budget = self.cfg.step_tokens - decodes.min(self.cfg.step_tokens);
         let mut ran_any = false;
         for e in 0..self.execs.len() {
@@ -368,9 +431,11 @@ impl Scheduler {
 
     /// One forward pass of executor `e` over the built rows; its logits become tokens.
     fn run_pass(&mut self, e: usize) {
+        let one_exec = self.execs.iter().filter(|e| e.is_some()).count() == 1;
         let Some(exec) = self.execs[e].as_mut() else {
             return;
         };
+        let t0 = Instant::now();
         let out = match exec.forward(&mut self.kv, &self.rows) {
             Ok(out) => out,
             Err(err) => {
@@ -387,20 +452,43 @@ impl Scheduler {
                 for &(i, _) in &self.ran {
                     let slot = self.active[i].slot;
                     let _ = self.kv.open(slot);
+                    self.active[i].drafts.clear();
                 }
                 return;
             }
         };
+        if !self.pass_has_prompt && one_exec {
+            let dt = t0.elapsed().as_secs_f64();
+            let rows = self.step_k + 1;
+            ewma(&mut self.dcost.verify[rows], dt);
+        }
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
         for &(i, n) in &self.ran {
-            self.active[i].pos += n;
+            let a = &mut self.active[i];
+            if a.drafts.is_empty() {
+                a.pos += n;
+            } else {
+                // A verifying session's position moves row by row as its rows are taken.
+                a.vseen = 0;
+                a.vdone = false;
+            }
         }
+        let mut accepted = 0u64;
         let vocab = self.vocab;
         let ctx = self.cfg.ctx;
         let mut generated = 0u64;
         for (j, &i) in self.owners.iter().enumerate() {
             let row = &out[j * vocab..(j + 1) * vocab];
             let a = &mut self.active[i];
+            let verifying = !a.drafts.is_empty();
+            if verifying {
+                // Rows after the first disagreement (or the end) are discarded.
+                if a.vdone {
+                    continue;
+                }
+                a.pos += 1;
+                a.vseen += 1;
+            }
             let before = a.generated;
             // Logits that choosing does not change are read where the executor left them.
             let after = if a.modifies_logits() {
@@ -410,13 +498,192 @@ impl Scheduler {
                 a.take_logits_ref(row, &self.eog, &*self.pieces, ctx)
             };
             generated += (a.generated - before) as u64;
-            if let After::Finish(r) = after {
-                self.done.push((i, r));
+            match after {
+                After::Finish(r) => {
+                    self.done.push((i, r));
+                    a.vdone = true;
+                }
+                After::Continue if verifying => {
+                    let r = a.vseen - 1;
+                    if r < a.drafts.len() && a.last == a.drafts[r] {
+                        accepted += 1;
+                    } else {
+                        a.vdone = true;
+                    }
+                }
+                After::Continue => {}
             }
         }
+        // Verified sessions keep exactly the positions plain decoding would hold.
+        let mut drafted = 0u64;
+        for &(i, _) in &self.ran {
+            let a = &mut self.active[i];
+            if a.drafts.is_empty() {
+                continue;
+            }
+            let k = a.drafts.len();
+            let acc = a.vseen.saturating_sub(1).min(k);
+            drafted += k as u64;
+            self.dcost.observe_round(k, acc);
+            if let Err(err) = self.kv.truncate(a.slot, a.pos) {
+                let _ = a.tx.send(Event::Error(format!("engine error: {err}")));
+                self.done.push((i, FinishReason::Stop));
+                self.failed.push(i);
+            }
+            a.drafts.clear();
+        }
+        self.stats.drafted.fetch_add(drafted, Ordering::Relaxed);
+        self.stats
+            .draft_accepted
+            .fetch_add(accepted, Ordering::Relaxed);
         self.stats
             .generated_tokens
             .fetch_add(generated, Ordering::Relaxed);
+    }
+
+    /// The draft passes of a step: every escalating decoding session's draft slot catches up
+    /// with its committed tokens plus its pending one, then proposes this step's `k` tokens
+    /// (fewer near its token limit or the context end), all sessions in the same passes.
+    fn draft_phase(&mut self) {
+        self.step_k = 0;
+        let Some(dexec) = self.draft.as_mut() else {
+            return;
+        };
+        let any = self
+            .active
+            .iter()
+            .any(|a| a.escalate && a.phase == Phase::Decode);
+        if !any {
+            return;
+        }
+        let k = if self.cfg.draft_adaptive {
+            self.dcost.choose(self.cfg.draft_k)
+        } else {
+            self.cfg.draft_k
+        };
+        if k == 0 {
+            return;
+        }
+        let t0 = Instant::now();
+        let n = self.cfg.slots as SlotId;
+        let ctx = self.cfg.ctx;
+        let max_chunk = self.kv.max_chunk();
+        // Each draft slot cut back to what it shares with its session.
+        for a in self.active.iter_mut() {
+            a.drafts.clear();
+            if !a.escalate || a.phase != Phase::Decode {
+                continue;
+            }
+            let ds = n + a.slot;
+            if !self.kv.is_open(ds) && self.kv.open(ds).is_err() {
+                continue;
+            }
+            if self.kv.set_profile(ds, &self.draft_profile).is_err() {
+                continue;
+            }
+            let same = match (self.kv.tokens(a.slot), self.kv.tokens(ds)) {
+                (Ok(c), Ok(d)) => d
+                    .iter()
+                    .zip(c.iter().chain(std::iter::once(&a.last)))
+                    .take_while(|(x, y)| x == y)
+                    .count()
+                    .min(a.pos),
+                _ => continue,
+            };
+            if self.kv.truncate(ds, same).is_err() && self.kv.truncate(ds, 0).is_err() {
+                continue;
+            }
+        }
+        let Some(cur) = self.execs[self.current].as_mut() else {
+            return;
+        };
+        cur.swap_kernels(dexec);
+        let mut passes = 0usize;
+        loop {
+            self.drows.clear();
+            self.downers.clear();
+            for (i, a) in self.active.iter().enumerate() {
+                if !a.escalate || a.phase != Phase::Decode {
+                    continue;
+                }
+                let room = (a.max_tokens - a.generated)
+                    .saturating_sub(1)
+                    .min(ctx.saturating_sub(1 + a.pos));
+                let want = k.min(room);
+                if a.drafts.len() >= want {
+                    continue;
+                }
+                let ds = n + a.slot;
+                if let Some(&d) = a.drafts.last() {
+                    self.drows
+                        .push(Row::decode(ds, (a.pos + a.drafts.len()) as u32, d));
+                    self.downers.push(i);
+                    continue;
+                }
+                // Catching up: positions the draft slot lacks, the pending token last.
+                let Ok(dlen) = self.kv.len(ds) else {
+                    continue;
+                };
+                let end = a.pos.min(dlen + max_chunk - 1);
+                let Ok(committed) = self.kv.tokens(a.slot) else {
+                    continue;
+                };
+                for (q, &held) in committed
+                    .iter()
+                    .chain(std::iter::once(&a.last))
+                    .enumerate()
+                    .take(end + 1)
+                    .skip(dlen)
+                {
+                    // (Position `a.pos` is the pending token, the chain's last element.)
+                    self.drows.push(Row {
+                        slot: ds,
+                        pos: q as u32,
+                        token: held,
+                        logits: q == a.pos,
+                        order: OrderClass::One,
+                    });
+                }
+                if end == a.pos {
+                    self.downers.push(i);
+                }
+            }
+            if self.drows.is_empty() {
+                break;
+            }
+            passes += 1;
+            let out = match dexec.forward(&mut self.kv, &self.drows) {
+                Ok(o) => o,
+                Err(err) => {
+                    // A failed draft pass only stops drafting: the sessions decode plainly.
+                    tracing::warn!(error = %err, "draft pass failed; drafting stops");
+                    for a in self.active.iter_mut() {
+                        a.drafts.clear();
+                        a.escalate = false;
+                    }
+                    break;
+                }
+            };
+            let vocab = self.vocab;
+            for (j, &i) in self.downers.iter().enumerate() {
+                let a = &mut self.active[i];
+                let d = a.draft_choice(&out[j * vocab..(j + 1) * vocab], &mut self.logits);
+                a.drafts.push(d);
+            }
+        }
+        cur.swap_kernels(dexec);
+        self.step_k = self
+            .active
+            .iter()
+            .map(|a| a.drafts.len())
+            .max()
+            .unwrap_or(0);
+        if passes > 0 && self.step_k > 0 {
+            ewma(
+                &mut self.dcost.draft,
+                t0.elapsed().as_secs_f64() / passes as f64,
+            );
+        }
     }
 
     /// The rows of the sessions on executor `e`: each decoding session's next row, then
@@ -425,11 +692,19 @@ impl Scheduler {
         self.rows.clear();
         self.owners.clear();
         self.ran.clear();
+        self.pass_has_prompt = false;
         for (i, a) in self.active.iter().enumerate() {
             if a.exec == e && a.phase == Phase::Decode {
+                // The pending token, then the drafts to verify (one-row order each: the bits
+                // of as many decode steps).
                 self.rows.push(Row::decode(a.slot, a.pos as u32, a.last));
                 self.owners.push(i);
-                self.ran.push((i, 1));
+                for (j, &d) in a.drafts.iter().enumerate() {
+                    self.rows
+                        .push(Row::decode(a.slot, (a.pos + 1 + j) as u32, d));
+                    self.owners.push(i);
+                }
+                self.ran.push((i, 1 + a.drafts.len()));
             }
         }
         let max_chunk = self.kv.max_chunk();
@@ -452,6 +727,7 @@ impl Scheduler {
                 }
             }
             self.ran.push((i, n));
+            self.pass_has_prompt = true;
             *prefill_budget -= n;
         }
     }

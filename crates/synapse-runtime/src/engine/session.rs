@@ -55,6 +55,13 @@ pub(crate) struct Active {
     pub generated: usize,
     /// The last sampled token, fed back at the next decode step.
     pub last: u32,
+    /// Exact escalation: whether this session drafts, its drafts of the round (verified in
+    /// the step's pass), and while its verify rows are read: rows taken, and whether the
+    /// rest of them are discarded.
+    pub escalate: bool,
+    pub drafts: Vec<u32>,
+    pub vseen: usize,
+    pub vdone: bool,
     stops: StopStrings,
     bytes: Vec<u8>,
     /// The logits before sampling's penalties (only when log-probabilities are asked for).
@@ -83,6 +90,8 @@ impl Active {
         sampler: Sampler,
     ) -> Self {
         let req = w.req;
+        let escalate =
+            req.escalation && sampler.params().temperature <= 0.0 && req.constraint.is_none();
         let mut history = Vec::with_capacity(req.prompt.len() + req.max_tokens.min(1 << 16));
         history.extend_from_slice(&req.prompt);
         Active {
@@ -103,6 +112,14 @@ impl Active {
             history,
             generated: 0,
             last: 0,
+            escalate,
+            drafts: Vec::with_capacity(if escalate {
+                crate::escalation::MAX_DRAFT
+            } else {
+                0
+            }),
+            vseen: 0,
+            vdone: false,
             stops: StopStrings::new(&req.stop),
             bytes: Vec::with_capacity(64),
             lp_buf: Vec::new(),
@@ -118,6 +135,26 @@ impl Active {
     }
 
     /// Whether choosing a token changes the logits first (bias, constraint, penalties).
+    /// The next draft token from the draft's `logits` (greedy, with this session's bias and
+    /// penalties over its history plus the drafts so far); `scratch` holds a copy when they
+    /// change the logits.
+    pub fn draft_choice(&mut self, logits: &[f32], scratch: &mut [f32]) -> u32 {
+        if self.logit_bias.is_empty() && !self.sampler.penalizes() {
+            return crate::sampling::argmax(logits);
+        }
+        scratch.copy_from_slice(logits);
+        for &(t, b) in &self.logit_bias {
+            if let Some(l) = scratch.get_mut(t as usize) {
+                *l += b;
+            }
+        }
+        let base = self.history.len();
+        self.history.extend_from_slice(&self.drafts);
+        self.sampler.apply_penalties(scratch, &self.history);
+        self.history.truncate(base);
+        crate::sampling::argmax(scratch)
+    }
+
     pub fn modifies_logits(&self) -> bool {
         !self.logit_bias.is_empty() || self.constraint.is_some() || self.sampler.penalizes()
     }

@@ -26,6 +26,8 @@ pub(crate) struct SharedStats {
     pub profile: Mutex<String>,
     pub weight_bytes: AtomicU64,
     pub profile_changes: AtomicU64,
+    pub drafted: AtomicU64,
+    pub draft_accepted: AtomicU64,
 }
 
 impl SharedStats {
@@ -59,6 +61,8 @@ impl SharedStats {
             kv_bytes: g(&self.kv_bytes),
             kv_budget_bytes: g(&self.kv_budget_bytes),
             profile_changes: g(&self.profile_changes),
+            drafted: g(&self.drafted),
+            draft_accepted: g(&self.draft_accepted),
         }
     }
 }

@@ -1,0 +1,239 @@
+//! Exact escalation inside the continuous-batching engine: opted-in sessions draft with the
+//! engine's draft profile and are verified in the same step's pass as plain decodes and
+//! prompt chunks. Their tokens (and log-probabilities) equal plain decoding's alone, at 6–16
+//! slots, with cancellations and replacements; sampled and constrained sessions run plainly
+//! beside them; a draft of another model is refused.
+
+mod common;
+
+use std::sync::Arc;
+
+use synapse_runtime::Model;
+use synapse_runtime::engine::{EngineConfig, Event, Request, Scheduler, Session, TokenPieces};
+use synapse_runtime::precision::{Precision, apply};
+
+struct Ids;
+
+impl TokenPieces for Ids {
+    fn piece(&self, token: u32) -> Vec<u8> {
+        format!("<{token}>").into_bytes()
+    }
+}
+
+fn variant(model: &Arc<Model>, spec: &str) -> Arc<Model> {
+    apply(model, &Precision::parse_profile(spec).unwrap(), None)
+        .unwrap()
+        .model
+}
+
+fn drain(s: &mut Session) -> Vec<Event> {
+    let mut out = Vec::new();
+    while let Some(e) = s.try_next() {
+        out.push(e);
+    }
+    out
+}
+
+/// (id, log-probability bits) of every token, and whether the stream ended with `Done`.
+fn tokens(ev: &[Event]) -> (Vec<(u32, u32)>, bool) {
+    let t = ev
+        .iter()
+        .filter_map(|e| match e {
+            Event::Token(t) => Some((t.id, t.logprob.as_ref().map_or(0, |l| l.logprob.to_bits()))),
+            _ => None,
+        })
+        .collect();
+    (t, matches!(ev.last(), Some(Event::Done(_))))
+}
+
+fn request(prompt: Vec<u32>, n: usize, i: usize) -> Request {
+    let mut r = Request::greedy(prompt, n);
+    r.stop_at_eog = false;
+    r.logprobs = Some(2);
+    r.escalation = i % 4 != 3;
+    if i % 5 == 4 {
+        // Sampled: runs plainly even though it asks (its output is the same either way).
+        r.sampling.temperature = 0.8;
+        r.sampling.top_k = 20;
+        r.sampling.seed = i as u64;
+    }
+    r
+}
+
+/// Each request alone in an engine without a draft: the reference.
+fn solo(model: &Arc<Model>, cfg: &EngineConfig, mut req: Request) -> Vec<(u32, u32)> {
+    let mut cfg = cfg.clone();
+    cfg.slots = 1;
+    cfg.step_tokens = cfg.step_tokens.max(2);
+    cfg.draft = None;
+    req.escalation = false;
+    let mut s = Scheduler::new(model.clone(), Arc::new(Ids), cfg).unwrap();
+    let mut sess = s.submit(req).unwrap();
+    while s.step() {}
+    tokens(&drain(&mut sess)).0
+}
+
+fn prompts(toks: &[u32], n: usize) -> Vec<Vec<u32>> {
+    (0..n)
+        .map(|i| {
+            let start = (i * 7) % (toks.len() - 12);
+            toks[start..start + 3 + i % 9].to_vec()
+        })
+        .collect()
+}
+
+/// Runs `reqs` on an engine with `slots` slots and a draft, cancelling the sessions in
+/// `cancel_at` (index → step) and submitting the rest as slots free up; returns each
+/// session's events.
+fn run(
+    model: &Arc<Model>,
+    cfg: &EngineConfig,
+    reqs: Vec<Request>,
+    cancel_at: &[(usize, usize)],
+) -> Vec<Vec<Event>> {
+    let mut s = Scheduler::new(model.clone(), Arc::new(Ids), cfg.clone()).unwrap();
+    let n = reqs.len();
+    let mut pending: std::collections::VecDeque<(usize, Request)> =
+        reqs.into_iter().enumerate().collect();
+    let mut sessions: Vec<Option<Session>> = (0..n).map(|_| None).collect();
+    let mut events: Vec<Vec<Event>> = vec![Vec::new(); n];
+    let mut step = 0;
+    loop {
+        // Replacement: a new session whenever a slot is free.
+        while s.active() + s.waiting() < cfg.slots {
+            let Some((i, r)) = pending.pop_front() else {
+                break;
+            };
+            sessions[i] = Some(s.submit(r).unwrap());
+        }
+        for &(i, at) in cancel_at {
+            if at == step
+                && let Some(ss) = &sessions[i]
+            {
+                ss.cancel();
+            }
+        }
+        let ran = s.step();
+        step += 1;
+        for (i, ss) in sessions.iter_mut().enumerate() {
+            if let Some(ss) = ss {
+                events[i].extend(drain(ss));
+            }
+        }
+        if !ran && pending.is_empty() && s.is_idle() {
+            break;
+        }
+        assert!(step < 10_000, "the engine did not finish");
+    }
+    let st = s.stats();
+    eprintln!(
+        "{} slots: {} drafted, {} accepted, {} steps, {} tokens",
+        cfg.slots, st.drafted, st.draft_accepted, st.steps, st.generated_tokens
+    );
+    assert!(st.drafted > 0, "nothing was drafted");
+    assert!(st.draft_accepted > 0 && st.draft_accepted <= st.drafted);
+    events
+}
+
+fn check(
+    family_model: (Arc<Model>, Vec<u32>),
+    draft_spec: &str,
+    slots: usize,
+    n_req: usize,
+    max_tokens: usize,
+) {
+    let (model, toks) = family_model;
+    let draft = variant(&model, draft_spec);
+    let cfg = EngineConfig {
+        slots,
+        ctx: 128,
+        ubatch: 16,
+        step_tokens: 16 * slots + 17,
+        draft: Some(draft),
+        draft_k: 5,
+        draft_adaptive: false,
+        ..EngineConfig::default()
+    };
+    let reqs: Vec<Request> = prompts(&toks, n_req)
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| request(p, max_tokens + i % 7, i))
+        .collect();
+    let refs: Vec<Vec<(u32, u32)>> = reqs
+        .iter()
+        .map(|r| {
+            let mut c = request(r.prompt.clone(), r.max_tokens, 0);
+            c.sampling = r.sampling.clone();
+            solo(&model, &cfg, c)
+        })
+        .collect();
+    let cancel: Vec<(usize, usize)> = (0..n_req)
+        .filter(|i| i % 6 == 2)
+        .map(|i| (i, 3 + i))
+        .collect();
+    let got = run(&model, &cfg, reqs, &cancel);
+    for (i, ev) in got.iter().enumerate() {
+        let (t, done) = tokens(ev);
+        assert!(done, "session {i} did not finish: {ev:?}");
+        if cancel.iter().any(|c| c.0 == i) {
+            // A cancelled session's tokens so far are a prefix of the reference.
+            assert_eq!(&refs[i][..t.len()], &t[..], "cancelled session {i}");
+        } else {
+            assert_eq!(t, refs[i], "session {i}");
+        }
+    }
+}
+
+#[test]
+fn drafted_sessions_in_the_engine_equal_plain_decoding() {
+    for (family, slots) in [("llama", 6), ("qwen2", 8), ("gemma3", 16)] {
+        let Some(m) = common::tiny_q8_model(family) else {
+            return;
+        };
+        check(
+            m,
+            "uniform:syn.q3.symmetric.g64.v1",
+            slots,
+            2 * slots + 3,
+            30,
+        );
+    }
+}
+
+#[test]
+fn drafted_sessions_on_the_default_model_equal_plain_decoding() {
+    let path = common::default_model();
+    if !common::require(&path, "the default model (Gemma 3 270M Q4_K_M)") {
+        return;
+    }
+    let model = Arc::new(Model::load(&path).unwrap());
+    let toks: Vec<u32> = (0..200u32).map(|i| 2 + (i * 7919) % 20000).collect();
+    check((model, toks), "uniform:syn.q8.symmetric.g64.v1", 6, 9, 12);
+}
+
+#[test]
+fn a_draft_must_be_a_profile_of_the_served_model() {
+    let (Some((llama, _)), Some((qwen, _))) = (
+        common::tiny_q8_model("llama"),
+        common::tiny_q8_model("qwen2"),
+    ) else {
+        return;
+    };
+    let cfg = EngineConfig {
+        slots: 2,
+        ctx: 64,
+        ubatch: 8,
+        step_tokens: 16,
+        draft: Some(qwen),
+        ..EngineConfig::default()
+    };
+    let e = Scheduler::new(llama.clone(), Arc::new(Ids), cfg.clone()).unwrap_err();
+    assert!(e.to_string().contains("another model"), "{e}");
+    let cfg = EngineConfig {
+        draft: Some(llama.clone()),
+        draft_k: 0,
+        ..cfg
+    };
+    let e = Scheduler::new(llama, Arc::new(Ids), cfg).unwrap_err();
+    assert!(e.to_string().contains("outside 1..=16"), "{e}");
+}
