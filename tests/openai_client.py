@@ -24,8 +24,10 @@ API_KEY = "synapse-test-key"
 
 
 def start_server(binary):
+    # With a draft, so requests may ask for exact escalation (`extra_body`).
     cmd = [binary, "serve", "--port", "0", "--alias", "gemma3", "--api-key", API_KEY,
-           "-np", "2", "--ctx-size", "4096"]
+           "-np", "2", "--ctx-size", "4096",
+           "--draft-profile", "uniform:syn.q8.symmetric.g64.v1", "--draft-k", "4", "--fixed-k"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     found = {}
     ready = threading.Event()
@@ -153,6 +155,22 @@ def main():
         if r.choices[0].finish_reason == "stop":
             json.loads(text)
 
+    def escalation():
+        # A Synapse extension field through the SDK's `extra_body`: drafted and verified by
+        # the served precision, so the text is the plain run's.
+        r = client.chat.completions.create(
+            model="gemma3", max_tokens=16, temperature=0, seed=3,
+            messages=[{"role": "system", "content": "Answer in one word."},
+                      {"role": "user", "content": "What color is the sky?"}],
+            extra_body={"escalation": "exact"})
+        assert r.choices[0].message.content == solo["chat"], (r, solo["chat"])
+        try:
+            client.completions.create(model="gemma3", prompt=prompt, max_tokens=2,
+                                      extra_body={"escalation": "maybe"})
+            raise AssertionError("escalation 'maybe' accepted")
+        except openai.BadRequestError as e:
+            assert e.status_code == 400 and "escalation" in str(e), e
+
     def errors():
         try:
             client.completions.create(model="gemma3", prompt=prompt, max_tokens=-1)
@@ -177,7 +195,7 @@ def main():
                      ("completion stream", completion_stream), ("chat", chat),
                      ("chat stream", chat_stream),
                      ("chat logprobs + json_object", chat_logprobs_and_json),
-                     ("errors", errors)]:
+                     ("exact escalation", escalation), ("errors", errors)]:
         case(name, fn)
 
     proc.send_signal(signal.SIGTERM)

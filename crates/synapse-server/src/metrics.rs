@@ -108,6 +108,8 @@ pub fn render(stats: &EngineStats, info: &EngineInfo) -> String {
     counter!("synapse_prefix_cache_hit_tokens_total").absolute(stats.prefix_hit_tokens);
     counter!("synapse_generated_tokens_total").absolute(stats.generated_tokens);
     counter!("synapse_engine_steps_total").absolute(stats.steps);
+    counter!("synapse_draft_tokens_total").absolute(stats.drafted);
+    counter!("synapse_draft_accepted_tokens_total").absolute(stats.draft_accepted);
     let h = handle();
     h.run_upkeep();
     h.render()

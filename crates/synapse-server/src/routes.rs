@@ -30,6 +30,7 @@ pub async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
                 "weight_bytes": info.weight_bytes,
                 "kernel_path": info.kernel_path,
                 "profile": info.profile,
+                "draft_profile": info.draft_profile,
             },
         }],
     }))

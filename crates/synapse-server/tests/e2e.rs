@@ -1180,3 +1180,93 @@ async fn chat_matches_llama_cpp_on_the_gemma_template() {
         .collect();
     assert_eq!(text, want_text);
 }
+
+/// `"escalation": "exact"`: a server with a draft profile drafts opted-in requests and gives
+/// the same text as without (non-streaming and streaming, beside a plain request); the draft
+/// is in `/v1/models` and `/metrics`; a server without a draft, and a bad value, are 400s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_escalation_is_a_request_field() {
+    let Some(path) = model_path() else {
+        return;
+    };
+    let source = Arc::new(Model::load(&path).unwrap());
+    let spec =
+        synapse_runtime::precision::Precision::parse_profile("uniform:syn.q8.symmetric.g64.v1")
+            .unwrap();
+    let draft = synapse_runtime::precision::apply(&source, &spec, None)
+        .unwrap()
+        .model;
+    let ecfg = EngineConfig {
+        draft: Some(draft.clone()),
+        draft_k: 4,
+        draft_adaptive: false,
+        ..small_engine()
+    };
+    let Some(s) = start(ecfg, ServerConfig::default()).await else {
+        return;
+    };
+    let body = json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0});
+    let (st, plain) = s.post("/v1/completions", &body).await;
+    assert_eq!(st, 200, "{plain}");
+    let mut eb = body.clone();
+    eb["escalation"] = json!("exact");
+    let other = json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0});
+    let (a, b) = tokio::join!(
+        s.post("/v1/completions", &eb),
+        s.post("/v1/completions", &other)
+    );
+    assert_eq!(a.0, 200, "{}", a.1);
+    assert_eq!(b.0, 200);
+    assert_eq!(a.1["choices"][0]["text"], plain["choices"][0]["text"]);
+    assert_eq!(a.1["usage"]["completion_tokens"], 24);
+    let mut sb = eb.clone();
+    sb["stream"] = json!(true);
+    let ev = s.stream("/v1/completions", &sb).await;
+    let (texts, _, _) = check_stream(&ev, false, 1, false);
+    assert_eq!(texts[0], plain["choices"][0]["text"].as_str().unwrap());
+    let st = s.drained().await;
+    assert!(st.drafted > 0 && st.draft_accepted > 0, "{st:?}");
+
+    let models: Value = s
+        .http
+        .get(format!("{}/v1/models", s.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        models["data"][0]["meta"]["draft_profile"],
+        draft.profile.hash()
+    );
+    let m = s
+        .http
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(m.contains("synapse_draft_tokens_total"), "{m}");
+
+    let mut bad = body.clone();
+    bad["escalation"] = json!("sometimes");
+    let (st, v) = s.post("/v1/completions", &bad).await;
+    assert_eq!(st, 400);
+    assert_eq!(v["error"]["param"], "escalation");
+
+    let Some(plain_srv) = start(small_engine(), ServerConfig::default()).await else {
+        return;
+    };
+    let (st, v) = plain_srv.post("/v1/completions", &eb).await;
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "escalation");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no draft profile")
+    );
+}

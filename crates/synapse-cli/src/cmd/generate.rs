@@ -94,20 +94,8 @@ pub struct Args {
     /// own sampler draws it, reproducible from `--seed`, not plain sampling's sequence).
     #[arg(long, value_enum, default_value_t = Escalation::Off)]
     escalation: Escalation,
-    /// The draft's profile (`uniform:ENCODING`; default with `--escalation exact`:
-    /// `uniform:syn.q4.symmetric.g64.v1`).
-    #[arg(long, conflicts_with = "draft_budget", value_name = "uniform:ENCODING")]
-    draft_profile: Option<String>,
-    /// The draft's weight budget, selected from the importance map as `--budget` is.
-    #[arg(long)]
-    draft_budget: Option<String>,
-    /// Most draft tokens per round (1..=16); the cost model picks fewer, or none, when they
-    /// do not pay.
-    #[arg(long, default_value_t = 8)]
-    draft_k: usize,
-    /// Always draft `--draft-k` tokens (no cost model).
-    #[arg(long)]
-    fixed_k: bool,
+    #[command(flatten)]
+    draft: super::load::DraftArgs,
 }
 
 /// Precision escalation modes.
@@ -118,9 +106,6 @@ pub enum Escalation {
     /// Drafts verified by the model's precision: its exact greedy tokens.
     Exact,
 }
-
-/// The draft's default profile.
-pub const DEFAULT_DRAFT_PROFILE: &str = "uniform:syn.q4.symmetric.g64.v1";
 
 /// Runs `generate`.
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -148,25 +133,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let model = prepared.applied.model.clone();
     let draft = match args.escalation {
         Escalation::Off => {
-            if args.draft_profile.is_some() || args.draft_budget.is_some() {
+            if args.draft.given() {
                 bail!("--draft-profile and --draft-budget need --escalation exact");
             }
             None
         }
-        Escalation::Exact => {
-            let dargs = super::load::PrecisionArgs {
-                budget: args.draft_budget.clone(),
-                profile: match (&args.draft_profile, &args.draft_budget) {
-                    (Some(p), _) => Some(p.clone()),
-                    (None, Some(_)) => None,
-                    (None, None) => Some(DEFAULT_DRAFT_PROFILE.to_string()),
-                },
-                map: args.precision.map.clone(),
-                no_variant_cache: args.precision.no_variant_cache,
-            };
-            let d = dargs.apply(&model, args.model.as_deref(), args.store.as_deref())?;
-            Some(d)
-        }
+        Escalation::Exact => Some(args.draft.apply(
+            &model,
+            &args.precision,
+            args.model.as_deref(),
+            args.store.as_deref(),
+            super::load::DEFAULT_DRAFT_PROFILE,
+        )?),
     };
     drop(source);
     let load_s = t_load.elapsed().as_secs_f64();
@@ -252,8 +230,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             // The draft borrows the verifier's thread pool while it runs.
             let mut dexec = Executor::new(d.applied.model.clone(), 1)?;
             let dp = DraftParams {
-                max_k: args.draft_k,
-                adaptive: !args.fixed_k,
+                max_k: args.draft.draft_k,
+                adaptive: !args.draft.fixed_k,
             };
             let (g, st) = generate_exact(
                 &mut exec,
@@ -299,8 +277,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "draft_profile": d.applied.model.profile.hash(),
                 "draft_weight_bytes": d.applied.model.weight_bytes(),
                 "draft_variants": d.json(),
-                "max_k": args.draft_k,
-                "adaptive": !args.fixed_k,
+                "max_k": args.draft.draft_k,
+                "adaptive": !args.draft.fixed_k,
                 "drafted": st.drafted,
                 "accepted": st.accepted,
                 "acceptance": st.acceptance(),

@@ -398,3 +398,55 @@ impl PrecisionArgs {
         Ok(Prepared { applied, seconds })
     }
 }
+
+/// The draft of exact escalation (`generate --escalation exact`, `serve`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct DraftArgs {
+    /// The draft's profile (`uniform:ENCODING`; `generate --escalation exact` defaults to
+    /// `uniform:syn.q4.symmetric.g64.v1`).
+    #[arg(long, conflicts_with = "draft_budget", value_name = "uniform:ENCODING")]
+    pub draft_profile: Option<String>,
+    /// The draft's weight budget, selected from the importance map as `--budget` is.
+    #[arg(long)]
+    pub draft_budget: Option<String>,
+    /// Most draft tokens per round (1..=16); the cost model picks fewer, or none, when they
+    /// do not pay.
+    #[arg(long, default_value_t = 8)]
+    pub draft_k: usize,
+    /// Always draft `--draft-k` tokens (no cost model).
+    #[arg(long)]
+    pub fixed_k: bool,
+}
+
+/// The draft's default profile.
+pub const DEFAULT_DRAFT_PROFILE: &str = "uniform:syn.q4.symmetric.g64.v1";
+
+impl DraftArgs {
+    /// Whether a draft profile or budget was given.
+    pub fn given(&self) -> bool {
+        self.draft_profile.is_some() || self.draft_budget.is_some()
+    }
+
+    /// The draft model: `model` at the draft's profile or budget (`default_profile` when
+    /// neither is given), through the same variant cache and map lookup as `precision`.
+    pub fn apply(
+        &self,
+        model: &std::sync::Arc<Model>,
+        precision: &PrecisionArgs,
+        model_arg: Option<&Path>,
+        store: Option<&Path>,
+        default_profile: &str,
+    ) -> anyhow::Result<Prepared> {
+        let dargs = PrecisionArgs {
+            budget: self.draft_budget.clone(),
+            profile: match (&self.draft_profile, &self.draft_budget) {
+                (Some(p), _) => Some(p.clone()),
+                (None, Some(_)) => None,
+                (None, None) => Some(default_profile.to_string()),
+            },
+            map: precision.map.clone(),
+            no_variant_cache: precision.no_variant_cache,
+        };
+        dargs.apply(model, model_arg, store)
+    }
+}

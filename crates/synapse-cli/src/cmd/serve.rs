@@ -61,6 +61,11 @@ pub struct Args {
     cors: bool,
     #[command(flatten)]
     precision: super::load::PrecisionArgs,
+    /// A draft for requests that ask for exact escalation (`"escalation": "exact"`): with
+    /// `--draft-profile` or `--draft-budget`, each such request's tokens are drafted at that
+    /// profile and verified by the served one (the same output, possibly sooner).
+    #[command(flatten)]
+    draft: super::load::DraftArgs,
     /// KV cache element type: f32 or f16.
     #[arg(long, default_value = "f32")]
     kv: String,
@@ -172,6 +177,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .model
         }
     };
+    let draft = if args.draft.given() {
+        let d = args.draft.apply(
+            &model,
+            &args.precision,
+            Some(&model_path),
+            args.store.as_deref(),
+            super::load::DEFAULT_DRAFT_PROFILE,
+        )?;
+        Some(d.applied.model)
+    } else {
+        None
+    };
     drop(source);
     let tok = Arc::new(tok);
 
@@ -192,6 +209,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         kv_dtype,
         threads: args.threads,
         memory,
+        draft,
+        draft_k: args.draft.draft_k,
+        draft_adaptive: !args.draft.fixed_k,
         ..EngineConfig::default()
     };
     let engine = Arc::new(
