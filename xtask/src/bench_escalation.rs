@@ -47,6 +47,11 @@ pub struct Args {
     /// How many times a contaminated run is redone before it is kept (and flagged).
     #[arg(long, default_value_t = 3)]
     max_redo: usize,
+    /// Stream counts: instead of single-stream `generate`, the engine's aggregate decode
+    /// (`examples/engine_bench`, every session opted in) with and without the draft, e.g.
+    /// `1,4,8,16` (the model must be a GGUF path then, or the default model).
+    #[arg(long)]
+    streams: Option<String>,
 }
 
 const PROMPTS: [&str; 3] = [
@@ -107,8 +112,120 @@ fn one(bin: &PathBuf, a: &Args, model: &str, prompt: &str, draft: Option<&str>) 
     }
 }
 
+/// The engine at several stream counts, plain vs each draft, alternating.
+fn run_streams(a: &Args, streams: &str) -> Result<()> {
+    let st = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "synapse-runtime",
+            "--example",
+            "engine_bench",
+        ])
+        .status()
+        .context("building engine_bench")?;
+    if !st.success() {
+        bail!("building engine_bench failed ({st})");
+    }
+    let bin = target_dir().join("release/examples/engine_bench");
+    let model = match &a.models {
+        Some(m) => PathBuf::from(m.split(',').next().unwrap_or_default().trim()),
+        None => {
+            let dir = std::env::var_os("SYNAPSE_MODEL_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                        .join(".cache/synapse/models")
+                });
+            dir.join("gemma-3-270m-q4_k_m.gguf")
+        }
+    };
+    let mut variants: Vec<&str> = vec!["none"];
+    variants.extend(a.drafts.split(',').map(str::trim));
+    let ns: Vec<usize> = streams
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    // rates[variant][stream index]
+    let mut rates = vec![vec![Vec::new(); ns.len()]; variants.len()];
+    let mut acc = vec![vec![Vec::new(); ns.len()]; variants.len()];
+    println!(
+        "engine aggregate decode, plain vs exact escalation: {} tokens per stream, {} threads",
+        a.n_gen, a.threads
+    );
+    for round in 0..=a.runs {
+        for i in 0..variants.len() {
+            let v = (i + round) % variants.len();
+            let mut redo = 0;
+            let o = loop {
+                let mut c = Command::new(&bin);
+                c.arg(&model)
+                    .arg(streams)
+                    .arg(a.n_gen.to_string())
+                    .arg(a.threads.to_string())
+                    .env("ENGINE_BENCH_DRAFT", variants[v])
+                    .env("ENGINE_BENCH_DRAFT_K", a.draft_k.to_string())
+                    .env("ENGINE_BENCH_FIXED_K", if a.fixed_k { "1" } else { "0" });
+                let o = run_measured(&mut c)?;
+                if !o.success {
+                    bail!("{c:?} failed: {}", o.stderr);
+                }
+                if o.foreign_cpu_s > a.foreign_limit && redo < a.max_redo {
+                    redo += 1;
+                    eprintln!("  redo ({:.2} foreign CPU-s)", o.foreign_cpu_s);
+                    continue;
+                }
+                break o;
+            };
+            if round == 0 {
+                continue;
+            }
+            for line in o.stdout.lines().filter(|l| l.starts_with('{')) {
+                let j: Value = serde_json::from_str(line)?;
+                let s = j["streams"].as_u64().unwrap_or(0) as usize;
+                if let Some(si) = ns.iter().position(|&n| n == s) {
+                    rates[v][si].push(j["aggregate_decode_tok_s"].as_f64().unwrap_or(f64::NAN));
+                    let d = j["drafted"].as_f64().unwrap_or(0.0);
+                    if d > 0.0 {
+                        acc[v][si].push(j["draft_accepted"].as_f64().unwrap_or(0.0) / d);
+                    }
+                }
+            }
+        }
+    }
+    let mut report = Vec::new();
+    for (si, &n) in ns.iter().enumerate() {
+        let plain = median(rates[0][si].clone());
+        println!("{n:>2} streams: plain {plain:.1} tok/s");
+        let mut rows = vec![json!({"profile": "plain", "aggregate_tok_s": plain})];
+        for v in 1..variants.len() {
+            let r = median(rates[v][si].clone());
+            let ac = median(acc[v][si].clone());
+            println!(
+                "   draft {}: {r:.1} tok/s = {:.2}× plain, acceptance {:.0}%",
+                variants[v],
+                r / plain,
+                100.0 * ac
+            );
+            rows.push(
+                json!({"profile": variants[v], "aggregate_tok_s": r, "ratio": r / plain,
+                "acceptance": ac}),
+            );
+        }
+        report.push(json!({"streams": n, "results": rows}));
+    }
+    let out = target_dir().join("bench-escalation-streams.json");
+    std::fs::write(&out, serde_json::to_string_pretty(&report)?)?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
+
 /// Runs the benchmark.
 pub fn run(a: Args) -> Result<()> {
+    if let Some(s) = a.streams.clone() {
+        return run_streams(&a, &s);
+    }
     let st = Command::new(env!("CARGO"))
         .args(["build", "--release", "-p", "synapse-cli"])
         .status()

@@ -6,6 +6,11 @@
 //! PROMPT_TOKENS tokens each (greedy, no end-of-generation stop), stepped until every session
 //! has produced N_GEN tokens. Decode is timed from the first step in which every session is
 //! decoding to the end: aggregate tok/s = S × (N_GEN − 1) / that time. One JSON line per S.
+//!
+//! `ENGINE_BENCH_DRAFT=uniform:ENCODING` (exact escalation): the engine gets that draft
+//! profile, every session opts in, and the prompts are real text (the model's tokenizer; set
+//! it for the plain runs it is compared with too: `ENGINE_BENCH_DRAFT=none`).
+//! `ENGINE_BENCH_DRAFT_K` (default 8) and `ENGINE_BENCH_FIXED_K=1` set the drafting.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -35,14 +40,43 @@ fn main() -> anyhow::Result<()> {
     let prompt_len: usize = args.get(5).and_then(|s| s.parse().ok()).unwrap_or(16);
     let model = Arc::new(Model::load(std::path::Path::new(model_path))?);
     let vocab = model.vocab() as u32;
+    let draft_spec = std::env::var("ENGINE_BENCH_DRAFT").ok();
+    let draft = match draft_spec.as_deref() {
+        None | Some("none") => None,
+        Some(spec) => {
+            let p = synapse_runtime::precision::Precision::parse_profile(spec)?;
+            Some(synapse_runtime::precision::apply(&model, &p, None)?.model)
+        }
+    };
+    let draft_k: usize = std::env::var("ENGINE_BENCH_DRAFT_K")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
+    let fixed_k = std::env::var("ENGINE_BENCH_FIXED_K").is_ok_and(|v| v == "1");
+    // Real text prompts for drafting runs (and the plain runs they are compared with).
+    let texts = draft_spec.is_some().then(|| {
+        let f = synapse_formats::gguf::GgufFile::open(std::path::Path::new(model_path))?;
+        let tok = synapse_tokenizer::Tokenizer::from_gguf(&f)?;
+        anyhow::Ok(tok)
+    });
+    let tok = texts.transpose()?;
+    const TEXTS: [&str; 4] = [
+        "Once upon a time, in a small village at the edge of a great forest, there lived",
+        "def quicksort(items):\n    \"\"\"Sort a list of numbers.\"\"\"\n",
+        "The history of the printing press begins",
+        "Photosynthesis is the process by which plants",
+    ];
     for &s in &streams {
         let cfg = EngineConfig {
             slots: s,
-            ctx: prompt_len + n_gen + 8,
+            ctx: if tok.is_some() { 64 } else { prompt_len } + n_gen + 8,
             ubatch: 512,
             step_tokens: 512.max(s + 1),
             queue: s,
             threads,
+            draft: draft.clone(),
+            draft_k,
+            draft_adaptive: !fixed_k,
             ..EngineConfig::default()
         };
         let mut sched = Scheduler::new(model.clone(), Arc::new(NoText), cfg)?;
@@ -55,8 +89,19 @@ fn main() -> anyhow::Result<()> {
                             .map(|k| 1000 + ((i * 7919 + k * 104_729) as u32 % (vocab - 2000))),
                     )
                     .collect();
+                let prompt = match &tok {
+                    Some(t) => t
+                        .encode(
+                            &format!("{} {}", i + 1, TEXTS[i % TEXTS.len()]),
+                            true,
+                            false,
+                        )
+                        .unwrap_or(prompt),
+                    None => prompt,
+                };
                 let mut r = Request::greedy(prompt, n_gen);
                 r.stop_at_eog = false;
+                r.escalation = draft.is_some();
                 sched.submit(r)
             })
             .collect::<Result<_, _>>()?;
@@ -93,6 +138,8 @@ fn main() -> anyhow::Result<()> {
                 "aggregate_decode_tok_s": decoded as f64 / dt,
                 "per_stream_tok_s": decoded as f64 / dt / s as f64,
                 "total_s": total,
+                "drafted": sched.stats().drafted,
+                "draft_accepted": sched.stats().draft_accepted,
             })
         );
     }

@@ -249,6 +249,13 @@ impl CostModel {
                 self.last_k.clamp(1, cap)
             };
         };
+        // A draft step as slow as a plain step can never pay, whatever the acceptance
+        // ((k + 1) tokens at best for k draft steps and a verify pass ≥ a plain step).
+        if td >= t1 {
+            self.probing = false;
+            self.failed_probes = usize::MAX;
+            return 0;
+        }
         let a = (self.acc + 0.5) / (self.acc + self.rej + 1.0);
         let mut best = (0usize, 1.0 / t1);
         for k in 1..=cap {
@@ -268,10 +275,11 @@ impl CostModel {
         }
         if best.0 == 0 {
             if std::mem::take(&mut self.probing) {
-                self.failed_probes += 1;
+                self.failed_probes = self.failed_probes.saturating_add(1).min(usize::MAX - 1);
             }
             self.plain_run += 1;
             if self.plain_run >= self.reprobe
+                && self.failed_probes != usize::MAX
                 && (self.persistent || self.failed_probes < MAX_FAILED_PROBES)
             {
                 self.plain_run = 0;
@@ -602,6 +610,9 @@ fn draft_round(
     while p <= pos {
         let end = (p + max_chunk).min(pos + 1);
         rows.clear();
+        // A draft's float order is free (it only proposes): a catch-up of many rows takes
+        // the many-row kernels.
+        let order = OrderClass::of(end - p);
         for q in p..end {
             let t = if q == pos {
                 pending
@@ -613,7 +624,7 @@ fn draft_round(
                 pos: q as u32,
                 token: t,
                 logits: q == pos,
-                order: OrderClass::One,
+                order,
             });
         }
         let out = draft.forward(kv, rows)?;

@@ -628,6 +628,9 @@ impl Scheduler {
                 let Ok(committed) = self.kv.tokens(a.slot) else {
                     continue;
                 };
+                // A draft's float order is free (it only proposes): many rows take the
+                // many-row kernels.
+                let order = OrderClass::of(end + 1 - dlen);
                 for (q, &held) in committed
                     .iter()
                     .chain(std::iter::once(&a.last))
@@ -641,7 +644,7 @@ impl Scheduler {
                         pos: q as u32,
                         token: held,
                         logits: q == a.pos,
-                        order: OrderClass::One,
+                        order,
                     });
                 }
                 if end == a.pos {
