@@ -4,6 +4,7 @@ mod bench_engine;
 mod bench_escalation;
 mod bench_kernels_vs_ggml;
 mod bench_precision;
+mod bench_selective;
 mod bench_server;
 mod bench_vs_llama;
 mod ggml_kernel_fixtures;
@@ -74,6 +75,9 @@ enum Command {
     BenchPrecision(bench_precision::Args),
     /// Single-stream greedy decode, plain vs exact escalation (drafts verified by the source).
     BenchEscalation(bench_escalation::Args),
+    /// Selective escalation (approximate) on a sealed prompt suite: margin tuned on the tuning
+    /// part, agreement and speed against the source and exact escalation on the sealed part.
+    BenchSelective(bench_selective::Args),
     /// Regenerate fixtures/perplexity: llama.cpp's perplexity of the held-out text.
     PerplexityFixtures(perplexity_fixtures::Args),
     /// Fetch the calibration / held-out evaluation text (Debian's python3.11-doc), split by
@@ -107,6 +111,7 @@ fn main() -> anyhow::Result<()> {
         Command::PerplexityFixtures(a) => perplexity_fixtures::run(a),
         Command::BenchPrecision(a) => bench_precision::run(a),
         Command::BenchEscalation(a) => bench_escalation::run(a),
+        Command::BenchSelective(a) => bench_selective::run(a),
         Command::Test(a) => test::run(a),
     }
 }

@@ -122,4 +122,32 @@ fn exact_escalation_prints_plain_greedy_output_and_its_drafting() {
     );
     assert!(run(&["--escalation", "exact", "--draft-profile", "uniform:nope"]).contains("nope"));
     assert!(run(&["--escalation", "sometimes"]).contains("invalid value"));
+
+    // Selective escalation: an infinite margin is the model's own output, 0 the draft's.
+    let q4 = "uniform:syn.q4.symmetric.g64.v1";
+    let own: Vec<&str> = base.iter().copied().chain(["--profile", q4]).collect();
+    let own = json(&cli(dir.path(), &own));
+    for (margin, want) in [("inf", &plain), ("0", &own)] {
+        let args: Vec<&str> = base
+            .iter()
+            .copied()
+            .chain([
+                "--escalation",
+                "selective",
+                "--draft-profile",
+                q4,
+                "--margin",
+                margin,
+            ])
+            .collect();
+        let j = json(&cli(dir.path(), &args));
+        assert_eq!(j["tokens"], want["tokens"], "margin {margin}");
+        let e = &j["escalation"];
+        assert_eq!(e["mode"], "selective");
+        assert_eq!(e["approximate"], true);
+        let steps = e["steps"].as_u64().unwrap();
+        let escalated = e["escalated"].as_u64().unwrap();
+        assert_eq!(escalated, if margin == "inf" { steps } else { 0 });
+    }
+    assert!(run(&["--escalation", "selective", "--margin", "-1"]).contains("must be ≥ 0"));
 }

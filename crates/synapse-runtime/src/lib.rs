@@ -11,7 +11,9 @@
 //! - [`Sampler`] and [`generate`]: sampling and the generation loop for one session (chunked
 //!   prefill, stop rules, timings).
 //! - [`escalation::generate_exact`]: greedy generation at the source precision with drafts
-//!   from an approximate profile, verified in one pass per round (the source's own tokens).
+//!   from an approximate profile, verified in one pass per round (the source's own tokens);
+//!   [`selective::generate_selective`]: the approximate profile alone, uncertain steps
+//!   recomputed at the source precision (opt-in, approximate).
 //! - [`engine`]: continuous batching of many sessions ([`engine::Engine`] on its own thread,
 //!   [`engine::Scheduler`] the step logic), bounded admission, cancellation, prefix cache.
 //!
@@ -35,6 +37,7 @@ pub mod precision;
 pub mod profile;
 pub mod promotion;
 pub mod sampling;
+pub mod selective;
 pub mod tap;
 pub mod variant;
 

@@ -8,6 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::Args as ClapArgs;
 use synapse_runtime::escalation::{DraftParams, generate_exact};
+use synapse_runtime::selective::{SelectiveParams, generate_selective};
 use synapse_runtime::{Executor, GenerateParams, KvCache, KvDtype, SamplingParams, generate};
 use synapse_tokenizer::{ChatTemplate, Message};
 
@@ -92,10 +93,16 @@ pub struct Args {
     /// them in one pass per round — greedy output is token for token plain greedy decoding's;
     /// with `--temp` > 0, speculative sampling (each token distributed exactly as the model's
     /// own sampler draws it, reproducible from `--seed`, not plain sampling's sequence).
+    /// `selective` (opt-in, approximate): the draft decodes alone and the steps whose top-1 /
+    /// top-2 logit margin is below `--margin` are recomputed at the model's precision.
     #[arg(long, value_enum, default_value_t = Escalation::Off)]
     escalation: Escalation,
     #[command(flatten)]
     draft: super::load::DraftArgs,
+    /// With `--escalation selective`: the draft-logit margin below which a step escalates
+    /// (`inf`: every step — the model's own output; 0: none — the draft's).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    margin: f32,
 }
 
 /// Precision escalation modes.
@@ -105,6 +112,8 @@ pub enum Escalation {
     Off,
     /// Drafts verified by the model's precision: its exact greedy tokens.
     Exact,
+    /// The draft alone, uncertain steps recomputed at the model's precision (approximate).
+    Selective,
 }
 
 /// Runs `generate`.
@@ -134,11 +143,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let draft = match args.escalation {
         Escalation::Off => {
             if args.draft.given() {
-                bail!("--draft-profile and --draft-budget need --escalation exact");
+                bail!("--draft-profile and --draft-budget need --escalation exact or selective");
             }
             None
         }
-        Escalation::Exact => Some(args.draft.apply(
+        Escalation::Exact | Escalation::Selective => Some(args.draft.apply(
             &model,
             &args.precision,
             args.model.as_deref(),
@@ -213,6 +222,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let _ = stdout.flush();
         }
     };
+    let mut sel = None;
     let (out, esc) = match &draft {
         None => (
             generate(
@@ -226,6 +236,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             )?,
             None,
         ),
+        Some(d) if args.escalation == Escalation::Selective => {
+            // The draft borrows the source's thread pool while it runs.
+            let mut dexec = Executor::new(d.applied.model.clone(), 1)?;
+            let (g, st) = generate_selective(
+                &mut exec,
+                &mut dexec,
+                &mut kv,
+                0,
+                1,
+                &ids,
+                &params,
+                &SelectiveParams {
+                    margin: args.margin,
+                },
+                &mut piece,
+                &mut on_text,
+            )?;
+            sel = Some(st);
+            (g, None)
+        }
         Some(d) => {
             // The draft borrows the verifier's thread pool while it runs.
             let mut dexec = Executor::new(d.applied.model.clone(), 1)?;
@@ -288,6 +318,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "verify_s": st.verify_s,
             });
         }
+        if let (Some(st), Some(d)) = (&sel, &draft) {
+            j["escalation"] = serde_json::json!({
+                "mode": "selective",
+                "approximate": true,
+                "margin": args.margin,
+                "draft_profile": d.applied.model.profile.hash(),
+                "draft_weight_bytes": d.applied.model.weight_bytes(),
+                "steps": st.steps,
+                "escalated": st.escalated,
+                "source_rows": st.source_rows,
+                "draft_s": st.draft_s,
+                "source_s": st.source_s,
+            });
+        }
         println!("{}", serde_json::to_string(&j)?);
     } else {
         println!();
@@ -311,6 +355,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 100.0 * st.acceptance(),
                 st.rounds,
                 st.plain_rounds,
+            );
+        }
+        if let Some(st) = &sel {
+            eprintln!(
+                "[selective escalation (approximate output): {} of {} steps recomputed at the \
+                 model's precision]",
+                st.escalated, st.steps,
             );
         }
     }

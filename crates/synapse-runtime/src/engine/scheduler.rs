@@ -350,15 +350,20 @@ impl Scheduler {
             return Ok(());
         }
         let weights = model.weight_bytes() as u64;
-        let kv = (self.kv.slot_bytes() * self.cfg.slots) as u64;
+        // Every slot of the cache (draft slots included), and a draft's weights.
+        let kv = (self.kv.slot_bytes() * self.kv.n_slots()) as u64;
+        let draft = self
+            .draft
+            .as_ref()
+            .map_or(0, |d| d.model().weight_bytes() as u64);
         if let Some(budget) = self.cfg.memory
-            && weights + kv > budget
+            && weights + draft + kv > budget
         {
             return Err(RuntimeError::InvalidParam {
                 name: "install",
                 reason: format!(
-                    "memory budget {budget} B: the profile's weights take {weights} B and the \
-                     KV {kv} B"
+                    "memory budget {budget} B: the profile's weights take {weights} B, a draft's \
+                     {draft} B and the KV {kv} B"
                 ),
             });
         }
