@@ -397,7 +397,10 @@ fn attend_group(
         scores, pvt, offs, ..
     } = scratch;
     if scores.len() < nq * n_keys {
-        scores.resize(nq * n_keys.max(g.rows), 0.0);
+        // Sized at once for the largest item this layer can give any thread (every row
+        // count up to ATTN_ROWS, every head of the group, the whole cache), so which
+        // thread claims which item never makes a later step allocate.
+        scores.resize(nq.max(ATTN_ROWS * group) * n_keys.max(g.rows), 0.0);
     }
     if offs.capacity() < n_keys.max(g.rows) {
         offs.reserve(n_keys.max(g.rows) - offs.len());
