@@ -325,28 +325,11 @@ pub fn generate_exact(
     on_text: &mut dyn FnMut(&str),
 ) -> Result<(Generated, EscalationStats)> {
     let bad = |name: &'static str, reason: String| RuntimeError::InvalidParam { name, reason };
-    if prompt.is_empty() {
-        return Err(bad("prompt", "empty prompt".into()));
-    }
-    if params.prefill_chunk == 0 {
-        return Err(bad("prefill_chunk", "must be positive".into()));
-    }
+    check_pair(source, draft, slot, draft_slot, prompt, params)?;
     if !(1..=MAX_DRAFT).contains(&dp.max_k) {
         return Err(bad(
             "draft k",
             format!("{} is outside 1..={MAX_DRAFT}", dp.max_k),
-        ));
-    }
-    if source.model().ir.fingerprint != draft.model().ir.fingerprint {
-        return Err(bad(
-            "draft",
-            "the draft executor runs another model than the source".into(),
-        ));
-    }
-    if slot == draft_slot {
-        return Err(bad(
-            "draft slot",
-            "the draft needs a slot of its own".into(),
         ));
     }
     if kv.max_chunk() < 2 {
@@ -545,6 +528,38 @@ pub fn generate_exact(
         }
     };
     Ok((finish(&mut c, stop, reused, timings, t1, on_text), stats))
+}
+
+/// The checks a source/draft generation makes before anything runs: a prompt, a prefill
+/// chunk, one model for both executors, a slot each.
+pub(crate) fn check_pair(
+    source: &Executor,
+    draft: &Executor,
+    slot: SlotId,
+    draft_slot: SlotId,
+    prompt: &[u32],
+    params: &GenerateParams,
+) -> Result<()> {
+    let bad = |name: &'static str, reason: String| RuntimeError::InvalidParam { name, reason };
+    if prompt.is_empty() {
+        return Err(bad("prompt", "empty prompt".into()));
+    }
+    if params.prefill_chunk == 0 {
+        return Err(bad("prefill_chunk", "must be positive".into()));
+    }
+    if source.model().ir.fingerprint != draft.model().ir.fingerprint {
+        return Err(bad(
+            "draft",
+            "the draft executor runs another model than the source".into(),
+        ));
+    }
+    if slot == draft_slot {
+        return Err(bad(
+            "draft slot",
+            "the draft needs a slot of its own".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn finish(

@@ -75,30 +75,12 @@ pub fn generate_selective(
     piece: &mut dyn FnMut(u32) -> String,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<(Generated, SelectiveStats)> {
-    let bad = |name: &'static str, reason: String| RuntimeError::InvalidParam { name, reason };
-    if prompt.is_empty() {
-        return Err(bad("prompt", "empty prompt".into()));
-    }
-    if params.prefill_chunk == 0 {
-        return Err(bad("prefill_chunk", "must be positive".into()));
-    }
+    crate::escalation::check_pair(source, draft, slot, draft_slot, prompt, params)?;
     if sp.margin.is_nan() || sp.margin < 0.0 {
-        return Err(bad(
-            "margin",
-            format!("{} must be ≥ 0 (inf: every step)", sp.margin),
-        ));
-    }
-    if source.model().ir.fingerprint != draft.model().ir.fingerprint {
-        return Err(bad(
-            "draft",
-            "the draft executor runs another model than the source".into(),
-        ));
-    }
-    if slot == draft_slot {
-        return Err(bad(
-            "draft slot",
-            "the draft needs a slot of its own".into(),
-        ));
+        return Err(RuntimeError::InvalidParam {
+            name: "margin",
+            reason: format!("{} must be ≥ 0 (inf: every step)", sp.margin),
+        });
     }
     let mut sampler = Sampler::new(params.sampling.clone())?;
     let eog = source.model().ir.special.eos.clone();
