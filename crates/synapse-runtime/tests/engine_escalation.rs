@@ -237,3 +237,50 @@ fn a_draft_must_be_a_profile_of_the_served_model() {
     let e = Scheduler::new(llama, Arc::new(Ids), cfg).unwrap_err();
     assert!(e.to_string().contains("outside 1..=16"), "{e}");
 }
+
+/// Cache / resume / fresh under drafting: a second turn whose prompt extends a drafted first
+/// turn reuses the slot's prefix and equals a fresh plain run; so does the same prompt again.
+#[test]
+fn a_drafted_session_leaves_a_prefix_a_second_turn_reuses_exactly() {
+    let Some((model, toks)) = common::tiny_q8_model("llama") else {
+        return;
+    };
+    let draft = variant(&model, "uniform:syn.q3.symmetric.g64.v1");
+    let cfg = EngineConfig {
+        slots: 1,
+        ctx: 128,
+        ubatch: 16,
+        step_tokens: 40,
+        draft: Some(draft),
+        draft_k: 4,
+        draft_adaptive: false,
+        ..EngineConfig::default()
+    };
+    let mut s = Scheduler::new(model.clone(), Arc::new(Ids), cfg.clone()).unwrap();
+    let first = toks[..9].to_vec();
+    let mut r = request(first.clone(), 20, 0);
+    r.logprobs = None;
+    let mut a = s.submit(r).unwrap();
+    while s.step() {}
+    let (t1, done) = tokens(&drain(&mut a));
+    assert!(done);
+    let out: Vec<u32> = t1.iter().map(|t| t.0).collect();
+    // Turn two: the conversation so far plus new tokens.
+    let mut second = first.clone();
+    second.extend_from_slice(&out);
+    second.extend_from_slice(&toks[20..25]);
+    let mut r2 = request(second.clone(), 15, 0);
+    r2.logprobs = None;
+    let mut b = s.submit(r2).unwrap();
+    while s.step() {}
+    let ev = drain(&mut b);
+    let cached = ev.iter().find_map(|e| match e {
+        Event::Admitted { cached_tokens } => Some(*cached_tokens),
+        _ => None,
+    });
+    assert!(cached.unwrap_or(0) >= first.len() - 1, "{cached:?}");
+    let mut fresh = request(second, 15, 0);
+    fresh.logprobs = None;
+    assert_eq!(tokens(&ev).0, solo(&model, &cfg, fresh));
+    assert!(s.stats().drafted > 0);
+}
