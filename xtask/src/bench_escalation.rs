@@ -87,13 +87,7 @@ fn one(bin: &PathBuf, a: &Args, model: &str, prompt: &str, draft: Option<&str>) 
         if !o.success {
             bail!("{c:?} failed: {}", o.stderr);
         }
-        let line = o
-            .stdout
-            .lines()
-            .rev()
-            .find(|l| l.starts_with('{'))
-            .context("no JSON line")?;
-        let j: Value = serde_json::from_str(line)?;
+        let j = last_json(&o.stdout)?;
         let contaminated = o.foreign_cpu_s > a.foreign_limit;
         if contaminated && redo < a.max_redo {
             redo += 1;
@@ -110,6 +104,16 @@ fn one(bin: &PathBuf, a: &Args, model: &str, prompt: &str, draft: Option<&str>) 
             flagged: contaminated,
         });
     }
+}
+
+/// The last JSON object line a child printed (`synapse-cli … --json`).
+pub(crate) fn last_json(stdout: &str) -> Result<Value> {
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .context("no JSON line")?;
+    Ok(serde_json::from_str(line)?)
 }
 
 /// The engine at several stream counts, plain vs each draft, alternating.

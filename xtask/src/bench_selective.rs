@@ -89,13 +89,7 @@ fn generate_once(bin: &std::path::Path, a: &Args, prompt: &str, extra: &[String]
     if !o.success {
         bail!("{c:?} failed: {}", o.stderr);
     }
-    let line = o
-        .stdout
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .context("no JSON line")?;
-    let j: Value = serde_json::from_str(line)?;
+    let j = crate::bench_escalation::last_json(&o.stdout)?;
     Ok(Out {
         tokens: j["tokens"]
             .as_array()
