@@ -16,7 +16,8 @@
 //! rate (decayed counts), the draft step's time and the verify pass's time as a function of
 //! its rows. Each round takes the `k` with the most expected committed tokens per second,
 //! `k = 0` (a plain decode step) when drafting does not pay, re-probing now and then (less
-//! often while probes keep failing).
+//! often while probes keep failing; never again once a draft step is measured no faster than
+//! a plain step, since then no acceptance rate can make drafting pay).
 //!
 //! Architecture invariant: the committed tokens never depend on `k`, on timing, or on the
 //! draft — only the speed does.
