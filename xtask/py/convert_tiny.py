@@ -3,9 +3,9 @@
 
 Usage: python convert_tiny.py LLAMA_CPP_DIR MODEL_DIR --outfile OUT.gguf --outtype f32|q8_0
 
-- OLMoE: the converter reads OLMoE's vocabulary as GPT-2 BPE through transformers' fast tokenizer
-  (real OLMoE ships tokenizer.json); the tiny models carry a SentencePiece tokenizer.model, so
-  set_vocab takes the converter's own SentencePiece path instead.
+- OLMoE and Qwen2-MoE: the converter reads their vocabularies as GPT-2 BPE through transformers'
+  fast tokenizer (the real models ship tokenizer.json); the tiny models carry a SentencePiece
+  tokenizer.model, so set_vocab takes the converter's own SentencePiece path instead.
 - BitNet: transformers' BitNetForCausalLM names the sub-norms `self_attn.attn_sub_norm` and
   `mlp.ffn_sub_norm`; the converter's table knows only the 1bitLLM names (`inner_attn_ln`,
   `ffn_layernorm`), so the transformers names are added to the same GGUF tensors.
@@ -30,6 +30,10 @@ TensorNameMap.block_mappings_cfg[T.FFN_SUB_NORM] = (
 import conversion.olmo  # noqa: E402
 
 conversion.olmo.OlmoeModel.set_vocab = lambda self: self._set_vocab_sentencepiece()
+
+import conversion.qwen  # noqa: E402
+
+conversion.qwen.Qwen2MoeModel.set_vocab = lambda self: self._set_vocab_sentencepiece()
 
 import convert_hf_to_gguf  # noqa: E402
 

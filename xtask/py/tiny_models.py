@@ -5,7 +5,7 @@ Run by `cargo xtask tiny-models` (see fixtures/README.md); never by the tests.
 
 Usage: python tiny_models.py LLAMA_CPP_DIR OUT_DIR [FAMILY ...]
   LLAMA_CPP_DIR: the llama.cpp vendored in the llama-cpp-python sdist (convert_hf_to_gguf.py, gguf-py/)
-  FAMILY in: llama qwen2 gemma3 olmoe granitemoe bitnet (default: all)
+  FAMILY in: llama qwen2 gemma3 olmoe granitemoe qwen2moe mixtral bitnet (default: all)
 
 For each FAMILY writes OUT_DIR/<family>/:
   config.json, generation_config.json, model.safetensors    (transformers save_pretrained, fp32)
@@ -47,7 +47,7 @@ Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor i
 
 SENTENCE = "The quick brown fox runs CPU kernels, 42 times."
 
-FAMILIES = ["llama", "qwen2", "gemma3", "olmoe", "granitemoe", "bitnet"]
+FAMILIES = ["llama", "qwen2", "gemma3", "olmoe", "granitemoe", "qwen2moe", "mixtral", "bitnet"]
 
 
 def train_tokenizer(work: str) -> str:
@@ -106,6 +106,19 @@ def make_config(family: str, vocab: int):
             **k, num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0,
             logits_scaling=4.0, residual_multiplier=0.22, attention_multiplier=0.0625,
             tie_word_embeddings=True)
+    if family == "qwen2moe":
+        # every layer sparse, a shared expert with its sigmoid gate, no top-k renormalisation
+        # (llama.cpp's qwen2moe graph never renormalises), q/k/v biases
+        return "Qwen2MoeForCausalLM", transformers.Qwen2MoeConfig(
+            **k, moe_intermediate_size=FF_MOE, shared_expert_intermediate_size=96, num_experts=4,
+            num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
+            use_sliding_window=False, tie_word_embeddings=False, rope_theta=1000000.0)
+    if family == "mixtral":
+        # 8 experts, top-2, renormalised top-k weights; llama.cpp reads it as `llama` with ffn_*_exps
+        k = dict(k, intermediate_size=FF_MOE)
+        return "MixtralForCausalLM", transformers.MixtralConfig(
+            **k, num_local_experts=8, num_experts_per_tok=2, sliding_window=None,
+            tie_word_embeddings=False, rope_theta=1000000.0)
     if family == "bitnet":
         # hidden_act silu: llama.cpp's BITNET graph hard-codes SiLU (transformers' default relu2 is
         # not implemented there)

@@ -12,10 +12,27 @@ use std::ffi::OsStr;
 use std::path::PathBuf;
 
 /// The families the generator can make (folder names under `fixtures/tiny/`).
-pub const FAMILIES: [&str; 6] = ["llama", "qwen2", "gemma3", "olmoe", "granitemoe", "bitnet"];
+pub const FAMILIES: [&str; 8] = [
+    "llama",
+    "qwen2",
+    "gemma3",
+    "olmoe",
+    "granitemoe",
+    "qwen2moe",
+    "mixtral",
+    "bitnet",
+];
 
 /// The families made when none are named: those whose fixtures are committed.
-pub const COMMITTED: [&str; 3] = ["llama", "qwen2", "gemma3"];
+pub const COMMITTED: [&str; 7] = [
+    "llama",
+    "qwen2",
+    "gemma3",
+    "olmoe",
+    "granitemoe",
+    "qwen2moe",
+    "mixtral",
+];
 
 /// Arguments of `tiny-models`.
 #[derive(clap::Args, Debug)]
@@ -27,8 +44,8 @@ pub struct Args {
     /// Output folder (default: `fixtures/tiny`).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Families to make (default: the committed ones, llama qwen2 gemma3; also known: olmoe
-    /// granitemoe bitnet).
+    /// Families to make (default: the committed ones, llama qwen2 gemma3 olmoe granitemoe
+    /// qwen2moe mixtral; also known: bitnet).
     families: Vec<String>,
 }
 

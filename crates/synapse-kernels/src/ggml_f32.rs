@@ -214,6 +214,38 @@ pub fn softmax_cells(sc: &mut [f32], first_cell: usize) {
     softmax_cells_scalar(sc, first_cell)
 }
 
+/// `ggml_soft_max` of one row in place (scale 1, no mask: a MoE router's probabilities), in
+/// the order of ggml's AVX-512 build: the maximum, then whole 16-wide chunks through ggml's
+/// vector [`expf`], each chunk's [`reduce16`] added to an f64 sum, then the tail (the last
+/// `len % 16` values, all of them for a row shorter than 16) through libm's `expf` one value
+/// at a time into the same f64 sum; every value is scaled by `(float)(1 / sum)`.
+pub fn softmax_row(x: &mut [f32]) {
+    if x.is_empty() {
+        return;
+    }
+    let max = x
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &v| if m > v { m } else { v });
+    let mut sum = 0f64;
+    let nv = x.len() / 16 * 16;
+    for ch in x[..nv].chunks_exact_mut(16) {
+        let mut v = [0f32; 16];
+        for (e, o) in ch.iter_mut().zip(v.iter_mut()) {
+            *e = expf(*e - max);
+            *o = *e;
+        }
+        sum += reduce16(&v) as f64;
+    }
+    for e in &mut x[nv..] {
+        *e = (*e - max).exp();
+        sum += *e as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for e in x.iter_mut() {
+        *e *= inv;
+    }
+}
+
 /// The order in which `P·V` is summed over KV cells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PvOrder {
@@ -736,6 +768,67 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn softmax_row_sums_chunks_then_the_tail_as_ggml_does() {
+        let mut st = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            ((st >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 12.0
+        };
+        for n in [1usize, 2, 4, 8, 15, 16, 17, 32, 60, 64, 128] {
+            let x: Vec<f32> = (0..n).map(|_| rnd()).collect();
+            let mut got = x.clone();
+            softmax_row(&mut got);
+            // The same arithmetic written out: vector expf + reduce16 per whole chunk, libm's
+            // expf per tail value, f64 sum, f32 scale.
+            let max = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let nv = n / 16 * 16;
+            let mut e: Vec<f32> = x
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    if i < nv {
+                        expf(v - max)
+                    } else {
+                        (v - max).exp()
+                    }
+                })
+                .collect();
+            let mut sum = 0f64;
+            for c in e[..nv].chunks_exact(16) {
+                sum += reduce16(c.try_into().unwrap()) as f64;
+            }
+            for &v in &e[nv..] {
+                sum += v as f64;
+            }
+            let inv = (1.0 / sum) as f32;
+            e.iter_mut().for_each(|v| *v *= inv);
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                e.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "n = {n}"
+            );
+            // And it is a softmax: within 1e-6 of the f64 one.
+            let m64 = x
+                .iter()
+                .map(|&v| v as f64)
+                .fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = x.iter().map(|&v| (v as f64 - m64).exp()).sum();
+            for (g, &v) in got.iter().zip(&x) {
+                let r = (v as f64 - m64).exp() / z;
+                assert!((*g as f64 - r).abs() <= 1e-6, "n = {n}: {g} vs {r}");
+            }
+            // Whole chunks from cell 0 are attention's softmax too.
+            if n % 16 == 0 {
+                let mut a = x.clone();
+                softmax_cells(&mut a, 0);
+                assert_eq!(a, got, "n = {n}");
+            }
+        }
+    }
 
     #[test]
     fn vector_softmax_equals_the_per_cell_one() {

@@ -412,8 +412,12 @@ impl QuantMatrix {
         };
         let mut k = kernels::select(ty, ctx.path())
             .ok_or_else(|| KernelError::UnsupportedEncoding(ty.name().to_string()))?;
+        // llamafile's f32 GEMM takes only weights whose row count is a multiple of 4
+        // (`tinyBLAS::matmul`); ggml runs the others (a one-row gate such as Qwen2-MoE's
+        // shared-expert gate) through `vec_dot` whatever the number of activation rows.
         if let Some((from, many)) = k.many
             && order_rows >= from
+            && (ty != GgmlType::F32 || self.rows.is_multiple_of(4))
         {
             k.dot = many;
             k.dot4 = None;

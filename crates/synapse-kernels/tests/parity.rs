@@ -426,3 +426,36 @@ fn order_classes_separate_orders_that_differ() {
         );
     }
 }
+
+/// f32 weights with several activation rows: llamafile's GEMM order only for weights whose
+/// row count is a multiple of 4 (and rows a multiple of 16 long); ggml's `vec_dot` order for
+/// the others (a one-row gate such as Qwen2-MoE's shared-expert gate).
+#[test]
+fn f32_gemm_order_only_for_weights_of_four_rows() {
+    use synapse_kernels::ggml_f32;
+    let cols = 64;
+    let n = 3;
+    let x = generate_data(0.3, n * cols, 1.7);
+    let mut ctx = KernelCtx::new().unwrap();
+    for rows in [1usize, 2, 3, 4, 6, 8, 12] {
+        let w = generate_data(rows as f32 * 0.11, rows * cols, 0.9);
+        let m = QuantMatrix::from_f32(&w, rows, cols).unwrap();
+        let mut y = vec![0f32; n * rows];
+        m.matmul_as(&x, n, &mut y, 2, &mut ctx).unwrap();
+        for t in 0..n {
+            for r in 0..rows {
+                let (wr, xt) = (&w[r * cols..(r + 1) * cols], &x[t * cols..(t + 1) * cols]);
+                let want = if rows % 4 == 0 {
+                    ggml_f32::dot_f32_gemm(wr, xt)
+                } else {
+                    ggml_f32::dot_f32(wr, xt)
+                };
+                assert_eq!(
+                    y[t * rows + r].to_bits(),
+                    want.to_bits(),
+                    "{rows} rows: output ({t}, {r})"
+                );
+            }
+        }
+    }
+}

@@ -24,6 +24,12 @@ pub enum Family {
     Qwen2,
     /// Gemma 3 text models.
     Gemma3,
+    /// OLMoE: routed experts, q/k norms over the whole projection.
+    Olmoe,
+    /// Granite MoE: routed experts, embedding/residual/attention/logit multipliers.
+    Granitemoe,
+    /// Qwen2-MoE: routed experts plus a sigmoid-gated shared expert, q/k/v biases.
+    Qwen2moe,
 }
 
 impl Family {
@@ -33,6 +39,9 @@ impl Family {
             Family::Llama => "llama",
             Family::Qwen2 => "qwen2",
             Family::Gemma3 => "gemma3",
+            Family::Olmoe => "olmoe",
+            Family::Granitemoe => "granitemoe",
+            Family::Qwen2moe => "qwen2moe",
         }
     }
 }
@@ -169,9 +178,11 @@ pub struct Attention {
     pub v: Linear,
     /// Output projection.
     pub o: Linear,
-    /// Per-head RMSNorm on queries (over `head_dim`).
+    /// RMSNorm on queries: per head when its weight has `head_dim` values (Gemma 3), over the
+    /// whole projection when it has `n_heads × head_dim` (OLMoE).
     pub q_norm: Option<RmsNorm>,
-    /// Per-head RMSNorm on keys.
+    /// RMSNorm on keys: per head (`head_dim` values) or over the whole projection
+    /// (`n_kv_heads × head_dim`).
     pub k_norm: Option<RmsNorm>,
     /// Norm applied to the attention output before the residual add.
     pub post_norm: Option<RmsNorm>,
@@ -216,6 +227,115 @@ pub struct Ffn {
     pub post_norm: Option<RmsNorm>,
 }
 
+/// How a mixture of experts turns router logits into the experts it runs and their weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Routing {
+    /// Softmax over all experts, then the `n_used` largest probabilities; with `renormalize`
+    /// those are divided by their sum (Mixtral; OLMoE and Qwen2-MoE `norm_topk_prob`; every
+    /// llama.cpp MoE graph that renormalises, Granite's included).
+    SoftmaxTopK {
+        /// Divide the chosen probabilities by their sum.
+        renormalize: bool,
+    },
+    /// The `n_used` largest logits, then a softmax over them (transformers' GraniteMoE).
+    TopKSoftmax,
+}
+
+/// One expert's projection: `out_features` rows starting at row `row_offset` of expert
+/// `expert`'s slice of a stacked `[n_experts, rows, in_features]` tensor (GGUF's
+/// `ffn_*_exps`, GraniteMoE's fused `input_linear`), or of a tensor of its own
+/// (`expert: None`: transformers' per-expert `experts.E.*_proj`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExpertLinear {
+    /// The tensor.
+    pub weight: WeightId,
+    /// Index into the tensor's outermost (expert) dimension, when stacked.
+    pub expert: Option<u32>,
+    /// First row of the projection inside the expert's slice.
+    pub row_offset: u32,
+    /// Input width.
+    pub in_features: u32,
+    /// Output width.
+    pub out_features: u32,
+}
+
+/// One routed expert: a gated FFN `down(act(gate(x)) * up(x))`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Expert {
+    /// Gate projection.
+    pub gate: ExpertLinear,
+    /// Up projection.
+    pub up: ExpertLinear,
+    /// Down projection.
+    pub down: ExpertLinear,
+}
+
+/// An expert every token runs beside the routed ones (Qwen2-MoE), optionally scaled by a
+/// per-token sigmoid gate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SharedExpert {
+    /// Gate projection.
+    pub gate: Linear,
+    /// Up projection.
+    pub up: Linear,
+    /// Down projection.
+    pub down: Linear,
+    /// `[1, hidden]` projection whose sigmoid scales the shared expert's output.
+    pub gate_inp: Option<Linear>,
+}
+
+/// A routed mixture-of-experts FFN block: `Σ_i w_i · expert_{e_i}(x)` over the `n_used`
+/// experts the router picks for each token (summed in pick order), plus a shared expert.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Moe {
+    /// Pre-FFN norm.
+    pub norm: RmsNorm,
+    /// `[n_experts, hidden]` router.
+    pub router: Linear,
+    /// Routing rule.
+    pub routing: Routing,
+    /// Experts each token runs.
+    pub n_used: u32,
+    /// The experts, by index.
+    pub experts: Vec<Expert>,
+    /// Activation on each expert's gate.
+    pub activation: Activation,
+    /// The shared expert, when present.
+    pub shared: Option<SharedExpert>,
+    /// Norm applied to the block's output before the residual add.
+    pub post_norm: Option<RmsNorm>,
+}
+
+/// The FFN part of a block. Serialized without a tag (a dense block as a plain [`Ffn`]), so
+/// dense models keep the fingerprints they had before mixtures of experts existed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum FfnRegion {
+    /// A dense gated FFN.
+    Dense(Ffn),
+    /// A mixture of experts.
+    Moe(Moe),
+}
+
+impl FfnRegion {
+    /// The pre-FFN norm.
+    pub fn norm(&self) -> &RmsNorm {
+        match self {
+            FfnRegion::Dense(f) => &f.norm,
+            FfnRegion::Moe(m) => &m.norm,
+        }
+    }
+
+    /// The dense FFN, when the block is dense.
+    pub fn dense(&self) -> Option<&Ffn> {
+        match self {
+            FfnRegion::Dense(f) => Some(f),
+            FfnRegion::Moe(_) => None,
+        }
+    }
+}
+
 /// One transformer block.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LayerRegion {
@@ -224,7 +344,7 @@ pub struct LayerRegion {
     /// Attention part.
     pub attention: Attention,
     /// FFN part.
-    pub ffn: Ffn,
+    pub ffn: FfnRegion,
 }
 
 /// Token embedding lookup.
@@ -245,6 +365,9 @@ pub struct LmHead {
     pub tied: bool,
     /// Final logit soft-capping `c·tanh(x/c)`, when present.
     pub softcap: Option<f32>,
+    /// Multiplier applied to the logits (Granite: `1 / logits_scaling`), when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_scale: Option<f32>,
 }
 
 /// Special token ids that drive generation.
@@ -277,6 +400,10 @@ pub struct ModelIr {
     pub layers: Vec<LayerRegion>,
     /// Final norm.
     pub final_norm: RmsNorm,
+    /// Multiplier on each block's attention and FFN outputs before their residual adds
+    /// (Granite's `residual_multiplier`), when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residual_scale: Option<f32>,
     /// LM head.
     pub lm_head: LmHead,
     /// Special tokens.
@@ -307,6 +434,13 @@ impl ModelIr {
         // Serialising plain data with derived impls cannot fail.
         let json = serde_json::to_vec(&copy).unwrap_or_default();
         blake3::hash(&json).to_hex().to_string()
+    }
+
+    /// Whether any block is a mixture of experts.
+    pub fn is_moe(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l.ffn, FfnRegion::Moe(_)))
     }
 
     /// Largest `head_dim × n_kv_heads` over layers (the KV row width).

@@ -75,7 +75,6 @@ fn site_weights(model: &Model) -> BTreeMap<Site, (Vec<String>, usize)> {
     let mut m = BTreeMap::new();
     for (il, l) in ir.layers.iter().enumerate() {
         let a = &l.attention;
-        let f = &l.ffn;
         let site = |stage| Site {
             layer: Some(il),
             stage,
@@ -91,17 +90,32 @@ fn site_weights(model: &Model) -> BTreeMap<Site, (Vec<String>, usize)> {
             site(Stage::KqvOut),
             (vec![name(a.o.weight)], a.o.in_features as usize),
         );
-        m.insert(
-            site(Stage::FfnNorm),
-            (
-                vec![name(f.gate.weight), name(f.up.weight)],
-                f.gate.in_features as usize,
-            ),
-        );
-        m.insert(
-            site(Stage::FfnAct),
-            (vec![name(f.down.weight)], f.down.in_features as usize),
-        );
+        match &l.ffn {
+            synapse_model::FfnRegion::Dense(f) => {
+                m.insert(
+                    site(Stage::FfnNorm),
+                    (
+                        vec![name(f.gate.weight), name(f.up.weight)],
+                        f.gate.in_features as usize,
+                    ),
+                );
+                m.insert(
+                    site(Stage::FfnAct),
+                    (vec![name(f.down.weight)], f.down.in_features as usize),
+                );
+            }
+            // A mixture's normed input feeds its router and shared expert; the routed
+            // experts see subsets of the rows, which the stage taps do not separate (their
+            // weights keep the source encoding).
+            synapse_model::FfnRegion::Moe(moe) => {
+                let mut w = vec![name(moe.router.weight)];
+                if let Some(sh) = &moe.shared {
+                    w.extend([name(sh.gate.weight), name(sh.up.weight)]);
+                    w.extend(sh.gate_inp.as_ref().map(|g| name(g.weight)));
+                }
+                m.insert(site(Stage::FfnNorm), (w, moe.router.in_features as usize));
+            }
+        }
     }
     m.insert(
         Site {

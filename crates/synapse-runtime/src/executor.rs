@@ -25,7 +25,8 @@ use synapse_model::Activation;
 use crate::attention::{AttnState, attention};
 use crate::error::{Result, RuntimeError};
 use crate::kv::{KvCache, SlotId};
-use crate::load::{LinearW, Model, NormW};
+use crate::load::{FfnW, LinearW, Model, NormW};
+use crate::moe::{self, MoeScratch};
 use crate::tap::{Stage, Tap};
 
 /// One row of a batch.
@@ -88,6 +89,8 @@ struct Scratch {
     runs: Vec<(usize, OrderClass)>,
     /// Attention's work items and scores.
     attn: AttnState,
+    /// Mixture-of-experts blocks.
+    moe: MoeScratch,
 }
 
 fn ensure(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
@@ -313,12 +316,16 @@ impl Executor {
                     ops::rms_norm_inplace(t, &pn.w, pn.eps);
                 }
             }
+            if let Some(rs) = m.residual_scale {
+                for t in &mut s.tmp[..n * hd] {
+                    *t *= rs;
+                }
+            }
             for (x, t) in s.x[..n * hd].iter_mut().zip(&s.tmp[..n * hd]) {
                 *x += *t;
             }
             tap(&mut self.tap, Stage::FfnInp, Some(il), n, &s.x[..n * hd]);
             // FFN.
-            let ff = l.gate.m.rows();
             norm_rows(
                 &s.x[..n * hd],
                 hd,
@@ -327,56 +334,83 @@ impl Executor {
                 &mut self.ctx,
             );
             tap(&mut self.tap, Stage::FfnNorm, Some(il), n, &s.xn[..n * hd]);
-            linear(
-                &l.gate,
-                &s.xn[..n * hd],
-                &s.runs,
-                ensure(&mut s.g, n * ff),
-                &mut self.ctx,
-            )?;
-            linear(
-                &l.up,
-                &s.xn[..n * hd],
-                &s.runs,
-                ensure(&mut s.u, n * ff),
-                &mut self.ctx,
-            )?;
-            tap(&mut self.tap, Stage::FfnGate, Some(il), n, &s.g[..n * ff]);
-            tap(&mut self.tap, Stage::FfnUp, Some(il), n, &s.u[..n * ff]);
-            let hp = OutPtr(ensure(&mut s.h, n * ff).as_mut_ptr());
-            let (gs, us) = (&s.g[..n * ff], &s.u[..n * ff]);
-            let table = m.gelu_f16_table;
-            self.ctx.parallel_for(n, 16 * n * ff, &|r0, r1| {
-                let (g, u) = (&gs[r0 * ff..r1 * ff], &us[r0 * ff..r1 * ff]);
-                // SAFETY: rows r0..r1 of h belong to this chunk alone (h holds n·ff values).
-                let h = unsafe {
-                    std::slice::from_raw_parts_mut(hp.get().add(r0 * ff), (r1 - r0) * ff)
-                };
-                match l.act {
-                    Activation::GeluTanh => ops::geglu(g, u, h, table),
-                    Activation::Silu => {
-                        for ((g, u), h) in g
-                            .chunks_exact(ff)
-                            .zip(u.chunks_exact(ff))
-                            .zip(h.chunks_exact_mut(ff))
-                        {
-                            ggml_f32::swiglu(g, u, h);
+            match &l.ffn {
+                FfnW::Dense {
+                    gate,
+                    up,
+                    down,
+                    act,
+                } => {
+                    let ff = gate.m.rows();
+                    linear(
+                        gate,
+                        &s.xn[..n * hd],
+                        &s.runs,
+                        ensure(&mut s.g, n * ff),
+                        &mut self.ctx,
+                    )?;
+                    linear(
+                        up,
+                        &s.xn[..n * hd],
+                        &s.runs,
+                        ensure(&mut s.u, n * ff),
+                        &mut self.ctx,
+                    )?;
+                    tap(&mut self.tap, Stage::FfnGate, Some(il), n, &s.g[..n * ff]);
+                    tap(&mut self.tap, Stage::FfnUp, Some(il), n, &s.u[..n * ff]);
+                    let hp = OutPtr(ensure(&mut s.h, n * ff).as_mut_ptr());
+                    let (gs, us) = (&s.g[..n * ff], &s.u[..n * ff]);
+                    let table = m.gelu_f16_table;
+                    let act = *act;
+                    self.ctx.parallel_for(n, 16 * n * ff, &|r0, r1| {
+                        let (g, u) = (&gs[r0 * ff..r1 * ff], &us[r0 * ff..r1 * ff]);
+                        // SAFETY: rows r0..r1 of h belong to this chunk alone (h holds n·ff
+                        // values).
+                        let h = unsafe {
+                            std::slice::from_raw_parts_mut(hp.get().add(r0 * ff), (r1 - r0) * ff)
+                        };
+                        match act {
+                            Activation::GeluTanh => ops::geglu(g, u, h, table),
+                            Activation::Silu => {
+                                for ((g, u), h) in g
+                                    .chunks_exact(ff)
+                                    .zip(u.chunks_exact(ff))
+                                    .zip(h.chunks_exact_mut(ff))
+                                {
+                                    ggml_f32::swiglu(g, u, h);
+                                }
+                            }
                         }
-                    }
+                    });
+                    tap(&mut self.tap, Stage::FfnAct, Some(il), n, &s.h[..n * ff]);
+                    linear(
+                        down,
+                        &s.h[..n * ff],
+                        &s.runs,
+                        ensure(&mut s.tmp, n * hd),
+                        &mut self.ctx,
+                    )?;
                 }
-            });
-            tap(&mut self.tap, Stage::FfnAct, Some(il), n, &s.h[..n * ff]);
-            linear(
-                &l.down,
-                &s.h[..n * ff],
-                &s.runs,
-                ensure(&mut s.tmp, n * hd),
-                &mut self.ctx,
-            )?;
+                FfnW::Moe(moe) => moe::forward(
+                    moe,
+                    &s.xn[..n * hd],
+                    &s.runs,
+                    hd,
+                    ensure(&mut s.tmp, n * hd),
+                    &mut s.moe,
+                    &mut self.ctx,
+                    m.gelu_f16_table,
+                )?,
+            }
             tap(&mut self.tap, Stage::FfnOut, Some(il), n, &s.tmp[..n * hd]);
             if let Some(pn) = &l.ffn_post_norm {
                 for t in s.tmp[..n * hd].chunks_exact_mut(hd) {
                     ops::rms_norm_inplace(t, &pn.w, pn.eps);
+                }
+            }
+            if let Some(rs) = m.residual_scale {
+                for t in &mut s.tmp[..n * hd] {
+                    *t *= rs;
                 }
             }
             for (x, t) in s.x[..n * hd].iter_mut().zip(&s.tmp[..n * hd]) {
@@ -451,6 +485,11 @@ impl Executor {
         if let Some(c) = m.softcap {
             for v in logits.iter_mut() {
                 *v = c * (*v / c).tanh();
+            }
+        }
+        if let Some(ls) = m.logit_scale {
+            for v in logits.iter_mut() {
+                *v *= ls;
             }
         }
         tap(
@@ -548,13 +587,14 @@ fn rope_row(
     k: &mut [f32],
     cs: &mut [(f32, f32)],
 ) {
+    // Per head (a `head_dim` weight), or over the whole projection (OLMoE).
     if let Some(nq) = &l.q_norm {
-        for h in q.chunks_exact_mut(l.head_dim) {
+        for h in q.chunks_exact_mut(nq.w.len()) {
             ops::rms_norm_inplace(h, &nq.w, nq.eps);
         }
     }
     if let Some(nk) = &l.k_norm {
-        for h in k.chunks_exact_mut(l.head_dim) {
+        for h in k.chunks_exact_mut(nk.w.len()) {
             ops::rms_norm_inplace(h, &nk.w, nk.eps);
         }
     }

@@ -6,6 +6,9 @@
 //!   `PackageModel`: its stored graph and verified objects).
 //! - [`Executor::forward`]: one pass over a ragged batch of [`Row`]s (session, position,
 //!   token), several sessions per pass, logits only where asked.
+//! - Mixture-of-experts blocks (`moe`, private): router, expert grouping (all rows routed to
+//!   one expert share one kernel call per projection) and the weighted sum in llama.cpp's
+//!   order.
 //! - [`KvCache`]: per-session slots, f32 or f16, sliding-window rings, prefix reuse, an
 //!   identity that includes the precision-profile hash.
 //! - [`Sampler`] and [`generate`]: sampling and the generation loop for one session (chunked
@@ -32,6 +35,7 @@ pub mod generate;
 pub mod importance;
 pub mod kv;
 pub mod load;
+mod moe;
 pub mod perplexity;
 pub mod precision;
 pub mod profile;

@@ -14,7 +14,8 @@ use synapse_formats::safetensors::SafetensorsModel;
 use synapse_import::PackageModel;
 use synapse_kernels::{QuantMatrix, RopeStyle};
 use synapse_model::{
-    Activation, FreqFactors, Linear, ModelIr, RmsNorm, SourceDesc, SourceKind, WeightId,
+    Activation, ExpertLinear, FfnRegion, FreqFactors, Linear, ModelIr, RmsNorm, Routing,
+    SourceDesc, SourceKind, WeightId,
 };
 
 use crate::error::{Result, RuntimeError};
@@ -30,17 +31,23 @@ enum Source<'a> {
     Package(&'a PackageModel),
 }
 
-/// One tensor of a memory-mapped GGUF, lent to a [`QuantMatrix`] without a copy.
+/// One tensor of a memory-mapped GGUF (or the byte range `range` of it: one expert of a
+/// stacked expert tensor), lent to a [`QuantMatrix`] without a copy.
 struct GgufTensor {
     file: Arc<GgufFile>,
     index: usize,
+    range: Option<std::ops::Range<usize>>,
 }
 
 impl synapse_kernels::WeightSource for GgufTensor {
     fn bytes(&self) -> &[u8] {
-        match self.file.tensors().get(self.index) {
+        let all = match self.file.tensors().get(self.index) {
             Some(t) => self.file.tensor_data(t),
             None => &[],
+        };
+        match &self.range {
+            Some(r) => all.get(r.clone()).unwrap_or(&[]),
+            None => all,
         }
     }
 }
@@ -57,10 +64,73 @@ impl Source<'_> {
             let src = Arc::new(GgufTensor {
                 file: f.clone(),
                 index,
+                range: None,
             });
             return Ok(QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?);
         }
         Ok(QuantMatrix::from_ggml(w.encoding, bytes, rows, cols)?)
+    }
+
+    /// One expert's projection as a matrix: its rows of a stacked expert tensor (borrowed
+    /// from a GGUF's mapping, copied from the other sources).
+    fn expert_matrix(&self, ir: &ModelIr, e: &ExpertLinear) -> Result<QuantMatrix> {
+        let w = ir.weight(e.weight);
+        let bad = |reason: String| RuntimeError::WeightData {
+            name: w.name.clone(),
+            reason,
+        };
+        let (rows, cols) = (e.out_features as usize, e.in_features as usize);
+        let block = w.encoding.block_size();
+        if cols == 0 || !cols.is_multiple_of(block) {
+            return Err(bad(format!(
+                "{cols} columns are not a multiple of {}'s block of {block}",
+                w.encoding.name()
+            )));
+        }
+        let row_bytes = cols / block * w.encoding.type_size();
+        // Rows of one expert's slice: the middle dimension of [n_expert, rows, cols].
+        let (slice_rows, expert) = match (e.expert, w.shape.as_slice()) {
+            (Some(x), [ne, r, c]) if *c as usize == cols && u64::from(x) < *ne => (*r, x as u64),
+            (None, [r, c]) if *c as usize == cols => (*r, 0),
+            _ => {
+                return Err(bad(format!(
+                    "shape {:?} has no expert {:?}",
+                    w.shape, e.expert
+                )));
+            }
+        };
+        if u64::from(e.row_offset) + rows as u64 > slice_rows {
+            return Err(bad(format!(
+                "rows {}..{} outside the expert's {slice_rows}",
+                e.row_offset,
+                e.row_offset as usize + rows
+            )));
+        }
+        let first = (expert * slice_rows + u64::from(e.row_offset)) as usize;
+        let range = first * row_bytes..(first + rows) * row_bytes;
+        let bytes = self.bytes(ir, e.weight)?;
+        if range.end > bytes.len() {
+            return Err(bad(format!(
+                "{} bytes, expert needs {range:?}",
+                bytes.len()
+            )));
+        }
+        if let Source::Gguf(f) = self
+            && let Some(index) = f.tensors().iter().position(|t| t.name == w.name)
+        {
+            let src = Arc::new(GgufTensor {
+                file: f.clone(),
+                index,
+                range: Some(range),
+            });
+            return Ok(QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?);
+        }
+        Ok(QuantMatrix::from_ggml(
+            w.encoding,
+            &bytes[range],
+            rows,
+            cols,
+        )?)
     }
 
     fn bytes(&self, ir: &ModelIr, id: WeightId) -> Result<&[u8]> {
@@ -150,52 +220,132 @@ pub struct LayerW {
     pub scale: f32,
     /// Pre-FFN norm.
     pub ffn_norm: NormW,
+    /// The FFN: dense, or a mixture of experts.
+    pub ffn: FfnW,
+    /// Post-FFN norm.
+    pub ffn_post_norm: Option<NormW>,
+}
+
+/// A layer's FFN ready to run.
+#[derive(Debug, Clone)]
+pub enum FfnW {
+    /// A dense gated FFN.
+    Dense {
+        /// Gate projection.
+        gate: LinearW,
+        /// Up projection.
+        up: LinearW,
+        /// Down projection.
+        down: LinearW,
+        /// Activation on the gate.
+        act: Activation,
+    },
+    /// A mixture of experts.
+    Moe(Box<MoeW>),
+}
+
+/// One routed expert's projections.
+#[derive(Debug, Clone)]
+pub struct ExpertW {
+    /// Gate projection (`ff × hidden`).
+    pub gate: Arc<QuantMatrix>,
+    /// Up projection (`ff × hidden`).
+    pub up: Arc<QuantMatrix>,
+    /// Down projection (`hidden × ff`).
+    pub down: Arc<QuantMatrix>,
+}
+
+/// A shared expert (every token runs it), optionally scaled by a sigmoid gate.
+#[derive(Debug, Clone)]
+pub struct SharedW {
     /// Gate projection.
     pub gate: LinearW,
     /// Up projection.
     pub up: LinearW,
     /// Down projection.
     pub down: LinearW,
-    /// FFN activation.
+    /// `1 × hidden` gate whose sigmoid scales the output.
+    pub gate_inp: Option<LinearW>,
+}
+
+/// A mixture-of-experts FFN ready to run.
+#[derive(Debug, Clone)]
+pub struct MoeW {
+    /// `n_expert × hidden` router.
+    pub router: LinearW,
+    /// Routing rule.
+    pub routing: Routing,
+    /// Experts each token runs.
+    pub n_used: usize,
+    /// The experts.
+    pub experts: Vec<ExpertW>,
+    /// Activation on each expert's gate.
     pub act: Activation,
-    /// Post-FFN norm.
-    pub ffn_post_norm: Option<NormW>,
+    /// The shared expert.
+    pub shared: Option<SharedW>,
+}
+
+impl MoeW {
+    /// Bytes of one expert's three projections (the experts of a block are alike).
+    pub fn expert_bytes(&self) -> usize {
+        self.experts.first().map_or(0, |e| {
+            e.gate.weight_bytes() + e.up.weight_bytes() + e.down.weight_bytes()
+        })
+    }
 }
 
 impl LayerW {
-    /// The layer's linears in IR order: q, k, v, o, gate, up, down.
-    pub fn linears(&self) -> [&LinearW; 7] {
-        [
-            &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
-        ]
+    /// The layer's dense linears in IR order: q, k, v, o, then gate, up, down of a dense FFN
+    /// or a mixture's router and shared expert (gate, up, down, gate input). Routed experts
+    /// are not among them (see [`FfnW::Moe`]).
+    pub fn linears(&self) -> Vec<&LinearW> {
+        let mut v = vec![&self.q, &self.k, &self.v, &self.o];
+        match &self.ffn {
+            FfnW::Dense { gate, up, down, .. } => v.extend([gate, up, down]),
+            FfnW::Moe(m) => {
+                v.push(&m.router);
+                if let Some(s) = &m.shared {
+                    v.extend([&s.gate, &s.up, &s.down]);
+                    v.extend(s.gate_inp.as_ref());
+                }
+            }
+        }
+        v
     }
 
     /// [`LayerW::linears`], mutably.
-    pub(crate) fn linears_mut(&mut self) -> [&mut LinearW; 7] {
-        [
-            &mut self.q,
-            &mut self.k,
-            &mut self.v,
-            &mut self.o,
-            &mut self.gate,
-            &mut self.up,
-            &mut self.down,
-        ]
+    pub(crate) fn linears_mut(&mut self) -> Vec<&mut LinearW> {
+        let mut v = vec![&mut self.q, &mut self.k, &mut self.v, &mut self.o];
+        match &mut self.ffn {
+            FfnW::Dense { gate, up, down, .. } => v.extend([gate, up, down]),
+            FfnW::Moe(m) => {
+                let m = &mut **m;
+                v.push(&mut m.router);
+                if let Some(s) = &mut m.shared {
+                    v.extend([&mut s.gate, &mut s.up, &mut s.down]);
+                    v.extend(s.gate_inp.as_mut());
+                }
+            }
+        }
+        v
     }
 }
 
 /// The IR weight ids of a layer's linears, in [`LayerW::linears`]' order.
-pub(crate) fn layer_weight_ids(r: &synapse_model::LayerRegion) -> [synapse_model::WeightId; 7] {
-    let (a, f) = (&r.attention, &r.ffn);
-    [
-        a.q.weight,
-        a.k.weight,
-        a.v.weight,
-        a.o.weight,
-        f.gate.weight,
-        f.up.weight,
-        f.down.weight,
-    ]
+pub(crate) fn layer_weight_ids(r: &synapse_model::LayerRegion) -> Vec<synapse_model::WeightId> {
+    let a = &r.attention;
+    let mut v = vec![a.q.weight, a.k.weight, a.v.weight, a.o.weight];
+    match &r.ffn {
+        FfnRegion::Dense(f) => v.extend([f.gate.weight, f.up.weight, f.down.weight]),
+        FfnRegion::Moe(m) => {
+            v.push(m.router.weight);
+            if let Some(s) = &m.shared {
+                v.extend([s.gate.weight, s.up.weight, s.down.weight]);
+                v.extend(s.gate_inp.as_ref().map(|g| g.weight));
+            }
+        }
+    }
+    v
 }
 
 /// A loaded model: the IR, its profile and executable weights.
@@ -218,8 +368,13 @@ pub struct Model {
     /// Final logit soft-cap.
     pub softcap: Option<f32>,
     /// Run GELU through ggml's fp16 table (GGUF sources, to match llama.cpp bit for bit)
-    /// instead of the exact tanh formula (HF sources, to match transformers).
+    /// instead of the exact tanh formula (HF sources, to match transformers); likewise a
+    /// shared expert's sigmoid gate as llama.cpp's `silu(x) / x` instead of `1 / (1 + e^-x)`.
     pub gelu_f16_table: bool,
+    /// Multiplier on each block's attention and FFN outputs before the residual adds.
+    pub residual_scale: Option<f32>,
+    /// Multiplier on the logits.
+    pub logit_scale: Option<f32>,
 }
 
 impl Model {
@@ -294,7 +449,50 @@ impl Model {
         let mut layers = Vec::with_capacity(ir.layers.len());
         for l in &ir.layers {
             let a = &l.attention;
-            let f = &l.ffn;
+            let ffn = match &l.ffn {
+                FfnRegion::Dense(f) => FfnW::Dense {
+                    gate: linear(&f.gate)?,
+                    up: linear(&f.up)?,
+                    down: linear(&f.down)?,
+                    act: f.activation,
+                },
+                FfnRegion::Moe(m) => {
+                    let mut experts = Vec::with_capacity(m.experts.len());
+                    for e in &m.experts {
+                        let mat = |el: &ExpertLinear| -> Result<Arc<QuantMatrix>> {
+                            let w = ir.weight(el.weight);
+                            check_profile(&profile, &w.name, w.encoding)?;
+                            Ok(Arc::new(src.expert_matrix(&ir, el)?))
+                        };
+                        experts.push(ExpertW {
+                            gate: mat(&e.gate)?,
+                            up: mat(&e.up)?,
+                            down: mat(&e.down)?,
+                        });
+                    }
+                    let shared = match &m.shared {
+                        Some(s) => Some(SharedW {
+                            gate: linear(&s.gate)?,
+                            up: linear(&s.up)?,
+                            down: linear(&s.down)?,
+                            gate_inp: s.gate_inp.as_ref().map(linear).transpose()?,
+                        }),
+                        None => None,
+                    };
+                    FfnW::Moe(Box::new(MoeW {
+                        router: linear(&m.router)?,
+                        routing: m.routing,
+                        n_used: m.n_used as usize,
+                        experts,
+                        act: m.activation,
+                        shared,
+                    }))
+                }
+            };
+            let (ffn_norm, ffn_post_norm) = match &l.ffn {
+                FfnRegion::Dense(f) => (&f.norm, &f.post_norm),
+                FfnRegion::Moe(m) => (&m.norm, &m.post_norm),
+            };
             let freq_factors = match &a.rope.freq_factors {
                 None => None,
                 Some(FreqFactors::Values(v)) => Some(v.clone()),
@@ -321,12 +519,9 @@ impl Model {
                 },
                 window: a.window.map(|w| w as usize),
                 scale: a.scale,
-                ffn_norm: norm(&f.norm)?,
-                gate: linear(&f.gate)?,
-                up: linear(&f.up)?,
-                down: linear(&f.down)?,
-                act: f.activation,
-                ffn_post_norm: f.post_norm.as_ref().map(norm).transpose()?,
+                ffn_norm: norm(ffn_norm)?,
+                ffn,
+                ffn_post_norm: ffn_post_norm.as_ref().map(norm).transpose()?,
             });
         }
         let final_norm = norm(&ir.final_norm)?;
@@ -334,6 +529,8 @@ impl Model {
             embd_scale: ir.embedding.scale,
             softcap: ir.lm_head.softcap,
             gelu_f16_table: ir.source == SourceKind::Gguf,
+            residual_scale: ir.residual_scale,
+            logit_scale: ir.lm_head.logit_scale,
             embd,
             layers,
             final_norm,
@@ -353,14 +550,24 @@ impl Model {
         self.ir.hparams.hidden as usize
     }
 
-    /// Weight bytes one decode step reads: every layer's linears and the LM head (the token
+    /// Weight bytes one decode step reads: every layer's linears (of a mixture of experts,
+    /// the router, the shared expert and `n_used` routed experts) and the LM head (the token
     /// embedding only as the tied LM head: a lookup reads one row of it).
     pub fn decode_read_bytes(&self) -> usize {
         let layers: usize = self
             .layers
             .iter()
-            .flat_map(|l| l.linears())
-            .map(|l| l.m.weight_bytes())
+            .map(|l| {
+                let experts = match &l.ffn {
+                    FfnW::Moe(m) => m.n_used * m.expert_bytes(),
+                    FfnW::Dense { .. } => 0,
+                };
+                experts
+                    + l.linears()
+                        .iter()
+                        .map(|l| l.m.weight_bytes())
+                        .sum::<usize>()
+            })
             .sum();
         self.head.m.weight_bytes() + layers
     }
@@ -384,8 +591,13 @@ impl Model {
         n + self
             .layers
             .iter()
-            .flat_map(|l| l.linears())
-            .map(lin)
+            .map(|l| {
+                let experts = match &l.ffn {
+                    FfnW::Moe(m) => m.experts.len() * m.expert_bytes(),
+                    FfnW::Dense { .. } => 0,
+                };
+                experts + l.linears().into_iter().map(lin).sum::<usize>()
+            })
             .sum::<usize>()
     }
 }

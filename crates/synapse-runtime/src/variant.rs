@@ -214,6 +214,8 @@ impl Model {
             head,
             softcap: self.softcap,
             gelu_f16_table: self.gelu_f16_table,
+            residual_scale: self.residual_scale,
+            logit_scale: self.logit_scale,
         };
         Ok((model, stats))
     }

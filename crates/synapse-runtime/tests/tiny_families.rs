@@ -136,3 +136,47 @@ fn tiny_qwen2_q8_0() {
 fn tiny_gemma3_q8_0() {
     check_family("gemma3", true);
 }
+
+// Mixture-of-experts families (router, expert grouping, weighted sum in llama.cpp's order;
+// OLMoE's whole-projection q/k norms, Granite's multipliers, Qwen2-MoE's gated shared
+// expert, Mixtral as a `llama` GGUF with experts).
+
+#[test]
+fn tiny_olmoe() {
+    check_family("olmoe", false);
+}
+
+#[test]
+fn tiny_olmoe_q8_0() {
+    check_family("olmoe", true);
+}
+
+#[test]
+fn tiny_granitemoe() {
+    check_family("granitemoe", false);
+}
+
+#[test]
+fn tiny_granitemoe_q8_0() {
+    check_family("granitemoe", true);
+}
+
+#[test]
+fn tiny_qwen2moe() {
+    check_family("qwen2moe", false);
+}
+
+#[test]
+fn tiny_qwen2moe_q8_0() {
+    check_family("qwen2moe", true);
+}
+
+#[test]
+fn tiny_mixtral() {
+    check_family("mixtral", false);
+}
+
+#[test]
+fn tiny_mixtral_q8_0() {
+    check_family("mixtral", true);
+}

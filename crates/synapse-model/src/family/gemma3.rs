@@ -169,7 +169,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
             window: if swa { window } else { None },
             scale,
         };
-        let ffn = Ffn {
+        let ffn = FfnRegion::Dense(Ffn {
             norm: b.norm(&n("ffn_norm", "pre_feedforward_layernorm"), h, eps, off)?,
             gate: b.linear(&n("ffn_gate", "mlp.gate_proj"), None, hidden, f)?,
             up: b.linear(&n("ffn_up", "mlp.up_proj"), None, hidden, f)?,
@@ -181,7 +181,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
                 eps,
                 off,
             )?),
-        };
+        });
         layers.push(LayerRegion {
             index: il,
             attention,
@@ -211,6 +211,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
         },
         tied,
         softcap,
+        logit_scale: None,
     };
     let special = b.special_tokens(true);
     let weights = b.finish()?;
@@ -239,6 +240,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
         },
         layers,
         final_norm,
+        residual_scale: None,
         lm_head,
         special,
         fingerprint: String::new(),

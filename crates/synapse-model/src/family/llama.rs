@@ -7,6 +7,7 @@
 //! in GGUF and `rope_scaling: {rope_type: llama3, …}` in `config.json`.
 
 use crate::error::Result;
+use crate::family::moe::{self, HfExperts, MoeSpec};
 use crate::family::{
     Builder, CoreDims, HfRopeScaling, gguf_rope_freq_scale, hf_rope_scaling, llama3_freq_factors,
 };
@@ -23,6 +24,13 @@ pub(crate) struct LlamaLike {
     pub gguf_rope: RopeStyle,
     /// Default for `tie_word_embeddings` when `config.json` does not say.
     pub hf_tie_default: bool,
+    /// q/k RMSNorms over the whole projection (OLMoE).
+    pub qk_norm: bool,
+    /// Granite's embedding, residual, attention and logit multipliers.
+    pub granite: bool,
+    /// The family's mixture-of-experts blocks (a GGUF `llama` is Mixtral exactly when it
+    /// stores experts, so it needs none).
+    pub moe: Option<MoeSpec>,
 }
 
 /// Builds the IR of a Llama model.
@@ -35,6 +43,30 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
             qkv_bias_required: false,
             gguf_rope: RopeStyle::Interleaved,
             hf_tie_default: false,
+            qk_norm: false,
+            granite: false,
+            moe: None,
+        },
+    )
+}
+
+/// Builds the IR of a Mixtral checkpoint (transformers' `mixtral`; its GGUFs are `llama`).
+pub fn build_mixtral(src: &SourceDesc) -> Result<ModelIr> {
+    build_llama_like(
+        src,
+        LlamaLike {
+            family: Family::Llama,
+            name: "mixtral",
+            qkv_bias_required: false,
+            gguf_rope: RopeStyle::Interleaved,
+            hf_tie_default: false,
+            qk_norm: false,
+            granite: false,
+            moe: Some(MoeSpec {
+                hf: HfExperts::Mixtral,
+                gguf_renormalize: true,
+                shared: false,
+            }),
         },
     )
 }
@@ -79,7 +111,27 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
         if b.src.get("use_sliding_window").and_then(|v| v.as_bool()) == Some(true) {
             return Err(b.unsupported("use_sliding_window = true"));
         }
+        if let Some(w) = b.src.get("sliding_window")
+            && o.moe.is_some_and(|m| m.hf == HfExperts::Mixtral)
+        {
+            return Err(b.unsupported(format!("Mixtral sliding_window {w:?}")));
+        }
+        if let Some(c) = b.src.get("clip_qkv") {
+            return Err(b.unsupported(format!("clip_qkv {c:?}")));
+        }
     }
+    // Granite's multipliers (1 = absent).
+    let granite = |gguf_key: &str, hf_key: &str| -> Result<Option<f32>> {
+        if !o.granite {
+            return Ok(None);
+        }
+        Ok(b.opt_f32(gguf_key, hf_key)?
+            .filter(|&x| x != 1.0 && x != 0.0))
+    };
+    let embedding_scale = granite("embedding_scale", "embedding_multiplier")?;
+    let residual_scale = granite("residual_scale", "residual_multiplier")?;
+    let attention_scale = granite("attention.scale", "attention_multiplier")?;
+    let logit_divisor = granite("logit_scale", "logits_scaling")?;
 
     let (embd_name, head_name, final_norm_name) = if gguf {
         ("token_embd.weight", "output.weight", "output_norm.weight")
@@ -153,14 +205,32 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
             b.require_bias(&k, &n("attn_k", "self_attn.k_proj", "bias"))?;
             b.require_bias(&v, &n("attn_v", "self_attn.v_proj", "bias"))?;
         }
+        let (q_norm, k_norm) = if o.qk_norm {
+            (
+                Some(b.norm(
+                    &n("attn_q_norm", "self_attn.q_norm", "weight"),
+                    q_out as u64,
+                    eps,
+                    0.0,
+                )?),
+                Some(b.norm(
+                    &n("attn_k_norm", "self_attn.k_norm", "weight"),
+                    kv_out as u64,
+                    eps,
+                    0.0,
+                )?),
+            )
+        } else {
+            (None, None)
+        };
         let attention = Attention {
             norm: b.norm(&n("attn_norm", "input_layernorm", "weight"), h, eps, 0.0)?,
             q,
             k,
             v,
             o: lin(&mut b, "attn_output", "self_attn.o_proj", q_out, hidden)?,
-            q_norm: None,
-            k_norm: None,
+            q_norm,
+            k_norm,
             post_norm: None,
             n_heads,
             n_kv_heads,
@@ -173,25 +243,30 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
                 freq_factors: freq_factors.clone(),
             },
             window: None,
-            scale: 1.0 / (head_dim as f32).sqrt(),
+            scale: attention_scale.unwrap_or(1.0 / (head_dim as f32).sqrt()),
         };
-        let ffn = Ffn {
-            norm: b.norm(
-                &n("ffn_norm", "post_attention_layernorm", "weight"),
-                h,
-                eps,
-                0.0,
-            )?,
-            gate: lin(&mut b, "ffn_gate", "mlp.gate_proj", hidden, ffn)?,
-            up: lin(&mut b, "ffn_up", "mlp.up_proj", hidden, ffn)?,
-            down: lin(&mut b, "ffn_down", "mlp.down_proj", ffn, hidden)?,
-            activation: Activation::Silu,
-            post_norm: None,
+        let norm = b.norm(
+            &n("ffn_norm", "post_attention_layernorm", "weight"),
+            h,
+            eps,
+            0.0,
+        )?;
+        let ffn_region = if moe::layer_is_moe(&b, o.moe.as_ref(), il)? {
+            FfnRegion::Moe(moe::build_moe(&mut b, o.moe.as_ref(), il, hidden, norm)?)
+        } else {
+            FfnRegion::Dense(Ffn {
+                norm,
+                gate: lin(&mut b, "ffn_gate", "mlp.gate_proj", hidden, ffn)?,
+                up: lin(&mut b, "ffn_up", "mlp.up_proj", hidden, ffn)?,
+                down: lin(&mut b, "ffn_down", "mlp.down_proj", ffn, hidden)?,
+                activation: Activation::Silu,
+                post_norm: None,
+            })
         };
         layers.push(LayerRegion {
             index: il,
             attention,
-            ffn,
+            ffn: ffn_region,
         });
     }
     let final_norm = b.norm(final_norm_name, h, eps, 0.0)?;
@@ -233,10 +308,11 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
         aliases,
         embedding: Embedding {
             weight: embd,
-            scale: 1.0,
+            scale: embedding_scale.unwrap_or(1.0),
         },
         layers,
         final_norm,
+        residual_scale,
         lm_head: LmHead {
             linear: Linear {
                 weight: head_w,
@@ -246,6 +322,7 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
             },
             tied,
             softcap: None,
+            logit_scale: logit_divisor.map(|d| 1.0 / d),
         },
         special,
         fingerprint: String::new(),

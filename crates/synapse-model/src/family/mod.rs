@@ -14,23 +14,49 @@ use crate::ir::*;
 use crate::source::{MetaValue, SourceDesc};
 
 pub mod gemma3;
+pub mod granitemoe;
 pub mod llama;
+pub(crate) mod moe;
+pub mod olmoe;
 pub mod qwen2;
+pub mod qwen2moe;
+
+/// An adapter: a source description to its IR.
+type Adapter = fn(&SourceDesc) -> Result<ModelIr>;
+
+/// Architecture names each family accepts (GGUF `general.architecture` and HF `model_type`)
+/// and the adapter that builds them.
+const ADAPTERS: &[(&str, Family, Adapter)] = &[
+    ("gemma3", Family::Gemma3, gemma3::build),
+    ("gemma3_text", Family::Gemma3, gemma3::build),
+    ("granitemoe", Family::Granitemoe, granitemoe::build),
+    ("llama", Family::Llama, llama::build),
+    ("mixtral", Family::Llama, llama::build_mixtral),
+    ("olmoe", Family::Olmoe, olmoe::build),
+    ("qwen2", Family::Qwen2, qwen2::build),
+    ("qwen2_moe", Family::Qwen2moe, qwen2moe::build),
+    ("qwen2moe", Family::Qwen2moe, qwen2moe::build),
+];
 
 /// Architecture names each family accepts (GGUF `general.architecture` and HF `model_type`).
 pub const SUPPORTED: &[(&str, Family)] = &[
     ("gemma3", Family::Gemma3),
     ("gemma3_text", Family::Gemma3),
+    ("granitemoe", Family::Granitemoe),
     ("llama", Family::Llama),
+    ("mixtral", Family::Llama),
+    ("olmoe", Family::Olmoe),
     ("qwen2", Family::Qwen2),
+    ("qwen2_moe", Family::Qwen2moe),
+    ("qwen2moe", Family::Qwen2moe),
 ];
 
 /// Builds the IR for a source, choosing the family adapter by architecture.
 pub fn build_ir(src: &SourceDesc) -> Result<ModelIr> {
-    let family = SUPPORTED
+    let build = ADAPTERS
         .iter()
-        .find(|(a, _)| *a == src.arch)
-        .map(|(_, f)| *f)
+        .find(|(a, _, _)| *a == src.arch)
+        .map(|(_, _, f)| *f)
         .ok_or_else(|| ModelError::UnsupportedArchitecture {
             arch: src.arch.clone(),
             supported: SUPPORTED
@@ -39,11 +65,7 @@ pub fn build_ir(src: &SourceDesc) -> Result<ModelIr> {
                 .collect::<Vec<_>>()
                 .join(", "),
         })?;
-    let mut ir = match family {
-        Family::Gemma3 => gemma3::build(src)?,
-        Family::Llama => llama::build(src)?,
-        Family::Qwen2 => qwen2::build(src)?,
-    };
+    let mut ir = build(src)?;
     ir.fingerprint = ir.compute_fingerprint();
     Ok(ir)
 }

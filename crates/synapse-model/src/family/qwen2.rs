@@ -16,6 +16,9 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
             qkv_bias_required: true,
             gguf_rope: RopeStyle::Neox,
             hf_tie_default: false,
+            qk_norm: false,
+            granite: false,
+            moe: None,
         },
     )
 }

@@ -1,0 +1,288 @@
+//! Mixture-of-experts FFN blocks: the router, expert grouping and the weighted sum, in
+//! llama.cpp's float order (`build_moe_ffn`, ggml's `mul_mat_id`).
+//!
+//! One pass over a ragged batch: the router's logits for every row (one matrix product in
+//! each row's own order class, like any projection), each row's picks, then the rows grouped
+//! by expert — all rows of every session that route to expert `e` go through **one** kernel
+//! call per projection of `e` — and each row's outputs summed in pick order.
+//!
+//! Facts this follows (llama.cpp `src/llama-graph.cpp`, ggml-cpu `mul_mat_id`):
+//! - ggml's `mul_mat_id` takes every (row, expert) product through the type's `vec_dot`
+//!   (the activation quantized to its `vec_dot_type`), whatever the number of rows routed to
+//!   the expert: so every expert call here runs in the one-row order
+//!   ([`OrderClass::One`](synapse_kernels::OrderClass)), and a row's expert outputs depend on
+//!   nothing but the row. That is what keeps the block batch-invariant.
+//! - Routing by softmax: [`ggml_f32::softmax_row`] over all experts, an argsort descending
+//!   (picks in decreasing probability), the picked probabilities as weights; renormalised by
+//!   their f64 sum rounded to f32 and clamped below at 2⁻¹⁴ (`ggml_sum_rows`, `ggml_clamp`,
+//!   `ggml_div`).
+//! - Each expert's output times its weight (rounded), then summed in pick order
+//!   (`((o₀w₀ + o₁w₁) + o₂w₂) + …`, one rounding per add, no fused step).
+//! - A shared expert (Qwen2-MoE) is a dense gated FFN over all rows, scaled per row by the
+//!   sigmoid of a one-output projection (llama.cpp: `silu(x) / x`), added after the routed
+//!   sum.
+
+use synapse_kernels::ggml_f32;
+use synapse_kernels::{KernelCtx, OrderClass, ops};
+use synapse_model::{Activation, Routing};
+
+use crate::error::{Result, RuntimeError};
+use crate::load::{LinearW, MoeW};
+
+/// Grow-only scratch of the MoE blocks (a pass allocates nothing once the largest pass has
+/// been seen).
+#[derive(Debug, Default)]
+pub(crate) struct MoeScratch {
+    /// `n × n_expert` router logits, then probabilities.
+    logits: Vec<f32>,
+    /// `n × n_used` picks: (expert, weight), in pick order.
+    picks: Vec<(u32, f32)>,
+    /// Argsort scratch (one row's expert indices).
+    order: Vec<u32>,
+    /// (row, pick slot) of every pick, grouped by expert.
+    members: Vec<(u32, u32)>,
+    /// Start of each expert's group in `members` (`n_expert + 1` values).
+    starts: Vec<usize>,
+    xg: Vec<f32>,
+    g: Vec<f32>,
+    u: Vec<f32>,
+    h: Vec<f32>,
+    yg: Vec<f32>,
+    /// `n × n_used × hidden` expert outputs, in pick order.
+    out: Vec<f32>,
+    /// Shared expert: gate, up, activation, output, and the per-row gate input.
+    sg: Vec<f32>,
+    su: Vec<f32>,
+    sh: Vec<f32>,
+    sy: Vec<f32>,
+    sgate: Vec<f32>,
+}
+
+fn ensure(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
+}
+
+/// `y = gate(act(g)) ⊙ u` row by row, in ggml's order for the activation.
+fn gated(act: Activation, g: &[f32], u: &[f32], h: &mut [f32], ff: usize, gelu_table: bool) {
+    for ((g, u), h) in g
+        .chunks_exact(ff)
+        .zip(u.chunks_exact(ff))
+        .zip(h.chunks_exact_mut(ff))
+    {
+        match act {
+            Activation::Silu => ggml_f32::swiglu(g, u, h),
+            Activation::GeluTanh => ops::geglu(g, u, h, gelu_table),
+        }
+    }
+}
+
+fn linear_runs(
+    l: &LinearW,
+    x: &[f32],
+    runs: &[(usize, OrderClass)],
+    y: &mut [f32],
+    ctx: &mut KernelCtx,
+) -> Result<()> {
+    l.m.matmul_runs(x, runs, y, ctx)?;
+    if let Some(b) = &l.bias {
+        for yr in y.chunks_exact_mut(b.len()) {
+            for (y, &b) in yr.iter_mut().zip(b) {
+                *y += b;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs a MoE block over `n` normed rows `xn` (`n × hidden`, `runs` their order classes)
+/// into `y` (`n × hidden`). `ggml_numerics`: the shared expert's sigmoid as llama.cpp
+/// computes it (GGUF sources) rather than `1 / (1 + e^-x)`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward(
+    m: &MoeW,
+    xn: &[f32],
+    runs: &[(usize, OrderClass)],
+    hd: usize,
+    y: &mut [f32],
+    s: &mut MoeScratch,
+    ctx: &mut KernelCtx,
+    ggml_numerics: bool,
+) -> Result<()> {
+    let n = xn.len() / hd;
+    let ne = m.experts.len();
+    let k = m.n_used;
+    if n == 0 {
+        return Ok(());
+    }
+    if k == 0 || k > ne {
+        return Err(RuntimeError::InvalidParam {
+            name: "n_used",
+            reason: format!("{k} experts per token of {ne}"),
+        });
+    }
+    // Router.
+    let logits = ensure(&mut s.logits, n * ne);
+    linear_runs(&m.router, xn, runs, logits, ctx)?;
+    // Picks.
+    s.picks.clear();
+    for row in logits.chunks_exact_mut(ne) {
+        s.order.clear();
+        s.order.extend(0..ne as u32);
+        match m.routing {
+            Routing::SoftmaxTopK { renormalize } => {
+                ggml_f32::softmax_row(row);
+                let r: &[f32] = row;
+                // Descending; ties (measure zero) to the lower index.
+                s.order.sort_by(|&a, &b| {
+                    r[b as usize]
+                        .partial_cmp(&r[a as usize])
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                        .then(a.cmp(&b))
+                });
+                let at = s.picks.len();
+                s.picks
+                    .extend(s.order[..k].iter().map(|&e| (e, r[e as usize])));
+                if renormalize {
+                    let sum = s.picks[at..].iter().map(|p| p.1 as f64).sum::<f64>() as f32;
+                    let sum = sum.max(6.103_515_6e-5);
+                    for p in &mut s.picks[at..] {
+                        p.1 /= sum;
+                    }
+                }
+            }
+            Routing::TopKSoftmax => {
+                let r: &[f32] = row;
+                s.order.sort_by(|&a, &b| {
+                    r[b as usize]
+                        .partial_cmp(&r[a as usize])
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                        .then(a.cmp(&b))
+                });
+                let mut top = [0f32; 64];
+                let kk = k.min(64);
+                for (t, &e) in top.iter_mut().zip(&s.order[..kk]) {
+                    *t = r[e as usize];
+                }
+                ggml_f32::softmax_row(&mut top[..kk]);
+                s.picks
+                    .extend(s.order[..kk].iter().zip(&top[..kk]).map(|(&e, &w)| (e, w)));
+                if kk < k {
+                    return Err(RuntimeError::InvalidParam {
+                        name: "n_used",
+                        reason: format!("{k} experts per token (at most 64 with top-k softmax)"),
+                    });
+                }
+            }
+        }
+    }
+    // Group (row, slot) by expert: a counting sort, rows ascending within an expert.
+    s.starts.clear();
+    s.starts.resize(ne + 1, 0);
+    for &(e, _) in &s.picks {
+        s.starts[e as usize + 1] += 1;
+    }
+    for e in 0..ne {
+        s.starts[e + 1] += s.starts[e];
+    }
+    s.members.clear();
+    s.members.resize(n * k, (0, 0));
+    {
+        // Fill cursors live in `order` (reused; `ne` values).
+        s.order.clear();
+        s.order.extend(s.starts[..ne].iter().map(|&v| v as u32));
+        for (i, &(e, _)) in s.picks.iter().enumerate() {
+            let c = &mut s.order[e as usize];
+            s.members[*c as usize] = ((i / k) as u32, (i % k) as u32);
+            *c += 1;
+        }
+    }
+    // Experts: one call per projection for all rows routed to it, in the one-row order.
+    let out = ensure(&mut s.out, n * k * hd);
+    for (e, ex) in m.experts.iter().enumerate() {
+        let group = &s.members[s.starts[e]..s.starts[e + 1]];
+        let me = group.len();
+        if me == 0 {
+            continue;
+        }
+        let ff = ex.gate.rows();
+        let xg = ensure(&mut s.xg, me * hd);
+        for (j, &(r, _)) in group.iter().enumerate() {
+            xg[j * hd..(j + 1) * hd].copy_from_slice(&xn[r as usize * hd..(r as usize + 1) * hd]);
+        }
+        let g = ensure(&mut s.g, me * ff);
+        ex.gate.matmul_as(xg, me, g, 1, ctx)?;
+        let u = ensure(&mut s.u, me * ff);
+        ex.up.matmul_as(xg, me, u, 1, ctx)?;
+        let h = ensure(&mut s.h, me * ff);
+        gated(
+            m.act,
+            &s.g[..me * ff],
+            &s.u[..me * ff],
+            h,
+            ff,
+            ggml_numerics,
+        );
+        let yg = ensure(&mut s.yg, me * hd);
+        ex.down.matmul_as(&s.h[..me * ff], me, yg, 1, ctx)?;
+        for (j, &(r, slot)) in group.iter().enumerate() {
+            let at = (r as usize * k + slot as usize) * hd;
+            out[at..at + hd].copy_from_slice(&yg[j * hd..(j + 1) * hd]);
+        }
+    }
+    // Weighted sum in pick order: (o₀·w₀ + o₁·w₁) + …, each product and sum rounded.
+    for r in 0..n {
+        let yr = &mut y[r * hd..(r + 1) * hd];
+        for slot in 0..k {
+            let w = s.picks[r * k + slot].1;
+            let o = &out[(r * k + slot) * hd..(r * k + slot + 1) * hd];
+            if slot == 0 {
+                for (y, &o) in yr.iter_mut().zip(o) {
+                    *y = o * w;
+                }
+            } else {
+                for (y, &o) in yr.iter_mut().zip(o) {
+                    *y += o * w;
+                }
+            }
+        }
+    }
+    // Shared expert.
+    if let Some(sh) = &m.shared {
+        let ff = sh.gate.m.rows();
+        linear_runs(&sh.gate, xn, runs, ensure(&mut s.sg, n * ff), ctx)?;
+        linear_runs(&sh.up, xn, runs, ensure(&mut s.su, n * ff), ctx)?;
+        gated(
+            m.act,
+            &s.sg[..n * ff],
+            &s.su[..n * ff],
+            ensure(&mut s.sh, n * ff),
+            ff,
+            ggml_numerics,
+        );
+        let sy = ensure(&mut s.sy, n * hd);
+        linear_runs(&sh.down, &s.sh[..n * ff], runs, sy, ctx)?;
+        if let Some(gi) = &sh.gate_inp {
+            let gate = ensure(&mut s.sgate, n);
+            linear_runs(gi, xn, runs, gate, ctx)?;
+            for (row, &x) in sy.chunks_exact_mut(hd).zip(gate.iter()) {
+                let sig = if ggml_numerics {
+                    // ggml_silu_f32 (libm expf: a one-element row has no vector part), then
+                    // ggml_div.
+                    (x / (1.0 + (-x).exp())) / x
+                } else {
+                    1.0 / (1.0 + (-x).exp())
+                };
+                for v in row.iter_mut() {
+                    *v *= sig;
+                }
+            }
+        }
+        for (y, &v) in y[..n * hd].iter_mut().zip(sy.iter()) {
+            *y += v;
+        }
+    }
+    Ok(())
+}
