@@ -17,6 +17,7 @@ mod oracle_fixtures;
 mod parity_fixtures;
 mod perplexity_fixtures;
 mod quant_models;
+mod synthetic_moe;
 mod test;
 mod text_corpus;
 mod tiny_models;
@@ -78,6 +79,9 @@ enum Command {
     /// Selective escalation (approximate) on a sealed prompt suite: margin tuned on the tuning
     /// part, agreement and speed against the source and exact escalation on the sealed part.
     BenchSelective(bench_selective::Args),
+    /// Write a mixture-of-experts GGUF of realistic size with random weights (a Mixtral-layout
+    /// `llama` file both engines run), for paging and speed benchmarks.
+    SyntheticMoe(synthetic_moe::Args),
     /// Regenerate fixtures/perplexity: llama.cpp's perplexity of the held-out text.
     PerplexityFixtures(perplexity_fixtures::Args),
     /// Fetch the calibration / held-out evaluation text (Debian's python3.11-doc), split by
@@ -113,5 +117,6 @@ fn main() -> anyhow::Result<()> {
         Command::BenchEscalation(a) => bench_escalation::run(a),
         Command::BenchSelective(a) => bench_selective::run(a),
         Command::Test(a) => test::run(a),
+        Command::SyntheticMoe(a) => synthetic_moe::run(a).map(|_| ()),
     }
 }
