@@ -109,7 +109,7 @@ pub fn run(args: Args) -> Result<PathBuf> {
     if args.top_k == 0 || args.top_k > args.experts {
         bail!("--top-k {} of {} experts", args.top_k, args.experts);
     }
-    if args.hidden % 64 != 0 || args.expert_ff % 32 != 0 {
+    if !args.hidden.is_multiple_of(64) || !args.expert_ff.is_multiple_of(32) {
         bail!("--hidden must be a multiple of 64 and --expert-ff of 32");
     }
     let out = args.out.clone().unwrap_or_else(|| {
