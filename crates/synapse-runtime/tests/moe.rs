@@ -97,10 +97,8 @@ fn together(model: &Arc<Model>, prompts: &[Vec<u32>]) -> Vec<Vec<Vec<f32>>> {
             break;
         }
         let logits = ex.forward(&mut kv, &rows).unwrap().to_vec();
-        let mut at = 0;
-        for r in rows.iter().filter(|r| r.logits) {
+        for (at, r) in rows.iter().filter(|r| r.logits).enumerate() {
             out[r.slot as usize].push(logits[at * vocab..(at + 1) * vocab].to_vec());
-            at += 1;
         }
     }
     out
