@@ -6,7 +6,8 @@ per stream count, the same schema as Synapse's `engine_bench` example.
 Usage: python bench_llama_batched.py MODEL.gguf --streams 1,2,4,8,16 --n-gen 128 --threads 2
        --prompt-tokens 16
 
-Prompts: for stream i, BOS (id 2) then ids 1000 + ((i*7919 + k*104729) mod (n_vocab - 2000)),
+Prompts: for stream i, BOS (id 2) then ids 1000 + ((i*7919 + k*104729) mod (n_vocab - 2000))
+(3 + (… mod (n_vocab - 3)) for vocabularies of at most 4000),
 k = 1..prompt_tokens-1 (the engine_bench prompts, token for token). llama.cpp's default context
 settings (f16 KV cache, flash attention auto, extra buffer types on; AMX declined as in
 bench_llama.py), n_seq_max = S, n_ctx = S × (prompt + n_gen + 8) (at least 1024). Prefill: one
@@ -51,7 +52,11 @@ def main():
         raise SystemExit(f"llama.cpp cannot load {a.model}")
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     for s in [int(x) for x in a.streams.split(",") if x]:
-        prompts = [[2] + [1000 + ((i * 7919 + k * 104729) % (n_vocab - 2000)) for k in range(1, a.prompt_tokens)]
+        def spread(i, k):
+            v = i * 7919 + k * 104729
+            # small vocabularies (the synthetic MoE's 512 pieces): 3 + v mod (n_vocab - 3)
+            return 1000 + v % (n_vocab - 2000) if n_vocab > 4000 else 3 + v % (n_vocab - 3)
+        prompts = [[2] + [spread(i, k) for k in range(1, a.prompt_tokens)]
                    for i in range(s)]
         cp = L.llama_context_default_params()
         cp.n_ctx = max(1024, s * (a.prompt_tokens + a.n_gen + 8))

@@ -84,10 +84,15 @@ fn main() -> anyhow::Result<()> {
             .map(|i| {
                 // Distinct prompts: BOS then a deterministic spread of ordinary ids.
                 let prompt: Vec<u32> = std::iter::once(2)
-                    .chain(
-                        (1..prompt_len)
-                            .map(|k| 1000 + ((i * 7919 + k * 104_729) as u32 % (vocab - 2000))),
-                    )
+                    .chain((1..prompt_len).map(|k| {
+                        let spread = (i * 7919 + k * 104_729) as u32;
+                        if vocab > 4000 {
+                            1000 + spread % (vocab - 2000)
+                        } else {
+                            // Small vocabularies (the synthetic MoE's 512 pieces).
+                            3 + spread % (vocab - 3)
+                        }
+                    }))
                     .collect();
                 let prompt = match &tok {
                     Some(t) => t
