@@ -34,7 +34,15 @@ fn logits(model: Model, seqs: &[Vec<u32>]) -> Vec<u32> {
 fn packages_load_as_their_sources() {
     let tmp = tempfile::tempdir().unwrap();
     let mut checked = 0;
-    for family in ["llama", "qwen2", "gemma3"] {
+    for family in [
+        "llama",
+        "qwen2",
+        "gemma3",
+        "olmoe",
+        "granitemoe",
+        "qwen2moe",
+        "mixtral",
+    ] {
         let dir = common::workspace_root().join("fixtures/tiny").join(family);
         if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
             return;
@@ -70,7 +78,7 @@ fn packages_load_as_their_sources() {
             assert_eq!(logits(from_pm, &seqs), want, "{}", src.display());
         }
     }
-    assert_eq!(checked, 9);
+    assert_eq!(checked, 21);
 }
 
 #[test]
