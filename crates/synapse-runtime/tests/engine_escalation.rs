@@ -186,7 +186,14 @@ fn check(
 
 #[test]
 fn drafted_sessions_in_the_engine_equal_plain_decoding() {
-    for (family, slots) in [("llama", 6), ("qwen2", 8), ("gemma3", 16)] {
+    // The MoE families too: a session's experts serve rows of many sessions in one call.
+    for (family, slots) in [
+        ("llama", 6),
+        ("qwen2", 8),
+        ("gemma3", 16),
+        ("mixtral", 6),
+        ("qwen2moe", 8),
+    ] {
         let Some(m) = common::tiny_q8_model(family) else {
             return;
         };
