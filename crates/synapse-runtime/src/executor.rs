@@ -26,7 +26,7 @@ use crate::attention::{AttnState, attention};
 use crate::error::{Result, RuntimeError};
 use crate::kv::{KvCache, SlotId};
 use crate::load::{FfnW, LinearW, Model, NormW};
-use crate::moe::{self, MoeScratch};
+use crate::moe::{self, ExpertStats, MoeScratch};
 use crate::tap::{Stage, Tap};
 
 /// One row of a batch.
@@ -109,6 +109,7 @@ pub struct Executor {
     threads: usize,
     s: Scratch,
     tap: Option<Box<dyn Tap>>,
+    experts: ExpertStats,
 }
 
 /// Hands `data` to the tap, if there is one.
@@ -139,6 +140,17 @@ impl Executor {
     pub fn new(model: Arc<Model>, threads: usize) -> Result<Self> {
         let threads = threads.max(1);
         let ctx = KernelCtx::with_path_and_threads(KernelPath::from_env()?, threads)?;
+        let experts = ExpertStats {
+            rows: model
+                .layers
+                .iter()
+                .filter_map(|l| match &l.ffn {
+                    FfnW::Moe(m) => Some(vec![0; m.experts.len()]),
+                    FfnW::Dense { .. } => None,
+                })
+                .collect(),
+            groups: 0,
+        };
         Ok(Executor {
             profile_hash: model.profile.hash(),
             model,
@@ -146,6 +158,7 @@ impl Executor {
             threads,
             s: Scratch::default(),
             tap: None,
+            experts,
         })
     }
 
@@ -158,6 +171,16 @@ impl Executor {
     /// The model.
     pub fn model(&self) -> &Arc<Model> {
         &self.model
+    }
+
+    /// What the mixture-of-experts blocks have done (empty for a dense model).
+    pub fn expert_stats(&self) -> &ExpertStats {
+        &self.experts
+    }
+
+    /// [`Executor::expert_stats`], to reset.
+    pub fn expert_stats_mut(&mut self) -> &mut ExpertStats {
+        &mut self.experts
     }
 
     /// Kernel path in use.
@@ -214,6 +237,7 @@ impl Executor {
         }
         tap(&mut self.tap, Stage::Embd, None, n, &s.x[..n * hd]);
 
+        let mut moe_layer = 0;
         for (il, l) in m.layers.iter().enumerate() {
             let qd = l.n_heads * l.head_dim;
             let kvd = l.n_kv_heads * l.head_dim;
@@ -391,16 +415,24 @@ impl Executor {
                         &mut self.ctx,
                     )?;
                 }
-                FfnW::Moe(moe) => moe::forward(
-                    moe,
-                    &s.xn[..n * hd],
-                    &s.runs,
-                    hd,
-                    ensure(&mut s.tmp, n * hd),
-                    &mut s.moe,
-                    &mut self.ctx,
-                    m.gelu_f16_table,
-                )?,
+                FfnW::Moe(moe) => {
+                    let counts = match self.experts.rows.get_mut(moe_layer) {
+                        Some(c) => &mut c[..],
+                        None => &mut [],
+                    };
+                    moe_layer += 1;
+                    moe::forward(
+                        moe,
+                        &s.xn[..n * hd],
+                        &s.runs,
+                        hd,
+                        ensure(&mut s.tmp, n * hd),
+                        &mut s.moe,
+                        &mut self.ctx,
+                        m.gelu_f16_table,
+                        (counts, &mut self.experts.groups),
+                    )?
+                }
             }
             tap(&mut self.tap, Stage::FfnOut, Some(il), n, &s.tmp[..n * hd]);
             if let Some(pn) = &l.ffn_post_norm {

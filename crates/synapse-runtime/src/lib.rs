@@ -50,6 +50,7 @@ pub use executor::{Executor, Row, prompt_order};
 pub use generate::{GenerateParams, Generated, StopReason, Timings, generate};
 pub use kv::{KvCache, KvDtype, KvIdentity, SlotId};
 pub use load::Model;
+pub use moe::ExpertStats;
 pub use profile::PrecisionProfile;
 pub use sampling::{Sampler, SamplingParams, StopStrings, argmax};
 pub use synapse_kernels::OrderClass;

@@ -58,6 +58,31 @@ pub(crate) struct MoeScratch {
     sgate: Vec<f32>,
 }
 
+/// What the MoE blocks have done since the executor was made (or the counts were reset):
+/// per layer (the model's MoE layers in order) and expert, the rows routed to it, and the
+/// number of expert kernel groups run — one per (pass, layer, expert with rows), whatever
+/// the number of rows and sessions in it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExpertStats {
+    /// `rows[l][e]`: rows routed to expert `e` of MoE layer `l`.
+    pub rows: Vec<Vec<u64>>,
+    /// Expert groups run (each is one call per projection of one expert).
+    pub groups: u64,
+}
+
+impl ExpertStats {
+    /// Clears the counts (keeping their storage).
+    pub fn reset(&mut self) {
+        self.rows.iter_mut().for_each(|l| l.fill(0));
+        self.groups = 0;
+    }
+
+    /// Rows routed in all, over layers and experts.
+    pub fn routed_rows(&self) -> u64 {
+        self.rows.iter().flatten().sum()
+    }
+}
+
 fn ensure(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     if v.len() < n {
         v.resize(n, 0.0);
@@ -98,8 +123,9 @@ fn linear_runs(
 }
 
 /// Runs a MoE block over `n` normed rows `xn` (`n × hidden`, `runs` their order classes)
-/// into `y` (`n × hidden`). `ggml_numerics`: the shared expert's sigmoid as llama.cpp
-/// computes it (GGUF sources) rather than `1 / (1 + e^-x)`.
+/// into `y` (`n × hidden`), counting into `stats` (this layer's row counts per expert, and
+/// the groups run). `ggml_numerics`: the shared expert's sigmoid as llama.cpp computes it
+/// (GGUF sources) rather than `1 / (1 + e^-x)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
     m: &MoeW,
@@ -110,6 +136,7 @@ pub(crate) fn forward(
     s: &mut MoeScratch,
     ctx: &mut KernelCtx,
     ggml_numerics: bool,
+    stats: (&mut [u64], &mut u64),
 ) -> Result<()> {
     let n = xn.len() / hd;
     let ne = m.experts.len();
@@ -207,6 +234,10 @@ pub(crate) fn forward(
         if me == 0 {
             continue;
         }
+        if let Some(c) = stats.0.get_mut(e) {
+            *c += me as u64;
+        }
+        *stats.1 += 1;
         let ff = ex.gate.rows();
         let xg = ensure(&mut s.xg, me * hd);
         for (j, &(r, _)) in group.iter().enumerate() {

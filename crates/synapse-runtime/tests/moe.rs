@@ -140,3 +140,71 @@ fn moe_ragged_batch_matches_independent() {
         }
     }
 }
+
+/// All rows of all sessions routed to one expert go through one group (one call per
+/// projection): per pass and MoE layer at most `n_expert` groups, whatever the rows, while
+/// every row is counted `n_used` times.
+#[test]
+fn rows_of_all_sessions_share_one_call_per_expert() {
+    for family in FAMILIES {
+        let dir = common::workspace_root().join("fixtures/tiny").join(family);
+        if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+            return;
+        }
+        let prompts = common::tiny_sequences(&dir);
+        let model = Arc::new(Model::load(&dir.join("model.q8_0.gguf")).unwrap());
+        let ir = &model.ir;
+        let (n_expert, n_used) = match &ir.layers[0].ffn {
+            synapse_model::FfnRegion::Moe(m) => (m.experts.len() as u64, m.n_used as u64),
+            _ => unreachable!("{family} is a mixture of experts"),
+        };
+        let layers = ir.layers.len() as u64;
+        let mut kv = KvCache::new(&model, KvDtype::F32, prompts.len(), 64, 64).unwrap();
+        let mut ex = Executor::new(model.clone(), 2).unwrap();
+        assert_eq!(ex.expert_stats().rows.len() as u64, layers);
+        let mut rows = Vec::new();
+        for (s, p) in prompts.iter().enumerate() {
+            kv.open(s as u32).unwrap();
+            rows.extend(p.iter().enumerate().map(|(i, &t)| Row {
+                slot: s as u32,
+                pos: i as u32,
+                token: t,
+                logits: i + 1 == p.len(),
+                order: OrderClass::of(p.len()),
+            }));
+        }
+        ex.forward(&mut kv, &rows).unwrap();
+        let st = ex.expert_stats();
+        let n = rows.len() as u64;
+        assert_eq!(st.routed_rows(), n * n_used * layers, "{family}");
+        assert!(
+            st.groups <= n_expert * layers,
+            "{family}: {} groups",
+            st.groups
+        );
+        // One call per (row, pick) would be n · n_used per layer.
+        assert!(st.groups < n * n_used * layers, "{family}");
+        let prefill_groups = st.groups;
+        // A decode step of every session: at most min(sessions · n_used, n_expert) per layer.
+        ex.expert_stats_mut().reset();
+        let step: Vec<Row> = prompts
+            .iter()
+            .enumerate()
+            .map(|(s, p)| Row::decode(s as u32, p.len() as u32, 5))
+            .collect();
+        ex.forward(&mut kv, &step).unwrap();
+        let st = ex.expert_stats();
+        let s = prompts.len() as u64;
+        assert_eq!(st.routed_rows(), s * n_used * layers, "{family}");
+        assert!(
+            st.groups <= (s * n_used).min(n_expert) * layers,
+            "{family}: {} groups",
+            st.groups
+        );
+        eprintln!(
+            "{family}: {n} prompt rows of {s} sessions in {prefill_groups} expert groups over \
+             {layers} layers, a decode step of each in {}",
+            st.groups
+        );
+    }
+}
