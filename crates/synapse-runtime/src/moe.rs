@@ -226,7 +226,15 @@ pub(crate) fn forward(
             *c += 1;
         }
     }
-    // Experts: one call per projection for all rows routed to it, in the one-row order.
+    // Experts: one call per projection for all rows routed to it, in the one-row order. The
+    // group buffers are sized for the largest group a pass can have (all its rows), so the
+    // routing of later passes never makes them grow (steady decode allocates nothing).
+    let ff_max = m.experts.iter().map(|e| e.gate.rows()).max().unwrap_or(0);
+    ensure(&mut s.xg, n * hd);
+    ensure(&mut s.yg, n * hd);
+    ensure(&mut s.g, n * ff_max);
+    ensure(&mut s.u, n * ff_max);
+    ensure(&mut s.h, n * ff_max);
     let out = ensure(&mut s.out, n * k * hd);
     for (e, ex) in m.experts.iter().enumerate() {
         let group = &s.members[s.starts[e]..s.starts[e + 1]];

@@ -71,6 +71,22 @@ fn steady_decode_steps_allocate_nothing() {
         return;
     }
     let model = Arc::new(Model::load(&path).unwrap());
+    steady_steps_allocate_nothing(model, |i| vec![2, 818 + i, 5279, 529]);
+}
+
+/// The mixture-of-experts blocks too (routing changes from step to step; the group buffers
+/// are sized for the largest group a pass can have).
+#[test]
+fn steady_moe_decode_steps_allocate_nothing() {
+    for family in ["mixtral", "qwen2moe"] {
+        let Some((model, _)) = common::tiny_q8_model(family) else {
+            return;
+        };
+        steady_steps_allocate_nothing(model, |i| vec![1, 40 + 13 * i, 300, 7]);
+    }
+}
+
+fn steady_steps_allocate_nothing(model: Arc<Model>, prompt: impl Fn(u32) -> Vec<u32>) {
     let cfg = EngineConfig {
         slots: 6,
         ctx: 256,
@@ -81,7 +97,7 @@ fn steady_decode_steps_allocate_nothing() {
     let mut s = Scheduler::new(model, Arc::new(NoText), cfg).unwrap();
     let mut sessions: Vec<_> = (0..6u32)
         .map(|i| {
-            let mut r = Request::greedy(vec![2, 818 + i, 5279, 529], 200);
+            let mut r = Request::greedy(prompt(i), 200);
             r.stop_at_eog = false;
             if i % 2 == 1 {
                 r.sampling.temperature = 0.7;
