@@ -651,7 +651,8 @@ thread_local! {
     static ROPE_CS: std::cell::RefCell<Vec<(f32, f32)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-fn linear(
+/// `y = W·x (+ b)` over `runs` of rows, each run in its own order class.
+pub(crate) fn linear(
     l: &LinearW,
     x: &[f32],
     runs: &[(usize, OrderClass)],

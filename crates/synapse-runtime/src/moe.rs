@@ -27,7 +27,8 @@ use synapse_kernels::{KernelCtx, OrderClass, ops};
 use synapse_model::{Activation, Routing};
 
 use crate::error::{Result, RuntimeError};
-use crate::load::{LinearW, MoeW};
+use crate::executor::linear;
+use crate::load::MoeW;
 
 /// Grow-only scratch of the MoE blocks (a pass allocates nothing once the largest pass has
 /// been seen).
@@ -104,22 +105,15 @@ fn gated(act: Activation, g: &[f32], u: &[f32], h: &mut [f32], ff: usize, gelu_t
     }
 }
 
-fn linear_runs(
-    l: &LinearW,
-    x: &[f32],
-    runs: &[(usize, OrderClass)],
-    y: &mut [f32],
-    ctx: &mut KernelCtx,
-) -> Result<()> {
-    l.m.matmul_runs(x, runs, y, ctx)?;
-    if let Some(b) = &l.bias {
-        for yr in y.chunks_exact_mut(b.len()) {
-            for (y, &b) in yr.iter_mut().zip(b) {
-                *y += b;
-            }
-        }
-    }
-    Ok(())
+/// Sorts expert indices by `r` descending (ggml's argsort); ties (measure zero for real
+/// logits) go to the lower index.
+fn sort_descending(order: &mut [u32], r: &[f32]) {
+    order.sort_by(|&a, &b| {
+        r[b as usize]
+            .partial_cmp(&r[a as usize])
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.cmp(&b))
+    });
 }
 
 /// Runs a MoE block over `n` normed rows `xn` (`n × hidden`, `runs` their order classes)
@@ -152,7 +146,7 @@ pub(crate) fn forward(
     }
     // Router.
     let logits = ensure(&mut s.logits, n * ne);
-    linear_runs(&m.router, xn, runs, logits, ctx)?;
+    linear(&m.router, xn, runs, logits, ctx)?;
     // Picks.
     s.picks.clear();
     for row in logits.chunks_exact_mut(ne) {
@@ -162,13 +156,7 @@ pub(crate) fn forward(
             Routing::SoftmaxTopK { renormalize } => {
                 ggml_f32::softmax_row(row);
                 let r: &[f32] = row;
-                // Descending; ties (measure zero) to the lower index.
-                s.order.sort_by(|&a, &b| {
-                    r[b as usize]
-                        .partial_cmp(&r[a as usize])
-                        .unwrap_or(std::cmp::Ordering::Equal)
-                        .then(a.cmp(&b))
-                });
+                sort_descending(&mut s.order, r);
                 let at = s.picks.len();
                 s.picks
                     .extend(s.order[..k].iter().map(|&e| (e, r[e as usize])));
@@ -182,12 +170,7 @@ pub(crate) fn forward(
             }
             Routing::TopKSoftmax => {
                 let r: &[f32] = row;
-                s.order.sort_by(|&a, &b| {
-                    r[b as usize]
-                        .partial_cmp(&r[a as usize])
-                        .unwrap_or(std::cmp::Ordering::Equal)
-                        .then(a.cmp(&b))
-                });
+                sort_descending(&mut s.order, r);
                 let mut top = [0f32; 64];
                 let kk = k.min(64);
                 for (t, &e) in top.iter_mut().zip(&s.order[..kk]) {
@@ -291,8 +274,8 @@ pub(crate) fn forward(
     // Shared expert.
     if let Some(sh) = &m.shared {
         let ff = sh.gate.m.rows();
-        linear_runs(&sh.gate, xn, runs, ensure(&mut s.sg, n * ff), ctx)?;
-        linear_runs(&sh.up, xn, runs, ensure(&mut s.su, n * ff), ctx)?;
+        linear(&sh.gate, xn, runs, ensure(&mut s.sg, n * ff), ctx)?;
+        linear(&sh.up, xn, runs, ensure(&mut s.su, n * ff), ctx)?;
         gated(
             m.act,
             &s.sg[..n * ff],
@@ -302,10 +285,10 @@ pub(crate) fn forward(
             ggml_numerics,
         );
         let sy = ensure(&mut s.sy, n * hd);
-        linear_runs(&sh.down, &s.sh[..n * ff], runs, sy, ctx)?;
+        linear(&sh.down, &s.sh[..n * ff], runs, sy, ctx)?;
         if let Some(gi) = &sh.gate_inp {
             let gate = ensure(&mut s.sgate, n);
-            linear_runs(gi, xn, runs, gate, ctx)?;
+            linear(gi, xn, runs, gate, ctx)?;
             for (row, &x) in sy.chunks_exact_mut(hd).zip(gate.iter()) {
                 let sig = if ggml_numerics {
                     // ggml_silu_f32 (libm expf: a one-element row has no vector part), then
