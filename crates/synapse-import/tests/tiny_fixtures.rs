@@ -16,15 +16,7 @@ fn tiny() -> PathBuf {
 fn every_tiny_fixture_imports_and_round_trips() {
     let tmp = tempfile::tempdir().unwrap();
     let mut n = 0;
-    for family in [
-        "llama",
-        "qwen2",
-        "gemma3",
-        "olmoe",
-        "granitemoe",
-        "qwen2moe",
-        "mixtral",
-    ] {
+    for family in synapse_testdata::TINY_FAMILIES {
         let dir = tiny().join(family);
         for src in [
             dir.join("model.f32.gguf"),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use synapse_runtime::{Executor, KvCache, KvDtype, Model, OrderClass, Row, argmax, prompt_order};
 
-const FAMILIES: [&str; 4] = ["olmoe", "granitemoe", "qwen2moe", "mixtral"];
+const FAMILIES: [&str; 4] = synapse_testdata::TINY_MOE_FAMILIES;
 const UB: usize = 8;
 const STEPS: usize = 5;
 

@@ -34,15 +34,7 @@ fn logits(model: Model, seqs: &[Vec<u32>]) -> Vec<u32> {
 fn packages_load_as_their_sources() {
     let tmp = tempfile::tempdir().unwrap();
     let mut checked = 0;
-    for family in [
-        "llama",
-        "qwen2",
-        "gemma3",
-        "olmoe",
-        "granitemoe",
-        "qwen2moe",
-        "mixtral",
-    ] {
+    for family in synapse_testdata::TINY_FAMILIES {
         let dir = common::workspace_root().join("fixtures/tiny").join(family);
         if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
             return;

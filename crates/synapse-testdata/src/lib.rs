@@ -27,6 +27,21 @@ pub const DEFAULT_MODEL: &str = "gemma-3-270m";
 /// default model.
 pub const MODEL_ENV: &str = "SYNAPSE_MODEL";
 
+/// The mixture-of-experts families among the committed tiny-model fixtures
+/// (`fixtures/tiny/<family>/`, made by `cargo xtask tiny-models`).
+pub const TINY_MOE_FAMILIES: [&str; 4] = ["olmoe", "granitemoe", "qwen2moe", "mixtral"];
+
+/// Every committed tiny-model fixture family: the dense ones, then [`TINY_MOE_FAMILIES`].
+pub const TINY_FAMILIES: [&str; 7] = [
+    "llama",
+    "qwen2",
+    "gemma3",
+    TINY_MOE_FAMILIES[0],
+    TINY_MOE_FAMILIES[1],
+    TINY_MOE_FAMILIES[2],
+    TINY_MOE_FAMILIES[3],
+];
+
 /// Environment variable overriding [`vocab_suite_dir`].
 pub const VOCAB_SUITE_DIR_ENV: &str = "SYNAPSE_VOCAB_SUITE_DIR";
 
