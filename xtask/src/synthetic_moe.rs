@@ -1,20 +1,11 @@
 //! `cargo xtask synthetic-moe`: a mixture-of-experts GGUF of realistic size with random
-//! weights, for paging and speed benchmarks (no real MoE weights are on the package
-//! registries).
-//!
-//! The file is a Mixtral-layout `llama` GGUF — llama.cpp loads it as Mixtral, Synapse through
-//! its `llama` adapter — with every layer's experts stacked in `ffn_{gate,up,down}_exps`, an
-//! F32 router `ffn_gate_inp`, and the tiny fixtures' SentencePiece vocabulary (512 pieces,
-//! copied from `fixtures/tiny/llama/model.f32.gguf`), so both engines tokenize and run it.
-//! Weights are random but well-formed blocks (Q8_0: an f16 scale and 32 uniform int8 quants;
-//! Q4_0: an f16 scale and 32 uniform nibbles), scaled so each projection keeps activations of
-//! order one; norms are 1, the router N(0, 1)-ish, so tokens spread over the experts. Seeded:
-//! the same arguments give the same bytes.
+//! weights, for paging and speed benchmarks (the model and its layout:
+//! `synapse_testdata::synthetic_moe`).
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, anyhow, bail};
 use std::path::PathBuf;
 use synapse_formats::GgmlType;
-use synapse_formats::gguf::{GgufFile, GgufValue, GgufWriter};
+use synapse_testdata::synthetic_moe::{MoeShape, write};
 
 use crate::oracle_env::repo_root;
 
@@ -42,201 +33,48 @@ pub struct Args {
     /// RNG seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Output file (default: `<target>/synthetic-moe/moe-E{experts}x{expert_ff}-h{hidden}-L{layers}-{encoding}.gguf`).
+    /// Output file (default: `<target>/synthetic-moe/<shape>.gguf`).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
 
-/// SplitMix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
-
-/// Random blocks of `ty` for `rows × cols` values whose standard deviation is about `std`.
-fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: u64, cols: u64, std: f32) -> Vec<u8> {
-    let n_blocks = (rows * cols / 32) as usize;
-    let mut out = Vec::with_capacity(n_blocks * ty.type_size());
-    for _ in 0..n_blocks {
-        match ty {
-            GgmlType::Q8_0 => {
-                // q uniform in [-127, 127]: std ≈ 73·d.
-                let d = half::f16::from_f32(std / 73.3 * (1.0 + 0.25 * rng.unit()));
-                out.extend_from_slice(&d.to_le_bytes());
-                for _ in 0..4 {
-                    let r = rng.next();
-                    for b in 0..8 {
-                        let q = ((r >> (8 * b)) as u8 % 255) as i16 - 127;
-                        out.push(q as i8 as u8);
-                    }
-                }
-            }
-            _ => {
-                // Q4_0: (nibble − 8)·d, nibbles uniform: std ≈ 4.6·d.
-                let d = half::f16::from_f32(std / 4.61 * (1.0 + 0.25 * rng.unit()));
-                out.extend_from_slice(&d.to_le_bytes());
-                let (a, b) = (rng.next(), rng.next());
-                out.extend_from_slice(&a.to_le_bytes());
-                out.extend_from_slice(&b.to_le_bytes());
-            }
-        }
-    }
-    out
-}
-
-fn f32_bytes(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
-    v.into_iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-/// Writes the model; returns its path.
-pub fn run(args: Args) -> Result<PathBuf> {
-    let ty = match args.encoding.as_str() {
+/// The shape the arguments describe.
+pub fn shape(args: &Args) -> Result<MoeShape> {
+    let encoding = match args.encoding.as_str() {
         "q8_0" => GgmlType::Q8_0,
         "q4_0" => GgmlType::Q4_0,
         other => bail!("--encoding {other}: q8_0 or q4_0"),
     };
-    if args.top_k == 0 || args.top_k > args.experts {
-        bail!("--top-k {} of {} experts", args.top_k, args.experts);
-    }
-    if !args.hidden.is_multiple_of(64) || !args.expert_ff.is_multiple_of(32) {
-        bail!("--hidden must be a multiple of 64 and --expert-ff of 32");
-    }
-    let out = args.out.clone().unwrap_or_else(|| {
-        repo_root().join(format!(
-            "target/synthetic-moe/moe-E{}x{}-h{}-L{}-{}.gguf",
-            args.experts, args.expert_ff, args.hidden, args.layers, args.encoding
-        ))
-    });
-    let vocab_src = repo_root().join("fixtures/tiny/llama/model.f32.gguf");
-    let tiny = GgufFile::open(&vocab_src)
-        .with_context(|| format!("reading the vocabulary from {}", vocab_src.display()))?;
-    let mut w = GgufWriter::new();
-    let (h, e, ff, nl) = (
-        args.hidden as u64,
-        args.experts as u64,
-        args.expert_ff as u64,
-        args.layers,
-    );
-    let head_dim = 64u64;
-    let n_head = h / head_dim;
-    let n_kv = (n_head / 4).max(1);
-    let s = |x: &str| GgufValue::String(x.into());
-    let u = GgufValue::U32;
-    w.add_metadata("general.architecture", s("llama"))?;
-    w.add_metadata(
-        "general.name",
-        s(&format!(
-            "synapse synthetic MoE {}x{} top-{} ({})",
-            args.experts, args.expert_ff, args.top_k, args.encoding
-        )),
-    )?;
-    w.add_metadata("llama.block_count", u(nl))?;
-    w.add_metadata("llama.context_length", u(4096))?;
-    w.add_metadata("llama.embedding_length", u(args.hidden))?;
-    w.add_metadata("llama.feed_forward_length", u(args.expert_ff))?;
-    w.add_metadata("llama.attention.head_count", u(n_head as u32))?;
-    w.add_metadata("llama.attention.head_count_kv", u(n_kv as u32))?;
-    w.add_metadata(
-        "llama.attention.layer_norm_rms_epsilon",
-        GgufValue::F32(1e-5),
-    )?;
-    w.add_metadata("llama.rope.freq_base", GgufValue::F32(10000.0))?;
-    w.add_metadata("llama.rope.dimension_count", u(head_dim as u32))?;
-    w.add_metadata("llama.expert_count", u(args.experts))?;
-    w.add_metadata("llama.expert_used_count", u(args.top_k))?;
-    w.add_metadata(
-        "general.file_type",
-        u(if ty == GgmlType::Q8_0 { 7 } else { 2 }),
-    )?;
-    let mut vocab = 0u64;
-    for (k, v) in tiny.metadata() {
-        if k.starts_with("tokenizer.") {
-            if k == "tokenizer.ggml.tokens"
-                && let GgufValue::Array(a) = v
-            {
-                vocab = a.len() as u64;
-            }
-            w.add_metadata(k.clone(), v.clone())?;
-        }
-    }
-    if vocab == 0 {
-        bail!("{} has no tokenizer.ggml.tokens", vocab_src.display());
-    }
-    w.add_metadata("llama.vocab_size", u(vocab as u32))?;
+    Ok(MoeShape {
+        experts: args.experts,
+        top_k: args.top_k,
+        hidden: args.hidden,
+        expert_ff: args.expert_ff,
+        layers: args.layers,
+        encoding,
+        seed: args.seed,
+    })
+}
 
-    let mut rng = Rng(args.seed);
-    let proj_std = |fan_in: u64| 1.0 / (fan_in as f32).sqrt();
-    let ones = |n: u64| f32_bytes((0..n).map(|_| 1.0f32));
-    // ggml dims: [ne0 = columns, ne1 = rows, ne2 = experts].
-    w.add_tensor(
-        "token_embd.weight",
-        &[h, vocab],
-        ty,
-        random_blocks(&mut rng, ty, vocab, h, 1.0),
-    )?;
-    let total = nl as u64;
-    for il in 0..nl {
-        let n = |t: &str| format!("blk.{il}.{t}.weight");
-        w.add_tensor(n("attn_norm"), &[h], GgmlType::F32, ones(h))?;
-        w.add_tensor(n("ffn_norm"), &[h], GgmlType::F32, ones(h))?;
-        let qo = n_head * head_dim;
-        let kvo = n_kv * head_dim;
-        for (name, rows, cols) in [
-            ("attn_q", qo, h),
-            ("attn_k", kvo, h),
-            ("attn_v", kvo, h),
-            ("attn_output", h, qo),
-        ] {
-            let b = random_blocks(&mut rng, ty, rows, cols, proj_std(cols));
-            w.add_tensor(n(name), &[cols, rows], ty, b)?;
-        }
-        // Logits of standard deviation ≈ 2 on unit-RMS inputs.
-        let router = f32_bytes((0..e * h).map(|_| rng.unit() * 3.5 / (h as f32).sqrt()));
-        w.add_tensor(n("ffn_gate_inp"), &[h, e], GgmlType::F32, router)?;
-        for (name, rows, cols) in [
-            ("ffn_gate_exps", ff, h),
-            ("ffn_up_exps", ff, h),
-            ("ffn_down_exps", h, ff),
-        ] {
-            let b = random_blocks(&mut rng, ty, e * rows, cols, proj_std(cols));
-            w.add_tensor(n(name), &[cols, rows, e], ty, b)?;
-        }
-        eprintln!("synthetic-moe: layer {}/{total}", il + 1);
-    }
-    w.add_tensor("output_norm.weight", &[h], GgmlType::F32, ones(h))?;
-    w.add_tensor(
-        "output.weight",
-        &[h, vocab],
-        ty,
-        random_blocks(&mut rng, ty, vocab, h, proj_std(h)),
-    )?;
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = out.with_extension("gguf.partial");
-    w.write_file(&tmp)?;
-    std::fs::rename(&tmp, &out)?;
+/// Writes the model (or keeps an existing file of the same shape); returns its path.
+pub fn run(args: Args) -> Result<PathBuf> {
+    let shape = shape(&args)?;
+    let out = args.out.clone().unwrap_or_else(|| {
+        repo_root()
+            .join("target/synthetic-moe")
+            .join(shape.file_name())
+    });
+    write(&shape, &out).map_err(|e| anyhow!("synthetic-moe: {e}"))?;
     let bytes = std::fs::metadata(&out)?.len();
     println!(
         "synthetic-moe: wrote {} ({:.1} MB: {} layers × {} experts of {}×{}, top-{}, {})",
         out.display(),
         bytes as f64 / 1e6,
-        nl,
-        args.experts,
-        args.hidden,
-        args.expert_ff,
-        args.top_k,
+        shape.layers,
+        shape.experts,
+        shape.hidden,
+        shape.expert_ff,
+        shape.top_k,
         args.encoding
     );
     Ok(out)

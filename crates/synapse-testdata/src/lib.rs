@@ -18,6 +18,8 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod synthetic_moe;
+
 use std::path::{Path, PathBuf};
 
 /// The name (in [`synapse_source::KNOWN_MODELS`]) of the default model, Gemma 3 270M Q4_K_M.
