@@ -244,6 +244,11 @@ impl QuantMatrix {
         self.cols
     }
 
+    /// Whether the bytes are borrowed from a shared source (a memory map) rather than owned.
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.data, Data::Shared(_))
+    }
+
     /// Bytes of the encoded weights.
     pub fn weight_bytes(&self) -> usize {
         self.data.len()

@@ -27,6 +27,7 @@ use crate::error::{Result, RuntimeError};
 use crate::kv::{KvCache, SlotId};
 use crate::load::{FfnW, LinearW, Model, NormW};
 use crate::moe::{self, ExpertStats, MoeScratch};
+use crate::residency::{ExpertPager, PagingStats};
 use crate::tap::{Stage, Tap};
 
 /// One row of a batch.
@@ -110,6 +111,7 @@ pub struct Executor {
     s: Scratch,
     tap: Option<Box<dyn Tap>>,
     experts: ExpertStats,
+    pager: Option<ExpertPager>,
 }
 
 /// Hands `data` to the tap, if there is one.
@@ -159,6 +161,7 @@ impl Executor {
             s: Scratch::default(),
             tap: None,
             experts,
+            pager: None,
         })
     }
 
@@ -181,6 +184,27 @@ impl Executor {
     /// [`Executor::expert_stats`], to reset.
     pub fn expert_stats_mut(&mut self) -> &mut ExpertStats {
         &mut self.experts
+    }
+
+    /// Keeps the model's routed experts resident within `budget` bytes from now on (see
+    /// [`crate::residency`]); `None` lifts the budget (experts then stay wherever the pager
+    /// left them, paging in on use as any mapping does). Results never depend on it.
+    pub fn page_experts(&mut self, budget: Option<u64>) -> Result<()> {
+        self.pager = match budget {
+            Some(b) => Some(ExpertPager::new(&self.model, b)?),
+            None => None,
+        };
+        Ok(())
+    }
+
+    /// The expert pager, when a budget is set.
+    pub fn expert_pager(&self) -> Option<&ExpertPager> {
+        self.pager.as_ref()
+    }
+
+    /// The pager's counters, when a budget is set.
+    pub fn paging_stats(&self) -> Option<PagingStats> {
+        self.pager.as_ref().map(|p| p.stats())
     }
 
     /// Kernel path in use.
@@ -431,6 +455,7 @@ impl Executor {
                         &mut self.ctx,
                         m.gelu_f16_table,
                         (counts, &mut self.experts.groups),
+                        self.pager.as_mut().map(|p| (p, moe_layer - 1)),
                     )?
                 }
             }

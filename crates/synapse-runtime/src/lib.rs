@@ -9,6 +9,8 @@
 //! - Mixture-of-experts blocks (`moe`, private): router, expert grouping (all rows routed to
 //!   one expert share one kernel call per projection) and the weighted sum in llama.cpp's
 //!   order.
+//! - [`residency`]: routed experts resident under a byte budget (LRU paging of their
+//!   memory-mapped pages; [`Executor::page_experts`]).
 //! - [`KvCache`]: per-session slots, f32 or f16, sliding-window rings, prefix reuse, an
 //!   identity that includes the precision-profile hash.
 //! - [`Sampler`] and [`generate`]: sampling and the generation loop for one session (chunked
@@ -40,6 +42,7 @@ pub mod perplexity;
 pub mod precision;
 pub mod profile;
 pub mod promotion;
+pub mod residency;
 pub mod sampling;
 pub mod selective;
 pub mod tap;

@@ -29,6 +29,7 @@ use synapse_model::{Activation, Routing};
 use crate::error::{Result, RuntimeError};
 use crate::executor::linear;
 use crate::load::MoeW;
+use crate::residency::ExpertPager;
 
 /// Grow-only scratch of the MoE blocks (a pass allocates nothing once the largest pass has
 /// been seen).
@@ -118,7 +119,8 @@ fn sort_descending(order: &mut [u32], r: &[f32]) {
 
 /// Runs a MoE block over `n` normed rows `xn` (`n × hidden`, `runs` their order classes)
 /// into `y` (`n × hidden`), counting into `stats` (this layer's row counts per expert, and
-/// the groups run). `ggml_numerics`: the shared expert's sigmoid as llama.cpp computes it
+/// the groups run); with a `pager` (and this layer's index among the MoE layers), each
+/// expert is made resident right before its group runs. `ggml_numerics`: the shared expert's sigmoid as llama.cpp computes it
 /// (GGUF sources) rather than `1 / (1 + e^-x)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
@@ -131,6 +133,7 @@ pub(crate) fn forward(
     ctx: &mut KernelCtx,
     ggml_numerics: bool,
     stats: (&mut [u64], &mut u64),
+    mut pager: Option<(&mut ExpertPager, usize)>,
 ) -> Result<()> {
     let n = xn.len() / hd;
     let ne = m.experts.len();
@@ -229,6 +232,11 @@ pub(crate) fn forward(
             *c += me as u64;
         }
         *stats.1 += 1;
+        // A paged expert runs from its resident copy (the same bytes).
+        let ex = match pager.as_mut() {
+            Some((p, layer)) => p.acquire(*layer, e)?.unwrap_or(ex),
+            None => ex,
+        };
         let ff = ex.gate.rows();
         let xg = ensure(&mut s.xg, me * hd);
         for (j, &(r, _)) in group.iter().enumerate() {

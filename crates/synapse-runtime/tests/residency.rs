@@ -1,0 +1,177 @@
+//! Routed experts under a byte budget (`Executor::page_experts`): the same tokens and logits
+//! as with every expert resident, the pager's counters, and the model file's resident pages —
+//! read from `/proc/self/smaps` after every pass — within the weights outside the experts
+//! plus the budget.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use synapse_runtime::{Executor, KvCache, KvDtype, Model, Row, argmax};
+use synapse_testdata::synthetic_moe::{MoeShape, write};
+
+/// 4 layers × 16 experts of 512×512 (Q8_0, ≈ 0.84 MB each, 53 MB in all), top-2.
+fn shape() -> MoeShape {
+    MoeShape {
+        experts: 16,
+        top_k: 2,
+        hidden: 512,
+        expert_ff: 512,
+        layers: 4,
+        ..MoeShape::default()
+    }
+}
+
+fn model(dir: &Path) -> (Arc<Model>, std::path::PathBuf) {
+    let path = dir.join(shape().file_name());
+    if !path.exists() {
+        write(&shape(), &path).unwrap();
+    }
+    (Arc::new(Model::load(&path).unwrap()), path)
+}
+
+/// Resident bytes of the mappings of `file`, from `/proc/self/smaps` (a page-table walk:
+/// exact, where `/proc/self/status` counters lag).
+fn mapped_rss(file: &Path) -> u64 {
+    let name = file.to_string_lossy();
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    let mut kb = 0u64;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            inside = line.ends_with(name.as_ref());
+        } else if inside && line.starts_with("Rss:") {
+            kb += line
+                .split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    kb * 1024
+}
+
+/// Greedy decode of `steps` tokens after `prompt`: every step's logits, and the largest
+/// resident size of `file`'s mappings seen after any pass.
+fn run(ex: &mut Executor, prompt: &[u32], steps: usize, file: &Path) -> (Vec<Vec<f32>>, u64) {
+    let m = ex.model().clone();
+    let mut kv = KvCache::new(&m, KvDtype::F32, 1, 128, 64).unwrap();
+    kv.open(0).unwrap();
+    let rows: Vec<Row> = prompt
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| Row {
+            slot: 0,
+            pos: i as u32,
+            token: t,
+            logits: i + 1 == prompt.len(),
+            order: synapse_runtime::prompt_order(i, prompt.len(), 64),
+        })
+        .collect();
+    let mut out = vec![ex.forward(&mut kv, &rows).unwrap().to_vec()];
+    let mut peak = mapped_rss(file);
+    for s in 0..steps {
+        let next = argmax(out.last().unwrap());
+        let row = Row::decode(0, (prompt.len() + s) as u32, next);
+        out.push(ex.forward(&mut kv, &[row]).unwrap().to_vec());
+        peak = peak.max(mapped_rss(file));
+        if std::env::var("DBG").is_ok() {
+            eprintln!(
+                "DBG step {s}: mapped {} pager {:?}",
+                mapped_rss(file),
+                ex.expert_pager().map(|p| p.resident_bytes())
+            );
+        }
+    }
+    (out, peak)
+}
+
+const PROMPT: [u32; 12] = [1, 40, 77, 300, 12, 9, 451, 38, 200, 17, 64, 5];
+
+#[test]
+fn budgeted_experts_give_the_same_logits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, path) = model(tmp.path());
+    let mut full = Executor::new(m.clone(), 2).unwrap();
+    let (want, _) = run(&mut full, &PROMPT, 24, &path);
+    for frac in [1.0, 0.5, 0.25, 0.125] {
+        let mut ex = Executor::new(m.clone(), 2).unwrap();
+        ex.page_experts(Some(0)).unwrap_err();
+        let total = {
+            ex.page_experts(Some(u64::MAX)).unwrap();
+            ex.expert_pager().unwrap().total_bytes()
+        };
+        let budget = (total as f64 * frac) as u64;
+        ex.page_experts(Some(budget)).unwrap();
+        let (got, _) = run(&mut ex, &PROMPT, 24, &path);
+        assert_eq!(got, want, "experts at {frac} of their bytes: other logits");
+        let p = ex.expert_pager().unwrap();
+        let st = p.stats();
+        assert!(p.resident_bytes() <= budget);
+        assert_eq!(st.hits + st.misses, ex.expert_stats().groups);
+        assert!(st.misses > 0);
+        if frac < 1.0 {
+            assert!(st.evictions > 0, "{frac}: nothing paged out");
+        } else {
+            assert_eq!(st.evictions, 0);
+            assert!(st.misses <= 64, "each expert pages in once");
+        }
+        eprintln!(
+            "experts at {:>5.1}% ({:.1} of {:.1} MB): hit rate {:.3}, {} misses, {} evictions, \
+             {:.1} MB paged in",
+            frac * 100.0,
+            budget as f64 / 1e6,
+            total as f64 / 1e6,
+            st.hit_rate(),
+            st.misses,
+            st.evictions,
+            st.bytes_in as f64 / 1e6
+        );
+    }
+}
+
+#[test]
+fn mapped_experts_stay_within_the_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, path) = model(tmp.path());
+    let mut ex = Executor::new(m.clone(), 2).unwrap();
+    ex.page_experts(Some(u64::MAX)).unwrap();
+    let total = ex.expert_pager().unwrap().total_bytes();
+    let budget = total / 4;
+    ex.page_experts(Some(budget)).unwrap();
+    let outside = (m.weight_bytes() as u64).saturating_sub(total);
+    // The mapping keeps the weights outside the experts, and at most the large folio an
+    // expert copy's source touched at either end of each of its three ranges while it was
+    // being copied (dropped right after): 6 × 2 MiB.
+    let allowed = outside + 6 * (2 << 20);
+    let (_, peak) = run(&mut ex, &PROMPT, 32, &path);
+    let st = ex.paging_stats().unwrap();
+    eprintln!(
+        "model file mapped (smaps): peak {:.1} MB, allowed {:.1} MB (weights outside the \
+         experts {:.1} MB); expert copies {:.1} MB of a {:.1} MB budget (experts in all \
+         {:.1} MB); {} misses, {} evictions",
+        peak as f64 / 1e6,
+        allowed as f64 / 1e6,
+        outside as f64 / 1e6,
+        ex.expert_pager().unwrap().resident_bytes() as f64 / 1e6,
+        budget as f64 / 1e6,
+        total as f64 / 1e6,
+        st.misses,
+        st.evictions
+    );
+    assert!(ex.expert_pager().unwrap().resident_bytes() <= budget);
+    assert!(
+        peak <= allowed,
+        "the model file's mapped pages peaked at {peak} B; allowed {allowed}"
+    );
+    // Without a budget the same run keeps every expert it touched mapped.
+    let mut free = Executor::new(m, 2).unwrap();
+    let (_, peak_free) = run(&mut free, &PROMPT, 32, &path);
+    eprintln!(
+        "without a budget: mapped peak {:.1} MB",
+        peak_free as f64 / 1e6
+    );
+    assert!(peak_free > allowed);
+}
