@@ -581,6 +581,70 @@ impl Model {
             .sum()
     }
 
+    /// Bytes of the routed experts (0 for a dense model).
+    pub fn expert_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match &l.ffn {
+                FfnW::Moe(m) => m.experts.len() * m.expert_bytes(),
+                FfnW::Dense { .. } => 0,
+            })
+            .sum()
+    }
+
+    /// An upper bound of the scratch memory an executor of `threads` threads holds after
+    /// passes of up to `rows` rows (`logit_rows` of them asking logits) over contexts of up to
+    /// `ctx` positions: the per-row activations of every stage (the largest layer's widths),
+    /// the MoE blocks' routing and group buffers, the logits, the kernels' quantized
+    /// activations, and attention's scores (the split path's 16 MiB, each thread's row
+    /// block). What a memory budget reserves for computing.
+    pub fn pass_scratch_bytes(
+        &self,
+        rows: usize,
+        logit_rows: usize,
+        ctx: usize,
+        threads: usize,
+    ) -> u64 {
+        let hd = self.hidden();
+        let mut per_row = 0usize;
+        let mut attn = 0usize;
+        for l in &self.layers {
+            let qd = l.n_heads * l.head_dim;
+            let kvd = l.n_kv_heads * l.head_dim;
+            let ffn = match &l.ffn {
+                FfnW::Dense { gate, .. } => 3 * gate.m.rows(),
+                FfnW::Moe(m) => {
+                    let ff = m.experts.iter().map(|e| e.gate.rows()).max().unwrap_or(0);
+                    let sh = m
+                        .shared
+                        .as_ref()
+                        .map_or(0, |s| 3 * s.gate.m.rows() + hd + 1);
+                    m.experts.len() + m.n_used * hd + 2 * hd + 3 * ff + sh
+                }
+            };
+            per_row = per_row.max(5 * hd + 2 * qd + 2 * kvd + ffn);
+            let group = l.n_heads / l.n_kv_heads.max(1);
+            attn = attn.max(threads.max(1) * 4 * group.max(1) * ctx.max(1));
+        }
+        let act = rows * (hd.max(self.max_cols())) * 4;
+        let floats = rows * per_row + logit_rows * self.vocab() + attn + (4 << 20);
+        (floats * 4 + act) as u64
+    }
+
+    /// The widest input of any projection.
+    fn max_cols(&self) -> usize {
+        self.layers
+            .iter()
+            .flat_map(|l| l.linears())
+            .map(|l| l.m.cols())
+            .chain(self.layers.iter().filter_map(|l| match &l.ffn {
+                FfnW::Moe(m) => m.experts.first().map(|e| e.down.cols()),
+                FfnW::Dense { .. } => None,
+            }))
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Bytes of weights held (encoded).
     pub fn weight_bytes(&self) -> usize {
         let lin = |l: &LinearW| l.m.weight_bytes();

@@ -3,10 +3,12 @@
 //!
 //! The model's experts stay byte ranges of its memory-mapped file (a GGUF's stacked
 //! `ffn_*_exps`), never kept mapped while a budget is set: **in** copies an expert's three
-//! projections from the mapping into matrices of their own (heap memory, counted exactly)
-//! and then drops the mapping's pages of those ranges again (`madvise(MADV_DONTNEED)`: the
-//! file's bytes stay in the kernel's page cache, or on disk under memory pressure); **out**
-//! frees the copies. The MoE room runs a paged expert from its copy, which holds the file's
+//! projections from the mapping into a slot — three buffers made once, at most
+//! `budget / expert bytes` of them, reused — and then drops the mapping's pages of those
+//! ranges again (`madvise(MADV_DONTNEED)`: the file's bytes stay in the kernel's page cache,
+//! or on disk under memory pressure); **out** hands the least recently used expert's slot to
+//! the next. Slots are never freed, so paging neither grows the heap nor leaves freed memory
+//! behind in the allocator: what the pager holds is at most the budget. The MoE room runs a paged expert from its copy, which holds the file's
 //! bytes: residency never changes a result, only where the bytes come from and what a miss
 //! costs.
 //!
@@ -22,7 +24,7 @@
 
 use std::sync::Arc;
 
-use synapse_kernels::QuantMatrix;
+use synapse_kernels::{QuantMatrix, WeightSource};
 
 use crate::error::{Result, RuntimeError};
 use crate::load::{ExpertW, FfnW, Model};
@@ -52,15 +54,47 @@ impl PagingStats {
     }
 }
 
-/// One expert: where its bytes live in the mapping, and its copy while resident.
+/// One expert: where its bytes live in the mapping, and the slot holding its copy while
+/// resident.
 #[derive(Debug)]
 struct Unit {
     /// The model's (mapped) projections: gate, up, down.
     mapped: ExpertW,
     /// Bytes of the three projections.
     bytes: u64,
-    copy: Option<ExpertW>,
+    /// `(slot, the copy's matrices over the slot's buffers)` while resident.
+    copy: Option<(usize, ExpertW)>,
     last_use: u64,
+}
+
+/// A buffer a paged expert projection is copied into, lent to its matrix (64-byte aligned;
+/// `len` is the current projection's size).
+#[derive(Debug)]
+struct SlotBuf {
+    raw: Vec<u8>,
+    off: usize,
+    len: usize,
+}
+
+impl SlotBuf {
+    fn new(cap: usize) -> Self {
+        let raw = vec![0u8; cap + 64];
+        let off = raw.as_ptr().align_offset(64).min(64);
+        SlotBuf { raw, off, len: 0 }
+    }
+}
+
+impl WeightSource for SlotBuf {
+    fn bytes(&self) -> &[u8] {
+        &self.raw[self.off..self.off + self.len]
+    }
+}
+
+/// Room for one resident expert: three buffers, allocated once and reused (so paging
+/// neither grows the heap nor faults fresh pages in).
+#[derive(Debug)]
+struct Slot {
+    bufs: [Arc<SlotBuf>; 3],
 }
 
 /// Routed experts of one model under a byte budget (see the module docs).
@@ -70,6 +104,14 @@ pub struct ExpertPager {
     units: Vec<Unit>,
     n_expert: usize,
     budget: u64,
+    /// Bytes of one slot (the largest expert's three projections).
+    slot_bytes: u64,
+    /// Projection capacities of a slot.
+    slot_caps: [usize; 3],
+    /// Slots that exist (made on demand, at most `max_slots = budget / slot_bytes`; once
+    /// all exist, a miss takes the least recently used expert's).
+    slots: Vec<Slot>,
+    max_slots: usize,
     resident: u64,
     clock: u64,
     page: usize,
@@ -96,20 +138,6 @@ fn unmap_pages(bytes: &[u8], page: usize) {
             libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_DONTNEED);
         }
     }
-}
-
-/// An owned copy of a borrowed matrix.
-fn copy_of(m: &QuantMatrix) -> Result<Arc<QuantMatrix>> {
-    let ty = m.ggml_type().ok_or_else(|| RuntimeError::InvalidParam {
-        name: "memory",
-        reason: "a paged expert must be in a ggml encoding".into(),
-    })?;
-    Ok(Arc::new(QuantMatrix::from_ggml(
-        ty,
-        m.raw_bytes(),
-        m.rows(),
-        m.cols(),
-    )?))
 }
 
 impl ExpertPager {
@@ -151,7 +179,16 @@ impl ExpertPager {
                 reason: "the model has no routed experts to page".into(),
             });
         }
-        let largest = units.iter().map(|u| u.bytes).max().unwrap_or(0);
+        let mut slot_caps = [0usize; 3];
+        for u in &units {
+            for (c, m) in slot_caps
+                .iter_mut()
+                .zip([&u.mapped.gate, &u.mapped.up, &u.mapped.down])
+            {
+                *c = (*c).max(m.weight_bytes());
+            }
+        }
+        let largest = slot_caps.iter().sum::<usize>() as u64;
         if budget < largest {
             return Err(RuntimeError::InvalidParam {
                 name: "memory",
@@ -166,10 +203,15 @@ impl ExpertPager {
                 unmap_pages(mat.raw_bytes(), page);
             }
         }
+        let max_slots = ((budget / largest) as usize).min(units.len());
         Ok(ExpertPager {
             units,
             n_expert,
             budget,
+            slot_bytes: largest,
+            slot_caps,
+            slots: Vec::new(),
+            max_slots,
             resident: 0,
             clock: 0,
             page,
@@ -187,6 +229,11 @@ impl ExpertPager {
         self.resident
     }
 
+    /// Bytes of the slots allocated so far (what the pager holds: at most the budget).
+    pub fn held_bytes(&self) -> u64 {
+        self.slots.len() as u64 * self.slot_bytes
+    }
+
     /// The budget for resident experts.
     pub fn budget(&self) -> u64 {
         self.budget
@@ -198,7 +245,7 @@ impl ExpertPager {
     }
 
     /// Expert `expert` of MoE layer `layer` (the model's MoE layers counted from 0), made
-    /// resident — paging out the least recently used experts as the budget needs — or `None`
+    /// resident — paging out the least recently used expert when no slot is free — or `None`
     /// for an index the model does not have.
     pub fn acquire(&mut self, layer: usize, expert: usize) -> Result<Option<&ExpertW>> {
         let i = layer * self.n_expert + expert;
@@ -209,37 +256,76 @@ impl ExpertPager {
         if self.units[i].copy.is_some() {
             self.stats.hits += 1;
             self.units[i].last_use = self.clock;
-            return Ok(self.units[i].copy.as_ref());
+            return Ok(self.units[i].copy.as_ref().map(|c| &c.1));
         }
         self.stats.misses += 1;
-        let need = self.units[i].bytes;
-        while self.resident + need > self.budget {
-            let victim = self
-                .units
-                .iter()
-                .enumerate()
-                .filter(|(j, u)| u.copy.is_some() && *j != i)
-                .min_by_key(|(_, u)| u.last_use)
-                .map(|(j, _)| j);
-            let Some(j) = victim else { break };
-            self.units[j].copy = None;
-            self.resident -= self.units[j].bytes;
-            self.stats.evictions += 1;
-        }
+        let slot = match () {
+            () if self.slots.len() < self.max_slots => {
+                let caps = self.slot_caps;
+                self.slots.push(Slot {
+                    bufs: caps.map(|c| Arc::new(SlotBuf::new(c))),
+                });
+                self.slots.len() - 1
+            }
+            () => {
+                let victim = self
+                    .units
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, u)| u.copy.is_some())
+                    .min_by_key(|(_, u)| u.last_use)
+                    .map(|(j, _)| j);
+                let Some(j) = victim else {
+                    return Err(RuntimeError::InvalidParam {
+                        name: "memory",
+                        reason: "no expert slot to page into".into(),
+                    });
+                };
+                // Dropping the copy's matrices leaves the slot's buffers to the pager alone.
+                let Some((s, copy)) = self.units[j].copy.take() else {
+                    unreachable!("the victim is resident");
+                };
+                drop(copy);
+                self.resident -= self.units[j].bytes;
+                self.stats.evictions += 1;
+                s
+            }
+        };
         let page = self.page;
         let u = &mut self.units[i];
-        let copy = ExpertW {
-            gate: copy_of(&u.mapped.gate)?,
-            up: copy_of(&u.mapped.up)?,
-            down: copy_of(&u.mapped.down)?,
-        };
-        for mat in [&u.mapped.gate, &u.mapped.up, &u.mapped.down] {
-            unmap_pages(mat.raw_bytes(), page);
+        let mut mats: [Option<Arc<QuantMatrix>>; 3] = [None, None, None];
+        for ((buf, m), out) in self.slots[slot]
+            .bufs
+            .iter_mut()
+            .zip([&u.mapped.gate, &u.mapped.up, &u.mapped.down])
+            .zip(mats.iter_mut())
+        {
+            let b = Arc::get_mut(buf).ok_or_else(|| RuntimeError::InvalidParam {
+                name: "memory",
+                reason: "an expert slot is still lent out".into(),
+            })?;
+            let src = m.raw_bytes();
+            b.len = src.len();
+            b.raw[b.off..b.off + src.len()].copy_from_slice(src);
+            unmap_pages(src, page);
+            let ty = m.ggml_type().ok_or_else(|| RuntimeError::InvalidParam {
+                name: "memory",
+                reason: "a paged expert must be in a ggml encoding".into(),
+            })?;
+            *out = Some(Arc::new(QuantMatrix::from_ggml_shared(
+                ty,
+                buf.clone() as Arc<dyn WeightSource>,
+                m.rows(),
+                m.cols(),
+            )?));
         }
-        u.copy = Some(copy);
+        let [Some(gate), Some(up), Some(down)] = mats else {
+            unreachable!("three projections");
+        };
+        u.copy = Some((slot, ExpertW { gate, up, down }));
         u.last_use = self.clock;
-        self.resident += need;
-        self.stats.bytes_in += need;
-        Ok(self.units[i].copy.as_ref())
+        self.resident += u.bytes;
+        self.stats.bytes_in += u.bytes;
+        Ok(self.units[i].copy.as_ref().map(|c| &c.1))
     }
 }

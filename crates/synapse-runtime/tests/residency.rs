@@ -109,7 +109,7 @@ fn budgeted_experts_give_the_same_logits() {
         assert_eq!(got, want, "experts at {frac} of their bytes: other logits");
         let p = ex.expert_pager().unwrap();
         let st = p.stats();
-        assert!(p.resident_bytes() <= budget);
+        assert!(p.resident_bytes() <= budget && p.held_bytes() <= budget);
         assert_eq!(st.hits + st.misses, ex.expert_stats().groups);
         assert!(st.misses > 0);
         if frac < 1.0 {

@@ -103,6 +103,27 @@ pub struct Args {
     /// (`inf`: every step — the model's own output; 0: none — the draft's).
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     margin: f32,
+    /// Memory budget (`2G`, `512M`, bytes) over everything generation holds beyond the
+    /// process's start: what loading left resident (tokenizer, metadata), the weights, the KV
+    /// cache for `--ctx`, and compute scratch. A mixture of experts keeps its routed experts
+    /// within what remains (paged in and out as tokens route to them; the same tokens); a
+    /// budget that cannot run the model is an error before generation.
+    #[arg(long)]
+    memory: Option<String>,
+}
+
+/// `kB` of a `/proc/self/status` field, in bytes (0 where there is none).
+fn status_bytes(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        * 1024
 }
 
 /// Precision escalation modes.
@@ -132,6 +153,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
 
+    let memory = args
+        .memory
+        .as_deref()
+        .map(super::serve::parse_bytes)
+        .transpose()?;
+    if memory.is_some() && args.escalation != Escalation::Off {
+        bail!(
+            "--memory with --escalation is not supported yet (a draft's experts would page outside the budget)"
+        );
+    }
+    let baseline_rss = status_bytes("VmRSS:");
     let t_load = Instant::now();
     let (model, tok) = load_model(args.model.as_deref(), args.store.as_deref())?;
     let source = Arc::new(model);
@@ -189,6 +221,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let slots = if draft.is_some() { 2 } else { 1 };
     let mut kv = KvCache::new(&model, kv_dtype, slots, args.ctx, chunk)?;
     let mut exec = Executor::new(model.clone(), args.threads)?;
+    let ledger = match memory {
+        Some(budget) => Some(budget_memory(
+            budget,
+            baseline_rss,
+            &model,
+            (kv.slot_bytes() * slots) as u64,
+            chunk,
+            args.ctx,
+            args.threads,
+            &mut exec,
+        )?),
+        None => None,
+    };
     let params = GenerateParams {
         max_tokens: args.n,
         sampling: SamplingParams {
@@ -292,6 +337,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "variants": prepared.json(),
             "decode_read_bytes": model.decode_read_bytes(),
             "kv_read_bytes_mid": model.kv_read_bytes_f32(ids.len() + out.tokens.len() / 2),
+            "memory": ledger.map(|l| {
+                let paging = exec.paging_stats();
+                serde_json::json!({
+                    "budget": l.budget,
+                    "loaded": l.loaded,
+                    "weights_outside_experts": l.outside,
+                    "kv": l.kv,
+                    "scratch": l.scratch,
+                    "experts_total": l.experts_total,
+                    "experts_budget": l.experts_budget,
+                    "experts_resident": exec.expert_pager().map(|p| p.resident_bytes()),
+                    "experts_held": exec.expert_pager().map(|p| p.held_bytes()),
+                    "paging": paging.map(|p| serde_json::json!({
+                        "hits": p.hits,
+                        "misses": p.misses,
+                        "evictions": p.evictions,
+                        "bytes_in": p.bytes_in,
+                        "hit_rate": p.hit_rate(),
+                    })),
+                    "baseline_rss": baseline_rss,
+                    "peak_rss": status_bytes("VmHWM:"),
+                })
+            }),
             "timings": {
                 "load_s": load_s,
                 "prefill_tok_s": t.prefill_tok_s(),
@@ -400,4 +468,85 @@ mod tests {
         // An empty (after trimming) system text adds nothing, as in llama.cpp.
         assert_eq!(gemma_builtin(Some(" \n"), "Hi"), gemma_builtin(None, "Hi"));
     }
+}
+
+/// How a `--memory` budget is spent.
+#[derive(Debug, Clone, Copy)]
+struct Ledger {
+    budget: u64,
+    /// Resident after loading, above the process's start (tokenizer, metadata, header pages).
+    loaded: u64,
+    outside: u64,
+    kv: u64,
+    scratch: u64,
+    experts_total: u64,
+    experts_budget: Option<u64>,
+}
+
+/// Checks that `budget` runs the model and sets the expert pager with what remains (see
+/// `--memory`).
+#[allow(clippy::too_many_arguments)]
+fn budget_memory(
+    budget: u64,
+    baseline_rss: u64,
+    model: &synapse_runtime::Model,
+    kv: u64,
+    chunk: usize,
+    ctx: usize,
+    threads: usize,
+    exec: &mut Executor,
+) -> anyhow::Result<Ledger> {
+    let loaded = status_bytes("VmRSS:").saturating_sub(baseline_rss);
+    let experts_total = model.expert_bytes() as u64;
+    let outside = model.weight_bytes() as u64 - experts_total;
+    let scratch = model.pass_scratch_bytes(chunk, 1, ctx, threads);
+    let fixed = loaded + outside + kv + scratch;
+    let mb = |b: u64| b as f64 / 1e6;
+    let what = format!(
+        "loading left {:.1} MB, the weights outside the experts take {:.1} MB, the KV cache \
+         for {ctx} positions {:.1} MB and compute scratch {:.1} MB",
+        mb(loaded),
+        mb(outside),
+        mb(kv),
+        mb(scratch)
+    );
+    if experts_total == 0 {
+        if fixed > budget {
+            bail!(
+                "--memory {:.1} MB cannot run this model: {what} ({:.1} MB; a dense model's \
+                 weights do not page yet)",
+                mb(budget),
+                mb(fixed)
+            );
+        }
+        return Ok(Ledger {
+            budget,
+            loaded,
+            outside,
+            kv,
+            scratch,
+            experts_total,
+            experts_budget: None,
+        });
+    }
+    let left = budget.saturating_sub(fixed);
+    let experts_budget = left.min(experts_total);
+    exec.page_experts(Some(experts_budget)).map_err(|e| {
+        anyhow::anyhow!(
+            "--memory {:.1} MB cannot run this model: {what}, leaving {:.1} MB for its \
+             {:.1} MB of routed experts ({e})",
+            mb(budget),
+            mb(left),
+            mb(experts_total)
+        )
+    })?;
+    Ok(Ledger {
+        budget,
+        loaded,
+        outside,
+        kv,
+        scratch,
+        experts_total,
+        experts_budget: Some(experts_budget),
+    })
 }
