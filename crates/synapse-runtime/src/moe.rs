@@ -234,7 +234,7 @@ pub(crate) fn forward(
         *stats.1 += 1;
         // A paged expert runs from its resident copy (the same bytes).
         let ex = match pager.as_mut() {
-            Some((p, layer)) => p.acquire(*layer, e)?.unwrap_or(ex),
+            Some((p, layer)) => p.acquire(*layer, e, ctx)?.unwrap_or(ex),
             None => ex,
         };
         let ff = ex.gate.rows();
