@@ -3,6 +3,7 @@
 mod bench_engine;
 mod bench_escalation;
 mod bench_kernels_vs_ggml;
+mod bench_moe_paging;
 mod bench_precision;
 mod bench_selective;
 mod bench_server;
@@ -79,6 +80,10 @@ enum Command {
     /// Selective escalation (approximate) on a sealed prompt suite: margin tuned on the tuning
     /// part, agreement and speed against the source and exact escalation on the sealed part.
     BenchSelective(bench_selective::Args),
+    /// Decode on the synthetic MoE with its routed experts held to 100/50/25/12.5% of their
+    /// bytes (`generate --memory`), alternating with unbudgeted runs: tok/s, hit rate, load
+    /// time, first-token latency.
+    BenchMoePaging(bench_moe_paging::Args),
     /// Write a mixture-of-experts GGUF of realistic size with random weights (a Mixtral-layout
     /// `llama` file both engines run), for paging and speed benchmarks.
     SyntheticMoe(synthetic_moe::Args),
@@ -117,6 +122,7 @@ fn main() -> anyhow::Result<()> {
         Command::BenchEscalation(a) => bench_escalation::run(a),
         Command::BenchSelective(a) => bench_selective::run(a),
         Command::Test(a) => test::run(a),
+        Command::BenchMoePaging(a) => bench_moe_paging::run(a),
         Command::SyntheticMoe(a) => synthetic_moe::run(a).map(|_| ()),
     }
 }

@@ -531,6 +531,19 @@ fn budget_memory(
     }
     let left = budget.saturating_sub(fixed);
     let experts_budget = left.min(experts_total);
+    if left >= experts_total {
+        // Every expert fits: they stay pages of the mapping (resident at most their bytes),
+        // nothing to page.
+        return Ok(Ledger {
+            budget,
+            loaded,
+            outside,
+            kv,
+            scratch,
+            experts_total,
+            experts_budget: Some(experts_budget),
+        });
+    }
     exec.page_experts(Some(experts_budget)).map_err(|e| {
         anyhow::anyhow!(
             "--memory {:.1} MB cannot run this model: {what}, leaving {:.1} MB for its \

@@ -1,0 +1,243 @@
+//! `cargo xtask bench-moe-paging`: greedy decode on the synthetic MoE (`synthetic-moe`'s
+//! default: 32 experts of 1024×1024 per layer, top-4, 12 layers, Q8_0) with its routed
+//! experts held to 100 / 50 / 25 / 12.5% of their bytes by `generate --memory`, each run
+//! alternating with an unbudgeted one; medians of decode tok/s, the pager's hit rate, load
+//! time and time to the first token, and each budget's speed over the unbudgeted runs'.
+//!
+//! The budget of a fraction `f` is the ledger's fixed part (what loading left, the weights
+//! outside the experts, the KV cache, scratch — read from a first `--memory` run) plus `f` of
+//! the experts' bytes. Every run is one `synapse-cli generate --json` child; a run during
+//! which other processes used more than `--foreign-limit` CPU-seconds is redone.
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::bench_vs_llama::run_measured;
+use crate::oracle_env::repo_root;
+
+/// Arguments of `bench-moe-paging`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The MoE GGUF (default: the synthetic one, written first if missing).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Fractions of the experts' bytes to hold resident.
+    #[arg(long, value_delimiter = ',', default_value = "1,0.5,0.25,0.125")]
+    fractions: Vec<f64>,
+    /// Timed runs per setting.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Tokens decoded per run (a run starts with every expert paged out: its first uses
+    /// are misses).
+    #[arg(long, default_value_t = 256)]
+    n_gen: usize,
+    /// Compute threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// A run is redone when other processes used more CPU-seconds than this during it.
+    #[arg(long, default_value_t = 0.3)]
+    foreign_limit: f64,
+    /// Use this synapse-cli binary instead of `target/release/synapse-cli` (built first).
+    #[arg(long)]
+    synapse_bin: Option<PathBuf>,
+}
+
+struct Run {
+    decode: f64,
+    load: f64,
+    first_token_s: f64,
+    hit_rate: Option<f64>,
+    peak_over_start: Option<u64>,
+    budget: Option<u64>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn run_once(bin: &PathBuf, model: &PathBuf, a: &Args, memory: Option<u64>) -> Result<(Value, f64)> {
+    let mut c = Command::new(bin);
+    c.args(["generate", "--model"])
+        .arg(model)
+        .args([
+            "-n",
+            &a.n_gen.to_string(),
+            "--ignore-eos",
+            "--json",
+            "--ctx",
+            "1024",
+        ])
+        .args(["-t", &a.threads.to_string()]);
+    if let Some(m) = memory {
+        c.args(["--memory", &m.to_string()]);
+    }
+    c.arg("The quick brown fox jumps over the lazy dog, and the dog sleeps on.");
+    let out = run_measured(&mut c)?;
+    if !out.success {
+        bail!("synapse-cli generate failed:\n{}", out.stderr);
+    }
+    let j: Value = serde_json::from_str(out.stdout.lines().last().unwrap_or(""))
+        .context("generate --json output")?;
+    Ok((j, out.foreign_cpu_s))
+}
+
+fn parse(j: &Value) -> Run {
+    let t = &j["timings"];
+    let f = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+    let prompt = j["prompt_tokens"].as_array().map_or(0, |a| a.len()) as f64;
+    let m = &j["memory"];
+    Run {
+        decode: f(&t["decode_tok_s"]),
+        load: f(&t["load_s"]),
+        first_token_s: prompt / f(&t["prefill_tok_s"]),
+        hit_rate: m["paging"]["hit_rate"].as_f64(),
+        peak_over_start: match (m["peak_rss"].as_u64(), m["baseline_rss"].as_u64()) {
+            (Some(p), Some(b)) => Some(p.saturating_sub(b)),
+            _ => None,
+        },
+        budget: m["budget"].as_u64(),
+    }
+}
+
+/// Runs the benchmark.
+pub fn run(a: Args) -> Result<()> {
+    let model = match &a.model {
+        Some(m) => m.clone(),
+        None => {
+            let shape = synapse_testdata::synthetic_moe::MoeShape::default();
+            let p = repo_root()
+                .join("target/synthetic-moe")
+                .join(shape.file_name());
+            if !p.exists() {
+                synapse_testdata::synthetic_moe::write(&shape, &p)
+                    .map_err(|e| anyhow::anyhow!("synthetic-moe: {e}"))?;
+            }
+            p
+        }
+    };
+    let bin = match &a.synapse_bin {
+        Some(b) => b.clone(),
+        None => {
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let st = Command::new(cargo)
+                .current_dir(repo_root())
+                .args(["build", "--release", "-p", "synapse-cli"])
+                .status()?;
+            if !st.success() {
+                bail!("building synapse-cli failed");
+            }
+            repo_root().join("target/release/synapse-cli")
+        }
+    };
+    // The ledger's fixed part and the experts' bytes.
+    let (probe, _) = run_once(&bin, &model, &a, Some(1 << 40))?;
+    let m = &probe["memory"];
+    let g = |k: &str| m[k].as_u64().unwrap_or(0);
+    let fixed = g("loaded") + g("weights_outside_experts") + g("kv") + g("scratch");
+    let experts = g("experts_total");
+    if experts == 0 {
+        bail!("{} has no routed experts", model.display());
+    }
+    println!(
+        "bench-moe-paging: {} | {} threads | {} decoded | experts {:.1} MB, fixed part {:.1} MB | {} runs",
+        model.display(),
+        a.threads,
+        a.n_gen,
+        experts as f64 / 1e6,
+        fixed as f64 / 1e6,
+        a.runs
+    );
+    let mut rows = Vec::new();
+    for &frac in &a.fractions {
+        let budget = fixed + (experts as f64 * frac) as u64;
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        for r in 0..a.runs {
+            for budgeted in [true, false] {
+                let mut tries = 0;
+                loop {
+                    let (j, foreign) = run_once(&bin, &model, &a, budgeted.then_some(budget))?;
+                    tries += 1;
+                    if foreign > a.foreign_limit && tries < 4 {
+                        println!("    run contaminated ({foreign:.2} foreign CPU-s); redoing");
+                        continue;
+                    }
+                    let p = parse(&j);
+                    println!(
+                        "  {:>5.1}% run {r} {}: decode {:6.1} tok/s{}",
+                        frac * 100.0,
+                        if budgeted { "budgeted " } else { "unlimited" },
+                        p.decode,
+                        p.hit_rate
+                            .map_or(String::new(), |h| format!("  hit rate {h:.3}"))
+                    );
+                    if budgeted {
+                        with.push(p);
+                    } else {
+                        without.push(p);
+                    }
+                    break;
+                }
+            }
+        }
+        let md = |v: &[Run], f: &dyn Fn(&Run) -> f64| median(v.iter().map(f).collect());
+        let dec = md(&with, &|r| r.decode);
+        let base = md(&without, &|r| r.decode);
+        let row = serde_json::json!({
+            "fraction": frac,
+            "budget": budget,
+            "decode_tok_s": dec,
+            "unlimited_decode_tok_s": base,
+            "ratio": dec / base,
+            "hit_rate": md(&with, &|r| r.hit_rate.unwrap_or(f64::NAN)),
+            "load_s": md(&with, &|r| r.load),
+            "first_token_s": md(&with, &|r| r.first_token_s),
+            "unlimited_first_token_s": md(&without, &|r| r.first_token_s),
+            "peak_rss_over_start": with.iter().filter_map(|r| r.peak_over_start).max(),
+            "within_budget": with.iter().all(|r| r.peak_over_start.zip(r.budget).is_some_and(|(p, b)| p <= b)),
+        });
+        rows.push(row);
+    }
+    println!(
+        "\nexperts resident | budget MB | decode tok/s (unlimited) | ratio | hit rate | load s | first token s (unlimited) | peak RSS over start MB"
+    );
+    for r in &rows {
+        let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "{:>15.1}% | {:>9.1} | {:>7.1} ({:>6.1}) | {:>5.2}× | {:>8.3} | {:>6.3} | {:>6.3} ({:.3}) | {:.1}{}",
+            f("fraction") * 100.0,
+            f("budget") / 1e6,
+            f("decode_tok_s"),
+            f("unlimited_decode_tok_s"),
+            f("ratio"),
+            f("hit_rate"),
+            f("load_s"),
+            f("first_token_s"),
+            f("unlimited_first_token_s"),
+            f("peak_rss_over_start") / 1e6,
+            if r["within_budget"].as_bool() == Some(true) {
+                ""
+            } else {
+                "  OVER BUDGET"
+            }
+        );
+    }
+    let out = repo_root().join("target/bench-moe-paging.json");
+    std::fs::write(
+        &out,
+        serde_json::to_vec_pretty(&serde_json::json!({
+            "model": model, "n_gen": a.n_gen, "threads": a.threads, "rows": rows
+        }))?,
+    )?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
