@@ -6,7 +6,9 @@
 //!
 //! The budget of a fraction `f` is the ledger's fixed part (what loading left, the weights
 //! outside the experts, the KV cache, scratch — read from a first `--memory` run) plus `f` of
-//! the experts' bytes. Every run is one `synapse-cli generate --json` child; a run during
+//! the experts' bytes (at 100% plus 16 MiB, so that all experts fit and none pages: the fully
+//! resident reference). Each run starts with every expert paged out, so its first uses are
+//! misses. Every run is one `synapse-cli generate --json` child; a run during
 //! which other processes used more than `--foreign-limit` CPU-seconds is redone.
 
 use anyhow::{Context, Result, bail};
@@ -159,7 +161,10 @@ pub fn run(a: Args) -> Result<()> {
     );
     let mut rows = Vec::new();
     for &frac in &a.fractions {
-        let budget = fixed + (experts as f64 * frac) as u64;
+        // At 100% a margin over what loading left (it varies by a few MB run to run), so the
+        // experts all fit and nothing pages: the fully resident reference.
+        let margin = if frac >= 1.0 { 16 << 20 } else { 0 };
+        let budget = fixed + (experts as f64 * frac) as u64 + margin;
         let (mut with, mut without) = (Vec::new(), Vec::new());
         for r in 0..a.runs {
             for budgeted in [true, false] {
