@@ -175,3 +175,94 @@ fn mapped_experts_stay_within_the_budget() {
     );
     assert!(peak_free > allowed);
 }
+
+struct NoText;
+
+impl synapse_runtime::engine::TokenPieces for NoText {
+    fn piece(&self, _: u32) -> Vec<u8> {
+        Vec::new()
+    }
+    fn piece_into(&self, _: u32, _: &mut Vec<u8>) {}
+}
+
+/// Greedy tokens of `n` concurrent sessions in an engine with `memory`, and its stats.
+fn engine_tokens(
+    m: &Arc<Model>,
+    memory: Option<u64>,
+    n: u32,
+) -> (Vec<Vec<u32>>, synapse_runtime::engine::EngineStats) {
+    use synapse_runtime::engine::{EngineConfig, Event, Request, Scheduler};
+    let cfg = EngineConfig {
+        slots: n as usize,
+        ctx: 128,
+        ubatch: 32,
+        step_tokens: 64,
+        memory,
+        ..EngineConfig::default()
+    };
+    let mut s = Scheduler::new(m.clone(), Arc::new(NoText), cfg).unwrap();
+    let mut sessions: Vec<_> = (0..n)
+        .map(|i| {
+            let mut p = PROMPT.to_vec();
+            p[1] += 7 * i;
+            let mut r = Request::greedy(p, 20 + i as usize);
+            r.stop_at_eog = false;
+            s.submit(r).unwrap()
+        })
+        .collect();
+    let mut toks = vec![Vec::new(); n as usize];
+    let mut done = 0;
+    while done < n {
+        s.step();
+        for (i, ss) in sessions.iter_mut().enumerate() {
+            while let Some(e) = ss.try_next() {
+                match e {
+                    Event::Token(t) => toks[i].push(t.id),
+                    Event::Done(_) => done += 1,
+                    Event::Error(e) => panic!("{e}"),
+                    _ => {}
+                }
+            }
+        }
+    }
+    (toks, s.stats())
+}
+
+#[test]
+fn an_engine_pages_experts_under_its_memory_budget_with_the_same_tokens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, _) = model(tmp.path());
+    let (want, free) = engine_tokens(&m, None, 4);
+    assert_eq!(free.expert_misses, 0);
+    // Weights and KV do not fit whole: the experts page in what is left.
+    let whole = m.weight_bytes() as u64;
+    let budget = whole - m.expert_bytes() as u64 / 2;
+    let (got, st) = engine_tokens(&m, Some(budget), 4);
+    assert_eq!(
+        got, want,
+        "4 sessions under a {budget} B budget: other tokens"
+    );
+    assert!(st.expert_misses > 0 && st.expert_evictions > 0, "{st:?}");
+    eprintln!(
+        "engine, 4 sessions, {:.1} MB budget for {:.1} MB of weights: {} expert hits, {} misses, \
+         {} evictions",
+        budget as f64 / 1e6,
+        whole as f64 / 1e6,
+        st.expert_hits,
+        st.expert_misses,
+        st.expert_evictions
+    );
+    // Too small for one expert beside the rest: refused at start.
+    let cfg = synapse_runtime::engine::EngineConfig {
+        slots: 4,
+        ctx: 128,
+        ubatch: 32,
+        step_tokens: 64,
+        memory: Some(whole - m.expert_bytes() as u64),
+        ..Default::default()
+    };
+    let e = synapse_runtime::engine::Scheduler::new(m, Arc::new(NoText), cfg)
+        .err()
+        .expect("a budget without room for an expert");
+    assert!(e.to_string().contains("memory budget"), "{e}");
+}

@@ -110,6 +110,10 @@ pub fn render(stats: &EngineStats, info: &EngineInfo) -> String {
     counter!("synapse_engine_steps_total").absolute(stats.steps);
     counter!("synapse_draft_tokens_total").absolute(stats.drafted);
     counter!("synapse_draft_accepted_tokens_total").absolute(stats.draft_accepted);
+    counter!("synapse_expert_hits_total").absolute(stats.expert_hits);
+    counter!("synapse_expert_misses_total").absolute(stats.expert_misses);
+    counter!("synapse_expert_evictions_total").absolute(stats.expert_evictions);
+    counter!("synapse_expert_paged_in_bytes_total").absolute(stats.expert_bytes_in);
     let h = handle();
     h.run_upkeep();
     h.render()

@@ -336,6 +336,14 @@ pub struct EngineStats {
     pub drafted: u64,
     /// Draft tokens the verifying profile accepted.
     pub draft_accepted: u64,
+    /// Routed-expert uses that found the expert resident (under `EngineConfig::memory`).
+    pub expert_hits: u64,
+    /// Routed-expert uses that paged the expert in.
+    pub expert_misses: u64,
+    /// Experts paged out to make room.
+    pub expert_evictions: u64,
+    /// Bytes of experts paged in.
+    pub expert_bytes_in: u64,
 }
 
 /// Fixed facts about a running engine.

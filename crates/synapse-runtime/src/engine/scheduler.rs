@@ -201,21 +201,43 @@ impl Scheduler {
         // tensors it does not re-encode).
         let weights =
             model.weight_bytes() as u64 + cfg.draft.as_ref().map_or(0, |d| d.weight_bytes() as u64);
-        let need = weights + (kv.slot_bytes() * kv_slots) as u64;
+        let kv_total = (kv.slot_bytes() * kv_slots) as u64;
+        let need = weights + kv_total;
+        // A mixture of experts that does not fit whole pages its routed experts within what
+        // the weights outside them, the KV and the compute scratch leave.
+        let experts = model.expert_bytes() as u64;
+        let mut expert_budget = None;
         if let Some(budget) = cfg.memory
             && need > budget
         {
-            let per = kv.slot_bytes() as u64;
-            let fit = budget.saturating_sub(weights) / per.max(1);
-            return Err(invalid(format!(
-                "memory budget {budget} B: weights take {weights} B and each of {} slots \
-                 {per} B of KV ({} positions); {fit} slots fit (lower --parallel or --ctx-size)",
-                cfg.slots, cfg.ctx
-            )));
+            let scratch =
+                model.pass_scratch_bytes(cfg.step_tokens, cfg.slots + 1, cfg.ctx, cfg.threads);
+            let fixed = weights - experts + kv_total + scratch;
+            if experts > 0 && cfg.draft.is_none() && budget > fixed {
+                expert_budget = Some(budget - fixed);
+            } else {
+                let per = kv.slot_bytes() as u64;
+                let fit = budget.saturating_sub(weights) / per.max(1);
+                return Err(invalid(format!(
+                    "memory budget {budget} B: weights take {weights} B and each of {} slots \
+                     {per} B of KV ({} positions); {fit} slots fit (lower --parallel or \
+                     --ctx-size)",
+                    cfg.slots, cfg.ctx
+                )));
+            }
         }
         let eog = model.ir.special.eos.clone();
         let vocab = model.vocab();
-        let exec = Executor::new(model, cfg.threads)?;
+        let mut exec = Executor::new(model, cfg.threads)?;
+        if let Some(b) = expert_budget {
+            exec.page_experts(Some(b)).map_err(|e| {
+                invalid(format!(
+                    "memory budget {} B: the weights outside the routed experts, the KV and \
+                     scratch leave {b} B for {experts} B of experts ({e})",
+                    cfg.memory.unwrap_or(0)
+                ))
+            })?;
+        }
         let profile = exec.model().profile.hash();
         // The draft runs on the verifier's thread pool (lent for its passes).
         let draft = match &cfg.draft {
@@ -440,6 +462,14 @@ impl Scheduler {
         let Some(exec) = self.execs[e].as_mut() else {
             return;
         };
+        // The pager's counters as of the previous pass (this one borrows the executor).
+        if let Some(p) = exec.paging_stats() {
+            let st = &self.stats;
+            st.expert_hits.store(p.hits, Ordering::Relaxed);
+            st.expert_misses.store(p.misses, Ordering::Relaxed);
+            st.expert_evictions.store(p.evictions, Ordering::Relaxed);
+            st.expert_bytes_in.store(p.bytes_in, Ordering::Relaxed);
+        }
         let t0 = Instant::now();
         let out = match exec.forward(&mut self.kv, &self.rows) {
             Ok(out) => out,

@@ -28,6 +28,10 @@ pub(crate) struct SharedStats {
     pub profile_changes: AtomicU64,
     pub drafted: AtomicU64,
     pub draft_accepted: AtomicU64,
+    pub expert_hits: AtomicU64,
+    pub expert_misses: AtomicU64,
+    pub expert_evictions: AtomicU64,
+    pub expert_bytes_in: AtomicU64,
 }
 
 impl SharedStats {
@@ -63,6 +67,10 @@ impl SharedStats {
             profile_changes: g(&self.profile_changes),
             drafted: g(&self.drafted),
             draft_accepted: g(&self.draft_accepted),
+            expert_hits: g(&self.expert_hits),
+            expert_misses: g(&self.expert_misses),
+            expert_evictions: g(&self.expert_evictions),
+            expert_bytes_in: g(&self.expert_bytes_in),
         }
     }
 }
