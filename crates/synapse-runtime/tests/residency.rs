@@ -261,8 +261,8 @@ fn an_engine_pages_experts_under_its_memory_budget_with_the_same_tokens() {
         memory: Some(whole - m.expert_bytes() as u64),
         ..Default::default()
     };
-    let e = synapse_runtime::engine::Scheduler::new(m, Arc::new(NoText), cfg)
-        .err()
-        .expect("a budget without room for an expert");
+    let Err(e) = synapse_runtime::engine::Scheduler::new(m, Arc::new(NoText), cfg) else {
+        panic!("a budget without room for an expert was taken");
+    };
     assert!(e.to_string().contains("memory budget"), "{e}");
 }
