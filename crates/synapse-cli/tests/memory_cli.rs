@@ -54,14 +54,7 @@ fn u(v: &Value) -> u64 {
 #[test]
 fn moe_experts_page_within_the_budget_with_the_same_tokens() {
     let tmp = tempfile::tempdir().unwrap();
-    let shape = MoeShape {
-        experts: 16,
-        top_k: 2,
-        hidden: 512,
-        expert_ff: 512,
-        layers: 4,
-        ..MoeShape::default()
-    };
+    let shape = MoeShape::small();
     let path = tmp.path().join(shape.file_name());
     write(&shape, &path).unwrap();
     let free = json(&generate(&path, None));

@@ -11,16 +11,8 @@ use std::sync::Arc;
 use synapse_runtime::{Executor, KvCache, KvDtype, Model, Row, argmax};
 use synapse_testdata::synthetic_moe::{MoeShape, write};
 
-/// 4 layers × 16 experts of 512×512 (Q8_0, ≈ 0.84 MB each, 53 MB in all), top-2.
 fn shape() -> MoeShape {
-    MoeShape {
-        experts: 16,
-        top_k: 2,
-        hidden: 512,
-        expert_ff: 512,
-        layers: 4,
-        ..MoeShape::default()
-    }
+    MoeShape::small()
 }
 
 fn model(dir: &Path) -> (Arc<Model>, std::path::PathBuf) {

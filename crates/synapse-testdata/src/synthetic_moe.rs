@@ -51,6 +51,19 @@ impl Default for MoeShape {
 }
 
 impl MoeShape {
+    /// The tests' model: 4 layers × 16 experts of 512×512 (Q8_0, ≈ 0.84 MB each, 53 MB in
+    /// all), top-2.
+    pub fn small() -> Self {
+        MoeShape {
+            experts: 16,
+            top_k: 2,
+            hidden: 512,
+            expert_ff: 512,
+            layers: 4,
+            ..MoeShape::default()
+        }
+    }
+
     /// A file name that names the shape.
     pub fn file_name(&self) -> String {
         format!(

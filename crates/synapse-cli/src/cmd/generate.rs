@@ -510,6 +510,15 @@ fn budget_memory(
         mb(kv),
         mb(scratch)
     );
+    let mut ledger = Ledger {
+        budget,
+        loaded,
+        outside,
+        kv,
+        scratch,
+        experts_total,
+        experts_budget: None,
+    };
     if experts_total == 0 {
         if fixed > budget {
             bail!(
@@ -519,47 +528,22 @@ fn budget_memory(
                 mb(fixed)
             );
         }
-        return Ok(Ledger {
-            budget,
-            loaded,
-            outside,
-            kv,
-            scratch,
-            experts_total,
-            experts_budget: None,
-        });
+        return Ok(ledger);
     }
     let left = budget.saturating_sub(fixed);
-    let experts_budget = left.min(experts_total);
-    if left >= experts_total {
-        // Every expert fits: they stay pages of the mapping (resident at most their bytes),
-        // nothing to page.
-        return Ok(Ledger {
-            budget,
-            loaded,
-            outside,
-            kv,
-            scratch,
-            experts_total,
-            experts_budget: Some(experts_budget),
-        });
+    ledger.experts_budget = Some(left.min(experts_total));
+    // When every expert fits they stay pages of the mapping (resident at most their bytes);
+    // otherwise they page within what is left.
+    if left < experts_total {
+        exec.page_experts(Some(left)).map_err(|e| {
+            anyhow::anyhow!(
+                "--memory {:.1} MB cannot run this model: {what}, leaving {:.1} MB for its \
+                 {:.1} MB of routed experts ({e})",
+                mb(budget),
+                mb(left),
+                mb(experts_total)
+            )
+        })?;
     }
-    exec.page_experts(Some(experts_budget)).map_err(|e| {
-        anyhow::anyhow!(
-            "--memory {:.1} MB cannot run this model: {what}, leaving {:.1} MB for its \
-             {:.1} MB of routed experts ({e})",
-            mb(budget),
-            mb(left),
-            mb(experts_total)
-        )
-    })?;
-    Ok(Ledger {
-        budget,
-        loaded,
-        outside,
-        kv,
-        scratch,
-        experts_total,
-        experts_budget: Some(experts_budget),
-    })
+    Ok(ledger)
 }
