@@ -16,7 +16,7 @@ use serde_json::Value;
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::bench_vs_llama::run_measured;
+use crate::bench_vs_llama::{median, run_measured};
 use crate::oracle_env::repo_root;
 
 /// Arguments of `bench-moe-paging`.
@@ -53,18 +53,6 @@ struct Run {
     hit_rate: Option<f64>,
     peak_over_start: Option<u64>,
     budget: Option<u64>,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-    let n = v.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 fn run_once(bin: &PathBuf, model: &PathBuf, a: &Args, memory: Option<u64>) -> Result<(Value, f64)> {

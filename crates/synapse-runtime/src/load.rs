@@ -56,19 +56,41 @@ impl Source<'_> {
     /// A ggml weight as a matrix: borrowed from a GGUF's mapping (resident once, as file
     /// pages), copied from the other sources.
     fn matrix(&self, ir: &ModelIr, id: WeightId, rows: usize, cols: usize) -> Result<QuantMatrix> {
+        self.matrix_of(ir, id, None, rows, cols)
+    }
+
+    /// The bytes `range` of weight `id` (all of it for `None`) as a `rows × cols` matrix:
+    /// borrowed from a GGUF's mapping, copied from the other sources.
+    fn matrix_of(
+        &self,
+        ir: &ModelIr,
+        id: WeightId,
+        range: Option<std::ops::Range<usize>>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<QuantMatrix> {
         let w = ir.weight(id);
         let bytes = self.bytes(ir, id)?;
+        let part = match &range {
+            Some(r) => bytes
+                .get(r.clone())
+                .ok_or_else(|| RuntimeError::WeightData {
+                    name: w.name.clone(),
+                    reason: format!("{} bytes, the range needs {r:?}", bytes.len()),
+                })?,
+            None => bytes,
+        };
         if let Source::Gguf(f) = self
             && let Some(index) = f.tensors().iter().position(|t| t.name == w.name)
         {
             let src = Arc::new(GgufTensor {
                 file: f.clone(),
                 index,
-                range: None,
+                range,
             });
             return Ok(QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?);
         }
-        Ok(QuantMatrix::from_ggml(w.encoding, bytes, rows, cols)?)
+        Ok(QuantMatrix::from_ggml(w.encoding, part, rows, cols)?)
     }
 
     /// One expert's projection as a matrix: its rows of a stacked expert tensor (borrowed
@@ -108,29 +130,7 @@ impl Source<'_> {
         }
         let first = (expert * slice_rows + u64::from(e.row_offset)) as usize;
         let range = first * row_bytes..(first + rows) * row_bytes;
-        let bytes = self.bytes(ir, e.weight)?;
-        if range.end > bytes.len() {
-            return Err(bad(format!(
-                "{} bytes, expert needs {range:?}",
-                bytes.len()
-            )));
-        }
-        if let Source::Gguf(f) = self
-            && let Some(index) = f.tensors().iter().position(|t| t.name == w.name)
-        {
-            let src = Arc::new(GgufTensor {
-                file: f.clone(),
-                index,
-                range: Some(range),
-            });
-            return Ok(QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?);
-        }
-        Ok(QuantMatrix::from_ggml(
-            w.encoding,
-            &bytes[range],
-            rows,
-            cols,
-        )?)
+        self.matrix_of(ir, e.weight, Some(range), rows, cols)
     }
 
     fn bytes(&self, ir: &ModelIr, id: WeightId) -> Result<&[u8]> {
@@ -652,17 +652,13 @@ impl Model {
         if !Arc::ptr_eq(&self.embd, &self.head.m) {
             n += lin(&self.head);
         }
-        n + self
-            .layers
-            .iter()
-            .map(|l| {
-                let experts = match &l.ffn {
-                    FfnW::Moe(m) => m.experts.len() * m.expert_bytes(),
-                    FfnW::Dense { .. } => 0,
-                };
-                experts + l.linears().into_iter().map(lin).sum::<usize>()
-            })
-            .sum::<usize>()
+        n + self.expert_bytes()
+            + self
+                .layers
+                .iter()
+                .flat_map(|l| l.linears())
+                .map(lin)
+                .sum::<usize>()
     }
 }
 

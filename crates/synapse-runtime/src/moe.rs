@@ -41,6 +41,8 @@ pub(crate) struct MoeScratch {
     picks: Vec<(u32, f32)>,
     /// Argsort scratch (one row's expert indices).
     order: Vec<u32>,
+    /// Top-k-then-softmax scratch (one row's picked logits).
+    top: Vec<f32>,
     /// (row, pick slot) of every pick, grouped by expert.
     members: Vec<(u32, u32)>,
     /// Start of each expert's group in `members` (`n_expert + 1` values).
@@ -155,38 +157,31 @@ pub(crate) fn forward(
     for row in logits.chunks_exact_mut(ne) {
         s.order.clear();
         s.order.extend(0..ne as u32);
+        if let Routing::SoftmaxTopK { .. } = m.routing {
+            ggml_f32::softmax_row(row);
+        }
+        let r: &[f32] = row;
+        sort_descending(&mut s.order, r);
+        let at = s.picks.len();
+        s.picks
+            .extend(s.order[..k].iter().map(|&e| (e, r[e as usize])));
+        let picked = &mut s.picks[at..];
         match m.routing {
-            Routing::SoftmaxTopK { renormalize } => {
-                ggml_f32::softmax_row(row);
-                let r: &[f32] = row;
-                sort_descending(&mut s.order, r);
-                let at = s.picks.len();
-                s.picks
-                    .extend(s.order[..k].iter().map(|&e| (e, r[e as usize])));
-                if renormalize {
-                    let sum = s.picks[at..].iter().map(|p| p.1 as f64).sum::<f64>() as f32;
-                    let sum = sum.max(6.103_515_6e-5);
-                    for p in &mut s.picks[at..] {
-                        p.1 /= sum;
-                    }
+            Routing::SoftmaxTopK { renormalize: true } => {
+                let sum = picked.iter().map(|p| p.1 as f64).sum::<f64>() as f32;
+                let sum = sum.max(6.103_515_6e-5);
+                for p in picked {
+                    p.1 /= sum;
                 }
             }
+            Routing::SoftmaxTopK { renormalize: false } => {}
+            // The softmax over the picked logits, in pick order.
             Routing::TopKSoftmax => {
-                let r: &[f32] = row;
-                sort_descending(&mut s.order, r);
-                let mut top = [0f32; 64];
-                let kk = k.min(64);
-                for (t, &e) in top.iter_mut().zip(&s.order[..kk]) {
-                    *t = r[e as usize];
-                }
-                ggml_f32::softmax_row(&mut top[..kk]);
-                s.picks
-                    .extend(s.order[..kk].iter().zip(&top[..kk]).map(|(&e, &w)| (e, w)));
-                if kk < k {
-                    return Err(RuntimeError::InvalidParam {
-                        name: "n_used",
-                        reason: format!("{k} experts per token (at most 64 with top-k softmax)"),
-                    });
+                s.top.clear();
+                s.top.extend(picked.iter().map(|p| p.1));
+                ggml_f32::softmax_row(&mut s.top);
+                for (p, &w) in picked.iter_mut().zip(&s.top) {
+                    p.1 = w;
                 }
             }
         }

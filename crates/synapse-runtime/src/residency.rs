@@ -27,6 +27,7 @@
 
 use std::sync::Arc;
 
+use synapse_formats::GgmlType;
 use synapse_kernels::{KernelCtx, QuantMatrix, WeightSource};
 
 use crate::error::{Result, RuntimeError};
@@ -65,6 +66,8 @@ struct Unit {
     mapped: ExpertW,
     /// Bytes of the three projections.
     bytes: u64,
+    /// The projections' encodings (checked to be ggml types when the pager is made).
+    types: [GgmlType; 3],
     /// `(slot, the copy's matrices over the slot's buffers)` while resident.
     copy: Option<(usize, ExpertW)>,
     last_use: u64,
@@ -108,7 +111,6 @@ pub struct ExpertPager {
     /// Units by (MoE layer, expert): `layer * n_expert + expert`.
     units: Vec<Unit>,
     n_expert: usize,
-    budget: u64,
     /// Bytes of one slot (the largest expert's three projections).
     slot_bytes: u64,
     /// Projection capacities of a slot.
@@ -197,20 +199,25 @@ impl ExpertPager {
             n_expert = m.experts.len();
             for e in &m.experts {
                 let mut bytes = 0u64;
-                for mat in [&e.gate, &e.up, &e.down] {
-                    if !mat.is_borrowed() || mat.ggml_type().is_none() {
-                        return Err(RuntimeError::InvalidParam {
-                            name: "memory",
-                            reason: "routed experts page only from a memory-mapped GGUF \
-                                     (this model's experts were copied at load)"
-                                .into(),
-                        });
-                    }
+                let mut types = [GgmlType::F32; 3];
+                for (mat, ty) in [&e.gate, &e.up, &e.down].into_iter().zip(&mut types) {
+                    *ty = match mat.ggml_type() {
+                        Some(t) if mat.is_borrowed() => t,
+                        _ => {
+                            return Err(RuntimeError::InvalidParam {
+                                name: "memory",
+                                reason: "routed experts page only from a memory-mapped GGUF \
+                                         (this model's experts were copied at load)"
+                                    .into(),
+                            });
+                        }
+                    };
                     bytes += mat.weight_bytes() as u64;
                 }
                 units.push(Unit {
                     mapped: e.clone(),
                     bytes,
+                    types,
                     copy: None,
                     last_use: 0,
                     prev_use: 0,
@@ -265,7 +272,6 @@ impl ExpertPager {
         Ok(ExpertPager {
             units,
             n_expert,
-            budget,
             slot_bytes: largest,
             slot_caps,
             slots: Vec::new(),
@@ -291,11 +297,6 @@ impl ExpertPager {
     /// Bytes of the slots allocated so far (what the pager holds: at most the budget).
     pub fn held_bytes(&self) -> u64 {
         self.slots.len() as u64 * self.slot_bytes
-    }
-
-    /// The budget for resident experts.
-    pub fn budget(&self) -> u64 {
-        self.budget
     }
 
     /// The counters.
@@ -359,11 +360,12 @@ impl ExpertPager {
         let (page, span) = (self.page, self.span);
         let u = &mut self.units[i];
         let mut mats: [Option<Arc<QuantMatrix>>; 3] = [None, None, None];
-        for ((buf, m), out) in self.slots[slot]
+        for (((buf, m), out), &ty) in self.slots[slot]
             .bufs
             .iter_mut()
             .zip([&u.mapped.gate, &u.mapped.up, &u.mapped.down])
             .zip(mats.iter_mut())
+            .zip(&u.types)
         {
             let b = Arc::get_mut(buf).ok_or_else(|| RuntimeError::InvalidParam {
                 name: "memory",
@@ -373,10 +375,6 @@ impl ExpertPager {
             b.len = src.len();
             copy_parallel(&mut b.raw[b.off..b.off + src.len()], src, ctx);
             unmap_pages(src, page, span);
-            let ty = m.ggml_type().ok_or_else(|| RuntimeError::InvalidParam {
-                name: "memory",
-                reason: "a paged expert must be in a ggml encoding".into(),
-            })?;
             *out = Some(Arc::new(QuantMatrix::from_ggml_shared(
                 ty,
                 buf.clone() as Arc<dyn WeightSource>,
