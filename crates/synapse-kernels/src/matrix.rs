@@ -35,6 +35,14 @@ enum Store {
 pub trait WeightSource: Send + Sync {
     /// The tensor's bytes.
     fn bytes(&self) -> &[u8];
+
+    /// Reads `dst.len()` of the bytes from byte `at` into `dst` without touching `bytes`'
+    /// memory (a file-backed source reads the file, so no page of it becomes mapped):
+    /// `None` when the source has no such path or the range lies outside it.
+    fn read_at(&self, at: usize, dst: &mut [u8]) -> Option<std::io::Result<()>> {
+        let _ = (at, dst);
+        None
+    }
 }
 
 /// Where a matrix's bytes live.
@@ -247,6 +255,16 @@ impl QuantMatrix {
     /// Whether the bytes are borrowed from a shared source (a memory map) rather than owned.
     pub fn is_borrowed(&self) -> bool {
         matches!(self.data, Data::Shared(_))
+    }
+
+    /// Reads `dst.len()` of the encoded bytes from byte `at` into `dst` through the
+    /// borrowed source's own read path (a file read that maps nothing): `None` for an owned
+    /// matrix or a source without one.
+    pub fn read_raw_at(&self, at: usize, dst: &mut [u8]) -> Option<std::io::Result<()>> {
+        match &self.data {
+            Data::Shared(s) => s.read_at(at, dst),
+            Data::Owned(_) => None,
+        }
     }
 
     /// Bytes of the encoded weights.

@@ -202,6 +202,11 @@ impl Executor {
         self.pager.as_ref()
     }
 
+    /// The expert pager, mutable (its settings), when a budget is set.
+    pub fn expert_pager_mut(&mut self) -> Option<&mut ExpertPager> {
+        self.pager.as_mut()
+    }
+
     /// The pager's counters, when a budget is set.
     pub fn paging_stats(&self) -> Option<PagingStats> {
         self.pager.as_ref().map(|p| p.stats())

@@ -50,6 +50,20 @@ impl synapse_kernels::WeightSource for GgufTensor {
             None => all,
         }
     }
+
+    fn read_at(&self, at: usize, dst: &mut [u8]) -> Option<std::io::Result<()>> {
+        let t = self.file.tensors().get(self.index)?;
+        let base = self.range.as_ref().map_or(0, |r| r.start);
+        let end = self.range.as_ref().map_or(t.n_bytes as usize, |r| r.end);
+        if at.checked_add(dst.len()).is_none_or(|e| base + e > end) {
+            return None;
+        }
+        match self.file.read_tensor_at(t, (base + at) as u64, dst) {
+            Ok(true) => Some(Ok(())),
+            Ok(false) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
 }
 
 impl Source<'_> {

@@ -45,6 +45,34 @@ fn mapped_rss(file: &Path) -> u64 {
     kb * 1024
 }
 
+/// Bytes of `file` the non-expert tensors can keep mapped: each tensor's range rounded out
+/// to the 2 MiB large folios the page cache may map whole, the union of those.
+fn outside_folios(file: &Path) -> u64 {
+    const FOLIO: u64 = 2 << 20;
+    let g = synapse_formats::gguf::GgufFile::open(file).unwrap();
+    let mut spans: Vec<(u64, u64)> = g
+        .tensors()
+        .iter()
+        .filter(|t| !t.name.ends_with("_exps.weight"))
+        .map(|t| {
+            (
+                t.offset / FOLIO * FOLIO,
+                (t.offset + t.n_bytes).div_ceil(FOLIO) * FOLIO,
+            )
+        })
+        .collect();
+    spans.sort();
+    let (mut total, mut end) = (0, 0);
+    for (a, b) in spans {
+        let a = a.max(end);
+        if b > a {
+            total += b - a;
+            end = b;
+        }
+    }
+    total
+}
+
 /// Greedy decode of `steps` tokens after `prompt`: every step's logits, and the largest
 /// resident size of `file`'s mappings seen after any pass.
 fn run(ex: &mut Executor, prompt: &[u32], steps: usize, file: &Path) -> (Vec<Vec<f32>>, u64) {
@@ -88,7 +116,13 @@ fn budgeted_experts_give_the_same_logits() {
     let (m, path) = model(tmp.path());
     let mut full = Executor::new(m.clone(), 2).unwrap();
     let (want, _) = run(&mut full, &PROMPT, 24, &path);
-    for frac in [1.0, 0.5, 0.25, 0.125] {
+    for (frac, file_reads) in [
+        (1.0, true),
+        (0.5, true),
+        (0.25, true),
+        (0.125, true),
+        (0.25, false),
+    ] {
         let mut ex = Executor::new(m.clone(), 2).unwrap();
         ex.page_experts(Some(0)).unwrap_err();
         let total = {
@@ -97,8 +131,12 @@ fn budgeted_experts_give_the_same_logits() {
         };
         let budget = (total as f64 * frac) as u64;
         ex.page_experts(Some(budget)).unwrap();
+        ex.expert_pager_mut().unwrap().set_file_reads(file_reads);
         let (got, _) = run(&mut ex, &PROMPT, 24, &path);
-        assert_eq!(got, want, "experts at {frac} of their bytes: other logits");
+        assert_eq!(
+            got, want,
+            "experts at {frac} of their bytes (file reads {file_reads}): other logits"
+        );
         let p = ex.expert_pager().unwrap();
         let st = p.stats();
         assert!(p.resident_bytes() <= budget && p.held_bytes() <= budget);
@@ -111,7 +149,7 @@ fn budgeted_experts_give_the_same_logits() {
             assert!(st.misses <= 64, "each expert pages in once");
         }
         eprintln!(
-            "experts at {:>5.1}% ({:.1} of {:.1} MB): hit rate {:.3}, {} misses, {} evictions, \
+            "experts at {:>5.1}% ({:.1} of {:.1} MB, file reads {file_reads}): hit rate {:.3}, {} misses, {} evictions, \
              {:.1} MB paged in",
             frac * 100.0,
             budget as f64 / 1e6,
@@ -128,44 +166,41 @@ fn budgeted_experts_give_the_same_logits() {
 fn mapped_experts_stay_within_the_budget() {
     let tmp = tempfile::tempdir().unwrap();
     let (m, path) = model(tmp.path());
-    let mut ex = Executor::new(m.clone(), 2).unwrap();
-    ex.page_experts(Some(u64::MAX)).unwrap();
-    let total = ex.expert_pager().unwrap().total_bytes();
-    let budget = total / 4;
-    ex.page_experts(Some(budget)).unwrap();
-    let outside = (m.weight_bytes() as u64).saturating_sub(total);
-    // The mapping keeps the weights outside the experts, and at most the large folio an
-    // expert copy's source touched at either end of each of its three ranges while it was
-    // being copied (dropped right after): 6 × 2 MiB.
-    let allowed = outside + 6 * (2 << 20);
-    let (_, peak) = run(&mut ex, &PROMPT, 32, &path);
-    let st = ex.paging_stats().unwrap();
-    eprintln!(
-        "model file mapped (smaps): peak {:.1} MB, allowed {:.1} MB (weights outside the \
-         experts {:.1} MB); expert copies {:.1} MB of a {:.1} MB budget (experts in all \
-         {:.1} MB); {} misses, {} evictions",
-        peak as f64 / 1e6,
-        allowed as f64 / 1e6,
-        outside as f64 / 1e6,
-        ex.expert_pager().unwrap().resident_bytes() as f64 / 1e6,
-        budget as f64 / 1e6,
-        total as f64 / 1e6,
-        st.misses,
-        st.evictions
-    );
-    assert!(ex.expert_pager().unwrap().resident_bytes() <= budget);
-    assert!(
-        peak <= allowed,
-        "the model file's mapped pages peaked at {peak} B; allowed {allowed}"
-    );
-    // Without a budget the same run keeps every expert it touched mapped.
-    let mut free = Executor::new(m, 2).unwrap();
-    let (_, peak_free) = run(&mut free, &PROMPT, 32, &path);
-    eprintln!(
-        "without a budget: mapped peak {:.1} MB",
-        peak_free as f64 / 1e6
-    );
-    assert!(peak_free > allowed);
+    for file_reads in [true, false] {
+        let mut ex = Executor::new(m.clone(), 2).unwrap();
+        ex.page_experts(Some(u64::MAX)).unwrap();
+        let total = ex.expert_pager().unwrap().total_bytes();
+        let budget = total / 4;
+        ex.page_experts(Some(budget)).unwrap();
+        ex.expert_pager_mut().unwrap().set_file_reads(file_reads);
+        let outside = (m.weight_bytes() as u64).saturating_sub(total);
+        // The mapping keeps the weights outside the experts, in the large folios they
+        // share with experts' bytes. Reading misses through the file maps nothing more;
+        // copying from the mapping touches at most the large folio at either end of each of
+        // an expert's three ranges while it is being copied (dropped right after): 6 × 2 MiB.
+        let allowed = outside_folios(&path) + if file_reads { 0 } else { 6 * (2 << 20) };
+        let (_, peak) = run(&mut ex, &PROMPT, 32, &path);
+        let st = ex.paging_stats().unwrap();
+        eprintln!(
+            "file reads {file_reads}: model file mapped (smaps): peak {:.1} MB, allowed {:.1} \
+             MB (weights outside the experts {:.1} MB); expert copies {:.1} MB of a {:.1} MB \
+             budget (experts in all {:.1} MB); {} misses, {} evictions",
+            peak as f64 / 1e6,
+            allowed as f64 / 1e6,
+            outside as f64 / 1e6,
+            ex.expert_pager().unwrap().resident_bytes() as f64 / 1e6,
+            budget as f64 / 1e6,
+            total as f64 / 1e6,
+            st.misses,
+            st.evictions
+        );
+        assert!(ex.expert_pager().unwrap().resident_bytes() <= budget);
+        assert!(
+            peak <= allowed,
+            "file reads {file_reads}: the model file's mapped pages peaked at {peak} B; \
+             allowed {allowed}"
+        );
+    }
 }
 
 struct NoText;

@@ -59,7 +59,7 @@ impl GgufFile {
         } else {
             // SAFETY: the mapping is read-only; like every mmap-based model reader we assume the
             // file is not truncated or rewritten by another process while it is open.
-            Backing::Mmap(unsafe { Mmap::map(&file) }.map_err(io)?)
+            Backing::Mmap(unsafe { Mmap::map(&file) }.map_err(io)?, file)
         };
         Self::parse(backing)
     }
@@ -120,6 +120,31 @@ impl GgufFile {
             .checked_add(len)
             .and_then(|end| bytes.get(start..end))
             .unwrap_or(&[])
+    }
+
+    /// Reads `dst.len()` bytes of tensor `t`'s data from byte `at` of it into `dst` through
+    /// the file (a positional read: the mapping's pages are not touched, so nothing of the
+    /// tensor becomes mapped). `Ok(false)` when the file is an in-memory image or the range
+    /// lies outside the tensor.
+    pub fn read_tensor_at(&self, t: &TensorInfo, at: u64, dst: &mut [u8]) -> std::io::Result<bool> {
+        let Some(file) = self.backing.file() else {
+            return Ok(false);
+        };
+        let end = at.checked_add(dst.len() as u64);
+        if end.is_none_or(|e| e > t.n_bytes) {
+            return Ok(false);
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileExt;
+            file.read_exact_at(dst, t.offset + at)?;
+            Ok(true)
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = file;
+            Ok(false)
+        }
     }
 
     /// `general.architecture`, if present and a string.
