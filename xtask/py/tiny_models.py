@@ -47,7 +47,21 @@ Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor i
 
 SENTENCE = "The quick brown fox runs CPU kernels, 42 times."
 
-FAMILIES = ["llama", "qwen2", "gemma3", "olmoe", "granitemoe", "qwen2moe", "mixtral", "bitnet"]
+FAMILIES = ["llama", "qwen2", "gemma3", "olmoe", "granitemoe", "qwen2moe", "mixtral", "bitnet",
+            "bitnet-relu2"]
+# Families llama.cpp has no graph for: transformers is their only oracle (no GGUFs).
+HF_ONLY = {"bitnet-relu2"}
+# BitNet: 256-wide (TQ1_0/TQ2_0 blocks hold 256 weights of a row), weights stored as BF16 as the
+# published masters are (every value is BF16-exact, so transformers' fp32 run sees the same numbers).
+BITNET_DIMS = dict(hidden_size=256, intermediate_size=512)
+
+
+def gguf_types(family: str) -> tuple[str, ...]:
+    if family in HF_ONLY:
+        return ()
+    if family.startswith("bitnet"):
+        return ("f32", "tq1_0", "tq2_0")
+    return ("f32", "q8_0")
 
 
 def train_tokenizer(work: str) -> str:
@@ -121,9 +135,14 @@ def make_config(family: str, vocab: int):
             tie_word_embeddings=False, rope_theta=1000000.0)
     if family == "bitnet":
         # hidden_act silu: llama.cpp's BITNET graph hard-codes SiLU (transformers' default relu2 is
-        # not implemented there)
+        # not implemented there); tied, as llama.cpp's graph always uses token_embd as the head
         return "BitNetForCausalLM", transformers.BitNetConfig(
-            **k, hidden_act="silu", tie_word_embeddings=True, rope_theta=500000.0)
+            **dict(k, **BITNET_DIMS), hidden_act="silu", tie_word_embeddings=True,
+            rope_theta=500000.0)
+    if family == "bitnet-relu2":
+        # microsoft/bitnet-b1.58-2B-4T's graph: transformers' defaults (relu2, untied head)
+        return "BitNetForCausalLM", transformers.BitNetConfig(
+            **dict(k, **BITNET_DIMS), rope_theta=500000.0)
     raise ValueError(family)
 
 
@@ -135,13 +154,16 @@ def randomize(model, family: str, g: torch.Generator):
                 p.copy_(base + 0.1 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
-        if family == "bitnet":
+        if family.startswith("bitnet"):
+            # every value BF16-exact (the masters are BF16)
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).to(torch.float32))
             # +-s per tensor (no zeros): the converter's ternarisation round(w / mean|w|) * mean|w|
             # leaves such weights unchanged
             for name, p in model.named_parameters():
                 if p.ndim == 2 and any(s in name for s in ("q_proj", "k_proj", "v_proj", "o_proj",
                                                             "gate_proj", "up_proj", "down_proj")):
-                    s = float(p.abs().mean())
+                    s = float(p.abs().mean().to(torch.bfloat16).float())
                     p.copy_(torch.where(p >= 0, s, -s))
 
 
@@ -252,7 +274,16 @@ def main():
         model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32, attn_implementation="eager")
         randomize(model, fam, g)
         model.eval()
-        model.save_pretrained(d, safe_serialization=True)
+        if fam.startswith("bitnet"):
+            # BF16 on disk (exact: randomize made every value BF16); the oracle runs in fp32
+            # and the oracle is the saved file read back in fp32 (casting the module back would
+            # leave its RoPE inv_freq buffer rounded to BF16)
+            model.to(torch.bfloat16).save_pretrained(d, safe_serialization=True)
+            model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
+                                                         attn_implementation="eager")
+            model.eval()
+        else:
+            model.save_pretrained(d, safe_serialization=True)
         # legacy=True: legacy=False needs sentencepiece_model_pb2, which fails with protobuf < 5
         tok = transformers.LlamaTokenizer(vocab_file=spm_model, legacy=True, add_bos_token=True)
         tok.save_pretrained(d)
@@ -277,7 +308,8 @@ def main():
                                     use_extra_bufts=False, n_ctx=128, kv_cleared_between_sequences=True),
             gguf={},
         )
-        for ot in ("f32", "q8_0"):
+        types = gguf_types(fam)
+        for ot in types:
             gg = os.path.join(d, f"model.{ot}.gguf")
             convert(llama_dir, d, ot, gg)
             lg, greedy = llama_run(gg, seqs, NGEN)
@@ -287,15 +319,23 @@ def main():
                 raise RuntimeError(f"{fam} {ot}: llama.cpp logits {lg.shape} vs transformers {hf.shape}")
             info["gguf"][ot] = dict(file=os.path.basename(gg), bytes=os.path.getsize(gg), logits_file=fn,
                                    greedy_after_seq0=greedy, vs_hf=agreement(lg, hf))
-        info["gguf"]["q8_0"]["vs_llama_f32"] = agreement(
-            np.fromfile(os.path.join(d, "logits.llama-q8_0.f32"), dtype="<f4").reshape(hf.shape),
-            np.fromfile(os.path.join(d, "logits.llama-f32.f32"), dtype="<f4").reshape(hf.shape))
+        for ot in types[1:]:
+            info["gguf"][ot]["vs_llama_f32"] = agreement(
+                np.fromfile(os.path.join(d, f"logits.llama-{ot}.f32"), dtype="<f4").reshape(hf.shape),
+                np.fromfile(os.path.join(d, "logits.llama-f32.f32"), dtype="<f4").reshape(hf.shape))
         with open(os.path.join(d, "oracle.json"), "w") as f:
             json.dump(info, f, indent=1)
-        a32, a8 = info["gguf"]["f32"]["vs_hf"], info["gguf"]["q8_0"]["vs_hf"]
+        if not types:
+            print(f"{fam:10s} {arch:22s} params={info['n_params']:7d}  transformers only; greedy "
+                  f"hf={hf_greedy}", flush=True)
+            summary.append(dict(family=fam))
+            for fn in sorted(os.listdir(d)):
+                print(f"  wrote {os.path.join(d, fn)} ({os.path.getsize(os.path.join(d, fn))} bytes)")
+            continue
+        a32, a8 = info["gguf"]["f32"]["vs_hf"], info["gguf"][types[1]]["vs_hf"]
         line = (f"{fam:10s} {arch:22s} params={info['n_params']:7d}  llama.cpp F32 vs transformers "
                 f"max|d|={a32['max_abs']:.3g} (rel {a32['max_rel']:.3g}, argmax {a32['argmax_equal']}/{a32['positions']})"
-                f"  Q8_0 max|d|={a8['max_abs']:.3g} (argmax {a8['argmax_equal']}/{a8['positions']})"
+                f"  {types[1].upper()} max|d|={a8['max_abs']:.3g} (argmax {a8['argmax_equal']}/{a8['positions']})"
                 f"  greedy hf={hf_greedy} f32={info['gguf']['f32']['greedy_after_seq0']}")
         print(line, flush=True)
         # The two references must agree before they become fixtures: llama.cpp's F32 GGUF and
@@ -307,7 +347,7 @@ def main():
                 or hf_greedy != info["gguf"]["f32"]["greedy_after_seq0"]):
             sys.exit(f"{fam}: llama.cpp F32 and transformers disagree ({a32}, greedy hf={hf_greedy} "
                      f"f32={info['gguf']['f32']['greedy_after_seq0']}): not a fixture")
-        summary.append(dict(family=fam, f32_vs_hf=a32, q8_0_vs_hf=a8))
+        summary.append(dict(family=fam, f32_vs_hf=a32, quantized_vs_hf=a8))
         for fn in sorted(os.listdir(d)):
             print(f"  wrote {os.path.join(d, fn)} ({os.path.getsize(os.path.join(d, fn))} bytes)")
     shutil.rmtree(work, ignore_errors=True)

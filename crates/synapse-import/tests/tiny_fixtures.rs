@@ -18,11 +18,10 @@ fn every_tiny_fixture_imports_and_round_trips() {
     let mut n = 0;
     for family in synapse_testdata::TINY_FAMILIES {
         let dir = tiny().join(family);
-        for src in [
-            dir.join("model.f32.gguf"),
-            dir.join("model.q8_0.gguf"),
-            dir.clone(),
-        ] {
+        let ggufs = synapse_testdata::tiny_ggufs(family)
+            .iter()
+            .map(|f| dir.join(f));
+        for src in ggufs.chain(std::iter::once(dir.clone())) {
             let out_a = tmp.path().join(format!("{family}-{n}-a"));
             let out_b = tmp.path().join(format!("{family}-{n}-b"));
             n += 1;
@@ -31,7 +30,11 @@ fn every_tiny_fixture_imports_and_round_trips() {
             let b = import(&src, &Destination::Directory(out_b), &Silent).unwrap();
             assert_eq!(a.package, b.package, "{}", src.display());
             // Mixtral is the llama family with experts (its GGUFs say `llama`).
-            let want_family = if family == "mixtral" { "llama" } else { family };
+            let want_family = match family {
+                "mixtral" => "llama",
+                "bitnet-relu2" => "bitnet",
+                f => f,
+            };
             assert_eq!(a.family, want_family);
             let pkg = Package::open_dir(&out_a).unwrap();
             assert!(pkg.verify(|_| {}).unwrap().problems.is_empty());
@@ -59,5 +62,7 @@ fn every_tiny_fixture_imports_and_round_trips() {
             }
         }
     }
-    assert_eq!(n, 21);
+    // 7 families × (F32, Q8_0, safetensors) + bitnet × (F32, TQ1_0, TQ2_0, safetensors) +
+    // bitnet-relu2 × safetensors.
+    assert_eq!(n, 26);
 }

@@ -142,9 +142,25 @@ pub fn geglu(g: &[f32], u: &[f32], y: &mut [f32], table: bool) {
     }
 }
 
+/// `y = max(g, 0)² * u` (transformers' `relu2` gate: `square(relu(g))`, then the product,
+/// each rounded to f32 as torch does).
+pub fn reglu2(g: &[f32], u: &[f32], y: &mut [f32]) {
+    for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
+        let r = g.max(0.0);
+        *y = (r * r) * u;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reglu2_squares_the_positive_part() {
+        let mut y = [0.0f32; 4];
+        reglu2(&[-2.0, 0.0, 1.5, 3.0], &[5.0, 5.0, 2.0, -1.0], &mut y);
+        assert_eq!(y, [0.0, 0.0, 4.5, -9.0]);
+    }
 
     #[test]
     fn rms_norm_unit_weight_gives_unit_rms() {

@@ -30,6 +30,9 @@ pub enum Family {
     Granitemoe,
     /// Qwen2-MoE: routed experts plus a sigmoid-gated shared expert, q/k/v biases.
     Qwen2moe,
+    /// BitNet b1.58: the Llama graph with RMSNorms on the attention output and the gated
+    /// FFN product (microsoft/bitnet-b1.58-2B-4T: ReLU²; 1bitLLM / llama.cpp: SiLU).
+    Bitnet,
 }
 
 impl Family {
@@ -41,6 +44,7 @@ impl Family {
             Family::Gemma3 => "gemma3",
             Family::Olmoe => "olmoe",
             Family::Granitemoe => "granitemoe",
+            Family::Bitnet => "bitnet",
             Family::Qwen2moe => "qwen2moe",
         }
     }
@@ -186,6 +190,10 @@ pub struct Attention {
     pub k_norm: Option<RmsNorm>,
     /// Norm applied to the attention output before the residual add.
     pub post_norm: Option<RmsNorm>,
+    /// RMSNorm over the heads' concatenated output, before the output projection
+    /// (BitNet's `attn_sub_norm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sub_norm: Option<RmsNorm>,
     /// Query heads.
     pub n_heads: u32,
     /// Key/value heads (GQA when fewer than `n_heads`).
@@ -208,6 +216,8 @@ pub enum Activation {
     Silu,
     /// GELU, tanh approximation.
     GeluTanh,
+    /// `max(x, 0)²` (transformers' `relu2`, BitNet b1.58 2B4T).
+    Relu2,
 }
 
 /// Gated feed-forward block: `down(act(gate(x)) * up(x))`.
@@ -223,6 +233,10 @@ pub struct Ffn {
     pub down: Linear,
     /// Activation on the gate.
     pub activation: Activation,
+    /// RMSNorm over `act(gate(x)) * up(x)`, before the down projection (BitNet's
+    /// `ffn_sub_norm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sub_norm: Option<RmsNorm>,
     /// Norm applied to the FFN output before the residual add.
     pub post_norm: Option<RmsNorm>,
 }

@@ -159,6 +159,16 @@ impl SourceDesc {
             .or_else(|| v.get("model_type").and_then(|m| m.as_str()))
             .ok_or_else(|| ModelError::Config("no model_type".into()))?
             .to_string();
+        // 1bitLLM's BitNet checkpoints call themselves `llama` and name their class.
+        let bitnet_class = v
+            .get("architectures")
+            .and_then(|a| a.as_array())
+            .is_some_and(|a| a.iter().any(|c| c.as_str() == Some("BitnetForCausalLM")));
+        let arch = if arch == "llama" && bitnet_class {
+            "bitnet".to_string()
+        } else {
+            arch
+        };
         let mut meta = meta;
         // Keys that only the top level carries (tie_word_embeddings for VLM wrappers).
         if let Some(top) = v.as_object() {

@@ -56,7 +56,7 @@ fn dense_fingerprints_are_unchanged_by_the_moe_ir() {
         let ir = build_ir(&gguf_desc(family, "model.q8_0.gguf")).unwrap();
         assert_eq!(ir.fingerprint, want, "{family}");
         let json = serde_json::to_string(&ir).unwrap();
-        for key in ["residual_scale", "logit_scale", "\"router\""] {
+        for key in ["residual_scale", "logit_scale", "\"router\"", "sub_norm"] {
             assert!(!json.contains(key), "{family}: {key} in a dense IR");
         }
         // And the JSON reads back to the same IR (the untagged FFN region).

@@ -356,9 +356,22 @@ impl Executor {
                 &mut self.ctx,
             );
             tap(&mut self.tap, Stage::KqvOut, Some(il), n, &s.att[..n * qd]);
+            let att = match &l.attn_sub_norm {
+                Some(sn) => {
+                    norm_rows(
+                        &s.att[..n * qd],
+                        qd,
+                        sn,
+                        ensure(&mut s.xn, n * qd),
+                        &mut self.ctx,
+                    );
+                    &s.xn[..n * qd]
+                }
+                None => &s.att[..n * qd],
+            };
             linear(
                 &l.o,
-                &s.att[..n * qd],
+                att,
                 &s.runs,
                 ensure(&mut s.tmp, n * hd),
                 &mut self.ctx,
@@ -393,6 +406,7 @@ impl Executor {
                     up,
                     down,
                     act,
+                    sub_norm,
                 } => {
                     let ff = gate.m.rows();
                     linear(
@@ -424,6 +438,7 @@ impl Executor {
                         };
                         match act {
                             Activation::GeluTanh => ops::geglu(g, u, h, table),
+                            Activation::Relu2 => ops::reglu2(g, u, h),
                             Activation::Silu => {
                                 for ((g, u), h) in g
                                     .chunks_exact(ff)
@@ -436,13 +451,14 @@ impl Executor {
                         }
                     });
                     tap(&mut self.tap, Stage::FfnAct, Some(il), n, &s.h[..n * ff]);
-                    linear(
-                        down,
-                        &s.h[..n * ff],
-                        &s.runs,
-                        ensure(&mut s.tmp, n * hd),
-                        &mut self.ctx,
-                    )?;
+                    let h = match sub_norm {
+                        Some(sn) => {
+                            norm_rows(&s.h[..n * ff], ff, sn, &mut s.g[..n * ff], &mut self.ctx);
+                            &s.g[..n * ff]
+                        }
+                        None => &s.h[..n * ff],
+                    };
+                    linear(down, h, &s.runs, ensure(&mut s.tmp, n * hd), &mut self.ctx)?;
                 }
                 FfnW::Moe(moe) => {
                     let counts = match self.experts.rows.get_mut(moe_layer) {

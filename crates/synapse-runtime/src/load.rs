@@ -218,6 +218,8 @@ pub struct LayerW {
     pub q_norm: Option<NormW>,
     /// Per-head k norm.
     pub k_norm: Option<NormW>,
+    /// RMSNorm over the heads' output, before `o` (BitNet).
+    pub attn_sub_norm: Option<NormW>,
     /// Post-attention norm.
     pub attn_post_norm: Option<NormW>,
     /// Heads.
@@ -253,6 +255,8 @@ pub enum FfnW {
         down: LinearW,
         /// Activation on the gate.
         act: Activation,
+        /// RMSNorm over the gated product, before `down` (BitNet).
+        sub_norm: Option<NormW>,
     },
     /// A mixture of experts.
     Moe(Box<MoeW>),
@@ -469,6 +473,7 @@ impl Model {
                     up: linear(&f.up)?,
                     down: linear(&f.down)?,
                     act: f.activation,
+                    sub_norm: f.sub_norm.as_ref().map(norm).transpose()?,
                 },
                 FfnRegion::Moe(m) => {
                     let mut experts = Vec::with_capacity(m.experts.len());
@@ -520,6 +525,7 @@ impl Model {
                 o: linear(&a.o)?,
                 q_norm: a.q_norm.as_ref().map(norm).transpose()?,
                 k_norm: a.k_norm.as_ref().map(norm).transpose()?,
+                attn_sub_norm: a.sub_norm.as_ref().map(norm).transpose()?,
                 attn_post_norm: a.post_norm.as_ref().map(norm).transpose()?,
                 n_heads: a.n_heads as usize,
                 n_kv_heads: a.n_kv_heads as usize,

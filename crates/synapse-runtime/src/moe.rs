@@ -104,6 +104,7 @@ fn gated(act: Activation, g: &[f32], u: &[f32], h: &mut [f32], ff: usize, gelu_t
         match act {
             Activation::Silu => ggml_f32::swiglu(g, u, h),
             Activation::GeluTanh => ops::geglu(g, u, h, gelu_table),
+            Activation::Relu2 => ops::reglu2(g, u, h),
         }
     }
 }

@@ -40,11 +40,10 @@ fn packages_load_as_their_sources() {
             return;
         }
         let seqs = common::tiny_sequences(&dir);
-        for src in [
-            dir.clone(),
-            dir.join("model.f32.gguf"),
-            dir.join("model.q8_0.gguf"),
-        ] {
+        let ggufs = synapse_testdata::tiny_ggufs(family)
+            .iter()
+            .map(|f| dir.join(f));
+        for src in std::iter::once(dir.clone()).chain(ggufs) {
             let out = tmp.path().join(format!("{family}-{checked}"));
             checked += 1;
             import(&src, &Destination::Directory(out.clone()), &Silent).unwrap();
@@ -70,7 +69,7 @@ fn packages_load_as_their_sources() {
             assert_eq!(logits(from_pm, &seqs), want, "{}", src.display());
         }
     }
-    assert_eq!(checked, 21);
+    assert_eq!(checked, 26);
 }
 
 #[test]

@@ -49,7 +49,6 @@ fn check_family(family: &str, quantized: bool) {
     if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
         return;
     }
-    let seqs = common::tiny_sequences(&dir);
     // (source, reference logits, relative tolerance; 0 = the same bits)
     // - safetensors vs transformers, f32: within 1e-6 relative (measured ≤ 9.9e-7: PyTorch's
     //   matmul sums in another order than ggml's, which Synapse follows).
@@ -63,7 +62,7 @@ fn check_family(family: &str, quantized: bool) {
         )]
     } else {
         vec![
-            (dir.clone(), dir.join("logits.hf.f32"), 1e-6),
+            (dir.clone(), dir.join("logits.hf.f32"), hf_tolerance(family)),
             (
                 dir.join("model.f32.gguf"),
                 dir.join("logits.llama-f32.f32"),
@@ -71,6 +70,24 @@ fn check_family(family: &str, quantized: bool) {
             ),
         ]
     };
+    check_cases(family, cases);
+}
+
+/// How close safetensors logits must come to transformers' (relative to the largest logit):
+/// 1e-6 on the 64-wide models (measured ≤ 9.9e-7), 1e-5 on BitNet's 256/512-wide ones (the
+/// BitNet issue's bound; measured 1.4e-6), whose longer dots PyTorch sums in another order.
+fn hf_tolerance(family: &str) -> f64 {
+    if family.starts_with("bitnet") {
+        1e-5
+    } else {
+        1e-6
+    }
+}
+
+/// Each `(source, reference logits, relative tolerance; 0 = the same bits)`.
+fn check_cases(family: &str, cases: Vec<(std::path::PathBuf, std::path::PathBuf, f64)>) {
+    let dir = common::workspace_root().join("fixtures/tiny").join(family);
+    let seqs = common::tiny_sequences(&dir);
     let mut failures = Vec::new();
     for (src, refp, tol) in cases {
         let ours = run_all(&src, &seqs);
@@ -179,4 +196,76 @@ fn tiny_mixtral() {
 #[test]
 fn tiny_mixtral_q8_0() {
     check_family("mixtral", true);
+}
+
+/// BitNet b1.58, SiLU layout (llama.cpp's `bitnet` graph), BF16 safetensors with 2B4T's tensor
+/// names: against transformers, and its F32 GGUF against llama.cpp.
+#[test]
+fn tiny_bitnet() {
+    check_family("bitnet", false);
+}
+
+/// BitNet b1.58 2B4T's graph (ReLU², untied head): transformers is the only oracle.
+#[test]
+fn tiny_bitnet_relu2() {
+    let dir = common::workspace_root().join("fixtures/tiny/bitnet-relu2");
+    if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+        return;
+    }
+    check_cases(
+        "bitnet-relu2",
+        vec![(
+            dir.clone(),
+            dir.join("logits.hf.f32"),
+            hf_tolerance("bitnet-relu2"),
+        )],
+    );
+}
+
+/// The same weights under 1bitLLM's names (`inner_attn_ln`, `ffn_layernorm`, a `config.json`
+/// saying `model_type: llama`, `architectures: [BitnetForCausalLM]`) load as the same model:
+/// the same logits, bit for bit.
+#[test]
+fn tiny_bitnet_1bitllm_layout() {
+    let dir = common::workspace_root().join("fixtures/tiny/bitnet");
+    if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for f in [
+        "tokenizer.model",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ] {
+        std::fs::copy(dir.join(f), tmp.path().join(f)).unwrap();
+    }
+    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(&cfg).unwrap();
+    cfg["model_type"] = "llama".into();
+    cfg["architectures"] = serde_json::json!(["BitnetForCausalLM"]);
+    std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
+    // A safetensors file is an 8-byte header length, the JSON header (tensor names and data
+    // offsets relative to the data), then the data: rename in the header.
+    let st = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(st[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&st[8..8 + n]).unwrap();
+    assert!(header.contains(".self_attn.attn_sub_norm.") && header.contains(".mlp.ffn_sub_norm."));
+    let mut renamed = header
+        .replace(".self_attn.attn_sub_norm.", ".self_attn.inner_attn_ln.")
+        .replace(".mlp.ffn_sub_norm.", ".mlp.ffn_layernorm.")
+        .into_bytes();
+    while !renamed.len().is_multiple_of(8) {
+        renamed.push(b' ');
+    }
+    let mut out = (renamed.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&renamed);
+    out.extend_from_slice(&st[8 + n..]);
+    std::fs::write(tmp.path().join("model.safetensors"), out).unwrap();
+    let seqs = common::tiny_sequences(&dir);
+    let want = run_all(&dir, &seqs);
+    let got = run_all(tmp.path(), &seqs);
+    assert_eq!(
+        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
 }

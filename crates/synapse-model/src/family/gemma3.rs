@@ -150,6 +150,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
             o: b.linear(&n("attn_output", "self_attn.o_proj"), None, q_out, hidden)?,
             q_norm: Some(b.norm(&n("attn_q_norm", "self_attn.q_norm"), hd, eps, off)?),
             k_norm: Some(b.norm(&n("attn_k_norm", "self_attn.k_norm"), hd, eps, off)?),
+            sub_norm: None,
             post_norm: Some(b.norm(
                 &n("post_attention_norm", "post_attention_layernorm"),
                 h,
@@ -175,6 +176,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
             up: b.linear(&n("ffn_up", "mlp.up_proj"), None, hidden, f)?,
             down: b.linear(&n("ffn_down", "mlp.down_proj"), None, f, hidden)?,
             activation: Activation::GeluTanh,
+            sub_norm: None,
             post_norm: Some(b.norm(
                 &n("post_ffw_norm", "post_feedforward_layernorm"),
                 h,

@@ -24,6 +24,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
             hf_tie_default: false,
             qk_norm: false,
             granite: true,
+            bitnet: false,
             moe: Some(MoeSpec {
                 hf: HfExperts::Granite,
                 gguf_renormalize: true,

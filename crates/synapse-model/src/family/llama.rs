@@ -28,6 +28,10 @@ pub(crate) struct LlamaLike {
     pub qk_norm: bool,
     /// Granite's embedding, residual, attention and logit multipliers.
     pub granite: bool,
+    /// BitNet's sub-norms (attention output, FFN product), its activation (`relu2` or
+    /// `silu` from `config.json`; SiLU in GGUF, as llama.cpp's graph hard-codes it) and a
+    /// GGUF head that is always the embedding.
+    pub bitnet: bool,
     /// The family's mixture-of-experts blocks (a GGUF `llama` is Mixtral exactly when it
     /// stores experts, so it needs none).
     pub moe: Option<MoeSpec>,
@@ -45,6 +49,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
             hf_tie_default: false,
             qk_norm: false,
             granite: false,
+            bitnet: false,
             moe: None,
         },
     )
@@ -62,6 +67,7 @@ pub fn build_mixtral(src: &SourceDesc) -> Result<ModelIr> {
             hf_tie_default: false,
             qk_norm: false,
             granite: false,
+            bitnet: false,
             moe: Some(MoeSpec {
                 hf: HfExperts::Mixtral,
                 gguf_renormalize: true,
@@ -102,11 +108,14 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
             format!("{n_rot} for head dim {head_dim}"),
         ));
     }
+    let mut activation = Activation::Silu;
     if !gguf {
-        if let Some(act) = b.opt("", "hidden_act").and_then(|v| v.as_str())
-            && act != "silu"
-        {
-            return Err(b.unsupported(format!("hidden_act {act:?}")));
+        match b.opt("", "hidden_act").and_then(|v| v.as_str()) {
+            // transformers' BitNetConfig defaults to relu2.
+            None if o.bitnet => activation = Activation::Relu2,
+            None | Some("silu") => {}
+            Some("relu2") if o.bitnet => activation = Activation::Relu2,
+            Some(act) => return Err(b.unsupported(format!("hidden_act {act:?}"))),
         }
         if b.src.get("use_sliding_window").and_then(|v| v.as_bool()) == Some(true) {
             return Err(b.unsupported("use_sliding_window = true"));
@@ -115,6 +124,12 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
             && o.moe.is_some_and(|m| m.hf == HfExperts::Mixtral)
         {
             return Err(b.unsupported(format!("Mixtral sliding_window {w:?}")));
+        }
+        // A quantization_config changes what the stored weights mean (BitNet's W1.58A8:
+        // ternarised weights and 8-bit activations at run time; GPTQ/AWQ packings): reading
+        // the tensors as plain weights would run another model.
+        if let Some(q) = b.src.get("quantization_config") {
+            return Err(b.unsupported(format!("quantization_config {q:?}")));
         }
         if let Some(c) = b.src.get("clip_qkv") {
             return Err(b.unsupported(format!("clip_qkv {c:?}")));
@@ -223,6 +238,24 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
         } else {
             (None, None)
         };
+        // BitNet's sub-norms: 2B4T's names, or 1bitLLM's (`inner_attn_ln`, `ffn_layernorm`).
+        let sub_norm = |b: &mut Builder<'_>, g: &str, hf: [&str; 2], len: u32| -> Result<_> {
+            if !o.bitnet {
+                return Ok(None);
+            }
+            let name = if gguf || src.tensor(&n(g, hf[0], "weight")).is_some() {
+                n(g, hf[0], "weight")
+            } else {
+                n(g, hf[1], "weight")
+            };
+            Ok(Some(b.norm(&name, len as u64, eps, 0.0)?))
+        };
+        let attn_sub_norm = sub_norm(
+            &mut b,
+            "attn_sub_norm",
+            ["self_attn.attn_sub_norm", "self_attn.inner_attn_ln"],
+            q_out,
+        )?;
         let attention = Attention {
             norm: b.norm(&n("attn_norm", "input_layernorm", "weight"), h, eps, 0.0)?,
             q,
@@ -231,6 +264,7 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
             o: lin(&mut b, "attn_output", "self_attn.o_proj", q_out, hidden)?,
             q_norm,
             k_norm,
+            sub_norm: attn_sub_norm,
             post_norm: None,
             n_heads,
             n_kv_heads,
@@ -259,7 +293,13 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
                 gate: lin(&mut b, "ffn_gate", "mlp.gate_proj", hidden, ffn)?,
                 up: lin(&mut b, "ffn_up", "mlp.up_proj", hidden, ffn)?,
                 down: lin(&mut b, "ffn_down", "mlp.down_proj", ffn, hidden)?,
-                activation: Activation::Silu,
+                activation,
+                sub_norm: sub_norm(
+                    &mut b,
+                    "ffn_sub_norm",
+                    ["mlp.ffn_sub_norm", "mlp.ffn_layernorm"],
+                    ffn,
+                )?,
                 post_norm: None,
             })
         };
@@ -271,7 +311,8 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
     }
     let final_norm = b.norm(final_norm_name, h, eps, 0.0)?;
     let tie = if gguf {
-        false
+        // llama.cpp's bitnet graph always multiplies by `token_embd`.
+        o.bitnet
     } else {
         b.src
             .get("tie_word_embeddings")

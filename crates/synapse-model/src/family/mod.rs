@@ -13,6 +13,7 @@ use crate::error::{ModelError, Result};
 use crate::ir::*;
 use crate::source::{MetaValue, SourceDesc};
 
+pub mod bitnet;
 pub mod gemma3;
 pub mod granitemoe;
 pub mod llama;
@@ -27,6 +28,7 @@ type Adapter = fn(&SourceDesc) -> Result<ModelIr>;
 /// Architecture names each family accepts (GGUF `general.architecture` and HF `model_type`)
 /// and the adapter that builds them.
 const ADAPTERS: &[(&str, Family, Adapter)] = &[
+    ("bitnet", Family::Bitnet, bitnet::build),
     ("gemma3", Family::Gemma3, gemma3::build),
     ("gemma3_text", Family::Gemma3, gemma3::build),
     ("granitemoe", Family::Granitemoe, granitemoe::build),
@@ -40,6 +42,7 @@ const ADAPTERS: &[(&str, Family, Adapter)] = &[
 
 /// Architecture names each family accepts (GGUF `general.architecture` and HF `model_type`).
 pub const SUPPORTED: &[(&str, Family)] = &[
+    ("bitnet", Family::Bitnet),
     ("gemma3", Family::Gemma3),
     ("gemma3_text", Family::Gemma3),
     ("granitemoe", Family::Granitemoe),

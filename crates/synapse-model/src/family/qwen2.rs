@@ -18,6 +18,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
             hf_tie_default: false,
             qk_norm: false,
             granite: false,
+            bitnet: false,
             moe: None,
         },
     )

@@ -22,6 +22,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
             hf_tie_default: false,
             qk_norm: false,
             granite: false,
+            bitnet: false,
             moe: Some(MoeSpec {
                 hf: HfExperts::Mlp,
                 gguf_renormalize: false,
