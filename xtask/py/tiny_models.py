@@ -48,9 +48,12 @@ Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor i
 SENTENCE = "The quick brown fox runs CPU kernels, 42 times."
 
 FAMILIES = ["llama", "qwen2", "gemma3", "olmoe", "granitemoe", "qwen2moe", "mixtral", "bitnet",
-            "bitnet-relu2"]
+            "bitnet-relu2", "bitnet-w158a8"]
 # Families llama.cpp has no graph for: transformers is their only oracle (no GGUFs).
-HF_ONLY = {"bitnet-relu2"}
+HF_ONLY = {"bitnet-relu2", "bitnet-w158a8"}
+# BitNet b1.58's W1.58A8 as transformers runs it over full-precision masters (AutoBitLinear,
+# online: weights ternarised per tensor, activations quantised per token to 8 bits).
+W158A8 = {"quant_method": "bitnet", "linear_class": "autobitlinear", "quantization_mode": "online"}
 # BitNet: 256-wide (TQ1_0/TQ2_0 blocks hold 256 weights of a row), weights stored as BF16 as the
 # published masters are (every value is BF16-exact, so transformers' fp32 run sees the same numbers).
 BITNET_DIMS = dict(hidden_size=256, intermediate_size=512)
@@ -139,7 +142,7 @@ def make_config(family: str, vocab: int):
         return "BitNetForCausalLM", transformers.BitNetConfig(
             **dict(k, **BITNET_DIMS), hidden_act="silu", tie_word_embeddings=True,
             rope_theta=500000.0)
-    if family == "bitnet-relu2":
+    if family in ("bitnet-relu2", "bitnet-w158a8"):
         # microsoft/bitnet-b1.58-2B-4T's graph: transformers' defaults (relu2, untied head)
         return "BitNetForCausalLM", transformers.BitNetConfig(
             **dict(k, **BITNET_DIMS), rope_theta=500000.0)
@@ -158,6 +161,7 @@ def randomize(model, family: str, g: torch.Generator):
             # every value BF16-exact (the masters are BF16)
             for p in model.parameters():
                 p.copy_(p.to(torch.bfloat16).to(torch.float32))
+        if family in ("bitnet", "bitnet-relu2"):
             # +-s per tensor (no zeros): the converter's ternarisation round(w / mean|w|) * mean|w|
             # leaves such weights unchanged
             for name, p in model.named_parameters():
@@ -279,8 +283,20 @@ def main():
             # and the oracle is the saved file read back in fp32 (casting the module back would
             # leave its RoPE inv_freq buffer rounded to BF16)
             model.to(torch.bfloat16).save_pretrained(d, safe_serialization=True)
+            if fam == "bitnet-w158a8":
+                # the masters with the quantization config: transformers then swaps every
+                # projection for AutoBitLinear when it loads them
+                with open(os.path.join(d, "config.json")) as f:
+                    c = json.load(f)
+                c["quantization_config"] = W158A8
+                with open(os.path.join(d, "config.json"), "w") as f:
+                    json.dump(c, f, indent=2, sort_keys=True)
+                    f.write("\n")
             model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
                                                          attn_implementation="eager")
+            if fam == "bitnet-w158a8":
+                q = model.model.layers[0].self_attn.q_proj
+                assert type(q).__name__ == "AutoBitLinear" and q.online_quant, type(q)
             model.eval()
         else:
             model.save_pretrained(d, safe_serialization=True)

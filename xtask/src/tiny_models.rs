@@ -1,6 +1,6 @@
 //! `cargo xtask tiny-models`: tiny random-weight models of every family (transformers →
 //! safetensors → GGUF F32/Q8_0, BitNet's F32/TQ1_0/TQ2_0, via llama.cpp's
-//! `convert_hf_to_gguf.py`; `bitnet-relu2` has no llama.cpp graph, so no GGUF) with transformers' and
+//! `convert_hf_to_gguf.py`; `bitnet-relu2` and `bitnet-w158a8` have no llama.cpp graph, so no GGUF) with transformers' and
 //! llama.cpp's logits for fixed token sequences. Regenerates `fixtures/tiny/` (format:
 //! `fixtures/README.md`).
 //!
@@ -13,7 +13,7 @@ use std::ffi::OsStr;
 use std::path::PathBuf;
 
 /// The families the generator can make (folder names under `fixtures/tiny/`).
-pub const FAMILIES: [&str; 9] = [
+pub const FAMILIES: [&str; 10] = [
     "llama",
     "qwen2",
     "gemma3",
@@ -23,6 +23,7 @@ pub const FAMILIES: [&str; 9] = [
     "mixtral",
     "bitnet",
     "bitnet-relu2",
+    "bitnet-w158a8",
 ];
 
 /// The families made when none are named: those whose fixtures are committed (all).
@@ -39,7 +40,7 @@ pub struct Args {
     #[arg(long)]
     out: Option<PathBuf>,
     /// Families to make (default: all, llama qwen2 gemma3 olmoe granitemoe qwen2moe mixtral
-    /// bitnet bitnet-relu2).
+    /// bitnet bitnet-relu2 bitnet-w158a8).
     families: Vec<String>,
 }
 
@@ -131,7 +132,7 @@ mod tests {
             assert_eq!(argmax(last0), g0, "{fam}");
             let ggufs = o["gguf"].as_object().expect("gguf");
             assert!(
-                ggufs.is_empty() == (*fam == "bitnet-relu2"),
+                ggufs.is_empty() == fam.starts_with("bitnet-"),
                 "{fam}: GGUFs {:?}",
                 ggufs.keys()
             );

@@ -36,6 +36,8 @@ pub(crate) struct BlockQ8K {
 pub(crate) enum ActKind {
     /// Plain f32 (float weights and the decode-then-dot paths).
     F32,
+    /// f16 bits, rounded to nearest even (ggml's `vec_dot_type` for F16 weights).
+    F16,
     /// [`BlockQ8x32`] blocks.
     Q8x32,
     /// [`BlockQ8K`] blocks.
@@ -47,6 +49,7 @@ impl ActKind {
     pub(crate) fn row_bytes(self, cols: usize) -> usize {
         match self {
             ActKind::F32 => cols * 4,
+            ActKind::F16 => cols * 2,
             ActKind::Q8x32 => cols / 32 * std::mem::size_of::<BlockQ8x32>(),
             ActKind::Q8K => cols / 256 * std::mem::size_of::<BlockQ8K>(),
         }
@@ -117,6 +120,11 @@ fn quantize_rows_body(kind: ActKind, x: &[f32], cols: usize, out: &mut [u8]) {
     for (xr, or) in x.chunks_exact(cols).zip(out.chunks_exact_mut(rb)) {
         match kind {
             ActKind::F32 => or.copy_from_slice(bytemuck::cast_slice(xr)),
+            ActKind::F16 => {
+                for (o, v) in bytemuck::cast_slice_mut::<u8, u16>(or).iter_mut().zip(xr) {
+                    *o = half::f16::from_f32(*v).to_bits();
+                }
+            }
             ActKind::Q8x32 => quantize_q8x32(xr, bytemuck::cast_slice_mut(or)),
             ActKind::Q8K => quantize_q8k(xr, bytemuck::cast_slice_mut(or)),
         }
@@ -134,7 +142,7 @@ pub(crate) fn quantize_rows(kind: ActKind, x: &[f32], cols: usize, out: &mut [u8
             quantize_rows_body(kind, x, cols, out)
         }
         static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if kind != ActKind::F32
+        if matches!(kind, ActKind::Q8x32 | ActKind::Q8K)
             && *AVX512.get_or_init(|| {
                 std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512bw")
@@ -146,7 +154,8 @@ pub(crate) fn quantize_rows(kind: ActKind, x: &[f32], cols: usize, out: &mut [u8
                 unsafe {
                     match kind {
                         ActKind::Q8x32 => avx512::q8x32(xr, bytemuck::cast_slice_mut(or)),
-                        _ => avx512::q8k(xr, bytemuck::cast_slice_mut(or)),
+                        ActKind::Q8K => avx512::q8k(xr, bytemuck::cast_slice_mut(or)),
+                        ActKind::F32 | ActKind::F16 => unreachable!("not a block format"),
                     }
                 }
             }

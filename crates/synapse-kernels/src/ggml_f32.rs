@@ -144,6 +144,58 @@ pub fn dot_f32_gemm(x: &[f32], y: &[f32]) -> f32 {
 }
 
 #[inline(always)]
+fn h(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
+}
+
+#[inline(always)]
+fn dot_f16_body(x: &[u16], y: &[u16]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n & !63;
+    let mut s = [[0f32; 16]; 4];
+    for (xc, yc) in x[..np].chunks_exact(64).zip(y[..np].chunks_exact(64)) {
+        for (j, acc) in s.iter_mut().enumerate() {
+            for (l, a) in acc.iter_mut().enumerate() {
+                *a = h(xc[16 * j + l]).mul_add(h(yc[16 * j + l]), *a);
+            }
+        }
+    }
+    // GGML_F16_VEC_REDUCE stores into a double, and the tail adds rounded f32 products to it.
+    let mut sumf = reduce16(&fold4(&s)) as f64;
+    for k in np..n {
+        sumf += (h(x[k]) * h(y[k])) as f64;
+    }
+    sumf as f32
+}
+
+#[inline(always)]
+fn gemm_dot_f16_body(x: &[u16], y: &[u16]) -> f32 {
+    let mut acc = [0f32; 16];
+    for (xc, yc) in x.chunks_exact(16).zip(y.chunks_exact(16)) {
+        for (l, a) in acc.iter_mut().enumerate() {
+            *a = h(xc[l]).mul_add(h(yc[l]), *a);
+        }
+    }
+    reduce16(&acc)
+}
+
+fma_dispatch! {
+    /// `ggml_vec_dot_f16` (AVX-512 build without AVX512-FP16): both operands f16 (the
+    /// activations rounded to f16 first, as ggml's `vec_dot_type` conversion does), widened
+    /// to f32, four 16-lane FMA accumulators over 64-element steps, folded and reduced into a
+    /// double, the tail's f32 products added in double, the sum rounded to f32.
+    pub fn dot_f16(x: &[u16], y: &[u16]) -> f32 => dot_f16_body
+}
+
+fma_dispatch! {
+    /// One output of llamafile's `tinyBLAS` F16 GEMM (AVX-512 build, two or more activation
+    /// rows, both operands f16 widened to f32): a 16-lane FMA accumulator over the whole row,
+    /// then `_mm512_reduce_add_ps`. `x.len()` must be a multiple of 16 (tinyBLAS declines
+    /// other shapes; ggml then uses [`dot_f16`]).
+    pub fn dot_f16_gemm(x: &[u16], y: &[u16]) -> f32 => gemm_dot_f16_body
+}
+
+#[inline(always)]
 fn softmax_body(sc: &mut [f32], first_cell: usize) {
     if sc.is_empty() {
         return;

@@ -440,7 +440,7 @@ impl QuantMatrix {
         // shared-expert gate) through `vec_dot` whatever the number of activation rows.
         if let Some((from, many)) = k.many
             && order_rows >= from
-            && (ty != GgmlType::F32 || self.rows.is_multiple_of(4))
+            && (!matches!(ty, GgmlType::F32 | GgmlType::F16) || self.rows.is_multiple_of(4))
         {
             k.dot = many;
             k.dot4 = None;

@@ -77,6 +77,8 @@ fn run(m: &QuantMatrix, x: &[f32], n: usize, path: KernelPath, threads: usize) -
 enum Act {
     /// f32 activations: float weights and the decode-then-dot encodings.
     F32,
+    /// f16-rounded activations (ggml's `vec_dot_type` for F16 weights).
+    F16,
     /// ggml's `block_q8_0` per 32 values (f16 scale).
     Q8_0,
     /// `block_q8_1`: Q8_0 plus the f16 sum `s = d·Σq` that a weight block's minimum multiplies.
@@ -90,7 +92,10 @@ fn act_of(ty: GgmlType) -> Act {
     match ty {
         T::Q8_0 | T::Q4_0 | T::Q5_0 | T::IQ4_NL => Act::Q8_0,
         T::Q4_1 | T::Q5_1 => Act::Q8_1,
-        T::Q4_K | T::Q5_K | T::Q6_K | T::Q2_K | T::Q3_K | T::IQ4_XS => Act::Q8K,
+        T::Q4_K | T::Q5_K | T::Q6_K | T::Q2_K | T::Q3_K | T::IQ4_XS | T::TQ1_0 | T::TQ2_0 => {
+            Act::Q8K
+        }
+        T::F16 => Act::F16,
         _ => Act::F32,
     }
 }
@@ -103,6 +108,12 @@ fn quantized_activations(act: Act, x: &[f32]) -> (Vec<f32>, Vec<f64>) {
     let f16r = |v: f32| half::f16::from_f32(v).to_f32();
     let block = match act {
         Act::F32 => return (x.to_vec(), vec![0.0; x.len() / 32]),
+        Act::F16 => {
+            return (
+                x.iter().map(|&v| f16r(v)).collect(),
+                vec![0.0; x.len() / 32],
+            );
+        }
         Act::Q8K => 256,
         _ => 32,
     };

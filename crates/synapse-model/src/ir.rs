@@ -208,6 +208,17 @@ pub struct Attention {
     pub scale: f32,
 }
 
+/// A checkpoint's declared numerics for its projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProjectionQuant {
+    /// BitNet b1.58's W1.58A8 (transformers' `AutoBitLinear`, as trained): each projection's
+    /// weights ternarised per tensor by absmean (`s = 1 / max(mean|W|, 1e-5)`,
+    /// `W' = clamp(round(W·s), −1, 1) / s`) and its input quantised per token to 8 bits by
+    /// absmax (`a = 127 / max(max|x|, 1e-5)`, `x' = clamp(round(x·a), −128, 127) / a`).
+    BitnetW158A8,
+}
+
 /// FFN activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -418,6 +429,10 @@ pub struct ModelIr {
     /// (Granite's `residual_multiplier`), when present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub residual_scale: Option<f32>,
+    /// How the attention and dense-FFN projections compute, when not as plain weights
+    /// (BitNet's `quantization_config`); the embedding and the head are never affected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub projection_quant: Option<ProjectionQuant>,
     /// LM head.
     pub lm_head: LmHead,
     /// Special tokens.

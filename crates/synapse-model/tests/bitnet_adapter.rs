@@ -1,6 +1,5 @@
 //! The BitNet b1.58 adapter on the tiny fixtures: both layouts' sub-norms and activations, the
-//! GGUF's tied head, and a `quantization_config` refused (its W1.58A8 numerics are not read
-//! as plain weights).
+//! GGUF's tied head, BitNet's W1.58A8 `quantization_config` read, every other one refused.
 
 use std::path::{Path, PathBuf};
 
@@ -80,19 +79,39 @@ fn ggufs_are_silu_with_a_tied_head_and_neox_rope() {
 }
 
 #[test]
-fn a_quantization_config_is_refused_not_read_as_plain_weights() {
-    let e = hf("bitnet-relu2", |c| {
-        c["quantization_config"] = serde_json::json!({
-            "quant_method": "bitnet",
-            "linear_class": "autobitlinear",
-            "quantization_mode": "offline"
-        });
-    })
-    .unwrap_err();
-    match e {
-        ModelError::UnsupportedFeature { what, .. } => {
-            assert!(what.contains("quantization_config"), "{what}")
+fn w158a8_is_read_and_other_quantization_configs_are_refused() {
+    let ir = hf("bitnet-w158a8", |_| {}).unwrap();
+    assert_eq!(
+        ir.projection_quant,
+        Some(synapse_model::ProjectionQuant::BitnetW158A8)
+    );
+    assert_eq!(hf("bitnet-relu2", |_| {}).unwrap().projection_quant, None);
+    for (what, edit) in [
+        (
+            "offline",
+            serde_json::json!({"quantization_mode": "offline"}),
+        ),
+        ("rms norm", serde_json::json!({"use_rms_norm": true})),
+        (
+            "bitlinear",
+            serde_json::json!({"linear_class": "bitlinear"}),
+        ),
+        ("gptq", serde_json::json!({"quant_method": "gptq"})),
+    ] {
+        let e = hf("bitnet-w158a8", |c| {
+            for (k, v) in edit.as_object().unwrap() {
+                c["quantization_config"][k] = v.clone();
+            }
+        })
+        .unwrap_err();
+        match e {
+            ModelError::UnsupportedFeature { what: w, .. } => {
+                assert!(w.contains("quantization_config"), "{what}: {w}")
+            }
+            e => panic!("{what}: {e}"),
         }
-        e => panic!("{e}"),
     }
+    // Another family with any quantization_config is refused.
+    let e = hf("bitnet-w158a8", |c| c["model_type"] = "llama".into());
+    assert!(e.is_err());
 }

@@ -697,7 +697,23 @@ thread_local! {
     static ROPE_CS: std::cell::RefCell<Vec<(f32, f32)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+thread_local! {
+    /// A W1.58A8 projection's quantised inputs (grow-only: no allocation in steady steps).
+    static ACT_A8: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One token's activations quantised to 8 bits by absmax and back, as transformers' BitNet
+/// `ActQuant` does in f32: `a = 127 / max(max|x|, 1e-5)`, `clamp(round(x·a), −128, 127) / a`.
+fn act_quant_absmax8(x: &[f32], out: &mut [f32]) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let a = 127.0 / amax.max(1e-5);
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = (v * a).round_ties_even().clamp(-128.0, 127.0) / a;
+    }
+}
+
 /// `y = W·x (+ b)` over `runs` of rows, each run in its own order class.
+/// A W1.58A8 projection quantises each row of `x` first.
 pub(crate) fn linear(
     l: &LinearW,
     x: &[f32],
@@ -706,7 +722,22 @@ pub(crate) fn linear(
     ctx: &mut KernelCtx,
 ) -> Result<()> {
     let m: &QuantMatrix = &l.m;
-    m.matmul_runs(x, runs, y, ctx)?;
+    if l.act_a8 {
+        ACT_A8.with(|cell| -> Result<()> {
+            let mut q = cell.borrow_mut();
+            if q.len() < x.len() {
+                q.resize(x.len(), 0.0);
+            }
+            let q = &mut q[..x.len()];
+            for (xr, qr) in x.chunks_exact(m.cols()).zip(q.chunks_exact_mut(m.cols())) {
+                act_quant_absmax8(xr, qr);
+            }
+            m.matmul_runs(q, runs, y, ctx)?;
+            Ok(())
+        })?;
+    } else {
+        m.matmul_runs(x, runs, y, ctx)?;
+    }
     if let Some(b) = &l.bias {
         for yr in y.chunks_exact_mut(b.len()) {
             for (y, &b) in yr.iter_mut().zip(b) {

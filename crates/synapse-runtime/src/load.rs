@@ -14,8 +14,8 @@ use synapse_formats::safetensors::SafetensorsModel;
 use synapse_import::PackageModel;
 use synapse_kernels::{QuantMatrix, RopeStyle};
 use synapse_model::{
-    Activation, ExpertLinear, FfnRegion, FreqFactors, Linear, ModelIr, RmsNorm, Routing,
-    SourceDesc, SourceKind, WeightId,
+    Activation, ExpertLinear, FfnRegion, FreqFactors, Linear, ModelIr, ProjectionQuant, RmsNorm,
+    Routing, SourceDesc, SourceKind, WeightId,
 };
 
 use crate::error::{Result, RuntimeError};
@@ -64,6 +64,36 @@ impl synapse_kernels::WeightSource for GgufTensor {
             Err(e) => Some(Err(e)),
         }
     }
+}
+
+/// The codec holding a W1.58A8 projection's ternary weights (one f32 scale, 2-bit codes).
+const TERNARY_TENSOR_CODEC: &str = "syn.ternary.absmean.tensor.v1";
+
+/// `w` ternarised as transformers' BitNet `WeightQuant` does (`s = 1 / max(mean|w|, 1e-5)` in
+/// f32, `t = clamp(round(w·s), −1, 1)`, value `t / s`), in the layout of
+/// `syn.ternary.absmean.tensor.v1`: the f32 scale `1 / s`, then the codes `t + 2`, four a byte,
+/// LSB first, the last byte padded with the zero code.
+fn ternarize_absmean_tensor(w: &[f32]) -> Vec<u8> {
+    let sum: f64 = w.iter().map(|v| f64::from(v.abs())).sum();
+    let mean = if w.is_empty() {
+        0.0
+    } else {
+        (sum / w.len() as f64) as f32
+    };
+    let s = 1.0 / mean.max(1e-5);
+    let mut out = Vec::with_capacity(4 + w.len().div_ceil(4));
+    out.extend_from_slice(&(1.0 / s).to_le_bytes());
+    for chunk in w.chunks(4) {
+        let mut byte = 0u8;
+        for j in 0..4 {
+            let t = chunk
+                .get(j)
+                .map_or(0.0, |&x| (x * s).round_ties_even().clamp(-1.0, 1.0));
+            byte |= ((t as i32 + 2) as u8) << (2 * j);
+        }
+        out.push(byte);
+    }
+    out
 }
 
 impl Source<'_> {
@@ -184,6 +214,9 @@ pub struct LinearW {
     pub m: Arc<QuantMatrix>,
     /// Optional bias.
     pub bias: Option<Vec<f32>>,
+    /// Inputs quantised per token to 8 bits by absmax before the product (BitNet's W1.58A8;
+    /// the weights are then ternary).
+    pub act_a8: bool,
 }
 
 /// RoPE tables inputs for one layer.
@@ -437,7 +470,30 @@ impl Model {
             Ok(LinearW {
                 m: Arc::new(m),
                 bias,
+                act_a8: false,
             })
+        };
+        // A projection: as stored, or BitNet's W1.58A8 (weights ternarised here from the
+        // master, inputs quantised per token at run time).
+        let w158a8 = ir.projection_quant == Some(ProjectionQuant::BitnetW158A8);
+        let proj = |l: &Linear| -> Result<LinearW> {
+            let mut lw = linear(l)?;
+            if w158a8 {
+                let (rows, cols) = (lw.m.rows(), lw.m.cols());
+                let mut w = vec![0f32; rows * cols];
+                for (r, out) in w.chunks_exact_mut(cols).enumerate() {
+                    lw.m.dequantize_row(r, out)?;
+                }
+                let bytes = ternarize_absmean_tensor(&w);
+                lw.m = Arc::new(QuantMatrix::from_codec(
+                    TERNARY_TENSOR_CODEC,
+                    &bytes,
+                    rows,
+                    cols,
+                )?);
+                lw.act_a8 = true;
+            }
+            Ok(lw)
         };
         let norm = |n: &RmsNorm| -> Result<NormW> {
             let mut w = vector(src, &ir, n.weight)?;
@@ -460,6 +516,7 @@ impl Model {
             LinearW {
                 m: embd.clone(),
                 bias: None,
+                act_a8: false,
             }
         } else {
             linear(&ir.lm_head.linear)?
@@ -469,9 +526,9 @@ impl Model {
             let a = &l.attention;
             let ffn = match &l.ffn {
                 FfnRegion::Dense(f) => FfnW::Dense {
-                    gate: linear(&f.gate)?,
-                    up: linear(&f.up)?,
-                    down: linear(&f.down)?,
+                    gate: proj(&f.gate)?,
+                    up: proj(&f.up)?,
+                    down: proj(&f.down)?,
                     act: f.activation,
                     sub_norm: f.sub_norm.as_ref().map(norm).transpose()?,
                 },
@@ -519,10 +576,10 @@ impl Model {
             };
             layers.push(LayerW {
                 attn_norm: norm(&a.norm)?,
-                q: linear(&a.q)?,
-                k: linear(&a.k)?,
-                v: linear(&a.v)?,
-                o: linear(&a.o)?,
+                q: proj(&a.q)?,
+                k: proj(&a.k)?,
+                v: proj(&a.v)?,
+                o: proj(&a.o)?,
                 q_norm: a.q_norm.as_ref().map(norm).transpose()?,
                 k_norm: a.k_norm.as_ref().map(norm).transpose()?,
                 attn_sub_norm: a.sub_norm.as_ref().map(norm).transpose()?,

@@ -35,12 +35,14 @@ pub const TINY_MOE_FAMILIES: [&str; 4] = ["olmoe", "granitemoe", "qwen2moe", "mi
 
 /// The BitNet b1.58 tiny-model fixtures: `bitnet` (SiLU, tied: llama.cpp's `bitnet` graph,
 /// GGUFs in F32, TQ1_0 and TQ2_0) and `bitnet-relu2` (microsoft/bitnet-b1.58-2B-4T's graph:
-/// ReLU², untied; transformers only, so no GGUF). Both store BF16 safetensors.
-pub const TINY_BITNET_FAMILIES: [&str; 2] = ["bitnet", "bitnet-relu2"];
+/// ReLU², untied; transformers only, so no GGUF) and `bitnet-w158a8` (that graph with its
+/// `quantization_config`: W1.58A8 over the masters, as transformers' `AutoBitLinear` runs it;
+/// transformers only). All store BF16 safetensors.
+pub const TINY_BITNET_FAMILIES: [&str; 3] = ["bitnet", "bitnet-relu2", "bitnet-w158a8"];
 
 /// Every committed tiny-model fixture family: the dense ones, then [`TINY_MOE_FAMILIES`],
 /// then [`TINY_BITNET_FAMILIES`].
-pub const TINY_FAMILIES: [&str; 9] = [
+pub const TINY_FAMILIES: [&str; 10] = [
     "llama",
     "qwen2",
     "gemma3",
@@ -50,14 +52,15 @@ pub const TINY_FAMILIES: [&str; 9] = [
     TINY_MOE_FAMILIES[3],
     TINY_BITNET_FAMILIES[0],
     TINY_BITNET_FAMILIES[1],
+    TINY_BITNET_FAMILIES[2],
 ];
 
 /// The GGUF files of tiny fixture `family` (`model.<type>.gguf` in its folder), the F32 one
-/// first: F32 and Q8_0, BitNet's F32, TQ1_0 and TQ2_0, none for `bitnet-relu2`.
+/// first: F32 and Q8_0, BitNet's F32, TQ1_0 and TQ2_0, none for `bitnet-relu2` and `bitnet-w158a8`.
 pub fn tiny_ggufs(family: &str) -> &'static [&'static str] {
     match family {
         "bitnet" => &["model.f32.gguf", "model.tq1_0.gguf", "model.tq2_0.gguf"],
-        "bitnet-relu2" => &[],
+        "bitnet-relu2" | "bitnet-w158a8" => &[],
         _ => &["model.f32.gguf", "model.q8_0.gguf"],
     }
 }

@@ -83,6 +83,52 @@ pub(crate) unsafe fn dot_f32_ggml_gemm(w: *const u8, a: *const u8, n: usize) -> 
     }
 }
 
+/// f16 weights and activations (`n` elements each, the activations rounded to f16): ggml's
+/// `vec_dot_f16` order.
+///
+/// # Safety
+/// As [`DotFn`] for f16 weights and activations.
+pub(crate) unsafe fn dot_f16_ggml(w: *const u8, a: *const u8, n: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`; both are 2-byte aligned f16 rows.
+    let (w, a) = unsafe {
+        (
+            std::slice::from_raw_parts(w.cast::<u16>(), n),
+            std::slice::from_raw_parts(a.cast::<u16>(), n),
+        )
+    };
+    crate::ggml_f32::dot_f16(w, a)
+}
+
+/// f16 weights, two or more activation rows: llamafile `tinyBLAS`'s order when the row length
+/// is a multiple of 16 (ggml falls back to `vec_dot_f16` otherwise).
+///
+/// # Safety
+/// As [`DotFn`] for f16 weights and activations.
+pub(crate) unsafe fn dot_f16_ggml_gemm(w: *const u8, a: *const u8, n: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe {
+        (
+            std::slice::from_raw_parts(w.cast::<u16>(), n),
+            std::slice::from_raw_parts(a.cast::<u16>(), n),
+        )
+    };
+    if n.is_multiple_of(16) {
+        crate::ggml_f32::dot_f16_gemm(w, a)
+    } else {
+        crate::ggml_f32::dot_f16(w, a)
+    }
+}
+
+/// The f16 kernel on every path: ggml's orders over f16-rounded activations.
+pub(crate) fn f16_kernel() -> Kernel {
+    Kernel {
+        act: ActKind::F16,
+        dot: dot_f16_ggml,
+        dot4: None,
+        many: Some((2, dot_f16_ggml_gemm)),
+    }
+}
+
 /// The f32 kernel on every path: ggml's orders (the arithmetic is the same on all CPUs).
 pub(crate) fn f32_kernel() -> Kernel {
     Kernel {
@@ -102,6 +148,9 @@ pub(crate) const MANY_ROWS: usize = 8;
 pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
     if ty == GgmlType::F32 {
         return Some(f32_kernel());
+    }
+    if ty == GgmlType::F16 {
+        return Some(f16_kernel());
     }
     #[cfg(target_arch = "x86_64")]
     if path >= KernelPath::Avx2

@@ -510,6 +510,91 @@ unsafe fn dot_iq4_xs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
     acc
 }
 
+/// TQ2_0's codes `t + 1 ∈ {0, 1, 2}` in element order (ggml's `dequantize_row_tq2_0`).
+fn tq2_codes(b: &[u8]) -> [u8; 256] {
+    let mut c = [0u8; 256];
+    let mut y = 0;
+    for j in [0usize, 32] {
+        for l in 0..4 {
+            for m in 0..32 {
+                c[y] = (b[j + m] >> (2 * l)) & 3;
+                y += 1;
+            }
+        }
+    }
+    c
+}
+
+/// TQ1_0's codes `t + 1 ∈ {0, 1, 2}` in element order (ggml's `dequantize_row_tq1_0`: five
+/// base-3 digits a byte in `qs`, four in `qh`).
+fn tq1_codes(b: &[u8]) -> [u8; 256] {
+    let trit =
+        |byte: u8, n: usize| (((byte.wrapping_mul(super::decode::POW3[n]) as u16) * 3) >> 8) as u8;
+    let mut c = [0u8; 256];
+    let mut y = 0;
+    for (start, width) in [(0usize, 32usize), (32, 16)] {
+        for n in 0..5 {
+            for m in 0..width {
+                c[y] = trit(b[start + m], n);
+                y += 1;
+            }
+        }
+    }
+    for n in 0..4 {
+        for j in 0..4 {
+            c[y] = trit(b[48 + j], n);
+            y += 1;
+        }
+    }
+    c
+}
+
+/// The 8 i32 lanes of ggml's AVX2 ternary dots (`ggml_vec_dot_tq{1,2}_0_q8_K`): the codes
+/// `t + 1` times the activations in 16-bit lanes (`maddubs`: lane `k` of each 32-element
+/// vector holds its elements `4k..4k+4`), minus the Q8_K block sums 16-bit lane by 16-bit
+/// lane (`bsums[2k]`, `bsums[2k+1]`: elements `32k..32k+32`, not lane `k`'s), then pairs
+/// folded (`madd` by 1). Integer-exact, so only the lane split matters for the float order.
+#[inline]
+fn tq_lanes(codes: &[u8; 256], y: &BlockQ8K) -> [i32; 8] {
+    std::array::from_fn(|k| {
+        let l: i32 = (0..8)
+            .flat_map(|v| 32 * v + 4 * k..32 * v + 4 * k + 4)
+            .map(|e| codes[e] as i32 * y.qs[e] as i32)
+            .sum();
+        l - y.bsums[2 * k] as i32 - y.bsums[2 * k + 1] as i32
+    })
+}
+
+/// `ggml_vec_dot_tq2_0_q8_K` (AVX2): `acc_k = fma(lane_k, d_a · d, acc_k)` (ggml writes a
+/// multiply and an add; GCC contracts them, and the oracle fixtures agree only with the FMA),
+/// `hsum_float_8` at the end.
+unsafe fn dot_tq2_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 66, a, nb) };
+    let mut acc = [0f32; 8];
+    for (b, y) in w.chunks_exact(66).zip(a) {
+        let d = y.d * f16_at(b, 64);
+        for (acc, l) in acc.iter_mut().zip(tq_lanes(&tq2_codes(b), y)) {
+            *acc = (l as f32).mul_add(d, *acc);
+        }
+    }
+    hsum8(acc)
+}
+
+/// `ggml_vec_dot_tq1_0_q8_K` (AVX2): as [`dot_tq2_0`], over TQ1_0's base-3 codes.
+unsafe fn dot_tq1_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 54, a, nb) };
+    let mut acc = [0f32; 8];
+    for (b, y) in w.chunks_exact(54).zip(a) {
+        let d = y.d * f16_at(b, 52);
+        for (acc, l) in acc.iter_mut().zip(tq_lanes(&tq1_codes(b), y)) {
+            *acc = (l as f32).mul_add(d, *acc);
+        }
+    }
+    hsum8(acc)
+}
+
 /// The many-row (≥ [`super::MANY_ROWS`]) kernel for `ty`, where ggml's order differs.
 pub(crate) fn many(ty: GgmlType) -> Option<(usize, DotFn)> {
     let f: DotFn = match ty {
@@ -544,12 +629,6 @@ unsafe fn dot_f32(w: *const u8, a: *const u8, n: usize) -> f32 {
     )
 }
 
-unsafe fn dot_f16(w: *const u8, a: *const u8, n: usize) -> f32 {
-    // SAFETY: forwarded contract of `DotFn`.
-    let (w, a) = unsafe { parts::<f32>(w, n * 2, a, n) };
-    dot_f32_lanes(w.chunks_exact(2).map(|b| f16_at(b, 0)), a)
-}
-
 unsafe fn dot_bf16(w: *const u8, a: *const u8, n: usize) -> f32 {
     // SAFETY: forwarded contract of `DotFn`.
     let (w, a) = unsafe { parts::<f32>(w, n * 2, a, n) };
@@ -581,7 +660,8 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
     use GgmlType as T;
     let (act, dot): (ActKind, DotFn) = match ty {
         T::F32 => (ActKind::F32, dot_f32),
-        T::F16 => (ActKind::F32, dot_f16),
+        // f16: ggml's orders over f16-rounded activations, the same on every path.
+        T::F16 => return Some(super::f16_kernel()),
         T::BF16 => (ActKind::F32, dot_bf16),
         T::Q8_0 => (ActKind::Q8x32, dot_q8_0),
         T::Q4_0 => (ActKind::Q8x32, dot_q4_0),
@@ -595,6 +675,8 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         T::Q3_K => (ActKind::Q8K, dot_q3_k),
         T::IQ4_XS => (ActKind::Q8K, dot_iq4_xs),
         T::IQ4_NL => (ActKind::Q8x32, dot_iq4_nl),
+        T::TQ1_0 => (ActKind::Q8K, dot_tq1_0),
+        T::TQ2_0 => (ActKind::Q8K, dot_tq2_0),
         _ => return decode_kernel(ty),
     };
     let many = match ty {

@@ -652,20 +652,6 @@ macro_rules! x86_kernels {
             }
 
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_f16(w: *const u8, a: *const u8, n: usize) -> f32 {
-                unsafe {
-                    dot_float(
-                        w,
-                        a,
-                        n,
-                        2,
-                        |p| _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
-                        |p| f16(p),
-                    )
-                }
-            }
-
-            #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_bf16(w: *const u8, a: *const u8, n: usize) -> f32 {
                 unsafe {
                     dot_float(
@@ -722,7 +708,6 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
             };
             let k: (ActKind, DotFn, Option<Dot4Fn>, Option<(usize, DotFn)>) = match ty {
                 T::F32 => (ActKind::F32, $m::dot_f32, None, many),
-                T::F16 => (ActKind::F32, $m::dot_f16, None, many),
                 T::BF16 => (ActKind::F32, $m::dot_bf16, None, many),
                 T::Q8_0 => (ActKind::Q8x32, $m::dot_q8_0, Some($m::dot4_q8_0), many),
                 T::Q4_0 => (ActKind::Q8x32, $m::dot_q4_0, Some($m::dot4_q4_0), many),

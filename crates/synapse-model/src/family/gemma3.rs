@@ -243,6 +243,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
         layers,
         final_norm,
         residual_scale: None,
+        projection_quant: None,
         lm_head,
         special,
         fingerprint: String::new(),

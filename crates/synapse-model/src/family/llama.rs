@@ -12,7 +12,7 @@ use crate::family::{
     Builder, CoreDims, HfRopeScaling, gguf_rope_freq_scale, hf_rope_scaling, llama3_freq_factors,
 };
 use crate::ir::*;
-use crate::source::SourceDesc;
+use crate::source::{MetaValue, SourceDesc};
 
 /// Options that distinguish llama-like families sharing this graph.
 pub(crate) struct LlamaLike {
@@ -77,6 +77,32 @@ pub fn build_mixtral(src: &SourceDesc) -> Result<ModelIr> {
     )
 }
 
+/// A `quantization_config` this engine runs: BitNet's online W1.58A8 (transformers'
+/// `AutoBitLinear` over full-precision masters). Everything else is refused: the offline
+/// mode's packed `uint8` weights with `weight_scale`, `use_rms_norm`, and any other method
+/// (GPTQ/AWQ packings change what the stored tensors mean).
+fn bitnet_quant(b: &Builder<'_>, bitnet: bool, q: &MetaValue) -> Result<ProjectionQuant> {
+    let json = match q {
+        MetaValue::Json(j) => Some(j),
+        _ => None,
+    };
+    let get = |k: &str| json.and_then(|j| j.get(k));
+    let field = |k: &str| get(k).and_then(|v| v.as_str());
+    let ok = bitnet
+        && field("quant_method") == Some("bitnet")
+        && field("linear_class").unwrap_or("bitlinear") == "autobitlinear"
+        && field("quantization_mode") == Some("online")
+        && get("use_rms_norm").and_then(|v| v.as_bool()) != Some(true);
+    if ok {
+        Ok(ProjectionQuant::BitnetW158A8)
+    } else {
+        Err(b.unsupported(format!(
+            "quantization_config {q:?} (supported: BitNet's quant_method bitnet, linear_class \
+             autobitlinear, quantization_mode online, over BF16/F32 masters)"
+        )))
+    }
+}
+
 pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr> {
     let mut b = Builder::new(o.name, src);
     let gguf = b.is_gguf();
@@ -109,6 +135,7 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
         ));
     }
     let mut activation = Activation::Silu;
+    let mut projection_quant = None;
     if !gguf {
         match b.opt("", "hidden_act").and_then(|v| v.as_str()) {
             // transformers' BitNetConfig defaults to relu2.
@@ -129,7 +156,7 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
         // ternarised weights and 8-bit activations at run time; GPTQ/AWQ packings): reading
         // the tensors as plain weights would run another model.
         if let Some(q) = b.src.get("quantization_config") {
-            return Err(b.unsupported(format!("quantization_config {q:?}")));
+            projection_quant = Some(bitnet_quant(&b, o.bitnet, q)?);
         }
         if let Some(c) = b.src.get("clip_qkv") {
             return Err(b.unsupported(format!("clip_qkv {c:?}")));
@@ -354,6 +381,7 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
         layers,
         final_norm,
         residual_scale,
+        projection_quant,
         lm_head: LmHead {
             linear: Linear {
                 weight: head_w,
