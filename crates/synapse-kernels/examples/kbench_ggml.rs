@@ -41,6 +41,9 @@ fn scale_offsets(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q2_K => &[0, 2],
         GgmlType::Q6_K => &[208],
         GgmlType::Q3_K => &[108],
+        // Random code bytes: TQ2_0's unused code 3 and TQ1_0's bytes past 242 cost the same to run.
+        GgmlType::TQ2_0 => &[64],
+        GgmlType::TQ1_0 => &[52],
         GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => &[0],
         _ => &[],

@@ -506,6 +506,41 @@ macro_rules! x86_kernels {
                 unsafe { dot_k4(w, a, nb, true, false) }
             }
 
+            /// `ggml_vec_dot_tq2_0_q8_K` (AVX2) in its own order (see `scalar::dot_tq2_0`):
+            /// the codes `t + 1` of each 32-element vector against its activations in 8 i32
+            /// lanes, minus the pairwise Q8_K block sums, `fma(lanes, d_a·d, acc)` per block.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_tq2_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe {
+                    let m3 = _mm256_set1_epi8(3);
+                    let ones = _mm256_set1_epi16(1);
+                    let mut acc = _mm256_setzero_ps();
+                    for i in 0..nb {
+                        let (wb, ab) = (w.add(i * 66), a.add(i * AK));
+                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
+                        let mut sumi = _mm256_setzero_si256();
+                        for j in [0usize, 32] {
+                            let q = ld(wb.add(j));
+                            let c = [
+                                q,
+                                _mm256_srli_epi16(q, 2),
+                                _mm256_srli_epi16(q, 4),
+                                _mm256_srli_epi16(q, 6),
+                            ];
+                            for (l, c) in c.into_iter().enumerate() {
+                                let codes = _mm256_and_si256(c, m3);
+                                sumi = mul_sum(sumi, codes, ld(ab.add(4 + 4 * j + 32 * l)));
+                            }
+                        }
+                        let bsums = _mm256_madd_epi16(ld(ab.add(260)), ones);
+                        sumi = _mm256_sub_epi32(sumi, bsums);
+                        let d = f16(wb.add(64)) * rd(ab.cast::<f32>());
+                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d), acc);
+                    }
+                    hsum_ps(acc)
+                }
+            }
+
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_q6_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
                 unsafe { dot_q6k(w, a, nb, false) }
@@ -717,6 +752,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::Q4_K => (ActKind::Q8K, $m::dot_q4_k, None, many),
                 T::Q5_K => (ActKind::Q8K, $m::dot_q5_k, None, many),
                 T::Q6_K => (ActKind::Q8K, $m::dot_q6_k, None, many),
+                T::TQ2_0 => (ActKind::Q8K, $m::dot_tq2_0, None, many),
                 _ => return None,
             };
             k
