@@ -26,12 +26,21 @@ fn model_path() -> Option<std::path::PathBuf> {
     synapse_testdata::require(&p, "the default model (Gemma 3 270M Q4_K_M)").then_some(p)
 }
 
-async fn start(ecfg: EngineConfig, mut cfg: ServerConfig) -> Option<Srv> {
+async fn start(ecfg: EngineConfig, cfg: ServerConfig) -> Option<Srv> {
     let path = model_path()?;
     let tok = Arc::new(
         Tokenizer::from_gguf(&synapse_formats::gguf::GgufFile::open(&path).unwrap()).unwrap(),
     );
-    let model = Model::load(&path).unwrap();
+    Some(start_with(&path, tok, ecfg, cfg).await)
+}
+
+async fn start_with(
+    path: &std::path::Path,
+    tok: Arc<Tokenizer>,
+    ecfg: EngineConfig,
+    mut cfg: ServerConfig,
+) -> Srv {
+    let model = Model::load(path).unwrap();
     cfg.family = model.ir.family.name().to_string();
     if cfg.model_id == ServerConfig::default().model_id {
         cfg.model_id = "gemma3".into();
@@ -52,11 +61,11 @@ async fn start(ecfg: EngineConfig, mut cfg: ServerConfig) -> Option<Srv> {
             .await
             .unwrap();
     });
-    Some(Srv {
+    Srv {
         base: format!("http://{addr}"),
         state,
         http: reqwest::Client::new(),
-    })
+    }
 }
 
 fn small_engine() -> EngineConfig {
@@ -1269,4 +1278,106 @@ async fn exact_escalation_is_a_request_field() {
             .unwrap()
             .contains("no draft profile")
     );
+}
+
+/// A counter's value in a Prometheus text exposition.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{text}"))
+}
+
+/// A BitNet b1.58 model (the tiny TQ2_0 GGUF that llama.cpp's converter made) served like any
+/// model, through the same scheduler: completions and chat, streaming and not, exactly one
+/// `[DONE]`, `finish_reason` set, `tools` refused, and the ternary traffic in `/metrics`. Its
+/// greedy continuation of the fixture's first sequence (token ids) is llama.cpp's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bitnet_ternary_model_is_served_like_any_model() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny/bitnet");
+    let path = dir.join("model.tq2_0.gguf");
+    if !synapse_testdata::require(&path, "the tiny BitNet fixture") {
+        return;
+    }
+    let oracle: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
+    // The tiny model's GGUF has no chat template: give its tokenizer ChatML for the chat route.
+    let (vocab, _) =
+        synapse_tokenizer::vocab_from_gguf(&synapse_formats::gguf::GgufFile::open(&path).unwrap())
+            .unwrap();
+    let chatml = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n\
+                  {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    let tok = Arc::new(Tokenizer::with_template(vocab, Some(chatml.to_string())).unwrap());
+    let cfg = ServerConfig {
+        model_id: "bitnet".into(),
+        ..ServerConfig::default()
+    };
+    let s = start_with(&path, tok, small_engine(), cfg).await;
+
+    // llama.cpp's greedy continuation of sequence 0 on this GGUF.
+    let seq0 = oracle["sequences"][0].clone();
+    let want_ids = oracle["gguf"]["tq2_0"]["greedy_after_seq0"].clone();
+    let n = want_ids.as_array().unwrap().len();
+    let (st, want) = s.post("/detokenize", &json!({"tokens": want_ids})).await;
+    assert_eq!(st, 200);
+    let body = json!({"model": "bitnet", "prompt": seq0, "max_tokens": n, "temperature": 0});
+    let (st, v) = s.post("/v1/completions", &body).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        v["choices"][0]["text"], want["content"],
+        "llama.cpp's greedy tokens"
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    check_usage(&v["usage"]);
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    let (texts, _, _) = check_stream(&s.stream("/v1/completions", &sb).await, false, 1, false);
+    assert_eq!(texts[0], want["content"].as_str().unwrap());
+
+    // Chat, streaming and not, several at once (one scheduler, no serializing path).
+    let chat = json!({"model": "bitnet", "messages": [{"role": "user", "content": "The quick brown fox"}],
+                      "max_tokens": 12, "temperature": 0});
+    let mut cs = chat.clone();
+    cs["stream"] = json!(true);
+    cs["stream_options"] = json!({"include_usage": true});
+    let other = json!({"prompt": "Numbers 0 1 2", "max_tokens": 12});
+    let (a, b, c) = tokio::join!(
+        s.post("/v1/chat/completions", &chat),
+        s.stream("/v1/chat/completions", &cs),
+        s.post("/v1/completions", &other)
+    );
+    assert_eq!(a.0, 200, "{}", a.1);
+    assert_eq!(a.1["object"], "chat.completion");
+    assert!(a.1["choices"][0]["finish_reason"].is_string());
+    let (texts, usage, _) = check_stream(&b, true, 1, true);
+    assert_eq!(
+        texts[0],
+        a.1["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    check_usage(usage.as_ref().unwrap());
+    assert_eq!(c.0, 200, "{}", c.1);
+
+    // Tools are refused with a clear message.
+    let (st, v) = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "x"}],
+                    "tools": [{"type": "function", "function": {"name": "f"}}]}),
+        )
+        .await;
+    assert_error(st, &v, 400, "tools");
+    assert!(v["error"]["message"].as_str().unwrap().contains("tools"));
+
+    s.drained().await;
+    let metrics = s
+        .http
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let generated = metric(&metrics, "synapse_generated_tokens_total");
+    assert!(generated >= (2 * n + 12) as f64, "generated {generated}");
+    assert!(metric(&metrics, "synapse_prompt_tokens_total") >= 32.0);
 }
