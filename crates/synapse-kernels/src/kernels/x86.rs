@@ -506,6 +506,75 @@ macro_rules! x86_kernels {
                 unsafe { dot_k4(w, a, nb, true, false) }
             }
 
+            /// TQ1_0's base-3 digit `(q·3) >> 8` of each byte (ggml's `avg` form of it).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn trit3(q: __m256i) -> __m256i {
+                let y = _mm256_subs_epu8(q, _mm256_set1_epi8(1));
+                let r = _mm256_avg_epu8(y, _mm256_avg_epu8(y, _mm256_setzero_si256()));
+                _mm256_and_si256(_mm256_srli_epi16(r, 6), _mm256_set1_epi8(3))
+            }
+
+            /// Bytes times 3 and times 9, wrapping (ggml's shifts and adds).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn x3(q: __m256i) -> __m256i {
+                _mm256_add_epi8(q, _mm256_add_epi8(q, q))
+            }
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn x9(q: __m256i) -> __m256i {
+                _mm256_add_epi8(_mm256_and_si256(_mm256_slli_epi16(q, 3), _mm256_set1_epi8(-8)), q)
+            }
+
+            /// `ggml_vec_dot_tq1_0_q8_K` (AVX2) in its own order (see `scalar::dot_tq1_0`):
+            /// the codes `t + 1` in element order, eight 32-element vectors against the
+            /// activations in 8 i32 lanes, minus the pairwise block sums, `fma` per block.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_tq1_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe {
+                    let ones = _mm256_set1_epi16(1);
+                    let mut acc = _mm256_setzero_ps();
+                    for i in 0..nb {
+                        let (wb, ab) = (w.add(i * 54), a.add(i * AK));
+                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
+                        let q0 = ld(wb);
+                        let q1 = x3(q0);
+                        let q2 = x9(q0);
+                        // qs[32..48] in both halves, and qh's 4 bytes in every dword.
+                        let h = _mm256_broadcastsi128_si256(_mm_loadu_si128(wb.add(32).cast()));
+                        let (h1, h2) = (x3(h), x9(h));
+                        let (h3, h4) = (x9(h1), x9(h2));
+                        let qh = _mm256_set1_epi32(rd(wb.add(48).cast::<i32>()));
+                        let (qh3, qh9) = (x3(qh), x9(qh));
+                        // Element order 240 + 4n + j: dword n of the high half times 3^n.
+                        let qhx = _mm256_blend_epi32::<0b1100_0000>(
+                            _mm256_blend_epi32::<0b0010_0000>(qh, qh3),
+                            _mm256_blend_epi32::<0b1000_0000>(qh9, x9(qh3)),
+                        );
+                        let raw = [
+                            q0,
+                            q1,
+                            q2,
+                            x9(q1),
+                            x9(q2),
+                            _mm256_blend_epi32::<0b1111_0000>(h, h1),
+                            _mm256_blend_epi32::<0b1111_0000>(h2, h3),
+                            _mm256_blend_epi32::<0b1111_0000>(h4, qhx),
+                        ];
+                        let mut sumi = _mm256_setzero_si256();
+                        for (v, r) in raw.into_iter().enumerate() {
+                            sumi = mul_sum(sumi, trit3(r), ld(ab.add(4 + 32 * v)));
+                        }
+                        let bsums = _mm256_madd_epi16(ld(ab.add(260)), ones);
+                        sumi = _mm256_sub_epi32(sumi, bsums);
+                        let d = f16(wb.add(52)) * rd(ab.cast::<f32>());
+                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d), acc);
+                    }
+                    hsum_ps(acc)
+                }
+            }
+
             /// `ggml_vec_dot_tq2_0_q8_K` (AVX2) in its own order (see `scalar::dot_tq2_0`):
             /// the codes `t + 1` of each 32-element vector against its activations in 8 i32
             /// lanes, minus the pairwise Q8_K block sums, `fma(lanes, d_a·d, acc)` per block.
@@ -752,6 +821,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::Q4_K => (ActKind::Q8K, $m::dot_q4_k, None, many),
                 T::Q5_K => (ActKind::Q8K, $m::dot_q5_k, None, many),
                 T::Q6_K => (ActKind::Q8K, $m::dot_q6_k, None, many),
+                T::TQ1_0 => (ActKind::Q8K, $m::dot_tq1_0, None, many),
                 T::TQ2_0 => (ActKind::Q8K, $m::dot_tq2_0, None, many),
                 _ => return None,
             };
