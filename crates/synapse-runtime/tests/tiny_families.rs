@@ -73,6 +73,29 @@ fn check_family(family: &str, quantized: bool) {
     check_cases(family, cases);
 }
 
+/// A copy of the transformers fixture in `dir` (its tokenizer files, its weights when
+/// `weights`) in a temporary folder, with `edit` applied to its `config.json`.
+fn fixture_copy(
+    dir: &Path,
+    weights: bool,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = [
+        "tokenizer.model",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ];
+    for f in files.iter().chain(weights.then_some(&"model.safetensors")) {
+        std::fs::copy(dir.join(f), tmp.path().join(f)).unwrap();
+    }
+    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(&cfg).unwrap();
+    edit(&mut cfg);
+    std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
+    tmp
+}
+
 /// How close safetensors logits must come to transformers' (relative to the largest logit):
 /// 1e-6 on the 64-wide models (measured ≤ 9.9e-7), 1e-5 on BitNet's 256/512-wide ones (the
 /// BitNet issue's bound; measured 1.4e-6), whose longer dots PyTorch sums in another order.
@@ -273,19 +296,9 @@ fn tiny_bitnet_w158a8() {
         at += s.len();
     }
     // The same masters without the config are another model: the quantisation is applied.
-    let tmp = tempfile::tempdir().unwrap();
-    for f in [
-        "tokenizer.model",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-        "model.safetensors",
-    ] {
-        std::fs::copy(dir.join(f), tmp.path().join(f)).unwrap();
-    }
-    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
-    let mut cfg: serde_json::Value = serde_json::from_str(&cfg).unwrap();
-    cfg.as_object_mut().unwrap().remove("quantization_config");
-    std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
+    let tmp = fixture_copy(&dir, true, |cfg| {
+        cfg.as_object_mut().unwrap().remove("quantization_config");
+    });
     let plain = run_all(tmp.path(), &seqs);
     assert_eq!(
         close(&plain),
@@ -303,19 +316,10 @@ fn tiny_bitnet_1bitllm_layout() {
     if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    for f in [
-        "tokenizer.model",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-    ] {
-        std::fs::copy(dir.join(f), tmp.path().join(f)).unwrap();
-    }
-    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
-    let mut cfg: serde_json::Value = serde_json::from_str(&cfg).unwrap();
-    cfg["model_type"] = "llama".into();
-    cfg["architectures"] = serde_json::json!(["BitnetForCausalLM"]);
-    std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
+    let tmp = fixture_copy(&dir, false, |cfg| {
+        cfg["model_type"] = "llama".into();
+        cfg["architectures"] = serde_json::json!(["BitnetForCausalLM"]);
+    });
     // A safetensors file is an 8-byte header length, the JSON header (tensor names and data
     // offsets relative to the data), then the data: rename in the header.
     let st = std::fs::read(dir.join("model.safetensors")).unwrap();

@@ -139,6 +139,12 @@ impl Srv {
         parse_sse(&String::from_utf8(buf).unwrap())
     }
 
+    /// The `/metrics` exposition.
+    async fn metrics(&self) -> String {
+        let r = self.http.get(format!("{}/metrics", self.base)).send();
+        r.await.unwrap().text().await.unwrap()
+    }
+
     async fn healthy(&self) {
         let r = self
             .http
@@ -410,15 +416,7 @@ async fn completions_and_chat_streaming_and_not() {
     let (st, d) = s.post("/detokenize", &json!({"tokens": toks})).await;
     assert_eq!(st, 200);
     assert_eq!(d["content"], text);
-    let metrics = s
-        .http
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = s.metrics().await;
     for name in [
         "synapse_queue_depth",
         "synapse_active_sessions",
@@ -1249,15 +1247,7 @@ async fn exact_escalation_is_a_request_field() {
         models["data"][0]["meta"]["draft_profile"],
         draft.profile.hash()
     );
-    let m = s
-        .http
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = s.metrics().await;
     assert!(m.contains("synapse_draft_tokens_total"), "{m}");
 
     let mut bad = body.clone();
@@ -1368,15 +1358,7 @@ async fn bitnet_ternary_model_is_served_like_any_model() {
     assert!(v["error"]["message"].as_str().unwrap().contains("tools"));
 
     s.drained().await;
-    let metrics = s
-        .http
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = s.metrics().await;
     let generated = metric(&metrics, "synapse_generated_tokens_total");
     assert!(generated >= (2 * n + 12) as f64, "generated {generated}");
     assert!(metric(&metrics, "synapse_prompt_tokens_total") >= 32.0);
