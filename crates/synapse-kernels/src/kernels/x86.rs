@@ -506,6 +506,54 @@ macro_rules! x86_kernels {
                 unsafe { dot_k4(w, a, nb, true, false) }
             }
 
+            /// [`dot_tq2_0`] for four activation rows (`a + t·s`), each block's codes unpacked
+            /// once for all four; every row's lanes and float steps are `dot_tq2_0`'s.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_tq2_0(
+                w: *const u8,
+                a: *const u8,
+                s: usize,
+                nb: usize,
+            ) -> [f32; 4] {
+                unsafe {
+                    let m3 = _mm256_set1_epi8(3);
+                    let ones = _mm256_set1_epi16(1);
+                    let mut acc = [_mm256_setzero_ps(); 4];
+                    for i in 0..nb {
+                        let wb = w.add(i * 66);
+                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
+                        let (q0, q1) = (ld(wb), ld(wb.add(32)));
+                        let codes = [
+                            _mm256_and_si256(q0, m3),
+                            _mm256_and_si256(_mm256_srli_epi16(q0, 2), m3),
+                            _mm256_and_si256(_mm256_srli_epi16(q0, 4), m3),
+                            _mm256_and_si256(_mm256_srli_epi16(q0, 6), m3),
+                            _mm256_and_si256(q1, m3),
+                            _mm256_and_si256(_mm256_srli_epi16(q1, 2), m3),
+                            _mm256_and_si256(_mm256_srli_epi16(q1, 4), m3),
+                            _mm256_and_si256(_mm256_srli_epi16(q1, 6), m3),
+                        ];
+                        let dw = f16(wb.add(64));
+                        for (t, acc) in acc.iter_mut().enumerate() {
+                            let ab = a.add(t * s + i * AK);
+                            let mut sumi = _mm256_setzero_si256();
+                            for (v, c) in codes.iter().enumerate() {
+                                sumi = mul_sum(sumi, *c, ld(ab.add(4 + 32 * v)));
+                            }
+                            let bsums = _mm256_madd_epi16(ld(ab.add(260)), ones);
+                            sumi = _mm256_sub_epi32(sumi, bsums);
+                            let d = dw * rd(ab.cast::<f32>());
+                            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d), *acc);
+                        }
+                    }
+                    let mut out = [0f32; 4];
+                    for (o, acc) in out.iter_mut().zip(acc) {
+                        *o = hsum_ps(acc);
+                    }
+                    out
+                }
+            }
+
             /// TQ1_0's base-3 digit `(q·3) >> 8` of each byte (ggml's `avg` form of it).
             #[inline]
             #[target_feature(enable = $features)]
@@ -822,7 +870,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::Q5_K => (ActKind::Q8K, $m::dot_q5_k, None, many),
                 T::Q6_K => (ActKind::Q8K, $m::dot_q6_k, None, many),
                 T::TQ1_0 => (ActKind::Q8K, $m::dot_tq1_0, None, many),
-                T::TQ2_0 => (ActKind::Q8K, $m::dot_tq2_0, None, many),
+                T::TQ2_0 => (ActKind::Q8K, $m::dot_tq2_0, Some($m::dot4_tq2_0), many),
                 _ => return None,
             };
             k
