@@ -506,54 +506,6 @@ macro_rules! x86_kernels {
                 unsafe { dot_k4(w, a, nb, true, false) }
             }
 
-            /// [`dot_tq2_0`] for four activation rows (`a + t·s`), each block's codes unpacked
-            /// once for all four; every row's lanes and float steps are `dot_tq2_0`'s.
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_tq2_0(
-                w: *const u8,
-                a: *const u8,
-                s: usize,
-                nb: usize,
-            ) -> [f32; 4] {
-                unsafe {
-                    let m3 = _mm256_set1_epi8(3);
-                    let ones = _mm256_set1_epi16(1);
-                    let mut acc = [_mm256_setzero_ps(); 4];
-                    for i in 0..nb {
-                        let wb = w.add(i * 66);
-                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
-                        let (q0, q1) = (ld(wb), ld(wb.add(32)));
-                        let codes = [
-                            _mm256_and_si256(q0, m3),
-                            _mm256_and_si256(_mm256_srli_epi16(q0, 2), m3),
-                            _mm256_and_si256(_mm256_srli_epi16(q0, 4), m3),
-                            _mm256_and_si256(_mm256_srli_epi16(q0, 6), m3),
-                            _mm256_and_si256(q1, m3),
-                            _mm256_and_si256(_mm256_srli_epi16(q1, 2), m3),
-                            _mm256_and_si256(_mm256_srli_epi16(q1, 4), m3),
-                            _mm256_and_si256(_mm256_srli_epi16(q1, 6), m3),
-                        ];
-                        let dw = f16(wb.add(64));
-                        for (t, acc) in acc.iter_mut().enumerate() {
-                            let ab = a.add(t * s + i * AK);
-                            let mut sumi = _mm256_setzero_si256();
-                            for (v, c) in codes.iter().enumerate() {
-                                sumi = mul_sum(sumi, *c, ld(ab.add(4 + 32 * v)));
-                            }
-                            let bsums = _mm256_madd_epi16(ld(ab.add(260)), ones);
-                            sumi = _mm256_sub_epi32(sumi, bsums);
-                            let d = dw * rd(ab.cast::<f32>());
-                            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d), *acc);
-                        }
-                    }
-                    let mut out = [0f32; 4];
-                    for (o, acc) in out.iter_mut().zip(acc) {
-                        *o = hsum_ps(acc);
-                    }
-                    out
-                }
-            }
-
             /// TQ1_0's base-3 digit `(q·3) >> 8` of each byte (ggml's `avg` form of it).
             #[inline]
             #[target_feature(enable = $features)]
@@ -575,87 +527,159 @@ macro_rules! x86_kernels {
                 _mm256_add_epi8(_mm256_and_si256(_mm256_slli_epi16(q, 3), _mm256_set1_epi8(-8)), q)
             }
 
-            /// `ggml_vec_dot_tq1_0_q8_K` (AVX2) in its own order (see `scalar::dot_tq1_0`):
-            /// the codes `t + 1` in element order, eight 32-element vectors against the
-            /// activations in 8 i32 lanes, minus the pairwise block sums, `fma` per block.
+            /// One block's `fma(lanes − pairwise bsums, d_a·d, acc)`: the ternary codes `t + 1`
+            /// of eight 32-element vectors against one Q8_K activation block at `ab` in 8 i32
+            /// lanes (TQ1_0, TQ2_0: ggml's AVX2 `vec_dot_tq{1,2}_0_q8_K` order).
+            #[inline]
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_tq1_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+            unsafe fn tq_block(codes: &[__m256i; 8], ab: *const u8, dw: f32, acc: __m256) -> __m256 {
                 unsafe {
-                    let ones = _mm256_set1_epi16(1);
+                    let mut sumi = _mm256_setzero_si256();
+                    for (v, c) in codes.iter().enumerate() {
+                        sumi = mul_sum(sumi, *c, ld(ab.add(4 + 32 * v)));
+                    }
+                    let bsums = _mm256_madd_epi16(ld(ab.add(260)), _mm256_set1_epi16(1));
+                    sumi = _mm256_sub_epi32(sumi, bsums);
+                    let d = dw * rd(ab.cast::<f32>());
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d), acc)
+                }
+            }
+
+            /// One TQ1_0 block's codes in element order: five base-3 digits of `qs[0..32]`,
+            /// then those of `qs[32..48]` two vectors' halves at a time, the last half `qh`'s
+            /// four digits (element `240 + 4n + j`).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn tq1_codes(wb: *const u8) -> [__m256i; 8] {
+                unsafe {
+                    let q0 = ld(wb);
+                    let q1 = x3(q0);
+                    let q2 = x9(q0);
+                    // qs[32..48] in both halves, and qh's 4 bytes in every dword.
+                    let h = _mm256_broadcastsi128_si256(_mm_loadu_si128(wb.add(32).cast()));
+                    let (h1, h2) = (x3(h), x9(h));
+                    let (h3, h4) = (x9(h1), x9(h2));
+                    let qh = _mm256_set1_epi32(rd(wb.add(48).cast::<i32>()));
+                    let (qh3, qh9) = (x3(qh), x9(qh));
+                    // The high half's dword n times 3^n.
+                    let qhx = _mm256_blend_epi32::<0b1100_0000>(
+                        _mm256_blend_epi32::<0b0010_0000>(qh, qh3),
+                        _mm256_blend_epi32::<0b1000_0000>(qh9, x9(qh3)),
+                    );
+                    [
+                        trit3(q0),
+                        trit3(q1),
+                        trit3(q2),
+                        trit3(x9(q1)),
+                        trit3(x9(q2)),
+                        trit3(_mm256_blend_epi32::<0b1111_0000>(h, h1)),
+                        trit3(_mm256_blend_epi32::<0b1111_0000>(h2, h3)),
+                        trit3(_mm256_blend_epi32::<0b1111_0000>(h4, qhx)),
+                    ]
+                }
+            }
+
+            /// One TQ2_0 block's codes in element order (vector `4h + l`: bits `2l` of
+            /// `qs[32h..32h+32]`).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn tq2_codes(wb: *const u8) -> [__m256i; 8] {
+                unsafe {
+                    let m3 = _mm256_set1_epi8(3);
+                    let (q0, q1) = (ld(wb), ld(wb.add(32)));
+                    [
+                        _mm256_and_si256(q0, m3),
+                        _mm256_and_si256(_mm256_srli_epi16(q0, 2), m3),
+                        _mm256_and_si256(_mm256_srli_epi16(q0, 4), m3),
+                        _mm256_and_si256(_mm256_srli_epi16(q0, 6), m3),
+                        _mm256_and_si256(q1, m3),
+                        _mm256_and_si256(_mm256_srli_epi16(q1, 2), m3),
+                        _mm256_and_si256(_mm256_srli_epi16(q1, 4), m3),
+                        _mm256_and_si256(_mm256_srli_epi16(q1, 6), m3),
+                    ]
+                }
+            }
+
+            /// A ternary dot over `nb` blocks of `TS` bytes (f16 scale at `DOFF`), codes by
+            /// `codes`: `hsum_float_8` of the per-block `tq_block` steps.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn tq_dot<const TS: usize, const DOFF: usize>(
+                w: *const u8,
+                a: *const u8,
+                nb: usize,
+                codes: impl Fn(*const u8) -> [__m256i; 8],
+            ) -> f32 {
+                unsafe {
                     let mut acc = _mm256_setzero_ps();
                     for i in 0..nb {
-                        let (wb, ab) = (w.add(i * 54), a.add(i * AK));
+                        let wb = w.add(i * TS);
                         _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
-                        let q0 = ld(wb);
-                        let q1 = x3(q0);
-                        let q2 = x9(q0);
-                        // qs[32..48] in both halves, and qh's 4 bytes in every dword.
-                        let h = _mm256_broadcastsi128_si256(_mm_loadu_si128(wb.add(32).cast()));
-                        let (h1, h2) = (x3(h), x9(h));
-                        let (h3, h4) = (x9(h1), x9(h2));
-                        let qh = _mm256_set1_epi32(rd(wb.add(48).cast::<i32>()));
-                        let (qh3, qh9) = (x3(qh), x9(qh));
-                        // Element order 240 + 4n + j: dword n of the high half times 3^n.
-                        let qhx = _mm256_blend_epi32::<0b1100_0000>(
-                            _mm256_blend_epi32::<0b0010_0000>(qh, qh3),
-                            _mm256_blend_epi32::<0b1000_0000>(qh9, x9(qh3)),
-                        );
-                        let raw = [
-                            q0,
-                            q1,
-                            q2,
-                            x9(q1),
-                            x9(q2),
-                            _mm256_blend_epi32::<0b1111_0000>(h, h1),
-                            _mm256_blend_epi32::<0b1111_0000>(h2, h3),
-                            _mm256_blend_epi32::<0b1111_0000>(h4, qhx),
-                        ];
-                        let mut sumi = _mm256_setzero_si256();
-                        for (v, r) in raw.into_iter().enumerate() {
-                            sumi = mul_sum(sumi, trit3(r), ld(ab.add(4 + 32 * v)));
-                        }
-                        let bsums = _mm256_madd_epi16(ld(ab.add(260)), ones);
-                        sumi = _mm256_sub_epi32(sumi, bsums);
-                        let d = f16(wb.add(52)) * rd(ab.cast::<f32>());
-                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d), acc);
+                        acc = tq_block(&codes(wb), a.add(i * AK), f16(wb.add(DOFF)), acc);
                     }
                     hsum_ps(acc)
                 }
             }
 
-            /// `ggml_vec_dot_tq2_0_q8_K` (AVX2) in its own order (see `scalar::dot_tq2_0`):
-            /// the codes `t + 1` of each 32-element vector against its activations in 8 i32
-            /// lanes, minus the pairwise Q8_K block sums, `fma(lanes, d_a·d, acc)` per block.
+            /// [`tq_dot`] for four activation rows (`a + t·s`), each block's codes unpacked once
+            /// for all four; every row's lanes and float steps are the one-row dot's.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn tq_dot4<const TS: usize, const DOFF: usize>(
+                w: *const u8,
+                a: *const u8,
+                s: usize,
+                nb: usize,
+                codes: impl Fn(*const u8) -> [__m256i; 8],
+            ) -> [f32; 4] {
+                unsafe {
+                    let mut acc = [_mm256_setzero_ps(); 4];
+                    for i in 0..nb {
+                        let wb = w.add(i * TS);
+                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
+                        let (c, dw) = (codes(wb), f16(wb.add(DOFF)));
+                        for (t, acc) in acc.iter_mut().enumerate() {
+                            *acc = tq_block(&c, a.add(t * s + i * AK), dw, *acc);
+                        }
+                    }
+                    let mut out = [0f32; 4];
+                    for (o, acc) in out.iter_mut().zip(acc) {
+                        *o = hsum_ps(acc);
+                    }
+                    out
+                }
+            }
+
+            /// `ggml_vec_dot_tq1_0_q8_K` (AVX2) in its own order (see `scalar::dot_tq1_0`).
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_tq1_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { tq_dot::<54, 52>(w, a, nb, |b| tq1_codes(b)) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_tq1_0(
+                w: *const u8,
+                a: *const u8,
+                s: usize,
+                nb: usize,
+            ) -> [f32; 4] {
+                unsafe { tq_dot4::<54, 52>(w, a, s, nb, |b| tq1_codes(b)) }
+            }
+
+            /// `ggml_vec_dot_tq2_0_q8_K` (AVX2) in its own order (see `scalar::dot_tq2_0`).
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_tq2_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe {
-                    let m3 = _mm256_set1_epi8(3);
-                    let ones = _mm256_set1_epi16(1);
-                    let mut acc = _mm256_setzero_ps();
-                    for i in 0..nb {
-                        let (wb, ab) = (w.add(i * 66), a.add(i * AK));
-                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
-                        let mut sumi = _mm256_setzero_si256();
-                        for j in [0usize, 32] {
-                            let q = ld(wb.add(j));
-                            let c = [
-                                q,
-                                _mm256_srli_epi16(q, 2),
-                                _mm256_srli_epi16(q, 4),
-                                _mm256_srli_epi16(q, 6),
-                            ];
-                            for (l, c) in c.into_iter().enumerate() {
-                                let codes = _mm256_and_si256(c, m3);
-                                sumi = mul_sum(sumi, codes, ld(ab.add(4 + 4 * j + 32 * l)));
-                            }
-                        }
-                        let bsums = _mm256_madd_epi16(ld(ab.add(260)), ones);
-                        sumi = _mm256_sub_epi32(sumi, bsums);
-                        let d = f16(wb.add(64)) * rd(ab.cast::<f32>());
-                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d), acc);
-                    }
-                    hsum_ps(acc)
-                }
+                unsafe { tq_dot::<66, 64>(w, a, nb, |b| tq2_codes(b)) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_tq2_0(
+                w: *const u8,
+                a: *const u8,
+                s: usize,
+                nb: usize,
+            ) -> [f32; 4] {
+                unsafe { tq_dot4::<66, 64>(w, a, s, nb, |b| tq2_codes(b)) }
             }
 
             #[target_feature(enable = $features)]
@@ -869,7 +893,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::Q4_K => (ActKind::Q8K, $m::dot_q4_k, None, many),
                 T::Q5_K => (ActKind::Q8K, $m::dot_q5_k, None, many),
                 T::Q6_K => (ActKind::Q8K, $m::dot_q6_k, None, many),
-                T::TQ1_0 => (ActKind::Q8K, $m::dot_tq1_0, None, many),
+                T::TQ1_0 => (ActKind::Q8K, $m::dot_tq1_0, Some($m::dot4_tq1_0), many),
                 T::TQ2_0 => (ActKind::Q8K, $m::dot_tq2_0, Some($m::dot4_tq2_0), many),
                 _ => return None,
             };
