@@ -209,6 +209,41 @@ impl Codec for TernaryGroup {
 pub struct TernaryTensor;
 
 impl TernaryTensor {
+    /// `w` (a whole `rows × cols` tensor, row-major) ternarised as BitNet's training
+    /// quantizer runs in transformers (`WeightQuant`): in f32, `s = 1 / max(mean|w|, 1e-5)`,
+    /// `t = clamp(round_half_even(w·s), −1, 1)`, value `t / s` — the encoding of a
+    /// W1.58A8 checkpoint's projections, whose outputs must follow transformers' arithmetic.
+    /// ([`Codec::encode_matrix`] is this codec's own rule: the mean and the division in f64.)
+    /// Same layout; `γ = 1 / s` is stored.
+    pub fn encode_bitnet_weight_quant(w: &[f32]) -> Result<Vec<u8>> {
+        check_finite(w)?;
+        let sum: f64 = w.iter().map(|v| f64::from(v.abs())).sum();
+        let mean = if w.is_empty() {
+            0.0
+        } else {
+            (sum / w.len() as f64) as f32
+        };
+        let s = 1.0 / mean.max(ABSMEAN_EPS as f32);
+        Ok(Self::pack(1.0 / s, w, |x| {
+            ((x * s).round_ties_even().clamp(-1.0, 1.0) as i32 + 2) as u8
+        }))
+    }
+
+    /// The layout: `gamma` (f32 LE), then the codes `code(x)` four a byte, LSB first, the
+    /// last byte padded with the zero code.
+    fn pack(gamma: f32, w: &[f32], code: impl Fn(f32) -> u8) -> Vec<u8> {
+        let mut out = Vec::with_capacity(4 + w.len().div_ceil(4));
+        out.extend_from_slice(&gamma.to_le_bytes());
+        for chunk in w.chunks(4) {
+            let mut byte = 0u8;
+            for j in 0..4 {
+                byte |= chunk.get(j).map_or(ZERO_CODE, |&x| code(x)) << (2 * j);
+            }
+            out.push(byte);
+        }
+        out
+    }
+
     fn gamma(bytes: &[u8]) -> Result<f32> {
         let g = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
         if !g.is_finite() || g.is_sign_negative() {
@@ -261,17 +296,7 @@ impl Codec for TernaryTensor {
             });
         }
         let inv = 1.0 / f64::from(gamma);
-        let mut out = Vec::with_capacity(self.matrix_size(rows, cols)?);
-        out.extend_from_slice(&gamma.to_le_bytes());
-        for chunk in w.chunks(4) {
-            let mut byte = 0u8;
-            for j in 0..4 {
-                let c = chunk.get(j).map_or(ZERO_CODE, |&x| ternary_code(x, inv));
-                byte |= c << (2 * j);
-            }
-            out.push(byte);
-        }
-        Ok(out)
+        Ok(Self::pack(gamma, w, |x| ternary_code(x, inv)))
     }
 
     fn decode_matrix(&self, bytes: &[u8], rows: usize, cols: usize) -> Result<Vec<f32>> {

@@ -8,6 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use synapse_codecs::{EncodingId, TernaryTensor};
 use synapse_formats::GgmlType;
 use synapse_formats::gguf::GgufFile;
 use synapse_formats::safetensors::SafetensorsModel;
@@ -64,36 +65,6 @@ impl synapse_kernels::WeightSource for GgufTensor {
             Err(e) => Some(Err(e)),
         }
     }
-}
-
-/// The codec holding a W1.58A8 projection's ternary weights (one f32 scale, 2-bit codes).
-const TERNARY_TENSOR_CODEC: &str = "syn.ternary.absmean.tensor.v1";
-
-/// `w` ternarised as transformers' BitNet `WeightQuant` does (`s = 1 / max(mean|w|, 1e-5)` in
-/// f32, `t = clamp(round(w·s), −1, 1)`, value `t / s`), in the layout of
-/// `syn.ternary.absmean.tensor.v1`: the f32 scale `1 / s`, then the codes `t + 2`, four a byte,
-/// LSB first, the last byte padded with the zero code.
-fn ternarize_absmean_tensor(w: &[f32]) -> Vec<u8> {
-    let sum: f64 = w.iter().map(|v| f64::from(v.abs())).sum();
-    let mean = if w.is_empty() {
-        0.0
-    } else {
-        (sum / w.len() as f64) as f32
-    };
-    let s = 1.0 / mean.max(1e-5);
-    let mut out = Vec::with_capacity(4 + w.len().div_ceil(4));
-    out.extend_from_slice(&(1.0 / s).to_le_bytes());
-    for chunk in w.chunks(4) {
-        let mut byte = 0u8;
-        for j in 0..4 {
-            let t = chunk
-                .get(j)
-                .map_or(0.0, |&x| (x * s).round_ties_even().clamp(-1.0, 1.0));
-            byte |= ((t as i32 + 2) as u8) << (2 * j);
-        }
-        out.push(byte);
-    }
-    out
 }
 
 impl Source<'_> {
@@ -484,13 +455,10 @@ impl Model {
                 for (r, out) in w.chunks_exact_mut(cols).enumerate() {
                     lw.m.dequantize_row(r, out)?;
                 }
-                let bytes = ternarize_absmean_tensor(&w);
-                lw.m = Arc::new(QuantMatrix::from_codec(
-                    TERNARY_TENSOR_CODEC,
-                    &bytes,
-                    rows,
-                    cols,
-                )?);
+                let bytes = TernaryTensor::encode_bitnet_weight_quant(&w)
+                    .map_err(synapse_kernels::KernelError::from)?;
+                let id = EncodingId::TernaryTensor.to_string();
+                lw.m = Arc::new(QuantMatrix::from_codec(&id, &bytes, rows, cols)?);
                 lw.act_a8 = true;
             }
             Ok(lw)

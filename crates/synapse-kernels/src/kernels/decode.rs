@@ -132,38 +132,15 @@ pub(crate) fn decode_block(ty: GgmlType, b: &[u8], out: &mut [f32]) -> bool {
             }
         }
         T::TQ1_0 => {
-            // qs[48] (5 trits a byte, base-3 fixed point), qh[4] (4 trits a byte), d.
             let d = f16_at(b, 52);
-            let trit = |byte: u8, n: usize| -> f32 {
-                let q = byte.wrapping_mul(POW3[n]);
-                (((q as u16 * 3) >> 8) as i32 - 1) as f32
-            };
-            let mut y = 0;
-            for (start, width) in [(0usize, 32usize), (32, 16)] {
-                for n in 0..5 {
-                    for m in 0..width {
-                        out[y] = d * trit(b[start + m], n);
-                        y += 1;
-                    }
-                }
-            }
-            for n in 0..4 {
-                for j in 0..4 {
-                    out[y] = d * trit(b[48 + j], n);
-                    y += 1;
-                }
+            for (o, c) in out.iter_mut().zip(tq1_codes(b)) {
+                *o = d * (c as i32 - 1) as f32;
             }
         }
         T::TQ2_0 => {
             let d = f16_at(b, 64);
-            let mut y = 0;
-            for j in [0usize, 32] {
-                for l in 0..4 {
-                    for m in 0..32 {
-                        out[y] = d * (((b[j + m] >> (2 * l)) & 3) as i32 - 1) as f32;
-                        y += 1;
-                    }
-                }
+            for (o, c) in out.iter_mut().zip(tq2_codes(b)) {
+                *o = d * (c as i32 - 1) as f32;
             }
         }
         // Everything else (the IQ1–IQ3 grid types, NVFP4, Q1_0/Q2_0, Q8_1/Q8_K): the formats
@@ -173,13 +150,52 @@ pub(crate) fn decode_block(ty: GgmlType, b: &[u8], out: &mut [f32]) -> bool {
     true
 }
 
+/// TQ1_0's codes `t + 1 ∈ {0, 1, 2}` in element order (ggml's `dequantize_row_tq1_0`):
+/// `qs[48]` five base-3 digits a byte (the first 32 bytes, then 16), `qh[4]` four, each digit
+/// `(byte·3ⁿ mod 256)·3 >> 8`.
+pub(crate) fn tq1_codes(b: &[u8]) -> [u8; 256] {
+    let trit = |byte: u8, n: usize| (((byte.wrapping_mul(POW3[n]) as u16) * 3) >> 8) as u8;
+    let mut c = [0u8; 256];
+    let mut y = 0;
+    for (start, width) in [(0usize, 32usize), (32, 16)] {
+        for n in 0..5 {
+            for m in 0..width {
+                c[y] = trit(b[start + m], n);
+                y += 1;
+            }
+        }
+    }
+    for n in 0..4 {
+        for j in 0..4 {
+            c[y] = trit(b[48 + j], n);
+            y += 1;
+        }
+    }
+    c
+}
+
+/// TQ2_0's codes `t + 1 ∈ {0, 1, 2}` in element order (ggml's `dequantize_row_tq2_0`).
+pub(crate) fn tq2_codes(b: &[u8]) -> [u8; 256] {
+    let mut c = [0u8; 256];
+    let mut y = 0;
+    for j in [0usize, 32] {
+        for l in 0..4 {
+            for m in 0..32 {
+                c[y] = (b[j + m] >> (2 * l)) & 3;
+                y += 1;
+            }
+        }
+    }
+    c
+}
+
 /// ggml's `kvalues_iq4nl`: the IQ4_NL / IQ4_XS non-linear 4-bit grid.
 pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 /// E2M1 values doubled (ggml's `kvalues_mxfp4`); the E8M0 scale is halved to match.
 const KVALUES_FP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
-pub(crate) const POW3: [u8; 6] = [1, 3, 9, 27, 81, 243];
+const POW3: [u8; 6] = [1, 3, 9, 27, 81, 243];
 
 /// `0.5 · 2^(e − 127)` as ggml's `ggml_e8m0_to_fp32_half` computes it.
 fn e8m0_half(e: u8) -> f32 {

@@ -149,9 +149,6 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
     if ty == GgmlType::F32 {
         return Some(f32_kernel());
     }
-    if ty == GgmlType::F16 {
-        return Some(f16_kernel());
-    }
     #[cfg(target_arch = "x86_64")]
     if path >= KernelPath::Avx2
         && let Some(k) = x86::select(ty, path)

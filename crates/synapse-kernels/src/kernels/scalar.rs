@@ -510,45 +510,6 @@ unsafe fn dot_iq4_xs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
     acc
 }
 
-/// TQ2_0's codes `t + 1 ∈ {0, 1, 2}` in element order (ggml's `dequantize_row_tq2_0`).
-fn tq2_codes(b: &[u8]) -> [u8; 256] {
-    let mut c = [0u8; 256];
-    let mut y = 0;
-    for j in [0usize, 32] {
-        for l in 0..4 {
-            for m in 0..32 {
-                c[y] = (b[j + m] >> (2 * l)) & 3;
-                y += 1;
-            }
-        }
-    }
-    c
-}
-
-/// TQ1_0's codes `t + 1 ∈ {0, 1, 2}` in element order (ggml's `dequantize_row_tq1_0`: five
-/// base-3 digits a byte in `qs`, four in `qh`).
-fn tq1_codes(b: &[u8]) -> [u8; 256] {
-    let trit =
-        |byte: u8, n: usize| (((byte.wrapping_mul(super::decode::POW3[n]) as u16) * 3) >> 8) as u8;
-    let mut c = [0u8; 256];
-    let mut y = 0;
-    for (start, width) in [(0usize, 32usize), (32, 16)] {
-        for n in 0..5 {
-            for m in 0..width {
-                c[y] = trit(b[start + m], n);
-                y += 1;
-            }
-        }
-    }
-    for n in 0..4 {
-        for j in 0..4 {
-            c[y] = trit(b[48 + j], n);
-            y += 1;
-        }
-    }
-    c
-}
-
 /// The 8 i32 lanes of ggml's AVX2 ternary dots (`ggml_vec_dot_tq{1,2}_0_q8_K`): the codes
 /// `t + 1` times the activations in 16-bit lanes (`maddubs`: lane `k` of each 32-element
 /// vector holds its elements `4k..4k+4`), minus the Q8_K block sums 16-bit lane by 16-bit
@@ -565,34 +526,41 @@ fn tq_lanes(codes: &[u8; 256], y: &BlockQ8K) -> [i32; 8] {
     })
 }
 
-/// `ggml_vec_dot_tq2_0_q8_K` (AVX2): `acc_k = fma(lane_k, d_a · d, acc_k)` (ggml writes a
-/// multiply and an add; GCC contracts them, and the oracle fixtures agree only with the FMA),
-/// `hsum_float_8` at the end.
-unsafe fn dot_tq2_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+/// `ggml_vec_dot_tq{1,2}_0_q8_K` (AVX2) over `nb` blocks of `ts` bytes with the f16 scale at
+/// `doff`: `acc_k = fma(lane_k, d_a · d, acc_k)` per block (ggml writes a multiply and an add;
+/// GCC contracts them, and the oracle fixtures agree only with the FMA), `hsum_float_8` at
+/// the end.
+///
+/// # Safety
+/// As [`DotFn`].
+unsafe fn dot_tq(
+    w: *const u8,
+    a: *const u8,
+    nb: usize,
+    ts: usize,
+    doff: usize,
+    codes: fn(&[u8]) -> [u8; 256],
+) -> f32 {
     // SAFETY: forwarded contract of `DotFn`.
-    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 66, a, nb) };
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * ts, a, nb) };
     let mut acc = [0f32; 8];
-    for (b, y) in w.chunks_exact(66).zip(a) {
-        let d = y.d * f16_at(b, 64);
-        for (acc, l) in acc.iter_mut().zip(tq_lanes(&tq2_codes(b), y)) {
+    for (b, y) in w.chunks_exact(ts).zip(a) {
+        let d = y.d * f16_at(b, doff);
+        for (acc, l) in acc.iter_mut().zip(tq_lanes(&codes(b), y)) {
             *acc = (l as f32).mul_add(d, *acc);
         }
     }
     hsum8(acc)
 }
 
-/// `ggml_vec_dot_tq1_0_q8_K` (AVX2): as [`dot_tq2_0`], over TQ1_0's base-3 codes.
 unsafe fn dot_tq1_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
     // SAFETY: forwarded contract of `DotFn`.
-    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 54, a, nb) };
-    let mut acc = [0f32; 8];
-    for (b, y) in w.chunks_exact(54).zip(a) {
-        let d = y.d * f16_at(b, 52);
-        for (acc, l) in acc.iter_mut().zip(tq_lanes(&tq1_codes(b), y)) {
-            *acc = (l as f32).mul_add(d, *acc);
-        }
-    }
-    hsum8(acc)
+    unsafe { dot_tq(w, a, nb, 54, 52, super::decode::tq1_codes) }
+}
+
+unsafe fn dot_tq2_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    unsafe { dot_tq(w, a, nb, 66, 64, super::decode::tq2_codes) }
 }
 
 /// The many-row (≥ [`super::MANY_ROWS`]) kernel for `ty`, where ggml's order differs.
