@@ -24,9 +24,10 @@ use synapse_model::Activation;
 
 use crate::attention::{AttnState, attention};
 use crate::error::{Result, RuntimeError};
-use crate::kv::{KvCache, SlotId};
+use crate::kv::{KvCache, KvOp, SlotId};
 use crate::load::{FfnW, LinearW, Model, NormW};
 use crate::moe::{self, ExpertStats, MoeScratch};
+use crate::pipeline::{StageLink, StepPacket};
 use crate::residency::{ExpertPager, PagingStats};
 use crate::tap::{Stage, Tap};
 
@@ -112,6 +113,21 @@ pub struct Executor {
     tap: Option<Box<dyn Tap>>,
     experts: ExpertStats,
     pager: Option<ExpertPager>,
+    /// The layers this executor runs (a pipeline stage's range; all of them by default).
+    span: std::ops::Range<usize>,
+    /// Where a stage that is not the last sends its rows' hidden states on.
+    downstream: Option<Box<dyn StageLink>>,
+    /// The slot operations a pass ships downstream (reused).
+    ops: Vec<KvOp>,
+}
+
+/// What a pass of a stage gives.
+#[derive(Debug)]
+pub enum StageOut<'a> {
+    /// The logits of the rows that want them (the last stage's, or the downstream's).
+    Logits(&'a [f32]),
+    /// The rows' hidden states after the stage's last layer (a stage with no downstream).
+    Hidden(&'a [f32]),
 }
 
 /// Hands `data` to the tap, if there is one.
@@ -155,6 +171,7 @@ impl Executor {
         };
         Ok(Executor {
             profile_hash: model.profile.hash(),
+            span: 0..model.layers.len(),
             model,
             ctx,
             threads,
@@ -162,7 +179,55 @@ impl Executor {
             tap: None,
             experts,
             pager: None,
+            downstream: None,
+            ops: Vec::new(),
         })
+    }
+
+    /// An executor of one pipeline stage: it runs `layers` only (the token embedding when
+    /// they start at 0, the final norm and LM head when they end at the last layer).
+    pub fn for_stage(
+        model: Arc<Model>,
+        threads: usize,
+        layers: std::ops::Range<usize>,
+    ) -> Result<Self> {
+        let n = model.layers.len();
+        if layers.start >= layers.end || layers.end > n {
+            return Err(RuntimeError::InvalidParam {
+                name: "stage layers",
+                reason: format!(
+                    "layer range {}..{} is empty or outside the model's {n} layers",
+                    layers.start, layers.end
+                ),
+            });
+        }
+        let mut e = Self::new(model, threads)?;
+        e.span = layers;
+        Ok(e)
+    }
+
+    /// The layers this executor runs.
+    pub fn layers(&self) -> std::ops::Range<usize> {
+        self.span.clone()
+    }
+
+    /// Sends each pass's hidden states (with the pass's rows and the cache's recorded slot
+    /// operations) to `link`, the next stage, and takes the logits it answers. Only for a
+    /// stage that does not end at the last layer.
+    pub fn set_downstream(&mut self, link: Box<dyn StageLink>) -> Result<()> {
+        if self.span.end == self.model.layers.len() {
+            return Err(RuntimeError::InvalidParam {
+                name: "downstream",
+                reason: "the last stage computes the logits itself".into(),
+            });
+        }
+        self.downstream = Some(link);
+        Ok(())
+    }
+
+    /// Whether passes go on to a downstream stage.
+    pub fn has_downstream(&self) -> bool {
+        self.downstream.is_some()
     }
 
     /// Installs (or with `None` removes) a tap that sees every intermediate tensor of the
@@ -228,8 +293,32 @@ impl Executor {
     }
 
     /// Runs one pass. Returns the logits of the rows with `logits = true`, in row order,
-    /// `vocab` values each. Every row's K/V is appended to its session.
+    /// `vocab` values each. Every row's K/V is appended to its session. A first pipeline
+    /// stage gets the logits from its downstream.
     pub fn forward(&mut self, kv: &mut KvCache, rows: &[Row]) -> Result<&[f32]> {
+        let span = self.span.clone();
+        match self.forward_stage(kv, rows, None)? {
+            StageOut::Logits(l) => Ok(l),
+            StageOut::Hidden(_) => Err(RuntimeError::InvalidParam {
+                name: "stage",
+                reason: format!(
+                    "layers {}..{} end before the model's last layer and no downstream is set",
+                    span.start, span.end
+                ),
+            }),
+        }
+    }
+
+    /// Runs one pass of this executor's layers: from the rows' tokens (`hidden = None`, a
+    /// stage starting at layer 0) or from the previous stage's hidden states (`hidden`:
+    /// `rows × hidden` values). The last stage answers logits; another answers its
+    /// downstream's logits, or its own hidden states when it has no downstream.
+    pub fn forward_stage(
+        &mut self,
+        kv: &mut KvCache,
+        rows: &[Row],
+        hidden: Option<&[f32]>,
+    ) -> Result<StageOut<'_>> {
         let m = self.model.clone();
         let id = kv.identity();
         if id.model != m.ir.fingerprint {
@@ -240,10 +329,45 @@ impl Executor {
         }
         self.validate(kv, rows)?;
         let n = rows.len();
-        if n == 0 {
-            return Ok(&[]);
-        }
         let hd = m.hidden();
+        let span = self.span.clone();
+        match hidden {
+            None if span.start != 0 => {
+                return Err(RuntimeError::InvalidParam {
+                    name: "stage input",
+                    reason: format!(
+                        "a stage starting at layer {} needs hidden states",
+                        span.start
+                    ),
+                });
+            }
+            Some(h) if span.start == 0 || h.len() != n * hd => {
+                return Err(RuntimeError::InvalidParam {
+                    name: "stage input",
+                    reason: format!(
+                        "{} hidden values for {n} rows of width {hd} at layer {}",
+                        h.len(),
+                        span.start
+                    ),
+                });
+            }
+            _ => {}
+        }
+        if !kv.layers().contains(&span.start) || kv.layers().end < span.end {
+            return Err(RuntimeError::InvalidParam {
+                name: "stage cache",
+                reason: format!(
+                    "the cache holds layers {}..{}, the stage runs {}..{}",
+                    kv.layers().start,
+                    kv.layers().end,
+                    span.start,
+                    span.end
+                ),
+            });
+        }
+        if n == 0 {
+            return Ok(StageOut::Logits(&[]));
+        }
         let s = &mut self.s;
         s.runs.clear();
         for row in rows {
@@ -253,21 +377,30 @@ impl Executor {
             }
         }
 
-        // Embedding.
+        // Embedding, or the previous stage's hidden states.
         let x = ensure(&mut s.x, n * hd);
-        for (r, row) in rows.iter().enumerate() {
-            let xr = &mut x[r * hd..(r + 1) * hd];
-            m.embd.dequantize_row(row.token as usize, xr)?;
-            if m.embd_scale != 1.0 {
-                for v in xr.iter_mut() {
-                    *v *= m.embd_scale;
+        match hidden {
+            Some(h) => x.copy_from_slice(h),
+            None => {
+                for (r, row) in rows.iter().enumerate() {
+                    let xr = &mut x[r * hd..(r + 1) * hd];
+                    m.embd.dequantize_row(row.token as usize, xr)?;
+                    if m.embd_scale != 1.0 {
+                        for v in xr.iter_mut() {
+                            *v *= m.embd_scale;
+                        }
+                    }
                 }
+                tap(&mut self.tap, Stage::Embd, None, n, &s.x[..n * hd]);
             }
         }
-        tap(&mut self.tap, Stage::Embd, None, n, &s.x[..n * hd]);
 
-        let mut moe_layer = 0;
-        for (il, l) in m.layers.iter().enumerate() {
+        // Mixture-of-experts layers are counted over the whole model.
+        let mut moe_layer = m.layers[..span.start]
+            .iter()
+            .filter(|l| matches!(l.ffn, FfnW::Moe(_)))
+            .count();
+        for (il, l) in m.layers.iter().enumerate().take(span.end).skip(span.start) {
             let qd = l.n_heads * l.head_dim;
             let kvd = l.n_kv_heads * l.head_dim;
             // Attention norm and projections.
@@ -505,10 +638,36 @@ impl Executor {
             }
         }
 
-        // Logits for the rows that want them.
         let nl = rows.iter().filter(|r| r.logits).count();
+        if span.end < m.layers.len() {
+            // Not the last stage: the next one goes on from these hidden states.
+            let Some(link) = self.downstream.as_mut() else {
+                return Ok(StageOut::Hidden(&self.s.x[..n * hd]));
+            };
+            kv.take_journal(&mut self.ops);
+            let packet = StepPacket {
+                ops: &self.ops,
+                rows,
+                hidden: &self.s.x[..n * hd],
+            };
+            link.step(&packet, &mut self.s.logits)?;
+            let want = nl * m.vocab();
+            if self.s.logits.len() != want {
+                return Err(RuntimeError::InvalidParam {
+                    name: "downstream logits",
+                    reason: format!(
+                        "{} values for {nl} rows of {}",
+                        self.s.logits.len(),
+                        m.vocab()
+                    ),
+                });
+            }
+            return Ok(StageOut::Logits(&self.s.logits[..want]));
+        }
+
+        // Logits for the rows that want them.
         if nl == 0 {
-            return Ok(&[]);
+            return Ok(StageOut::Logits(&[]));
         }
         // The LM head sums a session's prompt rows in the order of a call with as many rows
         // as that session asks prompt logits for in this pass (llama.cpp's `n_outputs` of a
@@ -577,7 +736,7 @@ impl Executor {
             nl,
             &s.logits[..nl * vocab],
         );
-        Ok(&self.s.logits[..nl * vocab])
+        Ok(StageOut::Logits(&self.s.logits[..nl * vocab]))
     }
 
     fn validate(&mut self, kv: &KvCache, rows: &[Row]) -> Result<()> {

@@ -205,6 +205,35 @@ pub struct KvCache {
     capacity: usize,
     max_chunk: usize,
     pub(crate) slots: Vec<Option<Slot>>,
+    /// The layers whose K/V this cache holds (a pipeline stage holds its own range; the
+    /// other layers' buffers are empty, their geometry kept so slot decisions match).
+    layers: std::ops::Range<usize>,
+    /// Slot operations recorded for the later stages of a pipeline (`None`: not recording).
+    journal: Option<Vec<KvOp>>,
+}
+
+/// A slot operation, as a pipeline's first stage replays it on the caches of the later
+/// stages ([`KvCache::take_journal`], [`KvCache::apply`]): with the rows of each pass they
+/// keep every stage's slots in the state of the first stage's, position for position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvOp {
+    /// [`KvCache::open`].
+    Open(SlotId),
+    /// [`KvCache::close`].
+    Close(SlotId),
+    /// [`KvCache::set_profile`].
+    SetProfile(SlotId, String),
+    /// Keep the first `keep` positions ([`KvCache::truncate`], [`KvCache::reuse_prefix`]).
+    Truncate(SlotId, u32),
+    /// [`KvCache::copy_prefix`] of `n` positions from `src` to `dst`.
+    CopyPrefix {
+        /// Source slot.
+        src: SlotId,
+        /// Destination slot.
+        dst: SlotId,
+        /// Positions asked for.
+        n: u32,
+    },
 }
 
 impl KvCache {
@@ -217,6 +246,38 @@ impl KvCache {
         capacity: usize,
         max_chunk: usize,
     ) -> Result<Self> {
+        Self::for_layers(
+            model,
+            dtype,
+            n_slots,
+            capacity,
+            max_chunk,
+            0..model.layers.len(),
+        )
+    }
+
+    /// [`KvCache::new`] holding the K/V of `layers` only (a pipeline stage's range): the
+    /// other layers take no memory; slot bookkeeping (tokens, orders, ring decisions) is the
+    /// whole model's, so every stage decides as the first one does.
+    pub fn for_layers(
+        model: &Model,
+        dtype: KvDtype,
+        n_slots: usize,
+        capacity: usize,
+        max_chunk: usize,
+        layers: std::ops::Range<usize>,
+    ) -> Result<Self> {
+        if layers.start >= layers.end || layers.end > model.layers.len() {
+            return Err(RuntimeError::InvalidParam {
+                name: "kv layers",
+                reason: format!(
+                    "layer range {}..{} is empty or outside the model's {} layers",
+                    layers.start,
+                    layers.end,
+                    model.layers.len()
+                ),
+            });
+        }
         if capacity == 0 || max_chunk == 0 {
             return Err(RuntimeError::InvalidParam {
                 name: "kv capacity",
@@ -226,8 +287,13 @@ impl KvCache {
         let geom = model
             .layers
             .iter()
-            .map(|l| {
-                let width = l.n_kv_heads * l.head_dim;
+            .enumerate()
+            .map(|(il, l)| {
+                let width = if layers.contains(&il) {
+                    l.n_kv_heads * l.head_dim
+                } else {
+                    0
+                };
                 match l.window {
                     Some(w) if w + max_chunk < capacity => LayerGeom {
                         width,
@@ -254,7 +320,58 @@ impl KvCache {
             capacity,
             max_chunk,
             slots: (0..n_slots).map(|_| None).collect(),
+            layers,
+            journal: None,
         })
+    }
+
+    /// The layers whose K/V this cache holds.
+    pub fn layers(&self) -> std::ops::Range<usize> {
+        self.layers.clone()
+    }
+
+    /// Starts (`true`) or stops recording slot operations for later pipeline stages.
+    pub fn set_journal(&mut self, on: bool) {
+        self.journal = on.then(Vec::new);
+    }
+
+    /// Moves the slot operations recorded since the last call into `out` (cleared first).
+    pub fn take_journal(&mut self, out: &mut Vec<KvOp>) {
+        out.clear();
+        if let Some(j) = self.journal.as_mut() {
+            std::mem::swap(j, out);
+        }
+    }
+
+    fn record(&mut self, op: KvOp) {
+        if let Some(j) = self.journal.as_mut() {
+            j.push(op);
+        }
+    }
+
+    /// Replays a slot operation recorded by another stage's cache.
+    pub fn apply(&mut self, op: &KvOp) -> Result<()> {
+        match op {
+            KvOp::Open(s) => self.open(*s),
+            KvOp::Close(s) => {
+                self.slot_index(*s)?;
+                self.close(*s);
+                Ok(())
+            }
+            KvOp::SetProfile(s, p) => self.set_profile(*s, p),
+            KvOp::Truncate(s, keep) => self.truncate(*s, *keep as usize),
+            KvOp::CopyPrefix { src, dst, n } => {
+                self.copy_prefix(*src, *dst, *n as usize).map(|_| ())
+            }
+        }
+    }
+
+    fn slot_index(&self, slot: SlotId) -> Result<usize> {
+        if (slot as usize) < self.slots.len() {
+            Ok(slot as usize)
+        } else {
+            Err(RuntimeError::UnknownSlot(slot))
+        }
     }
 
     /// The identity this cache was made for.
@@ -283,6 +400,8 @@ impl KvCache {
 
     /// Opens (or clears) a session slot; its buffers are allocated here, once.
     pub fn open(&mut self, slot: SlotId) -> Result<()> {
+        self.slot_index(slot)?;
+        self.record(KvOp::Open(slot));
         let dtype = self.identity.dtype;
         let s = self
             .slots
@@ -327,6 +446,9 @@ impl KvCache {
             .get_mut(slot as usize)
             .and_then(|s| s.as_mut())
             .ok_or(RuntimeError::UnknownSlot(slot))?;
+        if let Some(j) = self.journal.as_mut() {
+            j.push(KvOp::SetProfile(slot, profile.to_string()));
+        }
         if s.profile != profile {
             s.tokens.clear();
             s.orders.clear();
@@ -337,6 +459,9 @@ impl KvCache {
 
     /// Frees a slot's memory.
     pub fn close(&mut self, slot: SlotId) {
+        if (slot as usize) < self.slots.len() {
+            self.record(KvOp::Close(slot));
+        }
         if let Some(s) = self.slots.get_mut(slot as usize) {
             *s = None;
         }
@@ -420,6 +545,7 @@ impl KvCache {
             .ok_or(RuntimeError::UnknownSlot(slot))?;
         s.tokens.truncate(keep);
         s.orders.truncate(keep);
+        self.record(KvOp::Truncate(slot, keep as u32));
         Ok(())
     }
 
@@ -438,6 +564,26 @@ impl KvCache {
     /// `n` when a sliding-window ring of `src` no longer has the rows position `n` needs:
     /// then nothing is copied and 0 is returned).
     pub fn copy_prefix(&mut self, src: SlotId, dst: SlotId, n: usize) -> Result<usize> {
+        // Recorded as asked (a replay on a cache in the same state gives the same result);
+        // the `open` inside is not recorded separately.
+        self.slot_index(dst)?;
+        if src != dst {
+            self.len(src)?;
+        }
+        let journal = self.journal.take();
+        let r = self.copy_prefix_inner(src, dst, n);
+        self.journal = journal;
+        if r.is_ok() {
+            self.record(KvOp::CopyPrefix {
+                src,
+                dst,
+                n: n.min(u32::MAX as usize) as u32,
+            });
+        }
+        r
+    }
+
+    fn copy_prefix_inner(&mut self, src: SlotId, dst: SlotId, n: usize) -> Result<usize> {
         if src == dst {
             return Ok(n.min(self.len(src)?));
         }
@@ -512,6 +658,9 @@ impl KvCache {
             .ok_or(RuntimeError::UnknownSlot(slot))?;
         s.tokens.truncate(keep);
         s.orders.truncate(keep);
+        if keep < old {
+            self.record(KvOp::Truncate(slot, keep as u32));
+        }
         Ok(keep)
     }
 }

@@ -690,20 +690,36 @@ impl Model {
             .unwrap_or(0)
     }
 
-    /// Bytes of weights held (encoded).
-    pub fn weight_bytes(&self) -> usize {
+    /// Bytes of weights a pipeline stage running `layers` holds: those layers' linears and
+    /// experts, the token embedding when they start at 0, the LM head when they end at the
+    /// last layer (once when tied and both).
+    pub fn stage_weight_bytes(&self, layers: std::ops::Range<usize>) -> usize {
         let lin = |l: &LinearW| l.m.weight_bytes();
-        let mut n = self.embd.weight_bytes();
-        if !Arc::ptr_eq(&self.embd, &self.head.m) {
+        let end = layers.end.min(self.layers.len());
+        let first = layers.start == 0;
+        let last = end == self.layers.len();
+        let mut n = 0;
+        if first {
+            n += self.embd.weight_bytes();
+        }
+        if last && !(first && Arc::ptr_eq(&self.embd, &self.head.m)) {
             n += lin(&self.head);
         }
-        n + self.expert_bytes()
-            + self
-                .layers
-                .iter()
-                .flat_map(|l| l.linears())
-                .map(lin)
-                .sum::<usize>()
+        n + self.layers[layers.start.min(end)..end]
+            .iter()
+            .map(|l| {
+                let experts = match &l.ffn {
+                    FfnW::Moe(m) => m.experts.len() * m.expert_bytes(),
+                    FfnW::Dense { .. } => 0,
+                };
+                experts + l.linears().iter().map(|x| lin(x)).sum::<usize>()
+            })
+            .sum::<usize>()
+    }
+
+    /// Bytes of weights held (encoded).
+    pub fn weight_bytes(&self) -> usize {
+        self.stage_weight_bytes(0..self.layers.len())
     }
 }
 

@@ -147,6 +147,7 @@ async fn run(
                 logprobs: p.logprobs,
                 constraint,
                 escalation: p.escalation,
+                forced: Vec::new(),
             };
             match engine.submit(r) {
                 Ok(s) => sessions.push(s),

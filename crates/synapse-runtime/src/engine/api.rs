@@ -105,6 +105,13 @@ pub struct Request {
     /// [`EngineConfig::draft`]. Greedy sessions without a constraint draft; others run as
     /// plain decoding (their output is the same either way).
     pub escalation: bool,
+    /// The first generated tokens, known already: an earlier run of this request that
+    /// stopped (a pipeline or worker lost mid-generation) is resumed by running them as the
+    /// decode steps they were — same rows, same float order, same sampler draws — and
+    /// checking that each step chooses them again (a step that does not is an
+    /// [`Event::Error`]). Their events are sent as for any token; a caller that already
+    /// delivered them skips that many.
+    pub forced: Vec<u32>,
 }
 
 impl std::fmt::Debug for Request {
@@ -116,6 +123,7 @@ impl std::fmt::Debug for Request {
             .field("stop", &self.stop)
             .field("logprobs", &self.logprobs)
             .field("constraint", &self.constraint.is_some())
+            .field("forced", &self.forced.len())
             .finish()
     }
 }
@@ -133,6 +141,7 @@ impl Request {
             logprobs: None,
             constraint: None,
             escalation: false,
+            forced: Vec::new(),
         }
     }
 }

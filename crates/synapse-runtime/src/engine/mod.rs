@@ -29,7 +29,7 @@ pub use api::{
     Canceller, Constraint, EngineConfig, EngineInfo, EngineStats, Event, FinishReason, Finished,
     Logprob, Request, Session, SubmitError, TokenEvent, TokenPieces,
 };
-pub use scheduler::{MAX_TOP_LOGPROBS, Scheduler};
+pub use scheduler::{MAX_TOP_LOGPROBS, PipelineHead, Scheduler};
 
 use crate::error::Result;
 use crate::load::Model;
@@ -71,6 +71,22 @@ impl Engine {
         cfg: EngineConfig,
     ) -> Result<Engine> {
         let sched = Scheduler::new(model.clone(), pieces, cfg.clone())?;
+        Self::spawn(model, sched, cfg)
+    }
+
+    /// Starts the scheduler thread of a layer pipeline's first stage
+    /// ([`Scheduler::new_pipeline`]).
+    pub fn start_pipeline(
+        model: Arc<Model>,
+        pieces: Arc<dyn TokenPieces>,
+        cfg: EngineConfig,
+        head: PipelineHead,
+    ) -> Result<Engine> {
+        let sched = Scheduler::new_pipeline(model.clone(), pieces, cfg.clone(), head)?;
+        Self::spawn(model, sched, cfg)
+    }
+
+    fn spawn(model: Arc<Model>, sched: Scheduler, cfg: EngineConfig) -> Result<Engine> {
         let stats = sched.stats.clone();
         let info = EngineInfo {
             slots: cfg.slots,

@@ -32,6 +32,7 @@ use crate::escalation::{CostModel, MAX_DRAFT, ewma};
 use crate::executor::{Executor, Row, prompt_order};
 use crate::kv::{KvCache, SlotId};
 use crate::load::Model;
+use crate::pipeline::StageLink;
 use crate::sampling::Sampler;
 use synapse_kernels::OrderClass;
 
@@ -42,6 +43,22 @@ const COPY_MIN_GAIN: usize = 16;
 
 /// Most log-probability alternatives a request may ask for per token.
 pub const MAX_TOP_LOGPROBS: usize = 64;
+
+/// What makes a scheduler the first stage of a layer pipeline.
+pub struct PipelineHead {
+    /// It runs layers `0..layers` (at least one, fewer than the model's).
+    pub layers: usize,
+    /// The rest of the pipeline.
+    pub link: Box<dyn StageLink>,
+}
+
+impl std::fmt::Debug for PipelineHead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PipelineHead")
+            .field("layers", &self.layers)
+            .finish()
+    }
+}
 
 /// The scheduler core: owns the executor, the KV cache and the sessions. [`super::Engine`]
 /// runs it on its own thread; tests may drive it step by step.
@@ -86,6 +103,8 @@ pub struct Scheduler {
     downers: Vec<usize>,
     /// Whether the pass being run holds prompt rows (its time then says nothing of drafting).
     pass_has_prompt: bool,
+    /// The first stage of a layer pipeline (no profile changes).
+    pipelined: bool,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -136,6 +155,22 @@ pub(crate) fn validate(
             reason: "must be at least 1".into(),
         });
     }
+    if req.forced.len() >= req.max_tokens || req.prompt.len() + req.forced.len() >= ctx {
+        return Err(SubmitError::Invalid {
+            param: "forced",
+            reason: format!(
+                "{} known tokens leave nothing to generate (max_tokens {}, context {ctx})",
+                req.forced.len(),
+                req.max_tokens
+            ),
+        });
+    }
+    if let Some(&t) = req.forced.iter().find(|&&t| t as usize >= vocab) {
+        return Err(SubmitError::Invalid {
+            param: "forced",
+            reason: format!("token id {t} is outside the vocabulary of {vocab}"),
+        });
+    }
     if let Some(&(t, b)) = req
         .logit_bias
         .iter()
@@ -158,6 +193,28 @@ pub(crate) fn validate(
 impl Scheduler {
     /// A scheduler over `model` with `cfg.slots` sessions of `cfg.ctx` positions.
     pub fn new(model: Arc<Model>, pieces: Arc<dyn TokenPieces>, cfg: EngineConfig) -> Result<Self> {
+        Self::build(model, pieces, cfg, None)
+    }
+
+    /// A scheduler that is the first stage of a layer pipeline: it runs the embedding and
+    /// layers `0..head.layers` itself, holds the K/V of those layers, and hands each pass on
+    /// through `head.link` (see [`crate::pipeline`]). Exact escalation, expert paging and
+    /// profile changes are not available on a pipeline.
+    pub fn new_pipeline(
+        model: Arc<Model>,
+        pieces: Arc<dyn TokenPieces>,
+        cfg: EngineConfig,
+        head: PipelineHead,
+    ) -> Result<Self> {
+        Self::build(model, pieces, cfg, Some(head))
+    }
+
+    fn build(
+        model: Arc<Model>,
+        pieces: Arc<dyn TokenPieces>,
+        cfg: EngineConfig,
+        head: Option<PipelineHead>,
+    ) -> Result<Self> {
         let invalid = |reason: String| RuntimeError::InvalidParam {
             name: "engine config",
             reason,
@@ -190,17 +247,31 @@ impl Scheduler {
                 return Err(invalid("a verify pass needs ubatch ≥ 2".into()));
             }
         }
+        if let Some(h) = &head
+            && (cfg.draft.is_some() || h.layers == 0 || h.layers >= model.layers.len())
+        {
+            return Err(invalid(format!(
+                "a pipeline's first stage runs layers 0..{} of {} and takes no draft",
+                h.layers,
+                model.layers.len()
+            )));
+        }
+        let layers = head.as_ref().map_or(model.layers.len(), |h| h.layers);
         // With a draft, each session slot has a draft slot beside it.
         let kv_slots = if cfg.draft.is_some() {
             2 * cfg.slots
         } else {
             cfg.slots
         };
-        let kv = KvCache::new(&model, cfg.kv_dtype, kv_slots, cfg.ctx, chunk)?;
+        let mut kv =
+            KvCache::for_layers(&model, cfg.kv_dtype, kv_slots, cfg.ctx, chunk, 0..layers)?;
         // Weights counted once; a draft's are counted whole (conservative: it shares the
-        // tensors it does not re-encode).
-        let weights =
-            model.weight_bytes() as u64 + cfg.draft.as_ref().map_or(0, |d| d.weight_bytes() as u64);
+        // tensors it does not re-encode). A pipeline's first stage counts its own layers.
+        let weights = if head.is_some() {
+            model.stage_weight_bytes(0..layers) as u64
+        } else {
+            model.weight_bytes() as u64
+        } + cfg.draft.as_ref().map_or(0, |d| d.weight_bytes() as u64);
         let kv_total = (kv.slot_bytes() * kv_slots) as u64;
         let need = weights + kv_total;
         // A mixture of experts that does not fit whole pages its routed experts within what
@@ -213,7 +284,7 @@ impl Scheduler {
             let scratch =
                 model.pass_scratch_bytes(cfg.step_tokens, cfg.slots + 1, cfg.ctx, cfg.threads);
             let fixed = weights - experts + kv_total + scratch;
-            if experts > 0 && cfg.draft.is_none() && budget > fixed {
+            if experts > 0 && cfg.draft.is_none() && head.is_none() && budget > fixed {
                 expert_budget = Some(budget - fixed);
             } else {
                 let per = kv.slot_bytes() as u64;
@@ -228,7 +299,12 @@ impl Scheduler {
         }
         let eog = model.ir.special.eos.clone();
         let vocab = model.vocab();
-        let mut exec = Executor::new(model, cfg.threads)?;
+        let mut exec = Executor::for_stage(model, cfg.threads, 0..layers)?;
+        let pipelined = head.is_some();
+        if let Some(h) = head {
+            kv.set_journal(true);
+            exec.set_downstream(h.link)?;
+        }
         if let Some(b) = expert_budget {
             exec.page_experts(Some(b)).map_err(|e| {
                 invalid(format!(
@@ -282,6 +358,7 @@ impl Scheduler {
             drows: Vec::with_capacity(cfg.slots * chunk),
             downers: Vec::with_capacity(cfg.slots),
             pass_has_prompt: false,
+            pipelined,
             cfg,
         })
     }
@@ -358,6 +435,12 @@ impl Scheduler {
     /// it (while sessions of the old profile run, weights the two profiles do not share are
     /// resident twice).
     pub fn install(&mut self, model: Arc<Model>) -> Result<()> {
+        if self.pipelined {
+            return Err(RuntimeError::InvalidParam {
+                name: "install",
+                reason: "a pipeline's precision profile is fixed by its plan".into(),
+            });
+        }
         let cur = self.executor().model().clone();
         if model.ir.fingerprint != cur.ir.fingerprint {
             return Err(RuntimeError::InvalidParam {
@@ -536,6 +619,11 @@ impl Scheduler {
             match after {
                 After::Finish(r) => {
                     self.done.push((i, r));
+                    a.vdone = true;
+                }
+                After::Failed => {
+                    self.done.push((i, FinishReason::Stop));
+                    self.failed.push(i);
                     a.vdone = true;
                 }
                 After::Continue if verifying => {

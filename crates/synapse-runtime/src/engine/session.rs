@@ -62,6 +62,8 @@ pub(crate) struct Active {
     pub drafts: Vec<u32>,
     pub vseen: usize,
     pub vdone: bool,
+    /// Tokens this session must choose first (a resumed run; [`super::api::Request::forced`]).
+    forced: Vec<u32>,
     stops: StopStrings,
     bytes: Vec<u8>,
     /// The logits before sampling's penalties (only when log-probabilities are asked for).
@@ -77,6 +79,8 @@ pub(crate) enum After {
     Continue,
     /// The session is over.
     Finish(FinishReason),
+    /// The session failed (its error was sent; no `Done` follows).
+    Failed,
 }
 
 impl Active {
@@ -120,6 +124,7 @@ impl Active {
             }),
             vseen: 0,
             vdone: false,
+            forced: req.forced,
             stops: StopStrings::new(&req.stop),
             bytes: Vec::with_capacity(64),
             lp_buf: Vec::new(),
@@ -175,7 +180,25 @@ impl Active {
                 return After::Finish(FinishReason::Stop);
             }
         };
+        if !self.resumes_as(tok) {
+            return After::Failed;
+        }
         self.commit(tok, eog, pieces, ctx)
+    }
+
+    /// Whether `tok`, chosen at this step, is the token a resumed run must choose here
+    /// (always, past the known tokens); a divergence is reported as the session's error.
+    fn resumes_as(&mut self, tok: u32) -> bool {
+        match self.forced.get(self.generated) {
+            Some(&f) if f != tok => {
+                let _ = self.tx.send(Event::Error(format!(
+                    "resumed generation diverged at output token {}: chose {tok}, the earlier                      run chose {f}",
+                    self.generated
+                )));
+                false
+            }
+            _ => true,
+        }
     }
 
     /// [`Active::take_logits`] for logits that need no modification: read in place.
@@ -191,6 +214,9 @@ impl Active {
         let tok = self.sampler.choose(logits);
         if let Some((lse, _)) = &self.lp_pending {
             self.lp_chosen = logits_at(logits, tok, *lse);
+        }
+        if !self.resumes_as(tok) {
+            return After::Failed;
         }
         self.commit(tok, eog, pieces, ctx)
     }

@@ -1,0 +1,142 @@
+//! Layer pipelines: one model's layers split into contiguous stages, each with its own
+//! executor and the KV of its own layers.
+//!
+//! The first stage runs the scheduler (a [`crate::engine::Engine`] started with
+//! [`crate::engine::Engine::start_pipeline`]), the token embedding and its layers; each pass it
+//! hands a [`StepPacket`] — the pass's rows, the slot operations its cache recorded since the
+//! last pass ([`KvOp`]) and the rows' hidden states — to its [`StageLink`]. A later stage
+//! ([`StageRunner`]) replays the slot operations on its own cache, runs its layers on the
+//! hidden states, and either goes on to its own downstream or, as the last stage, computes the
+//! logits of the rows that want them; the logits travel back the same way.
+//!
+//! Architecture invariant: a row's float order is the same whichever stage runs its layers
+//! (the rows and their order classes travel unchanged, hidden states as exact `f32`), so a
+//! pipeline's logits are bit-identical to one executor's (`tests/pipeline.rs`). The runtime
+//! knows no transport: a link is a trait; the cluster crate implements it over gRPC, the
+//! tests in process.
+//!
+//! Every stage checks every row against its own cache (position = the slot's next position,
+//! slot of this profile), so stages that fall out of step fail the pass instead of computing
+//! from the wrong K/V.
+
+use std::sync::Arc;
+
+use crate::error::{Result, RuntimeError};
+use crate::executor::{Executor, Row, StageOut};
+use crate::kv::{KvCache, KvDtype, KvOp};
+use crate::load::Model;
+
+/// One pass as the next stage receives it.
+#[derive(Debug, Clone, Copy)]
+pub struct StepPacket<'a> {
+    /// Slot operations to replay on the stage's cache before the rows run.
+    pub ops: &'a [KvOp],
+    /// The pass's rows (slot, position, token, logits wanted, order class).
+    pub rows: &'a [Row],
+    /// The rows' hidden states after the previous stage's last layer (`rows × hidden`).
+    pub hidden: &'a [f32],
+}
+
+/// The next stage of a pipeline, as a stage sees it.
+pub trait StageLink: Send {
+    /// Runs `packet` on the rest of the pipeline; `logits` is cleared and filled with the
+    /// logits of the packet's rows that want them, in row order, `vocab` values each.
+    fn step(&mut self, packet: &StepPacket<'_>, logits: &mut Vec<f32>) -> Result<()>;
+}
+
+/// A stage after the first: its executor (its layers, maybe a downstream) and its cache.
+#[derive(Debug)]
+pub struct StageRunner {
+    exec: Executor,
+    kv: KvCache,
+}
+
+/// What a stage's cache looks like (the first stage's engine settings, which every stage of
+/// a pipeline must share).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageCache {
+    /// Session slots.
+    pub slots: usize,
+    /// Positions per slot.
+    pub ctx: usize,
+    /// Most rows of one session per pass (the engine's `ubatch`).
+    pub max_chunk: usize,
+    /// KV element type.
+    pub dtype: KvDtype,
+}
+
+impl StageRunner {
+    /// A stage running `layers` of `model` (not starting at layer 0) with `threads`
+    /// threads, its cache shaped as `cache`.
+    pub fn new(
+        model: Arc<Model>,
+        layers: std::ops::Range<usize>,
+        threads: usize,
+        cache: StageCache,
+    ) -> Result<Self> {
+        if layers.start == 0 {
+            return Err(RuntimeError::InvalidParam {
+                name: "stage layers",
+                reason: "the first stage runs the engine, not a stage runner".into(),
+            });
+        }
+        let kv = KvCache::for_layers(
+            &model,
+            cache.dtype,
+            cache.slots,
+            cache.ctx,
+            cache.max_chunk,
+            layers.clone(),
+        )?;
+        let exec = Executor::for_stage(model, threads, layers)?;
+        Ok(StageRunner { exec, kv })
+    }
+
+    /// Sends this stage's passes on to `link` (a stage that does not end at the last layer).
+    pub fn set_downstream(&mut self, link: Box<dyn StageLink>) -> Result<()> {
+        self.kv.set_journal(true);
+        self.exec.set_downstream(link)
+    }
+
+    /// The executor.
+    pub fn executor(&self) -> &Executor {
+        &self.exec
+    }
+
+    /// The cache.
+    pub fn cache(&self) -> &KvCache {
+        &self.kv
+    }
+
+    /// Bytes of K/V one slot of this stage holds.
+    pub fn slot_bytes(&self) -> usize {
+        self.kv.slot_bytes()
+    }
+
+    /// Runs one packet: replays its slot operations, then its rows.
+    pub fn run(&mut self, packet: &StepPacket<'_>, logits: &mut Vec<f32>) -> Result<()> {
+        for op in packet.ops {
+            self.kv.apply(op)?;
+        }
+        logits.clear();
+        match self
+            .exec
+            .forward_stage(&mut self.kv, packet.rows, Some(packet.hidden))?
+        {
+            StageOut::Logits(l) => logits.extend_from_slice(l),
+            StageOut::Hidden(_) => {
+                return Err(RuntimeError::InvalidParam {
+                    name: "stage",
+                    reason: "a middle stage has no downstream".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl StageLink for StageRunner {
+    fn step(&mut self, packet: &StepPacket<'_>, logits: &mut Vec<f32>) -> Result<()> {
+        self.run(packet, logits)
+    }
+}
