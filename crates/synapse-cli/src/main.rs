@@ -45,6 +45,8 @@ enum Command {
     Profile(cmd::profile::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (llama-server's flags).
     Serve(cmd::serve::Args),
+    /// Join a cluster as a worker: register on etcd, run the plan's replica or layer range.
+    Worker(cmd::worker::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -71,5 +73,6 @@ fn main() -> anyhow::Result<()> {
         Command::Ablate(a) => cmd::ablate::run(a),
         Command::Profile(a) => cmd::profile::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Worker(a) => cmd::worker::run(a),
     }
 }

@@ -106,6 +106,10 @@ pub enum RuntimeError {
         /// The executor's identity.
         executor: String,
     },
+    /// A pipeline's next stage failed or could not be reached (the pass fails; the
+    /// stage's own error or the transport's).
+    #[error("pipeline stage: {0}")]
+    Stage(String),
     /// Invalid sampling or generation parameters.
     #[error("invalid parameter {name}: {reason}")]
     InvalidParam {

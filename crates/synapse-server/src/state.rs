@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use synapse_runtime::engine::{Engine, TokenPieces};
+use synapse_runtime::engine::{Backend, TokenPieces};
 use synapse_tokenizer::{ChatTemplate, Tokenizer};
 
 use crate::constraint::Grammars;
@@ -49,7 +49,7 @@ impl Default for ServerConfig {
 }
 
 pub(crate) struct Inner {
-    pub(crate) engine: Arc<Engine>,
+    pub(crate) engine: Arc<dyn Backend>,
     pub(crate) tok: Arc<Tokenizer>,
     pub(crate) template: Option<ChatTemplate>,
     pub(crate) cfg: ServerConfig,
@@ -72,9 +72,10 @@ impl std::fmt::Debug for AppState {
 }
 
 impl AppState {
-    /// The state for `engine` serving a model whose tokenizer is `tok`. Compiles the model's
+    /// The state for `engine` (an in-process [`synapse_runtime::engine::Engine`] or a
+    /// cluster's router) serving a model whose tokenizer is `tok`. Compiles the model's
     /// chat template (a template that does not compile is an error here, not per request).
-    pub fn new(engine: Arc<Engine>, tok: Arc<Tokenizer>, cfg: ServerConfig) -> Result<Self> {
+    pub fn new(engine: Arc<dyn Backend>, tok: Arc<Tokenizer>, cfg: ServerConfig) -> Result<Self> {
         let template = match tok.chat_template() {
             Some(_) => Some(ChatTemplate::from_tokenizer(&tok)?),
             None => None,
@@ -113,8 +114,8 @@ impl AppState {
         self.0.precision.as_ref()
     }
 
-    /// The engine.
-    pub fn engine(&self) -> &Arc<Engine> {
+    /// What serves the sessions.
+    pub fn engine(&self) -> &Arc<dyn Backend> {
         &self.0.engine
     }
 

@@ -14,3 +14,4 @@ pub mod serve;
 pub mod tensor;
 pub mod tokenize;
 pub mod types;
+pub mod worker;

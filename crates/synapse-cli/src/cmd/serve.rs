@@ -76,6 +76,18 @@ pub struct Args {
     /// when `POST /v1/precision` raises the budget (a lower budget demotes at once).
     #[arg(long, default_value_t = 30)]
     promotion_cooldown: u64,
+    /// Serve a cluster instead of a local engine: etcd endpoints of the workers
+    /// (`synapse-cli worker`) that run the model; this process only routes (it reads the
+    /// model's tokenizer and facts from `-m`, the same model the workers run).
+    #[arg(long)]
+    cluster: Option<String>,
+    /// The cluster's name (its etcd key prefix).
+    #[arg(long = "cluster-name", default_value = "default")]
+    cluster_name: String,
+    /// With `--cluster`: seconds a session may wait for a worker (no plan yet, or resuming
+    /// after a worker was lost).
+    #[arg(long, default_value_t = 60)]
+    resume_timeout: u64,
 }
 
 /// Rewrites llama-server's two-letter short flags (`-np`) to their long names.
@@ -145,6 +157,35 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let (model, tok) = load_model(Some(&model_path), args.store.as_deref())?;
     let family = model.ir.family.name().to_string();
+    let file_name = model_path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_else(|| model_path.to_string_lossy().into_owned());
+    let mut aliases = vec![file_name.clone(), model_path.to_string_lossy().into_owned()];
+    if let Some(stem) = model_path.file_stem() {
+        aliases.push(stem.to_string_lossy().into_owned());
+    }
+    let model_id = args.alias.clone().unwrap_or(file_name);
+    let server_cfg = ServerConfig {
+        model_id,
+        model_aliases: aliases,
+        family,
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        default_max_tokens,
+        cors: args.cors,
+        request_timeout: Duration::from_secs(args.timeout.max(1)),
+        ..ServerConfig::default()
+    };
+    if let Some(etcd) = args.cluster.clone() {
+        if args.precision.budget.is_some()
+            || args.precision.profile.is_some()
+            || args.draft.given()
+            || memory.is_some()
+        {
+            bail!("--budget/--profile, drafts and --memory are set per worker, not with --cluster");
+        }
+        return serve_cluster(args, etcd, model, tok, server_cfg, ctx);
+    }
     let source = Arc::new(model);
     // With --budget the engine runs under a precision controller, so later budgets
     // (`POST /v1/precision`) only promote or only demote from where it starts.
@@ -192,16 +233,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     drop(source);
     let tok = Arc::new(tok);
 
-    let file_name = model_path
-        .file_name()
-        .map(|f| f.to_string_lossy().into_owned())
-        .unwrap_or_else(|| model_path.to_string_lossy().into_owned());
-    let mut aliases = vec![file_name.clone(), model_path.to_string_lossy().into_owned()];
-    if let Some(stem) = model_path.file_stem() {
-        aliases.push(stem.to_string_lossy().into_owned());
-    }
-    let model_id = args.alias.clone().unwrap_or(file_name);
-
     let cfg = EngineConfig {
         slots: args.parallel,
         ctx,
@@ -218,20 +249,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Engine::start(model, Arc::new(TokenizerPieces(tok.clone())), cfg)
             .context("starting the engine")?,
     );
-    let state = AppState::new(
-        engine.clone(),
-        tok,
-        ServerConfig {
-            model_id,
-            model_aliases: aliases,
-            family,
-            api_key: args.api_key.clone().filter(|k| !k.is_empty()),
-            default_max_tokens,
-            cors: args.cors,
-            request_timeout: Duration::from_secs(args.timeout.max(1)),
-            ..ServerConfig::default()
-        },
-    )?;
+    let state = AppState::new(engine.clone(), tok, server_cfg)?;
     let state = match controller {
         Some(c) => state.with_precision(Arc::new(BudgetDriver::new(c, engine, cache)))?,
         None => state,
@@ -247,6 +265,56 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("binding {}:{}", args.host, args.port))?;
         let addr = listener.local_addr()?;
         eprintln!("listening on http://{addr}");
+        synapse_server::serve(listener, state, synapse_server::shutdown_signal()).await?;
+        eprintln!("server stopped");
+        anyhow::Ok(())
+    })
+}
+
+/// `serve --cluster`: the same HTTP API, each session routed to a worker of the cluster.
+fn serve_cluster(
+    args: Args,
+    etcd: String,
+    model: synapse_runtime::Model,
+    tok: synapse_tokenizer::Tokenizer,
+    server_cfg: ServerConfig,
+    ctx: usize,
+) -> anyhow::Result<()> {
+    use synapse_cluster::router::{ClusterRouter, RouterConfig};
+    let info = synapse_runtime::engine::EngineInfo {
+        slots: 0,
+        ctx,
+        vocab: model.vocab(),
+        fingerprint: model.ir.fingerprint.clone(),
+        weight_bytes: model.weight_bytes() as u64,
+        kernel_path: "cluster".into(),
+        profile: model.profile.hash(),
+        draft_profile: None,
+    };
+    // The front end only reads the tokenizer and these facts; the weights stay unmapped.
+    drop(model);
+    let tok = Arc::new(tok);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let router = ClusterRouter::start(RouterConfig {
+            etcd,
+            cluster: args.cluster_name.clone(),
+            info,
+            queue: args.queue,
+            resume_timeout: Duration::from_secs(args.resume_timeout.max(1)),
+            attempts: 8,
+        })
+        .await
+        .context("connecting to the cluster")?;
+        let state = AppState::new(router, tok, server_cfg)?;
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+        let addr = listener.local_addr()?;
+        eprintln!("listening on http://{addr} (cluster {})", args.cluster_name);
         synapse_server::serve(listener, state, synapse_server::shutdown_signal()).await?;
         eprintln!("server stopped");
         anyhow::Ok(())

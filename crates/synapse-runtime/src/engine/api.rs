@@ -264,6 +264,22 @@ pub struct Session {
 }
 
 impl Session {
+    /// A session whose events come from elsewhere (another process, through a
+    /// [`super::Backend`] other than the engine): the [`SessionSink`] sends them and sees
+    /// cancellation.
+    pub fn remote(id: u64) -> (Session, SessionSink) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        (
+            Session {
+                id,
+                events: rx,
+                cancel: cancel.clone(),
+            },
+            SessionSink { tx, cancel },
+        )
+    }
+
     /// The session's id (unique per engine).
     pub fn id(&self) -> u64 {
         self.id
@@ -298,6 +314,30 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.cancel.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The sending end of a [`Session::remote`].
+#[derive(Debug, Clone)]
+pub struct SessionSink {
+    tx: tokio::sync::mpsc::UnboundedSender<Event>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl SessionSink {
+    /// Sends an event; `false` when the session is gone.
+    pub fn send(&self, e: Event) -> bool {
+        self.tx.send(e).is_ok()
+    }
+
+    /// Whether the session was cancelled or dropped.
+    pub fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed) || self.tx.is_closed()
+    }
+
+    /// Resolves when the session is dropped (its receiver closed).
+    pub async fn closed(&self) {
+        self.tx.closed().await
     }
 }
 

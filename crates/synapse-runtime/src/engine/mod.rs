@@ -27,9 +27,9 @@ use std::time::Instant;
 
 pub use api::{
     Canceller, Constraint, EngineConfig, EngineInfo, EngineStats, Event, FinishReason, Finished,
-    Logprob, Request, Session, SubmitError, TokenEvent, TokenPieces,
+    Logprob, Request, Session, SessionSink, SubmitError, TokenEvent, TokenPieces,
 };
-pub use scheduler::{MAX_TOP_LOGPROBS, PipelineHead, Scheduler};
+pub use scheduler::{MAX_TOP_LOGPROBS, PipelineHead, Scheduler, validate};
 
 use crate::error::Result;
 use crate::load::Model;
@@ -225,6 +225,35 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// What serves sessions, as the OpenAI front end sees it: an [`Engine`] in this process, or
+/// a cluster's router that sends each session to a worker (the cluster crate). The port
+/// that keeps the server free of where the model runs.
+pub trait Backend: Send + Sync {
+    /// Validates `req` and queues it; never blocks.
+    fn submit(&self, req: Request) -> std::result::Result<Session, SubmitError>;
+    /// Counters and gauges now.
+    fn stats(&self) -> EngineStats;
+    /// Facts about what serves (slots, context, vocabulary, profile, …).
+    fn info(&self) -> EngineInfo;
+    /// Stops accepting, lets running sessions finish, returns when they have.
+    fn shutdown(&self);
+}
+
+impl Backend for Engine {
+    fn submit(&self, req: Request) -> std::result::Result<Session, SubmitError> {
+        Engine::submit(self, req)
+    }
+    fn stats(&self) -> EngineStats {
+        Engine::stats(self)
+    }
+    fn info(&self) -> EngineInfo {
+        Engine::info(self)
+    }
+    fn shutdown(&self) {
+        Engine::shutdown(self)
     }
 }
 

@@ -117,12 +117,9 @@ impl std::fmt::Debug for Scheduler {
     }
 }
 
-/// Checks a request against the engine's limits before it is queued.
-pub(crate) fn validate(
-    req: &Request,
-    ctx: usize,
-    vocab: usize,
-) -> std::result::Result<(), SubmitError> {
+/// Checks a request against an engine's limits (`ctx` positions per session, `vocab`
+/// tokens) before it is queued; what [`super::Engine::submit`] checks first.
+pub fn validate(req: &Request, ctx: usize, vocab: usize) -> std::result::Result<(), SubmitError> {
     if req.prompt.is_empty() {
         return Err(SubmitError::Invalid {
             param: "prompt",

@@ -1,0 +1,110 @@
+//! `synapse-cli worker`: one worker of a cluster (etcd membership, a replica or a layer
+//! range of a pipeline, served over gRPC). See `docs/cluster.md`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args as ClapArgs;
+use synapse_cluster::plan::EngineShape;
+use synapse_cluster::worker::{WorkerConfig, run as run_worker};
+use synapse_server::TokenizerPieces;
+
+use super::load::load_model;
+use super::serve::parse_bytes;
+
+/// Arguments of `worker`.
+#[derive(ClapArgs, Debug)]
+pub struct Args {
+    /// etcd endpoints (`http://127.0.0.1:2379`, comma-separated).
+    #[arg(long)]
+    etcd: String,
+    /// Address to serve the worker protocol on (`127.0.0.1:0`: any free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// The address peers and the router reach this worker at (default: `http://<listen>`).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// The model (as `serve -m`; every worker of a cluster serves the same model).
+    #[arg(long, short = 'm', env = "SYNAPSE_MODEL")]
+    model: Option<PathBuf>,
+    /// The store package hashes are looked up in.
+    #[arg(long)]
+    store: Option<PathBuf>,
+    /// This worker's id (default: `worker-<pid>`).
+    #[arg(long)]
+    id: Option<String>,
+    /// The cluster's name (its etcd key prefix).
+    #[arg(long = "cluster-name", default_value = "default")]
+    cluster_name: String,
+    /// Compute threads.
+    #[arg(long, short = 't', default_value_t = 2)]
+    threads: usize,
+    /// Memory for weights and KV this worker offers, e.g. `300M` (default: the machine's
+    /// available memory). Smaller than the model and its KV: the model is split over workers.
+    #[arg(long)]
+    memory: Option<String>,
+    /// Positions per session (the plan's, when this worker leads).
+    #[arg(long = "ctx-size", short = 'c', default_value_t = 4096)]
+    ctx: usize,
+    /// Sessions per pipeline at once (the plan's, when this worker leads).
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    /// Prompt batch rows (llama.cpp's n_ubatch).
+    #[arg(long, default_value_t = 512)]
+    ubatch: usize,
+    /// Lease TTL in seconds: a worker silent this long is considered gone.
+    #[arg(long, default_value_t = 3)]
+    lease_ttl: i64,
+    /// Seconds a pipeline step may take before the next stage counts as lost.
+    #[arg(long, default_value_t = 10)]
+    step_timeout: u64,
+    /// MiB streamed per encoding when measuring this worker's rates at start.
+    #[arg(long, default_value_t = 256)]
+    measure_mib: u64,
+}
+
+/// Runs `worker` until SIGTERM/SIGINT (it leaves the cluster) or its lease is lost.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.parallel == 0 || args.ctx < 2 || args.ubatch == 0 {
+        bail!("--parallel, --ubatch and --ctx-size ≥ 2 must be positive");
+    }
+    let memory = args.memory.as_deref().map(parse_bytes).transpose()?;
+    let (model, tok) = load_model(args.model.as_deref(), args.store.as_deref())?;
+    let id = args
+        .id
+        .clone()
+        .unwrap_or_else(|| format!("worker-{}", std::process::id()));
+    let cfg = WorkerConfig {
+        id,
+        cluster: args.cluster_name.clone(),
+        etcd: args.etcd.clone(),
+        listen: args.listen,
+        advertise: args.advertise.clone(),
+        model: Arc::new(model),
+        pieces: Arc::new(TokenizerPieces(Arc::new(tok))),
+        threads: args.threads.max(1),
+        memory,
+        shape: EngineShape {
+            slots: args.parallel,
+            ctx: args.ctx,
+            ubatch: args.ubatch,
+        },
+        lease_ttl_s: args.lease_ttl,
+        measure_bytes: args.measure_mib << 20,
+        step_timeout: Duration::from_secs(args.step_timeout.max(1)),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        run_worker(cfg, synapse_server::shutdown_signal())
+            .await
+            .context("worker")
+    })?;
+    eprintln!("worker stopped");
+    Ok(())
+}

@@ -1,0 +1,131 @@
+//! A pipeline hop over gRPC: [`GrpcStageLink`] is the runtime's `StageLink` port on one
+//! bidirectional `Step` stream to the next stage.
+//!
+//! The engine thread is synchronous: a step hands the packet to the stream's sender and
+//! waits (with a timeout) for the reply, which a task moves off the stream. Packets carry
+//! the plan (epoch, hash) the pipeline was set up under and a step number; the receiver
+//! refuses another plan, and a reply for another step is an error. Hidden states and logits
+//! travel as exact little-endian `f32`.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use synapse_runtime::RuntimeError;
+use synapse_runtime::pipeline::{StageLink, StepPacket};
+
+use crate::error::Result;
+use crate::proto;
+use crate::proto::worker_client::WorkerClient;
+use crate::wire;
+
+/// One open `Step` stream to the next stage.
+pub struct GrpcStageLink {
+    tx: tokio::sync::mpsc::Sender<proto::StepPacket>,
+    rx: mpsc::Receiver<std::result::Result<proto::StepReply, String>>,
+    epoch: u64,
+    plan_hash: String,
+    step: u64,
+    timeout: Duration,
+    to: String,
+}
+
+impl std::fmt::Debug for GrpcStageLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrpcStageLink")
+            .field("to", &self.to)
+            .field("epoch", &self.epoch)
+            .field("step", &self.step)
+            .finish()
+    }
+}
+
+impl GrpcStageLink {
+    /// Opens the stream to the stage at `addr` for the plan (`epoch`, `plan_hash`); a step
+    /// not answered within `timeout` fails (a partitioned or stopped peer).
+    pub async fn connect(
+        addr: &str,
+        epoch: u64,
+        plan_hash: &str,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let channel = tonic::transport::Endpoint::from_shared(addr.to_string())?
+            .connect_timeout(Duration::from_secs(3))
+            .tcp_nodelay(true)
+            .connect()
+            .await?;
+        let mut client = WorkerClient::new(channel)
+            .max_decoding_message_size(1 << 30)
+            .max_encoding_message_size(1 << 30);
+        let (tx, rx) = tokio::sync::mpsc::channel::<proto::StepPacket>(2);
+        let resp = client
+            .step(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await?;
+        let mut inbound = resp.into_inner();
+        let (stx, srx) = mpsc::channel();
+        tokio::spawn(async move {
+            loop {
+                let m = match inbound.message().await {
+                    Ok(Some(r)) => Ok(r),
+                    Ok(None) => Err("the next stage closed the stream".to_string()),
+                    Err(s) => Err(format!("the next stage failed: {}", s.message())),
+                };
+                let end = m.is_err();
+                if stx.send(m).is_err() || end {
+                    break;
+                }
+            }
+        });
+        Ok(GrpcStageLink {
+            tx,
+            rx: srx,
+            epoch,
+            plan_hash: plan_hash.to_string(),
+            step: 0,
+            timeout,
+            to: addr.to_string(),
+        })
+    }
+}
+
+impl StageLink for GrpcStageLink {
+    fn step(
+        &mut self,
+        packet: &StepPacket<'_>,
+        logits: &mut Vec<f32>,
+    ) -> synapse_runtime::Result<()> {
+        self.step += 1;
+        let mut p = proto::StepPacket {
+            epoch: self.epoch,
+            plan_hash: self.plan_hash.clone(),
+            step: self.step,
+            ops: packet.ops.iter().map(wire::op_to_wire).collect(),
+            ..Default::default()
+        };
+        wire::rows_to_wire(packet.rows, &mut p);
+        wire::f32s_to_bytes(packet.hidden, &mut p.hidden);
+        let gone = |m: String| RuntimeError::Stage(format!("{}: {m}", self.to));
+        self.tx
+            .blocking_send(p)
+            .map_err(|_| gone("the stream to the next stage is closed".into()))?;
+        let reply = match self.rx.recv_timeout(self.timeout) {
+            Ok(Ok(r)) => r,
+            Ok(Err(m)) => return Err(gone(m)),
+            Err(_) => {
+                return Err(gone(format!(
+                    "no answer to step {} within {:?}",
+                    self.step, self.timeout
+                )));
+            }
+        };
+        if !reply.error.is_empty() {
+            return Err(gone(reply.error));
+        }
+        if reply.step != self.step {
+            return Err(gone(format!(
+                "answer for step {}, not {}",
+                reply.step, self.step
+            )));
+        }
+        wire::bytes_to_f32s(&reply.logits, logits).map_err(|e| gone(e.to_string()))
+    }
+}

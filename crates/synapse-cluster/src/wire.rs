@@ -1,0 +1,372 @@
+//! Between the engine's types and the wire's: requests and events, slot operations, rows
+//! and hidden states (exact little-endian `f32`).
+
+use synapse_runtime::engine::{Event, FinishReason, Finished, Logprob, Request, TokenEvent};
+use synapse_runtime::{KvOp, OrderClass, Row, SamplingParams};
+
+use crate::error::{ClusterError, Result};
+use crate::proto;
+
+fn invalid(what: &'static str, reason: impl Into<String>) -> ClusterError {
+    ClusterError::Invalid {
+        what,
+        reason: reason.into(),
+    }
+}
+
+/// A request as a worker receives it (a constraint cannot travel: refused before).
+pub fn request_to_wire(r: &Request, epoch: u64, plan_hash: &str) -> proto::GenerateRequest {
+    let s = &r.sampling;
+    proto::GenerateRequest {
+        epoch,
+        plan_hash: plan_hash.to_string(),
+        prompt: r.prompt.clone(),
+        max_tokens: r.max_tokens as u64,
+        sampling: Some(proto::Sampling {
+            temperature: s.temperature,
+            top_k: s.top_k.min(u32::MAX as usize) as u32,
+            top_p: s.top_p,
+            min_p: s.min_p,
+            repeat_penalty: s.repetition_penalty,
+            repeat_last_n: s.penalty_last_n.min(u32::MAX as usize) as u32,
+            frequency_penalty: s.frequency_penalty,
+            presence_penalty: s.presence_penalty,
+            seed: s.seed,
+        }),
+        logit_bias: r
+            .logit_bias
+            .iter()
+            .map(|&(token, bias)| proto::LogitBias { token, bias })
+            .collect(),
+        stop: r.stop.clone(),
+        stop_at_eog: r.stop_at_eog,
+        logprobs: r
+            .logprobs
+            .map_or(0, |k| k.min(u32::MAX as usize - 1) as u32 + 1),
+        forced: r.forced.clone(),
+    }
+}
+
+/// The engine request of a wire request (the engine validates the values).
+pub fn request_from_wire(g: proto::GenerateRequest) -> Request {
+    let s = g.sampling.unwrap_or_default();
+    let mut r = Request::greedy(g.prompt, g.max_tokens.min(usize::MAX as u64) as usize);
+    r.sampling = SamplingParams {
+        temperature: s.temperature,
+        top_k: s.top_k as usize,
+        top_p: s.top_p,
+        min_p: s.min_p,
+        repetition_penalty: s.repeat_penalty,
+        presence_penalty: s.presence_penalty,
+        frequency_penalty: s.frequency_penalty,
+        penalty_last_n: s.repeat_last_n as usize,
+        seed: s.seed,
+    };
+    r.logit_bias = g.logit_bias.iter().map(|b| (b.token, b.bias)).collect();
+    r.stop = g.stop;
+    r.stop_at_eog = g.stop_at_eog;
+    r.logprobs = (g.logprobs > 0).then(|| g.logprobs as usize - 1);
+    r.forced = g.forced;
+    r
+}
+
+/// An engine event on the wire.
+pub fn event_to_wire(e: &Event) -> proto::GenerateEvent {
+    use proto::generate_event::Event as E;
+    let ev = match e {
+        Event::Admitted { cached_tokens } => E::AdmittedCached(*cached_tokens as u64),
+        Event::Token(t) => E::Token(proto::TokenEvent {
+            id: t.id,
+            text: t.text.clone(),
+            has_logprob: t.logprob.is_some(),
+            logprob: t.logprob.as_ref().map_or(0.0, |l| l.logprob),
+            top: t.logprob.as_ref().map_or(Vec::new(), |l| {
+                l.top
+                    .iter()
+                    .map(|&(token, logprob)| proto::TopLogprob { token, logprob })
+                    .collect()
+            }),
+        }),
+        Event::Done(d) => E::Done(proto::Finished {
+            reason: d.reason.as_str().to_string(),
+            prompt_tokens: d.prompt_tokens as u64,
+            cached_tokens: d.cached_tokens as u64,
+            completion_tokens: d.completion_tokens as u64,
+            tail: d.tail.clone(),
+        }),
+        Event::Error(m) => E::Error(m.clone()),
+    };
+    proto::GenerateEvent { event: Some(ev) }
+}
+
+/// The engine event of a wire event.
+pub fn event_from_wire(g: proto::GenerateEvent) -> Result<Event> {
+    use proto::generate_event::Event as E;
+    Ok(match g.event.ok_or_else(|| invalid("event", "empty"))? {
+        E::AdmittedCached(c) => Event::Admitted {
+            cached_tokens: c as usize,
+        },
+        E::Token(t) => Event::Token(TokenEvent {
+            id: t.id,
+            text: t.text,
+            logprob: t.has_logprob.then(|| Logprob {
+                logprob: t.logprob,
+                top: t.top.iter().map(|x| (x.token, x.logprob)).collect(),
+            }),
+        }),
+        E::Done(d) => Event::Done(Finished {
+            reason: match d.reason.as_str() {
+                "stop" => FinishReason::Stop,
+                "length" => FinishReason::Length,
+                "cancelled" => FinishReason::Cancelled,
+                other => return Err(invalid("finish reason", other.to_string())),
+            },
+            prompt_tokens: d.prompt_tokens as usize,
+            cached_tokens: d.cached_tokens as usize,
+            completion_tokens: d.completion_tokens as usize,
+            tail: d.tail,
+        }),
+        E::Error(m) => Event::Error(m),
+    })
+}
+
+/// A slot operation on the wire.
+pub fn op_to_wire(op: &KvOp) -> proto::KvOp {
+    use proto::kv_op::Kind;
+    let mut w = proto::KvOp::default();
+    match op {
+        KvOp::Open(s) => {
+            w.set_kind(Kind::Open);
+            w.slot = *s;
+        }
+        KvOp::Close(s) => {
+            w.set_kind(Kind::Close);
+            w.slot = *s;
+        }
+        KvOp::SetProfile(s, p) => {
+            w.set_kind(Kind::SetProfile);
+            w.slot = *s;
+            w.profile = p.clone();
+        }
+        KvOp::Truncate(s, n) => {
+            w.set_kind(Kind::Truncate);
+            w.slot = *s;
+            w.n = *n;
+        }
+        KvOp::CopyPrefix { src, dst, n } => {
+            w.set_kind(Kind::CopyPrefix);
+            w.src = *src;
+            w.slot = *dst;
+            w.n = *n;
+        }
+    }
+    w
+}
+
+/// The slot operation of a wire one.
+pub fn op_from_wire(w: &proto::KvOp) -> Result<KvOp> {
+    use proto::kv_op::Kind;
+    let kind = Kind::try_from(w.kind).map_err(|_| invalid("kv op", format!("kind {}", w.kind)))?;
+    Ok(match kind {
+        Kind::Open => KvOp::Open(w.slot),
+        Kind::Close => KvOp::Close(w.slot),
+        Kind::SetProfile => KvOp::SetProfile(w.slot, w.profile.clone()),
+        Kind::Truncate => KvOp::Truncate(w.slot, w.n),
+        Kind::CopyPrefix => KvOp::CopyPrefix {
+            src: w.src,
+            dst: w.slot,
+            n: w.n,
+        },
+    })
+}
+
+fn order_code(o: OrderClass) -> u8 {
+    match o {
+        OrderClass::One => 0,
+        OrderClass::Few => 1,
+        OrderClass::Many => 2,
+    }
+}
+
+/// `f32`s as little-endian bytes into `out` (cleared first).
+pub fn f32s_to_bytes(v: &[f32], out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(v.len() * 4);
+    for x in v {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+}
+
+/// Little-endian bytes as `f32`s into `out` (cleared first); an error unless whole.
+pub fn bytes_to_f32s(b: &[u8], out: &mut Vec<f32>) -> Result<()> {
+    if b.len() % 4 != 0 {
+        return Err(invalid("f32 bytes", format!("{} bytes", b.len())));
+    }
+    out.clear();
+    out.extend(
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+    );
+    Ok(())
+}
+
+/// The rows of a pass into a packet's columns.
+pub fn rows_to_wire(rows: &[Row], p: &mut proto::StepPacket) {
+    p.slot = rows.iter().map(|r| r.slot).collect();
+    p.pos = rows.iter().map(|r| r.pos).collect();
+    p.token = rows.iter().map(|r| r.token).collect();
+    p.logits = rows.iter().map(|r| r.logits as u8).collect();
+    p.order = rows.iter().map(|r| order_code(r.order)).collect();
+}
+
+/// A packet's rows (its columns must agree in length; codes in their domains).
+pub fn rows_from_wire(p: &proto::StepPacket, out: &mut Vec<Row>) -> Result<()> {
+    let n = p.slot.len();
+    if p.pos.len() != n || p.token.len() != n || p.logits.len() != n || p.order.len() != n {
+        return Err(invalid("step packet", "row columns of different lengths"));
+    }
+    out.clear();
+    for i in 0..n {
+        let order = match p.order[i] {
+            0 => OrderClass::One,
+            1 => OrderClass::Few,
+            2 => OrderClass::Many,
+            c => return Err(invalid("step packet", format!("order code {c}"))),
+        };
+        out.push(Row {
+            slot: p.slot[i],
+            pos: p.pos[i],
+            token: p.token[i],
+            logits: match p.logits[i] {
+                0 => false,
+                1 => true,
+                c => return Err(invalid("step packet", format!("logits flag {c}"))),
+            },
+            order,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_events_and_ops_round_trip() {
+        let mut r = Request::greedy(vec![1, 2, 3], 7);
+        r.sampling.temperature = 0.7;
+        r.sampling.top_k = 40;
+        r.sampling.seed = 99;
+        r.logit_bias = vec![(5, -1.5)];
+        r.stop = vec!["\n\n".into()];
+        r.stop_at_eog = false;
+        r.logprobs = Some(0);
+        r.forced = vec![9, 8];
+        let back = request_from_wire(request_to_wire(&r, 3, "h"));
+        assert_eq!(format!("{:?}", back.sampling), format!("{:?}", r.sampling));
+        assert_eq!(
+            (
+                back.prompt,
+                back.max_tokens,
+                back.logit_bias,
+                back.stop,
+                back.stop_at_eog,
+                back.logprobs,
+                back.forced
+            ),
+            (
+                r.prompt,
+                r.max_tokens,
+                r.logit_bias,
+                r.stop,
+                r.stop_at_eog,
+                r.logprobs,
+                r.forced
+            )
+        );
+        let evs = [
+            Event::Admitted { cached_tokens: 4 },
+            Event::Token(TokenEvent {
+                id: 7,
+                text: "é".into(),
+                logprob: Some(Logprob {
+                    logprob: -0.25,
+                    top: vec![(7, -0.25), (3, -2.0)],
+                }),
+            }),
+            Event::Token(TokenEvent {
+                id: 8,
+                text: String::new(),
+                logprob: None,
+            }),
+            Event::Done(Finished {
+                reason: FinishReason::Length,
+                prompt_tokens: 3,
+                cached_tokens: 0,
+                completion_tokens: 2,
+                tail: "x".into(),
+            }),
+            Event::Error("boom".into()),
+        ];
+        for e in evs {
+            assert_eq!(event_from_wire(event_to_wire(&e)).unwrap(), e);
+        }
+        for op in [
+            KvOp::Open(1),
+            KvOp::Close(2),
+            KvOp::SetProfile(0, "p".into()),
+            KvOp::Truncate(3, 17),
+            KvOp::CopyPrefix {
+                src: 1,
+                dst: 2,
+                n: 9,
+            },
+        ] {
+            assert_eq!(op_from_wire(&op_to_wire(&op)).unwrap(), op);
+        }
+        assert!(
+            op_from_wire(&proto::KvOp {
+                kind: 42,
+                ..Default::default()
+            })
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn rows_and_floats_round_trip_exactly() {
+        let rows = vec![
+            Row::decode(1, 5, 10),
+            Row {
+                slot: 0,
+                pos: 0,
+                token: 3,
+                logits: false,
+                order: OrderClass::Many,
+            },
+        ];
+        let mut p = proto::StepPacket::default();
+        rows_to_wire(&rows, &mut p);
+        let mut back = Vec::new();
+        rows_from_wire(&p, &mut back).unwrap();
+        assert_eq!(back, rows);
+        p.order[0] = 9;
+        assert!(rows_from_wire(&p, &mut back).is_err());
+        p.order.pop();
+        assert!(rows_from_wire(&p, &mut back).is_err());
+        let v = [
+            1.0f32,
+            -0.0,
+            f32::MIN_POSITIVE,
+            3.4e38,
+            f32::from_bits(0x7fc0_0001),
+        ];
+        let mut b = Vec::new();
+        f32s_to_bytes(&v, &mut b);
+        let mut w = Vec::new();
+        bytes_to_f32s(&b, &mut w).unwrap();
+        assert!(v.iter().zip(&w).all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(bytes_to_f32s(&b[1..], &mut w).is_err());
+    }
+}

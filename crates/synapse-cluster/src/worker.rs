@@ -1,0 +1,709 @@
+//! A worker process: it serves the worker protocol, registers under a lease, measures
+//! itself and its links, takes part in the leader election, and runs what the plan gives it.
+//!
+//! Roles (from the plan, [`ClusterPlan::stage_of`]):
+//! - **replica**: the whole model in one engine; `Generate` calls run on it.
+//! - **head**: a pipeline's first stage: the engine ([`Engine::start_pipeline`]) runs the
+//!   embedding and its layers and steps the rest through a [`GrpcStageLink`] to the next stage.
+//! - **stage**: a later stage: each `Step` stream from the previous stage gets a fresh
+//!   [`StageRunner`] (its cache starts empty, as the head's did when it opened the stream) and,
+//!   unless it is the last stage, its own link to the next one.
+//!
+//! A worker keeps its role across plan publications that leave its pipeline exactly as it
+//! was (hysteresis: a replica added elsewhere disturbs nothing); otherwise it tears the role
+//! down at once — running sessions of a torn-down head fail, and the router resumes them on
+//! the new plan — and builds the new one. Packets and requests carry the plan they were made
+//! under; another plan's are refused.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::Stream;
+use synapse_runtime::engine::{Engine, EngineConfig, PipelineHead, TokenPieces};
+use synapse_runtime::pipeline::{StageCache, StageRunner, StepPacket};
+use synapse_runtime::{KvDtype, Model};
+use tokio::sync::watch;
+use tonic::{Request as TRequest, Response, Status, Streaming};
+
+use crate::error::{ClusterError, Result};
+use crate::link::GrpcStageLink;
+use crate::membership::{self, Keys};
+use crate::plan::{ClusterPlan, EngineShape, PipelinePlan};
+use crate::profile::{LinkMeasure, ModelSpec, WorkerProfile, available_memory, measure};
+use crate::proto::worker_server::{Worker, WorkerServer};
+use crate::proto::{self, worker_client::WorkerClient};
+use crate::wire;
+
+/// How a worker is started.
+pub struct WorkerConfig {
+    /// Its id in the cluster.
+    pub id: String,
+    /// Cluster name (the etcd key prefix).
+    pub cluster: String,
+    /// etcd endpoints.
+    pub etcd: String,
+    /// Where to listen for the worker protocol.
+    pub listen: SocketAddr,
+    /// The address peers and the router use (default: `http://<listen>`).
+    pub advertise: Option<String>,
+    /// The model (loaded; weights mapped, resident as used).
+    pub model: Arc<Model>,
+    /// Token text for the engine (stop strings, streamed text).
+    pub pieces: Arc<dyn TokenPieces>,
+    /// Compute threads.
+    pub threads: usize,
+    /// Memory for weights and KV (default: the machine's available memory).
+    pub memory: Option<u64>,
+    /// The engine shape this worker proposes when it leads.
+    pub shape: EngineShape,
+    /// Lease TTL, seconds.
+    pub lease_ttl_s: i64,
+    /// Bytes streamed per encoding when measuring rates at start.
+    pub measure_bytes: u64,
+    /// A pipeline step not answered within this fails.
+    pub step_timeout: Duration,
+}
+
+impl std::fmt::Debug for WorkerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerConfig")
+            .field("id", &self.id)
+            .field("cluster", &self.cluster)
+            .field("listen", &self.listen)
+            .field("threads", &self.threads)
+            .finish()
+    }
+}
+
+/// What the worker runs now.
+enum Role {
+    Idle,
+    Replica {
+        engine: Arc<Engine>,
+    },
+    Head {
+        engine: Arc<Engine>,
+    },
+    Stage {
+        layers: std::ops::Range<usize>,
+        next: Option<String>,
+    },
+}
+
+impl Role {
+    fn name(&self) -> &'static str {
+        match self {
+            Role::Idle => "idle",
+            Role::Replica { .. } => "replica",
+            Role::Head { .. } => "head",
+            Role::Stage { .. } => "stage",
+        }
+    }
+}
+
+struct Current {
+    role: Role,
+    /// The pipeline the role belongs to, and the plan it was set up under.
+    pipeline: Option<PipelinePlan>,
+    since_epoch: u64,
+    since_hash: String,
+    /// The newest plan seen.
+    plan: Option<ClusterPlan>,
+}
+
+/// State the gRPC handlers share.
+struct Node {
+    id: String,
+    model: Arc<Model>,
+    pieces: Arc<dyn TokenPieces>,
+    threads: usize,
+    step_timeout: Duration,
+    cur: Mutex<Current>,
+}
+
+fn unavailable(m: impl Into<String>) -> Status {
+    Status::unavailable(m.into())
+}
+
+type EventStream =
+    Pin<Box<dyn Stream<Item = std::result::Result<proto::GenerateEvent, Status>> + Send>>;
+type ReplyStream =
+    Pin<Box<dyn Stream<Item = std::result::Result<proto::StepReply, Status>> + Send>>;
+
+struct Service(Arc<Node>);
+
+#[tonic::async_trait]
+impl Worker for Service {
+    type GenerateStream = EventStream;
+    type StepStream = ReplyStream;
+
+    async fn generate(
+        &self,
+        req: TRequest<proto::GenerateRequest>,
+    ) -> std::result::Result<Response<EventStream>, Status> {
+        let g = req.into_inner();
+        let engine = {
+            let cur = self
+                .0
+                .cur
+                .lock()
+                .map_err(|_| Status::internal("poisoned"))?;
+            let have = cur.plan.as_ref().map(|p| (p.epoch, p.hash.clone()));
+            if have.as_ref().map(|h| h.1.as_str()) != Some(g.plan_hash.as_str()) {
+                return Err(Status::failed_precondition(format!(
+                    "stale plan: request under {} ({}), worker at {:?}",
+                    g.epoch, g.plan_hash, have
+                )));
+            }
+            match &cur.role {
+                Role::Replica { engine } | Role::Head { engine } => engine.clone(),
+                other => return Err(unavailable(format!("this worker is a {}", other.name()))),
+            }
+        };
+        let r = wire::request_from_wire(g);
+        let session = match engine.submit(r) {
+            Ok(s) => s,
+            Err(e @ synapse_runtime::engine::SubmitError::QueueFull { .. }) => {
+                return Err(Status::resource_exhausted(e.to_string()));
+            }
+            Err(synapse_runtime::engine::SubmitError::Stopped) => {
+                return Err(unavailable("the engine is stopping"));
+            }
+            Err(e) => return Err(Status::invalid_argument(e.to_string())),
+        };
+        // Dropping the stream (the router went away) drops the session: cancelled.
+        let stream = futures_util::stream::unfold(Some(session), |st| async move {
+            let mut s = st?;
+            let e = s.next().await?;
+            let last = matches!(
+                e,
+                synapse_runtime::engine::Event::Done(_) | synapse_runtime::engine::Event::Error(_)
+            );
+            Some((
+                Ok(wire::event_to_wire(&e)),
+                if last { None } else { Some(s) },
+            ))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn step(
+        &self,
+        req: TRequest<Streaming<proto::StepPacket>>,
+    ) -> std::result::Result<Response<ReplyStream>, Status> {
+        let (layers, next, epoch, hash) = {
+            let cur = self
+                .0
+                .cur
+                .lock()
+                .map_err(|_| Status::internal("poisoned"))?;
+            match &cur.role {
+                Role::Stage { layers, next } => (
+                    layers.clone(),
+                    next.clone(),
+                    cur.since_epoch,
+                    cur.since_hash.clone(),
+                ),
+                other => return Err(unavailable(format!("this worker is a {}", other.name()))),
+            }
+        };
+        let shape = {
+            let cur = self
+                .0
+                .cur
+                .lock()
+                .map_err(|_| Status::internal("poisoned"))?;
+            cur.plan.as_ref().map(|p| p.shape)
+        }
+        .ok_or_else(|| unavailable("no plan"))?;
+        let cache = StageCache {
+            slots: shape.slots,
+            ctx: shape.ctx,
+            max_chunk: shape.ubatch.min(shape.ctx),
+            dtype: KvDtype::F32,
+        };
+        let mut runner = StageRunner::new(self.0.model.clone(), layers, self.0.threads, cache)
+            .map_err(|e| Status::internal(e.to_string()))?;
+        if let Some(addr) = &next {
+            let link = GrpcStageLink::connect(addr, epoch, &hash, self.0.step_timeout)
+                .await
+                .map_err(|e| unavailable(format!("next stage {addr}: {e}")))?;
+            runner
+                .set_downstream(Box::new(link))
+                .map_err(|e| Status::internal(e.to_string()))?;
+        }
+        let mut inbound = req.into_inner();
+        let (ptx, prx) = std::sync::mpsc::channel::<proto::StepPacket>();
+        let (rtx, rrx) =
+            tokio::sync::mpsc::channel::<std::result::Result<proto::StepReply, Status>>(4);
+        // Packets off the stream in order.
+        let rtx2 = rtx.clone();
+        tokio::spawn(async move {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(p)) => {
+                        if ptx.send(p).is_err() {
+                            break;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(s) => {
+                        let _ = rtx2.send(Err(s)).await;
+                        break;
+                    }
+                }
+            }
+        });
+        // The stage runs on a thread of its own (its downstream link blocks).
+        std::thread::Builder::new()
+            .name("synapse-stage".into())
+            .spawn(move || {
+                let mut rows = Vec::new();
+                let mut hidden = Vec::new();
+                let mut logits = Vec::new();
+                let mut ops = Vec::new();
+                while let Ok(p) = prx.recv() {
+                    let reply = run_packet(
+                        &mut runner,
+                        &p,
+                        epoch,
+                        &hash,
+                        &mut rows,
+                        &mut hidden,
+                        &mut ops,
+                        &mut logits,
+                    );
+                    let failed = !reply.error.is_empty();
+                    if rtx.blocking_send(Ok(reply)).is_err() || failed {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| Status::internal(e.to_string()))?;
+        let out = tokio_stream::wrappers::ReceiverStream::new(rrx);
+        Ok(Response::new(Box::pin(out)))
+    }
+
+    async fn ping(
+        &self,
+        req: TRequest<proto::PingRequest>,
+    ) -> std::result::Result<Response<proto::PingReply>, Status> {
+        Ok(Response::new(proto::PingReply {
+            payload: req.into_inner().payload,
+        }))
+    }
+
+    async fn status(
+        &self,
+        _: TRequest<proto::StatusRequest>,
+    ) -> std::result::Result<Response<proto::StatusReply>, Status> {
+        let cur = self
+            .0
+            .cur
+            .lock()
+            .map_err(|_| Status::internal("poisoned"))?;
+        let (active, queued, slots, generated) = match &cur.role {
+            Role::Replica { engine } | Role::Head { engine } => {
+                let s = engine.stats();
+                (s.active, s.queued, s.slots, s.generated_tokens)
+            }
+            _ => (0, 0, 0, 0),
+        };
+        Ok(Response::new(proto::StatusReply {
+            worker: self.0.id.clone(),
+            epoch: cur.plan.as_ref().map_or(0, |p| p.epoch),
+            plan_hash: cur.plan.as_ref().map_or(String::new(), |p| p.hash.clone()),
+            role: cur.role.name().to_string(),
+            active: active as u64,
+            queued: queued as u64,
+            slots: slots as u64,
+            generated_tokens: generated,
+        }))
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_packet(
+    runner: &mut StageRunner,
+    p: &proto::StepPacket,
+    epoch: u64,
+    hash: &str,
+    rows: &mut Vec<synapse_runtime::Row>,
+    hidden: &mut Vec<f32>,
+    ops: &mut Vec<synapse_runtime::KvOp>,
+    logits: &mut Vec<f32>,
+) -> proto::StepReply {
+    let mut reply = proto::StepReply {
+        step: p.step,
+        ..Default::default()
+    };
+    let r: Result<()> = (|| {
+        if p.epoch != epoch || p.plan_hash != hash {
+            return Err(ClusterError::StalePlan {
+                got_epoch: p.epoch,
+                got_hash: p.plan_hash.clone(),
+                have_epoch: epoch,
+                have_hash: hash.to_string(),
+            });
+        }
+        wire::rows_from_wire(p, rows)?;
+        wire::bytes_to_f32s(&p.hidden, hidden)?;
+        ops.clear();
+        for o in &p.ops {
+            ops.push(wire::op_from_wire(o)?);
+        }
+        runner.run(&StepPacket { ops, rows, hidden }, logits)?;
+        Ok(())
+    })();
+    match r {
+        Ok(()) => wire::f32s_to_bytes(logits, &mut reply.logits),
+        Err(e) => reply.error = e.to_string(),
+    }
+    reply
+}
+
+/// Waits until the worker at `addr` runs plan `hash` as a pipeline stage (it applies plans
+/// on its own schedule), up to `timeout`.
+async fn wait_for_stage(addr: &str, hash: &str, timeout: Duration) -> Result<()> {
+    let t0 = Instant::now();
+    let mut last = String::new();
+    while t0.elapsed() < timeout {
+        match WorkerClient::connect(addr.to_string()).await {
+            Ok(mut c) => match c.status(proto::StatusRequest {}).await {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    if r.plan_hash == hash && r.role == "stage" {
+                        return Ok(());
+                    }
+                    last = format!("at plan {} as {}", r.plan_hash, r.role);
+                }
+                Err(s) => last = s.message().to_string(),
+            },
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(ClusterError::NoWorker(format!(
+        "the next stage {addr} did not take plan {hash} within {timeout:?} ({last})"
+    )))
+}
+
+/// Measures the link to a peer: latency from small pings (half the median round trip),
+/// bandwidth from 1 MiB pings (both directions counted).
+pub async fn measure_link(addr: &str) -> Result<LinkMeasure> {
+    let channel = tonic::transport::Endpoint::from_shared(addr.to_string())?
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+    let mut c = WorkerClient::new(channel)
+        .max_decoding_message_size(16 << 20)
+        .max_encoding_message_size(16 << 20);
+    let mut rtts = Vec::new();
+    for _ in 0..7 {
+        let t0 = Instant::now();
+        c.ping(proto::PingRequest {
+            payload: vec![0; 64],
+        })
+        .await?;
+        rtts.push(t0.elapsed().as_secs_f64());
+    }
+    rtts.sort_by(f64::total_cmp);
+    let rtt = rtts[rtts.len() / 2];
+    let big = vec![0x5au8; 1 << 20];
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        c.ping(proto::PingRequest {
+            payload: big.clone(),
+        })
+        .await?;
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok(LinkMeasure {
+        latency_s: rtt / 2.0,
+        bandwidth_bytes_per_s: (2 << 20) as f64 / (best - rtt).max(1e-6),
+    })
+}
+
+fn engine_config(shape: EngineShape, threads: usize) -> EngineConfig {
+    EngineConfig {
+        slots: shape.slots,
+        ctx: shape.ctx,
+        ubatch: shape.ubatch,
+        step_tokens: shape.ubatch.max(shape.slots + 1),
+        threads,
+        ..EngineConfig::default()
+    }
+}
+
+impl Node {
+    /// Loads `plan`: keeps the role when this worker's pipeline is unchanged, else tears it
+    /// down and builds the new one.
+    async fn apply(&self, plan: ClusterPlan) -> Result<()> {
+        let mine = plan
+            .stage_of(&self.id)
+            .map(|(p, i, _)| (plan.pipelines[p].clone(), i));
+        let old = {
+            let mut cur = self.cur.lock().map_err(|_| ClusterError::LeaseLost)?;
+            cur.plan = Some(plan.clone());
+            let same = match (&cur.pipeline, &mine) {
+                (Some(a), Some((b, _))) => a.stages == b.stages,
+                (None, None) => true,
+                _ => false,
+            };
+            if same {
+                tracing::info!(
+                    epoch = plan.epoch,
+                    role = cur.role.name(),
+                    "plan leaves this worker's role as it is"
+                );
+                return Ok(());
+            }
+            cur.pipeline = None;
+            std::mem::replace(&mut cur.role, Role::Idle)
+        };
+        // The old role ends: running sessions finish (a head whose next stage is gone fails
+        // them at its next pass; the router resumes them on the new plan).
+        if let Role::Replica { engine } | Role::Head { engine } = old {
+            tokio::task::spawn_blocking(move || engine.shutdown());
+        }
+        let Some((pipeline, idx)) = mine else {
+            tracing::info!(epoch = plan.epoch, "not in the plan: idle");
+            return Ok(());
+        };
+        let stage = pipeline.stages[idx].clone();
+        let cfg = engine_config(plan.shape, self.threads);
+        let role = if pipeline.stages.len() == 1 {
+            let e = Engine::start(self.model.clone(), self.pieces.clone(), cfg)?;
+            Role::Replica {
+                engine: Arc::new(e),
+            }
+        } else if idx == 0 {
+            // The later stages first take the plan; then this head opens the stream.
+            let next = &pipeline.stages[1].addr;
+            // Mark the plan before waiting, so the router sees a head that is coming up.
+            wait_for_stage(next, &plan.hash, Duration::from_secs(30)).await?;
+            let link =
+                GrpcStageLink::connect(next, plan.epoch, &plan.hash, self.step_timeout).await?;
+            let head = PipelineHead {
+                layers: stage.layers.end,
+                link: Box::new(link),
+            };
+            let e = Engine::start_pipeline(self.model.clone(), self.pieces.clone(), cfg, head)?;
+            Role::Head {
+                engine: Arc::new(e),
+            }
+        } else {
+            Role::Stage {
+                layers: stage.layers.clone(),
+                next: pipeline.stages.get(idx + 1).map(|s| s.addr.clone()),
+            }
+        };
+        tracing::info!(
+            epoch = plan.epoch,
+            role = role.name(),
+            layers = ?stage.layers,
+            stages = pipeline.stages.len(),
+            "took a role"
+        );
+        let mut cur = self.cur.lock().map_err(|_| ClusterError::LeaseLost)?;
+        // A newer plan may have come meanwhile: then this role is replaced at its turn.
+        cur.role = role;
+        cur.pipeline = Some(pipeline);
+        cur.since_epoch = plan.epoch;
+        cur.since_hash = plan.hash.clone();
+        Ok(())
+    }
+
+    fn teardown(&self) {
+        if let Ok(mut cur) = self.cur.lock() {
+            cur.pipeline = None;
+            if let Role::Replica { engine } | Role::Head { engine } =
+                std::mem::replace(&mut cur.role, Role::Idle)
+            {
+                std::thread::spawn(move || engine.shutdown());
+            }
+        }
+    }
+}
+
+/// Runs a worker until `shutdown` resolves (then it leaves the cluster: its lease is
+/// revoked, so the leader replans at once) or its lease is lost (an error: it stops
+/// serving, as its peers already consider it gone).
+pub async fn run(cfg: WorkerConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+    let local = listener.local_addr()?;
+    let addr = cfg
+        .advertise
+        .clone()
+        .unwrap_or_else(|| format!("http://{local}"));
+    let node = Arc::new(Node {
+        id: cfg.id.clone(),
+        model: cfg.model.clone(),
+        pieces: cfg.pieces.clone(),
+        threads: cfg.threads,
+        step_timeout: cfg.step_timeout,
+        cur: Mutex::new(Current {
+            role: Role::Idle,
+            pipeline: None,
+            since_epoch: 0,
+            since_hash: String::new(),
+            plan: None,
+        }),
+    });
+    let svc = WorkerServer::new(Service(node.clone()))
+        .max_decoding_message_size(1 << 30)
+        .max_encoding_message_size(1 << 30);
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(svc)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    tracing::info!(id = %cfg.id, %addr, "worker listening; measuring");
+    let model = cfg.model.clone();
+    let (threads, mb) = (cfg.threads, cfg.measure_bytes);
+    let (rates, overhead) = tokio::task::spawn_blocking(move || measure(&model, threads, mb))
+        .await
+        .map_err(|e| ClusterError::Invalid {
+            what: "measurement",
+            reason: e.to_string(),
+        })??;
+    let spec = ModelSpec::of(&cfg.model);
+    let mut profile = WorkerProfile {
+        id: cfg.id.clone(),
+        addr: addr.clone(),
+        model: spec.fingerprint.clone(),
+        memory_bytes: cfg.memory.or_else(available_memory).unwrap_or(0),
+        threads: cfg.threads,
+        stream_rate: rates,
+        dispatch_overhead_s: overhead,
+        links: Default::default(),
+        started_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    tracing::info!(rates = ?profile.stream_rate, overhead_s = profile.dispatch_overhead_s, memory = profile.memory_bytes, "measured");
+    let keys = Keys::new(&cfg.cluster);
+    let mut client = membership::connect(&cfg.etcd).await?;
+    let reg = membership::register(&mut client, &keys, &profile, cfg.lease_ttl_s).await?;
+    tracing::info!(lease = reg.lease, "registered");
+    let leader = tokio::spawn(membership::lead(
+        client.clone(),
+        keys.clone(),
+        cfg.id.clone(),
+        reg.lease,
+        spec,
+        cfg.shape,
+    ));
+    let (ptx, mut prx) = watch::channel(None);
+    let plans = tokio::spawn(membership::watch_plan(client.clone(), keys.clone(), ptx));
+    let (wtx, mut wrx) = watch::channel(Default::default());
+    let members = tokio::spawn(membership::watch_workers(client.clone(), keys.clone(), wtx));
+    let mut lost = reg.lost.clone();
+    tokio::pin!(shutdown);
+    let result = loop {
+        tokio::select! {
+            _ = &mut shutdown => break Ok(()),
+            r = lost.changed() => {
+                if r.is_err() || *lost.borrow() {
+                    break Err(ClusterError::LeaseLost);
+                }
+            }
+            r = prx.changed() => {
+                if r.is_err() {
+                    break Err(ClusterError::NoWorker("the plan watch ended".into()));
+                }
+                let p = prx.borrow_and_update().clone();
+                if let Some(p) = p
+                    && let Err(e) = node.apply(p).await
+                {
+                    tracing::error!(error = %e, "could not take the plan's role");
+                }
+            }
+            r = wrx.changed() => {
+                if r.is_err() {
+                    break Err(ClusterError::NoWorker("the membership watch ended".into()));
+                }
+                let peers: Vec<(String, String)> = wrx
+                    .borrow_and_update()
+                    .values()
+                    .filter(|w| w.id != profile.id && !profile.links.contains_key(&w.id))
+                    .map(|w| (w.id.clone(), w.addr.clone()))
+                    .collect();
+                let mut changed = false;
+                for (id, a) in peers {
+                    match measure_link(&a).await {
+                        Ok(l) => {
+                            tracing::info!(peer = %id, latency_s = l.latency_s, bandwidth = l.bandwidth_bytes_per_s, "measured a link");
+                            profile.links.insert(id, l);
+                            changed = true;
+                        }
+                        Err(e) => tracing::warn!(peer = %id, error = %e, "link not measured"),
+                    }
+                }
+                if changed
+                    && let Err(e) = membership::put_profile(&mut client, &keys, &profile, reg.lease).await
+                {
+                    tracing::warn!(error = %e, "profile not updated");
+                }
+            }
+        }
+    };
+    leader.abort();
+    plans.abort();
+    members.abort();
+    node.teardown();
+    if result.is_ok() {
+        let _ = client.lease_revoke(reg.lease).await;
+    }
+    server.abort();
+    result
+}
+
+/// Starts serving the worker protocol for a fixed role without etcd (tests and tools): a
+/// replica, or a pipeline stage of `layers`. Returns the bound address.
+#[doc(hidden)]
+pub async fn serve_fixed(
+    model: Arc<Model>,
+    pieces: Arc<dyn TokenPieces>,
+    threads: usize,
+    plan: ClusterPlan,
+    id: &str,
+) -> Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let local = listener.local_addr()?;
+    let node = Arc::new(Node {
+        id: id.to_string(),
+        model,
+        pieces,
+        threads,
+        step_timeout: Duration::from_secs(30),
+        cur: Mutex::new(Current {
+            role: Role::Idle,
+            pipeline: None,
+            since_epoch: 0,
+            since_hash: String::new(),
+            plan: None,
+        }),
+    });
+    let svc = WorkerServer::new(Service(node.clone()))
+        .max_decoding_message_size(1 << 30)
+        .max_encoding_message_size(1 << 30);
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(svc)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let n = node.clone();
+    tokio::spawn(async move {
+        if let Err(e) = n.apply(plan).await {
+            tracing::error!(error = %e, "fixed role failed");
+        }
+    });
+    Ok(local)
+}
