@@ -52,6 +52,9 @@ pub struct RouterConfig {
 /// Prefix blocks remembered per routed prompt (affinity).
 const BLOCK: usize = 16;
 const REMEMBERED: usize = 4096;
+/// How long a session whose every head failed waits for a new plan before trying the same
+/// heads again.
+const REPLAN_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 struct Counters {
@@ -267,13 +270,15 @@ impl ClusterRouter {
                     p
                 }
                 Some(p) if self.choose(&p, &blocks, &failed).is_some() => p,
-                _ => match self.wait_plan(failed_epoch, deadline).await {
-                    Some(p) => {
-                        failed.clear();
-                        p
-                    }
-                    None => break,
-                },
+                // Every head of the failure's plan failed: a newer plan (the leader replans
+                // once the lost worker's lease expires), or, if none comes within
+                // REPLAN_WAIT, this plan's heads again (the failure may have been passing).
+                Some(p) => {
+                    let until = deadline.min(Instant::now() + REPLAN_WAIT);
+                    failed.clear();
+                    self.wait_plan(failed_epoch, until).await.unwrap_or(p)
+                }
+                None => break,
             };
             let Some((head, addr)) = self.choose(&plan, &blocks, &failed) else {
                 last_error = format!("plan {} has no pipeline", plan.epoch);
@@ -313,7 +318,7 @@ impl ClusterRouter {
                     last_error = m;
                     failed.push(head);
                     failed_epoch = Some(plan.epoch);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::time::sleep(Duration::from_millis(100 << attempt.min(4))).await;
                 }
             }
         }

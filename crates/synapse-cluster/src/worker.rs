@@ -121,7 +121,12 @@ struct Node {
     threads: usize,
     step_timeout: Duration,
     cur: Mutex<Current>,
+    /// Bumped whenever the role changes.
+    role_changes: watch::Sender<u64>,
 }
+
+/// How long a request waits for a head or replica that is setting up.
+const ROLE_WAIT: Duration = Duration::from_secs(30);
 
 fn unavailable(m: impl Into<String>) -> Status {
     Status::unavailable(m.into())
@@ -144,23 +149,38 @@ impl Worker for Service {
         req: TRequest<proto::GenerateRequest>,
     ) -> std::result::Result<Response<EventStream>, Status> {
         let g = req.into_inner();
-        let engine = {
-            let cur = self
-                .0
-                .cur
-                .lock()
-                .map_err(|_| Status::internal("poisoned"))?;
-            let have = cur.plan.as_ref().map(|p| (p.epoch, p.hash.clone()));
-            if have.as_ref().map(|h| h.1.as_str()) != Some(g.plan_hash.as_str()) {
-                return Err(Status::failed_precondition(format!(
-                    "stale plan: request under {} ({}), worker at {:?}",
-                    g.epoch, g.plan_hash, have
-                )));
+        // A head or replica the plan names may still be setting up (its next stage takes
+        // the plan first): wait for it rather than refuse.
+        let mut roles = self.0.role_changes.subscribe();
+        let t0 = Instant::now();
+        let engine = loop {
+            {
+                let cur = self
+                    .0
+                    .cur
+                    .lock()
+                    .map_err(|_| Status::internal("poisoned"))?;
+                let have = cur.plan.as_ref().map(|p| (p.epoch, p.hash.clone()));
+                if have.as_ref().map(|h| h.1.as_str()) != Some(g.plan_hash.as_str()) {
+                    return Err(Status::failed_precondition(format!(
+                        "stale plan: request under {} ({}), worker at {:?}",
+                        g.epoch, g.plan_hash, have
+                    )));
+                }
+                let coming = cur
+                    .plan
+                    .as_ref()
+                    .and_then(|p| p.stage_of(&self.0.id))
+                    .is_some_and(|(_, i, _)| i == 0);
+                match &cur.role {
+                    Role::Replica { engine } | Role::Head { engine } => break engine.clone(),
+                    Role::Idle if coming && t0.elapsed() < ROLE_WAIT => {}
+                    other => {
+                        return Err(unavailable(format!("this worker is a {}", other.name())));
+                    }
+                }
             }
-            match &cur.role {
-                Role::Replica { engine } | Role::Head { engine } => engine.clone(),
-                other => return Err(unavailable(format!("this worker is a {}", other.name()))),
-            }
+            let _ = tokio::time::timeout(Duration::from_millis(200), roles.changed()).await;
         };
         let r = wire::request_from_wire(g);
         let session = match engine.submit(r) {
@@ -515,6 +535,8 @@ impl Node {
         cur.pipeline = Some(pipeline);
         cur.since_epoch = plan.epoch;
         cur.since_hash = plan.hash.clone();
+        drop(cur);
+        self.role_changes.send_modify(|n| *n += 1);
         Ok(())
     }
 
@@ -553,6 +575,7 @@ pub async fn run(cfg: WorkerConfig, shutdown: impl std::future::Future<Output = 
             since_hash: String::new(),
             plan: None,
         }),
+        role_changes: watch::channel(0).0,
     });
     let svc = WorkerServer::new(Service(node.clone()))
         .max_decoding_message_size(1 << 30)
@@ -689,6 +712,7 @@ pub async fn serve_fixed(
             since_hash: String::new(),
             plan: None,
         }),
+        role_changes: watch::channel(0).0,
     });
     let svc = WorkerServer::new(Service(node.clone()))
         .max_decoding_message_size(1 << 30)

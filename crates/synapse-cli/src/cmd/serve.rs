@@ -305,7 +305,7 @@ fn serve_cluster(
             info,
             queue: args.queue,
             resume_timeout: Duration::from_secs(args.resume_timeout.max(1)),
-            attempts: 8,
+            attempts: 16,
         })
         .await
         .context("connecting to the cluster")?;

@@ -1,0 +1,473 @@
+//! One model over several worker processes on this machine, end to end: a real etcd
+//! (started per test on free ports with its own data directory), `synapse-cli worker`
+//! processes, and `synapse-cli serve --cluster` as the OpenAI front end, compared with one
+//! machine's `synapse-cli serve` on the same requests.
+//!
+//! - Replicas: workers that each hold the model run it whole; the responses (text, tokens'
+//!   log-probabilities, usage) equal one machine's.
+//! - A pipeline: workers whose `--memory` is smaller than the model split its layers; the
+//!   responses equal one machine's.
+//! - Failures: a pipeline worker SIGKILLed mid-stream — its lease expires, the leader
+//!   replans over the rest, the session resumes from its prompt and streamed tokens, and the
+//!   client's stream equals an uninterrupted run; the killed worker restarted under its id
+//!   rejoins and gets work again.
+//!
+//! Needs `etcd` (Debian `etcd-server`; `.ci/run` installs it) and SmolLM2-135M-Instruct in
+//! the model cache.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use synapse_cluster::membership::{self, Keys};
+use synapse_cluster::plan::ClusterPlan;
+
+const BIN: &str = env!("CARGO_BIN_EXE_synapse-cli");
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn etcd_bin() -> Option<PathBuf> {
+    let p = PathBuf::from("/usr/bin/etcd");
+    synapse_testdata::require(&p, "etcd (Debian etcd-server)").then_some(p)
+}
+
+fn model() -> Option<PathBuf> {
+    let p = synapse_testdata::model("smollm2-135m-instruct");
+    synapse_testdata::require(&p, "SmolLM2-135M-Instruct").then_some(p)
+}
+
+/// An etcd on free ports with its own data directory.
+struct Etcd {
+    _p: Proc,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+fn start_etcd(bin: &Path) -> Etcd {
+    let dir = tempfile::tempdir().unwrap();
+    let (c, p) = (free_port(), free_port());
+    let url = format!("http://127.0.0.1:{c}");
+    let child = Command::new(bin)
+        .args([
+            "--data-dir",
+            dir.path().join("data").to_str().unwrap(),
+            "--listen-client-urls",
+            &url,
+            "--advertise-client-urls",
+            &url,
+            "--listen-peer-urls",
+            &format!("http://127.0.0.1:{p}"),
+            "--initial-advertise-peer-urls",
+            &format!("http://127.0.0.1:{p}"),
+            "--initial-cluster",
+            &format!("default=http://127.0.0.1:{p}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let e = Etcd {
+        _p: Proc(child),
+        url,
+        _dir: dir,
+    };
+    let t0 = Instant::now();
+    while TcpStream::connect(("127.0.0.1", c)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "etcd did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    e
+}
+
+fn worker(etcd: &str, model: &Path, id: &str, memory: &str, cluster: &str) -> Proc {
+    let log =
+        std::fs::File::create(std::env::temp_dir().join(format!("synapse-{cluster}-{id}.log")))
+            .unwrap();
+    let child = Command::new(BIN)
+        .args([
+            "worker",
+            "--etcd",
+            etcd,
+            "-m",
+            model.to_str().unwrap(),
+            "--id",
+            id,
+            "--memory",
+            memory,
+            "--cluster-name",
+            cluster,
+            "-c",
+            "384",
+            "--parallel",
+            "2",
+            "--ubatch",
+            "64",
+            "--threads",
+            "1",
+            "--lease-ttl",
+            "2",
+            "--step-timeout",
+            "5",
+            "--measure-mib",
+            "8",
+        ])
+        .env("SYNAPSE_LOG", "info")
+        .env_remove("SYNAPSE_MODEL")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Proc(child)
+}
+
+/// A server process and the address from its `listening on` line.
+fn server(args: &[&str]) -> (Proc, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("SYNAPSE_MODEL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(err).lines();
+    let addr = loop {
+        let l = lines
+            .next()
+            .expect("server exited before listening")
+            .unwrap();
+        if let Some(a) = l.split("listening on http://").nth(1) {
+            break a.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    // Keep draining its stderr so it never blocks.
+    std::thread::spawn(move || for _ in lines {});
+    (Proc(child), addr)
+}
+
+fn one_machine(model: &Path) -> (Proc, String) {
+    server(&[
+        "serve",
+        "-m",
+        model.to_str().unwrap(),
+        "--port",
+        "0",
+        "-c",
+        "768",
+        "--parallel",
+        "2",
+        "-t",
+        "1",
+    ])
+}
+
+fn front_end(etcd: &str, model: &Path, cluster: &str) -> (Proc, String) {
+    server(&[
+        "serve",
+        "--cluster",
+        etcd,
+        "--cluster-name",
+        cluster,
+        "-m",
+        model.to_str().unwrap(),
+        "--port",
+        "0",
+        "--resume-timeout",
+        "60",
+    ])
+}
+
+/// POST `body` to `path`: (status, JSON body).
+fn post(addr: &str, path: &str, body: &str) -> (u16, Value) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let status: u16 = raw[9..12].parse().unwrap();
+    let (_, rest) = raw.split_once("\r\n\r\n").unwrap();
+    let body = match (rest.find('{'), rest.rfind('}')) {
+        (Some(a), Some(b)) => serde_json::from_str(&rest[a..=b]).unwrap_or(Value::Null),
+        _ => Value::Null,
+    };
+    (status, body)
+}
+
+/// A streamed completion; `on_chunk(n)` is called after the `n`-th content chunk. Returns the
+/// concatenated text and the finish reason.
+fn stream(addr: &str, body: &str, mut on_chunk: impl FnMut(usize)) -> (String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    let mut finish = String::new();
+    let mut n = 0;
+    let mut done = false;
+    for line in BufReader::new(s).lines() {
+        let line = line.unwrap();
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            done = true;
+            break;
+        }
+        let v: Value = serde_json::from_str(data).unwrap();
+        assert!(v.get("error").is_none(), "stream error: {v}");
+        if let Some(c) = v["choices"].get(0) {
+            if let Some(t) = c["text"].as_str()
+                && !t.is_empty()
+            {
+                text.push_str(t);
+                n += 1;
+                on_chunk(n);
+            }
+            if let Some(f) = c["finish_reason"].as_str() {
+                finish = f.to_string();
+            }
+        }
+    }
+    assert!(done, "the stream ended without [DONE]");
+    (text, finish)
+}
+
+fn plan_now(etcd: &str, cluster: &str) -> Option<ClusterPlan> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = membership::connect(etcd).await.ok()?;
+        membership::plan(&mut c, &Keys::new(cluster)).await.ok()?.0
+    })
+}
+
+/// Waits for a plan that `ok` accepts.
+fn wait_plan(
+    etcd: &str,
+    cluster: &str,
+    what: &str,
+    ok: impl Fn(&ClusterPlan) -> bool,
+) -> ClusterPlan {
+    let t0 = Instant::now();
+    loop {
+        if let Some(p) = plan_now(etcd, cluster)
+            && ok(&p)
+        {
+            return p;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no plan with {what}: {:?}",
+            plan_now(etcd, cluster)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+const PROMPTS: [&str; 4] = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village at the edge of a great forest, there lived",
+    "List three colors:",
+];
+
+fn body(prompt: &str, n: usize, i: usize) -> String {
+    // Greedy and seeded sampling, with log-probabilities.
+    let temp = if i % 2 == 1 { 0.8 } else { 0.0 };
+    serde_json::json!({
+        "prompt": prompt,
+        "max_tokens": n,
+        "temperature": temp,
+        "seed": 7 + i,
+        "logprobs": 3,
+    })
+    .to_string()
+}
+
+/// The parts of a completion that must equal one machine's.
+fn essence(v: &Value) -> Value {
+    let c = &v["choices"][0];
+    serde_json::json!({
+        "text": c["text"],
+        "finish": c["finish_reason"],
+        "logprobs": c["logprobs"],
+        "usage": {"prompt": v["usage"]["prompt_tokens"], "completion": v["usage"]["completion_tokens"]},
+    })
+}
+
+/// Sends every prompt to both, concurrently to the cluster; the answers must be equal.
+fn compare(cluster_addr: &str, one_addr: &str, n: usize) {
+    let want: Vec<Value> = PROMPTS
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (s, v) = post(one_addr, "/v1/completions", &body(p, n, i));
+            assert_eq!(s, 200, "{v}");
+            essence(&v)
+        })
+        .collect();
+    let got: Vec<Value> = std::thread::scope(|sc| {
+        let hs: Vec<_> = PROMPTS
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let b = body(p, n, i);
+                sc.spawn(move || {
+                    let (s, v) = post(cluster_addr, "/v1/completions", &b);
+                    assert_eq!(s, 200, "{v}");
+                    essence(&v)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(w, g, "prompt {i}");
+    }
+}
+
+#[test]
+fn replicas_answer_as_one_machine() {
+    let (Some(etcd_bin), Some(m)) = (etcd_bin(), model()) else {
+        return;
+    };
+    let etcd = start_etcd(&etcd_bin);
+    let _w: Vec<Proc> = ["r1", "r2"]
+        .iter()
+        .map(|id| worker(&etcd.url, &m, id, "4G", "replicas"))
+        .collect();
+    let p = wait_plan(&etcd.url, "replicas", "two replicas", |p| {
+        p.pipelines.len() == 2
+    });
+    assert_eq!(p.rule, "replicas");
+    assert!(
+        p.pipelines
+            .iter()
+            .all(|x| x.stages.len() == 1 && x.stages[0].layers == (0..30))
+    );
+    let (_fe, fe) = front_end(&etcd.url, &m, "replicas");
+    let (_one, one) = one_machine(&m);
+    compare(&fe, &one, 24);
+    eprintln!(
+        "replicas: plan {} ({}), {} prompts equal to one machine",
+        p.epoch,
+        p.hash,
+        PROMPTS.len()
+    );
+}
+
+#[test]
+fn a_pipeline_answers_as_one_machine_and_survives_a_killed_worker() {
+    let (Some(etcd_bin), Some(m)) = (etcd_bin(), model()) else {
+        return;
+    };
+    let etcd = start_etcd(&etcd_bin);
+    // SmolLM2 Q4_1 is ~98 MB of weights and its KV for 2 × 384 positions ~35 MB: no worker
+    // of 80 MB holds both; two or three do.
+    let mut ws: Vec<(String, Proc)> = ["p1", "p2", "p3"]
+        .iter()
+        .map(|id| (id.to_string(), worker(&etcd.url, &m, id, "80M", "pipe")))
+        .collect();
+    let p = wait_plan(
+        &etcd.url,
+        "pipe",
+        "a pipeline over the three workers",
+        |p| p.workers().len() == 3 || (p.workers().len() >= 2 && p.epoch >= 2),
+    );
+    assert_eq!(p.rule, "pipeline");
+    assert_eq!(p.pipelines.len(), 1);
+    let stages = &p.pipelines[0].stages;
+    assert!(stages.len() >= 2, "{p:?}");
+    eprintln!(
+        "pipeline: epoch {} stages {:?}",
+        p.epoch,
+        stages
+            .iter()
+            .map(|s| (s.worker.clone(), s.layers.clone()))
+            .collect::<Vec<_>>()
+    );
+    let (_fe, fe) = front_end(&etcd.url, &m, "pipe");
+    let (_one, one) = one_machine(&m);
+    compare(&fe, &one, 24);
+
+    // A long greedy stream; the last stage's worker is killed after 8 chunks.
+    let victim = stages.last().unwrap().worker.clone();
+    let long = serde_json::json!({
+        "prompt": PROMPTS[2],
+        "max_tokens": 96,
+        "temperature": 0,
+        "stream": true,
+    })
+    .to_string();
+    let (want, wfin) = stream(&one, &long, |_| {});
+    let mut killed = false;
+    let (got, gfin) = stream(&fe, &long, |n| {
+        if n == 8 && !killed {
+            let i = ws.iter().position(|(id, _)| *id == victim).unwrap();
+            let (_, mut pr) = ws.remove(i);
+            pr.0.kill().unwrap(); // SIGKILL
+            let _ = pr.0.wait();
+            killed = true;
+        }
+    });
+    assert!(killed);
+    assert_eq!(got, want, "the resumed stream equals an uninterrupted run");
+    assert_eq!(gfin, wfin);
+    let after = wait_plan(&etcd.url, "pipe", "a plan without the killed worker", |q| {
+        q.epoch > p.epoch && !q.workers().contains(&victim.as_str())
+    });
+    eprintln!(
+        "replanned without {victim}: epoch {} {:?}",
+        after.epoch,
+        after.workers()
+    );
+    // The plan after the failure still answers as one machine.
+    compare(&fe, &one, 16);
+
+    // Restarted under its id, the worker rejoins and gets work again.
+    ws.push((
+        victim.clone(),
+        worker(&etcd.url, &m, &victim, "80M", "pipe"),
+    ));
+    let back = wait_plan(&etcd.url, "pipe", "the rejoined worker", |q| {
+        q.epoch > after.epoch && q.workers().contains(&victim.as_str())
+    });
+    eprintln!(
+        "{victim} rejoined: epoch {} {:?}",
+        back.epoch,
+        back.workers()
+    );
+    compare(&fe, &one, 16);
+}
