@@ -199,7 +199,7 @@ pub fn f32s_to_bytes(v: &[f32], out: &mut Vec<u8>) {
 
 /// Little-endian bytes as `f32`s into `out` (cleared first); an error unless whole.
 pub fn bytes_to_f32s(b: &[u8], out: &mut Vec<f32>) -> Result<()> {
-    if b.len() % 4 != 0 {
+    if !b.len().is_multiple_of(4) {
         return Err(invalid("f32 bytes", format!("{} bytes", b.len())));
     }
     out.clear();

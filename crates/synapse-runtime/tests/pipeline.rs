@@ -292,8 +292,11 @@ fn drain(s: &mut synapse_runtime::engine::Session) -> Vec<Event> {
     out
 }
 
+/// A token's id, its log-probability's bits and its alternatives' (id, bits).
+type TokenBits = (u32, u32, Vec<(u32, u32)>);
+
 /// Tokens, log-probability bits and top alternatives' bits.
-fn bits(ev: &[Event]) -> Vec<(u32, u32, Vec<(u32, u32)>)> {
+fn bits(ev: &[Event]) -> Vec<TokenBits> {
     ev.iter()
         .filter_map(|e| match e {
             Event::Token(t) => {
