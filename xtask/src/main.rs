@@ -1,5 +1,6 @@
 //! `cargo xtask`: project automation. One module per task; each documents what it regenerates.
 
+mod bench_cluster;
 mod bench_engine;
 mod bench_escalation;
 mod bench_kernels_vs_ggml;
@@ -84,6 +85,9 @@ enum Command {
     /// bytes (`generate --memory`), alternating with unbudgeted runs: tok/s, hit rate, load
     /// time, first-token latency.
     BenchMoePaging(bench_moe_paging::Args),
+    /// Placement by measured speed against placement by memory share on a 2:1 pair of
+    /// cluster workers (etcd, workers and the front end as processes): aggregate tok/s.
+    BenchCluster(bench_cluster::Args),
     /// Write a mixture-of-experts GGUF of realistic size with random weights (a Mixtral-layout
     /// `llama` file both engines run), for paging and speed benchmarks.
     SyntheticMoe(synthetic_moe::Args),
@@ -123,6 +127,7 @@ fn main() -> anyhow::Result<()> {
         Command::BenchSelective(a) => bench_selective::run(a),
         Command::Test(a) => test::run(a),
         Command::BenchMoePaging(a) => bench_moe_paging::run(a),
+        Command::BenchCluster(a) => bench_cluster::run(a),
         Command::SyntheticMoe(a) => synthetic_moe::run(a).map(|_| ()),
     }
 }

@@ -21,7 +21,7 @@ use etcd_client::{
 use tokio::sync::watch;
 
 use crate::error::{ClusterError, Result};
-use crate::plan::{ClusterPlan, EngineShape, make_plan};
+use crate::plan::{ClusterPlan, EngineShape, Placement, plan_for};
 use crate::profile::{ModelSpec, WorkerProfile};
 
 /// The key names of one cluster.
@@ -310,7 +310,7 @@ pub async fn put_profile(
 pub const SETTLE: Duration = Duration::from_millis(400);
 
 /// Campaigns for leadership under `lease` and, once elected, plans whenever the workers
-/// change: reads them, plans ([`make_plan`]), and publishes when the plan's placement
+/// change: reads them, plans ([`plan_for`]), and publishes when the plan's placement
 /// differs from the published one (hysteresis: a profile update that leaves the placement
 /// as it is publishes nothing). Runs until an error (the caller's lease loss ends it too).
 pub async fn lead(
@@ -320,6 +320,7 @@ pub async fn lead(
     lease: i64,
     spec: ModelSpec,
     shape: EngineShape,
+    placement: Placement,
 ) -> Result<()> {
     client.campaign(keys.leader(), id.clone(), lease).await?;
     tracing::info!(worker = %id, "elected leader");
@@ -341,7 +342,7 @@ pub async fn lead(
             }
             let members: Vec<WorkerProfile> = wrx.borrow_and_update().values().cloned().collect();
             let (cur, rev) = plan(&mut client, &keys).await?;
-            match make_plan(&spec, &members, shape) {
+            match plan_for(&spec, &members, shape, placement) {
                 Ok(next) => {
                     let same = cur.as_ref().is_some_and(|c| c.hash == next.hash);
                     if !same {

@@ -142,6 +142,48 @@ fn link_between(a: &WorkerProfile, b: &WorkerProfile) -> Link {
     }
 }
 
+/// How the leader places layers when the model must be split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum Placement {
+    /// By measured speed, memory and links (`synapse-planner`).
+    #[default]
+    Speed,
+    /// In proportion to memory alone (llama.cpp RPC's and exo's rule), for comparison.
+    MemoryShare,
+}
+
+impl std::str::FromStr for Placement {
+    type Err = ClusterError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "speed" => Ok(Placement::Speed),
+            "memory-share" => Ok(Placement::MemoryShare),
+            other => Err(ClusterError::Invalid {
+                what: "placement",
+                reason: format!("{other:?} (speed or memory-share)"),
+            }),
+        }
+    }
+}
+
+/// The plan for `workers` under `placement`: replicas when a worker holds the model, else a
+/// pipeline placed by `placement`.
+pub fn plan_for(
+    spec: &ModelSpec,
+    workers: &[WorkerProfile],
+    shape: EngineShape,
+    placement: Placement,
+) -> Result<ClusterPlan> {
+    let p = make_plan(spec, workers, shape);
+    match (placement, &p) {
+        (Placement::MemoryShare, Ok(x)) if x.rule != "replicas" => {
+            memory_share_plan(spec, workers, shape)
+        }
+        (Placement::MemoryShare, Err(_)) => memory_share_plan(spec, workers, shape),
+        _ => p,
+    }
+}
+
 /// The plan for `workers` (those of `spec`'s model; ids sorted for determinism).
 pub fn make_plan(
     spec: &ModelSpec,
@@ -252,7 +294,9 @@ pub fn pipeline_plan(
         links,
         layers,
         context_length: (shape.slots * shape.ctx) as u64,
-        objective: Objective::Throughput,
+        // A pipeline runs one pass at a time today (no second batch in flight), so a token
+        // costs the sum of its stages' times: the latency objective is its throughput's.
+        objective: Objective::Latency,
         quality_floor: None,
         allow_approximation: false,
         max_replicas: ws.len(),

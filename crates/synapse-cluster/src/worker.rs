@@ -64,6 +64,8 @@ pub struct WorkerConfig {
     pub measure_bytes: u64,
     /// A pipeline step not answered within this fails.
     pub step_timeout: Duration,
+    /// How this worker places layers when it leads.
+    pub placement: crate::plan::Placement,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -621,6 +623,7 @@ pub async fn run(cfg: WorkerConfig, shutdown: impl std::future::Future<Output = 
         reg.lease,
         spec,
         cfg.shape,
+        cfg.placement,
     ));
     let (ptx, mut prx) = watch::channel(None);
     let plans = tokio::spawn(membership::watch_plan(client.clone(), keys.clone(), ptx));

@@ -64,6 +64,11 @@ pub struct Args {
     /// MiB streamed per encoding when measuring this worker's rates at start.
     #[arg(long, default_value_t = 256)]
     measure_mib: u64,
+    /// How layers are placed when this worker leads and the model must be split: `speed`
+    /// (measured speed, memory and links) or `memory-share` (in proportion to memory, as
+    /// llama.cpp's RPC backend does; for comparison).
+    #[arg(long, default_value = "speed")]
+    placement: String,
 }
 
 /// Runs `worker` until SIGTERM/SIGINT (it leaves the cluster) or its lease is lost.
@@ -95,6 +100,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         lease_ttl_s: args.lease_ttl,
         measure_bytes: args.measure_mib << 20,
         step_timeout: Duration::from_secs(args.step_timeout.max(1)),
+        placement: args.placement.parse()?,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
