@@ -57,48 +57,68 @@ fn model() -> Option<PathBuf> {
 
 /// An etcd on free ports with its own data directory.
 struct Etcd {
-    _p: Proc,
+    p: Option<Proc>,
     url: String,
-    _dir: tempfile::TempDir,
+    ports: (u16, u16),
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    fn spawn(&mut self) {
+        let (c, p) = self.ports;
+        let child = Command::new(&self.bin)
+            .args([
+                "--data-dir",
+                self.dir.path().join("data").to_str().unwrap(),
+                "--listen-client-urls",
+                &self.url,
+                "--advertise-client-urls",
+                &self.url,
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{p}"),
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{p}"),
+                "--initial-cluster",
+                &format!("default=http://127.0.0.1:{p}"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.p = Some(Proc(child));
+        let t0 = Instant::now();
+        while TcpStream::connect(("127.0.0.1", c)).is_err() {
+            assert!(t0.elapsed() < Duration::from_secs(20), "etcd did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL, then start again on the same ports and data.
+    fn restart(&mut self) {
+        drop(self.p.take());
+        self.spawn();
+    }
 }
 
 fn start_etcd(bin: &Path) -> Etcd {
-    let dir = tempfile::tempdir().unwrap();
-    let (c, p) = (free_port(), free_port());
-    let url = format!("http://127.0.0.1:{c}");
-    let child = Command::new(bin)
-        .args([
-            "--data-dir",
-            dir.path().join("data").to_str().unwrap(),
-            "--listen-client-urls",
-            &url,
-            "--advertise-client-urls",
-            &url,
-            "--listen-peer-urls",
-            &format!("http://127.0.0.1:{p}"),
-            "--initial-advertise-peer-urls",
-            &format!("http://127.0.0.1:{p}"),
-            "--initial-cluster",
-            &format!("default=http://127.0.0.1:{p}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let e = Etcd {
-        _p: Proc(child),
-        url,
-        _dir: dir,
+    let ports = (free_port(), free_port());
+    let mut e = Etcd {
+        p: None,
+        url: format!("http://127.0.0.1:{}", ports.0),
+        ports,
+        bin: bin.to_path_buf(),
+        dir: tempfile::tempdir().unwrap(),
     };
-    let t0 = Instant::now();
-    while TcpStream::connect(("127.0.0.1", c)).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(20), "etcd did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    e.spawn();
     e
 }
 
 fn worker(etcd: &str, model: &Path, id: &str, memory: &str, cluster: &str) -> Proc {
+    worker_ttl(etcd, model, id, memory, cluster, 2)
+}
+
+fn worker_ttl(etcd: &str, model: &Path, id: &str, memory: &str, cluster: &str, ttl: u32) -> Proc {
     let log =
         std::fs::File::create(std::env::temp_dir().join(format!("synapse-{cluster}-{id}.log")))
             .unwrap();
@@ -124,7 +144,7 @@ fn worker(etcd: &str, model: &Path, id: &str, memory: &str, cluster: &str) -> Pr
             "--threads",
             "1",
             "--lease-ttl",
-            "2",
+            &ttl.to_string(),
             "--step-timeout",
             "5",
             "--measure-mib",
@@ -359,14 +379,15 @@ fn compare(cluster_addr: &str, one_addr: &str, n: usize) {
 }
 
 #[test]
-fn replicas_answer_as_one_machine() {
+fn replicas_answer_as_one_machine_and_survive_etcd_and_replica_loss() {
     let (Some(etcd_bin), Some(m)) = (etcd_bin(), model()) else {
         return;
     };
-    let etcd = start_etcd(&etcd_bin);
-    let _w: Vec<Proc> = ["r1", "r2"]
+    let mut etcd = start_etcd(&etcd_bin);
+    // A lease TTL that outlasts an etcd restart.
+    let mut ws: Vec<Proc> = ["r1", "r2"]
         .iter()
-        .map(|id| worker(&etcd.url, &m, id, "4G", "replicas"))
+        .map(|id| worker_ttl(&etcd.url, &m, id, "4G", "replicas", 6))
         .collect();
     let p = wait_plan(&etcd.url, "replicas", "two replicas", |p| {
         p.pipelines.len() == 2
@@ -386,6 +407,26 @@ fn replicas_answer_as_one_machine() {
         p.hash,
         PROMPTS.len()
     );
+
+    // etcd killed and restarted: workers, leader and router carry on.
+    etcd.restart();
+    std::thread::sleep(Duration::from_secs(2));
+    compare(&fe, &one, 16);
+    assert_eq!(
+        plan_now(&etcd.url, "replicas").map(|q| q.hash),
+        Some(p.hash.clone())
+    );
+    eprintln!("replicas: etcd restarted, answers unchanged");
+
+    // A replica SIGKILLed: sessions go to the other at once; the plan drops it.
+    drop(ws.remove(0));
+    compare(&fe, &one, 16);
+    let q = wait_plan(&etcd.url, "replicas", "one replica", |q| {
+        q.pipelines.len() == 1
+    });
+    assert_eq!(q.workers(), vec!["r2"]);
+    compare(&fe, &one, 16);
+    eprintln!("replicas: r1 killed; plan {} serves on r2 alone", q.epoch);
 }
 
 #[test]

@@ -327,7 +327,14 @@ pub async fn lead(
     let (wtx, mut wrx) = watch::channel(BTreeMap::new());
     let wc = client.clone();
     let wk = keys.clone();
-    let watcher = tokio::spawn(async move { watch_workers(wc, wk, wtx).await });
+    let watcher = tokio::spawn(async move {
+        loop {
+            if let Err(e) = watch_workers(wc.clone(), wk.clone(), wtx.clone()).await {
+                tracing::warn!(error = %e, "membership watch failed; watching again");
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
     let result = async {
         loop {
             // Settle: wait until no change for SETTLE.

@@ -616,19 +616,60 @@ pub async fn run(cfg: WorkerConfig, shutdown: impl std::future::Future<Output = 
     let mut client = membership::connect(&cfg.etcd).await?;
     let reg = membership::register(&mut client, &keys, &profile, cfg.lease_ttl_s).await?;
     tracing::info!(lease = reg.lease, "registered");
-    let leader = tokio::spawn(membership::lead(
-        client.clone(),
-        keys.clone(),
-        cfg.id.clone(),
-        reg.lease,
-        spec,
-        cfg.shape,
-        cfg.placement,
-    ));
+    // The leader campaign, the plan and membership watches outlive etcd restarts and
+    // dropped connections: each is retried until the worker stops (its lease decides).
+    let leader = {
+        let (c, k, id, lease, shape, placement) = (
+            client.clone(),
+            keys.clone(),
+            cfg.id.clone(),
+            reg.lease,
+            cfg.shape,
+            cfg.placement,
+        );
+        tokio::spawn(async move {
+            loop {
+                let r = membership::lead(
+                    c.clone(),
+                    k.clone(),
+                    id.clone(),
+                    lease,
+                    spec.clone(),
+                    shape,
+                    placement,
+                )
+                .await;
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "leadership ended; campaigning again");
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
     let (ptx, mut prx) = watch::channel(None);
-    let plans = tokio::spawn(membership::watch_plan(client.clone(), keys.clone(), ptx));
+    let plans = {
+        let (c, k) = (client.clone(), keys.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = membership::watch_plan(c.clone(), k.clone(), ptx.clone()).await {
+                    tracing::warn!(error = %e, "plan watch failed; watching again");
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
     let (wtx, mut wrx) = watch::channel(Default::default());
-    let members = tokio::spawn(membership::watch_workers(client.clone(), keys.clone(), wtx));
+    let members = {
+        let (c, k) = (client.clone(), keys.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = membership::watch_workers(c.clone(), k.clone(), wtx.clone()).await {
+                    tracing::warn!(error = %e, "membership watch failed; watching again");
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
     let mut lost = reg.lost.clone();
     tokio::pin!(shutdown);
     let result = loop {
