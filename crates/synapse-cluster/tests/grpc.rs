@@ -1,0 +1,223 @@
+//! The worker protocol in one process, over real gRPC on 127.0.0.1: a pipeline head's
+//! scheduler stepping a remote stage gives the logits of one executor, bit for bit; a packet
+//! or request under another plan is refused at the receiver.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use synapse_cluster::link::GrpcStageLink;
+use synapse_cluster::plan::{ClusterPlan, EngineShape, PipelinePlan, StagePlan};
+use synapse_cluster::proto;
+use synapse_runtime::engine::{EngineConfig, Event, PipelineHead, Request, Scheduler, TokenPieces};
+use synapse_runtime::pipeline::{StageLink, StepPacket};
+use synapse_runtime::{Model, Row};
+
+struct Ids;
+impl TokenPieces for Ids {
+    fn piece(&self, token: u32) -> Vec<u8> {
+        format!("<{token}>").into_bytes()
+    }
+}
+
+fn tiny(family: &str) -> Option<(Arc<Model>, Vec<Vec<u32>>)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/tiny")
+        .join(family);
+    if !synapse_testdata::require(&dir.join("oracle.json"), "tiny-model fixture") {
+        return None;
+    }
+    let oracle: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
+    let seqs = oracle["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            s.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        })
+        .collect();
+    Some((
+        Arc::new(Model::load(&dir.join("model.q8_0.gguf")).unwrap()),
+        seqs,
+    ))
+}
+
+const SHAPE: EngineShape = EngineShape {
+    slots: 2,
+    ctx: 96,
+    ubatch: 16,
+};
+
+fn plan(model: &Model, addr: &str, cut: usize) -> ClusterPlan {
+    let n = model.layers.len();
+    let mut p = ClusterPlan::new(
+        &model.ir.fingerprint,
+        SHAPE,
+        vec![PipelinePlan {
+            stages: vec![
+                StagePlan {
+                    worker: "head".into(),
+                    addr: "http://unused".into(),
+                    layers: 0..cut,
+                },
+                StagePlan {
+                    worker: "tail".into(),
+                    addr: addr.into(),
+                    layers: cut..n,
+                },
+            ],
+            tokens_per_s: 1.0,
+        }],
+        "pipeline",
+    );
+    p.epoch = 7;
+    p
+}
+
+fn cfg() -> EngineConfig {
+    EngineConfig {
+        slots: SHAPE.slots,
+        ctx: SHAPE.ctx,
+        ubatch: SHAPE.ubatch,
+        step_tokens: 24,
+        threads: 1,
+        ..EngineConfig::default()
+    }
+}
+
+fn events(s: &mut Scheduler, reqs: Vec<Request>) -> Vec<Vec<Event>> {
+    let mut sessions: Vec<_> = reqs.into_iter().map(|r| s.submit(r).unwrap()).collect();
+    while s.step() {}
+    sessions
+        .iter_mut()
+        .map(|x| {
+            let mut v = Vec::new();
+            while let Some(e) = x.try_next() {
+                v.push(e);
+            }
+            v
+        })
+        .collect()
+}
+
+fn requests(seqs: &[Vec<u32>]) -> Vec<Request> {
+    seqs.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mut r = Request::greedy(s.clone(), 10);
+            r.logprobs = Some(3);
+            r.stop_at_eog = false;
+            if i % 2 == 1 {
+                r.sampling.temperature = 0.7;
+                r.sampling.seed = 5;
+            }
+            r
+        })
+        .collect()
+}
+
+#[test]
+fn a_head_over_grpc_equals_one_executor_and_stale_plans_are_refused() {
+    let Some((model, seqs)) = tiny("qwen2") else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // The tail stage serves layer 1.. on an ephemeral port.
+    let n = model.layers.len();
+    let probe = plan(&model, "http://127.0.0.1:1", 1);
+    let addr = rt
+        .block_on(synapse_cluster::worker::serve_fixed(
+            model.clone(),
+            Arc::new(Ids),
+            1,
+            probe.clone(),
+            "tail",
+        ))
+        .unwrap();
+    // The tail knows itself by its id in the plan; the head stamps the plan's epoch and hash.
+    let url = format!("http://{addr}");
+    std::thread::sleep(Duration::from_millis(300));
+    let link = rt
+        .block_on(GrpcStageLink::connect(
+            &url,
+            probe.epoch,
+            &probe.hash,
+            Duration::from_secs(10),
+        ))
+        .unwrap();
+    let head = PipelineHead {
+        layers: 1,
+        link: Box::new(link),
+    };
+    let mut piped = Scheduler::new_pipeline(model.clone(), Arc::new(Ids), cfg(), head).unwrap();
+    let mut whole = Scheduler::new(model.clone(), Arc::new(Ids), cfg()).unwrap();
+    let got = events(&mut piped, requests(&seqs));
+    let want = events(&mut whole, requests(&seqs));
+    assert_eq!(
+        got, want,
+        "the pipeline over gRPC gives one executor's events"
+    );
+    assert!(got.iter().all(|e| matches!(e.last(), Some(Event::Done(_)))));
+    eprintln!(
+        "{} sessions over {n} layers cut at 1 equal one executor",
+        got.len()
+    );
+
+    // A packet under another plan: refused by the stage.
+    let mut stale = rt
+        .block_on(GrpcStageLink::connect(
+            &url,
+            probe.epoch + 1,
+            &probe.hash,
+            Duration::from_secs(10),
+        ))
+        .unwrap();
+    let hidden = vec![0.0f32; model.hidden()];
+    let rows = [Row::decode(0, 0, 1)];
+    let ops = [synapse_runtime::KvOp::Open(0)];
+    let mut out = Vec::new();
+    let e = stale
+        .step(
+            &StepPacket {
+                ops: &ops,
+                rows: &rows,
+                hidden: &hidden,
+            },
+            &mut out,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("stale plan"), "{e}");
+
+    // A generation request to a stage, and one under another plan hash.
+    let mut client = rt
+        .block_on(proto::worker_client::WorkerClient::connect(url.clone()))
+        .unwrap();
+    let mut g = synapse_cluster::wire::request_to_wire(
+        &Request::greedy(vec![1, 2], 2),
+        probe.epoch,
+        "other",
+    );
+    let s = rt.block_on(client.generate(g.clone())).unwrap_err();
+    assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{s:?}");
+    g.plan_hash = probe.hash.clone();
+    let s = rt.block_on(client.generate(g)).unwrap_err();
+    assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+    let st = rt
+        .block_on(client.status(proto::StatusRequest {}))
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (st.role.as_str(), st.epoch, st.plan_hash),
+        ("stage", 7, probe.hash)
+    );
+}
