@@ -232,6 +232,37 @@ pub fn pipeline_plan(
     ws: &[&WorkerProfile],
     shape: EngineShape,
 ) -> Result<ClusterPlan> {
+    // The fastest pipeline over all workers, then again over the workers it left unused, as
+    // long as they can hold the model: pipelines side by side, each serving its own sessions.
+    let mut left: Vec<&WorkerProfile> = ws.to_vec();
+    let mut pipelines: Vec<PipelinePlan> = Vec::new();
+    loop {
+        match one_pipeline(spec, &left, shape) {
+            Ok(p) => {
+                left.retain(|w| !p.stages.iter().any(|s| s.worker == w.id));
+                pipelines.push(p);
+                if left.is_empty() {
+                    break;
+                }
+            }
+            Err(e) if pipelines.is_empty() => return Err(e),
+            Err(_) => break,
+        }
+    }
+    Ok(ClusterPlan::new(
+        &spec.fingerprint,
+        shape,
+        pipelines,
+        "pipeline",
+    ))
+}
+
+/// The single fastest pipeline over `ws` (the planner, latency objective).
+fn one_pipeline(
+    spec: &ModelSpec,
+    ws: &[&WorkerProfile],
+    shape: EngineShape,
+) -> Result<PipelinePlan> {
     let n = spec.n_layers();
     let devices = ws
         .iter()
@@ -299,34 +330,28 @@ pub fn pipeline_plan(
         objective: Objective::Latency,
         quality_floor: None,
         allow_approximation: false,
-        max_replicas: ws.len(),
+        max_replicas: 1,
     };
     let plan = synapse_planner::plan(&req)?;
     let by_id: BTreeMap<&str, &WorkerProfile> = ws.iter().map(|w| (w.id.as_str(), *w)).collect();
-    let pipelines = plan
+    let p = plan
         .pipelines
-        .iter()
-        .map(|p| PipelinePlan {
-            stages: p
-                .stages
-                .iter()
-                .map(|s| StagePlan {
-                    worker: s.device.clone(),
-                    addr: by_id
-                        .get(s.device.as_str())
-                        .map_or(String::new(), |w| w.addr.clone()),
-                    layers: s.layers.clone(),
-                })
-                .collect(),
-            tokens_per_s: 1.0 / p.latency_s.max(1e-9),
-        })
-        .collect();
-    Ok(ClusterPlan::new(
-        &spec.fingerprint,
-        shape,
-        pipelines,
-        "pipeline",
-    ))
+        .first()
+        .ok_or_else(|| ClusterError::NoWorker("the planner returned no pipeline".into()))?;
+    Ok(PipelinePlan {
+        stages: p
+            .stages
+            .iter()
+            .map(|s| StagePlan {
+                worker: s.device.clone(),
+                addr: by_id
+                    .get(s.device.as_str())
+                    .map_or(String::new(), |w| w.addr.clone()),
+                layers: s.layers.clone(),
+            })
+            .collect(),
+        tokens_per_s: 1.0 / p.latency_s.max(1e-9),
+    })
 }
 
 /// One pipeline over all of `ws` (in id order) with layers in proportion to each worker's
