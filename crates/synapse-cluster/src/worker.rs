@@ -554,22 +554,24 @@ impl Node {
     }
 }
 
-/// Runs a worker until `shutdown` resolves (then it leaves the cluster: its lease is
-/// revoked, so the leader replans at once) or its lease is lost (an error: it stops
-/// serving, as its peers already consider it gone).
-pub async fn run(cfg: WorkerConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
-    let local = listener.local_addr()?;
-    let addr = cfg
-        .advertise
-        .clone()
-        .unwrap_or_else(|| format!("http://{local}"));
+/// A node in no role, serving the worker protocol on `listener`.
+fn start_node(
+    id: &str,
+    model: Arc<Model>,
+    pieces: Arc<dyn TokenPieces>,
+    threads: usize,
+    step_timeout: Duration,
+    listener: tokio::net::TcpListener,
+) -> (
+    Arc<Node>,
+    tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>>,
+) {
     let node = Arc::new(Node {
-        id: cfg.id.clone(),
-        model: cfg.model.clone(),
-        pieces: cfg.pieces.clone(),
-        threads: cfg.threads,
-        step_timeout: cfg.step_timeout,
+        id: id.to_string(),
+        model,
+        pieces,
+        threads,
+        step_timeout,
         cur: Mutex::new(Current {
             role: Role::Idle,
             pipeline: None,
@@ -587,6 +589,27 @@ pub async fn run(cfg: WorkerConfig, shutdown: impl std::future::Future<Output = 
             .tcp_nodelay(true)
             .add_service(svc)
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    (node, server)
+}
+
+/// Runs a worker until `shutdown` resolves (then it leaves the cluster: its lease is
+/// revoked, so the leader replans at once) or its lease is lost (an error: it stops
+/// serving, as its peers already consider it gone).
+pub async fn run(cfg: WorkerConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+    let local = listener.local_addr()?;
+    let addr = cfg
+        .advertise
+        .clone()
+        .unwrap_or_else(|| format!("http://{local}"));
+    let (node, server) = start_node(
+        &cfg.id,
+        cfg.model.clone(),
+        cfg.pieces.clone(),
+        cfg.threads,
+        cfg.step_timeout,
+        listener,
     );
     tracing::info!(id = %cfg.id, %addr, "worker listening; measuring");
     let model = cfg.model.clone();
@@ -743,29 +766,13 @@ pub async fn serve_fixed(
 ) -> Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let local = listener.local_addr()?;
-    let node = Arc::new(Node {
-        id: id.to_string(),
+    let (node, _server) = start_node(
+        id,
         model,
         pieces,
         threads,
-        step_timeout: Duration::from_secs(30),
-        cur: Mutex::new(Current {
-            role: Role::Idle,
-            pipeline: None,
-            since_epoch: 0,
-            since_hash: String::new(),
-            plan: None,
-        }),
-        role_changes: watch::channel(0).0,
-    });
-    let svc = WorkerServer::new(Service(node.clone()))
-        .max_decoding_message_size(1 << 30)
-        .max_encoding_message_size(1 << 30);
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .tcp_nodelay(true)
-            .add_service(svc)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        Duration::from_secs(30),
+        listener,
     );
     let n = node.clone();
     tokio::spawn(async move {

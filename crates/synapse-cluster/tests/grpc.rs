@@ -27,20 +27,7 @@ fn tiny(family: &str) -> Option<(Arc<Model>, Vec<Vec<u32>>)> {
     if !synapse_testdata::require(&dir.join("oracle.json"), "tiny-model fixture") {
         return None;
     }
-    let oracle: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
-    let seqs = oracle["sequences"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            s.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect()
-        })
-        .collect();
+    let seqs = synapse_testdata::tiny_sequences(&dir);
     Some((
         Arc::new(Model::load(&dir.join("model.q8_0.gguf")).unwrap()),
         seqs,

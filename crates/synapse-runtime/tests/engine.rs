@@ -112,25 +112,7 @@ fn req(prompt: Vec<u32>, n: usize, i: usize) -> Request {
     r
 }
 
-/// A token's id, its log-probability's bits and its alternatives' (id, bits).
-type TokenBits = (u32, u32, Vec<(u32, u32)>);
-
-/// Bits of every token's id, log-probability and top-5 alternatives.
-fn bits(ev: &[Event]) -> Vec<TokenBits> {
-    ev.iter()
-        .filter_map(|e| match e {
-            Event::Token(t) => {
-                let lp = t.logprob.as_ref().unwrap();
-                Some((
-                    t.id,
-                    lp.logprob.to_bits(),
-                    lp.top.iter().map(|&(i, v)| (i, v.to_bits())).collect(),
-                ))
-            }
-            _ => None,
-        })
-        .collect()
-}
+use common::bits;
 
 fn small_cfg() -> EngineConfig {
     EngineConfig {

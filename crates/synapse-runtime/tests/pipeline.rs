@@ -292,25 +292,7 @@ fn drain(s: &mut synapse_runtime::engine::Session) -> Vec<Event> {
     out
 }
 
-/// A token's id, its log-probability's bits and its alternatives' (id, bits).
-type TokenBits = (u32, u32, Vec<(u32, u32)>);
-
-/// Tokens, log-probability bits and top alternatives' bits.
-fn bits(ev: &[Event]) -> Vec<TokenBits> {
-    ev.iter()
-        .filter_map(|e| match e {
-            Event::Token(t) => {
-                let lp = t.logprob.as_ref().unwrap();
-                Some((
-                    t.id,
-                    lp.logprob.to_bits(),
-                    lp.top.iter().map(|&(i, v)| (i, v.to_bits())).collect(),
-                ))
-            }
-            _ => None,
-        })
-        .collect()
-}
+use common::bits;
 
 fn request(prompt: Vec<u32>, n: usize, i: usize) -> Request {
     let mut r = Request::greedy(prompt, n);

@@ -143,3 +143,23 @@ pub fn require(path: &Path, what: &str) -> bool {
     eprintln!("SKIPPED: {msg} (run .ci/fetch-test-data)");
     false
 }
+
+/// The token sequences of a tiny-model fixture directory (`oracle.json`'s `sequences`).
+/// Panics on a malformed fixture (committed data).
+pub fn tiny_sequences(dir: &Path) -> Vec<Vec<u32>> {
+    let text = std::fs::read_to_string(dir.join("oracle.json"))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.join("oracle.json").display()));
+    let oracle: serde_json::Value = serde_json::from_str(&text).expect("oracle.json is JSON");
+    oracle["sequences"]
+        .as_array()
+        .expect("oracle.json has sequences")
+        .iter()
+        .map(|s| {
+            s.as_array()
+                .expect("a sequence is an array")
+                .iter()
+                .map(|x| x.as_u64().expect("token ids are integers") as u32)
+                .collect()
+        })
+        .collect()
+}

@@ -19,22 +19,7 @@ pub fn workspace_root() -> PathBuf {
 pub use synapse_testdata::{default_model, model as known_model, require};
 
 /// The token sequences of a tiny-model fixture (`oracle.json`'s `sequences`).
-pub fn tiny_sequences(dir: &Path) -> Vec<Vec<u32>> {
-    let oracle: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("oracle.json")).unwrap()).unwrap();
-    oracle["sequences"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            s.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect()
-        })
-        .collect()
-}
+pub use synapse_testdata::tiny_sequences;
 
 /// One prefill pass over `seq` in slot 0 from position 0, logits for every row.
 pub fn all_logit_rows(seq: &[u32]) -> Vec<synapse_runtime::Row> {
@@ -99,4 +84,25 @@ pub fn tiny_importance_map(
     .unwrap();
     assert_eq!(seen, linears(model).len());
     map
+}
+
+/// A token's id, its log-probability's bits and its alternatives' (id, bits).
+pub type TokenBits = (u32, u32, Vec<(u32, u32)>);
+
+/// Bits of every token's id, log-probability and top alternatives of a session's events
+/// (every token must carry its log-probability).
+pub fn bits(ev: &[synapse_runtime::engine::Event]) -> Vec<TokenBits> {
+    ev.iter()
+        .filter_map(|e| match e {
+            synapse_runtime::engine::Event::Token(t) => {
+                let lp = t.logprob.as_ref().unwrap();
+                Some((
+                    t.id,
+                    lp.logprob.to_bits(),
+                    lp.top.iter().map(|&(i, v)| (i, v.to_bits())).collect(),
+                ))
+            }
+            _ => None,
+        })
+        .collect()
 }
