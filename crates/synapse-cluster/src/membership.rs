@@ -55,20 +55,28 @@ impl Keys {
     }
 }
 
-/// Connects to etcd at `endpoints` (`http://host:port`, comma-separated allowed).
+/// Connects to etcd at `endpoints` (`http://host:port`, comma-separated allowed); every
+/// request times out after 5 s.
 pub async fn connect(endpoints: &str) -> Result<Client> {
+    connect_with(endpoints, Some(Duration::from_secs(5))).await
+}
+
+/// [`connect`] with another request timeout (`None`: none — for a campaign, which waits
+/// until it wins).
+pub async fn connect_with(endpoints: &str, timeout: Option<Duration>) -> Result<Client> {
     let eps: Vec<&str> = endpoints
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .collect();
-    let opts = etcd_client::ConnectOptions::new()
+    let mut opts = etcd_client::ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(3))
-        .with_timeout(Duration::from_secs(5))
         .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+    if let Some(t) = timeout {
+        opts = opts.with_timeout(t);
+    }
     Ok(Client::connect(eps, Some(opts)).await?)
 }
-
 /// Every registered worker now, with the revision read at.
 pub async fn workers(
     client: &mut Client,
@@ -101,24 +109,30 @@ pub async fn plan(client: &mut Client, keys: &Keys) -> Result<(Option<ClusterPla
     }
 }
 
-/// Publishes `next` as epoch `prev + 1` if the plan key is still at `mod_revision` (0: absent);
-/// returns the published plan, or `None` if another publication came first.
+/// Publishes `next` as epoch `prev + 1` if the plan key is still at `mod_revision` (0: absent)
+/// and, when given, the publisher's election key `leader_key` still exists (a leader whose
+/// lease expired — a stopped or partitioned process that comes back — cannot publish);
+/// returns the published plan, or `None` if either check failed.
 pub async fn publish(
     client: &mut Client,
     keys: &Keys,
     mut next: ClusterPlan,
     prev_epoch: u64,
     mod_revision: i64,
+    leader_key: Option<&[u8]>,
 ) -> Result<Option<ClusterPlan>> {
     next.epoch = prev_epoch + 1;
     let value = serde_json::to_vec(&next)?;
-    let cmp = if mod_revision == 0 {
+    let mut cmp = vec![if mod_revision == 0 {
         Compare::create_revision(keys.plan(), CompareOp::Equal, 0)
     } else {
         Compare::mod_revision(keys.plan(), CompareOp::Equal, mod_revision)
-    };
+    }];
+    if let Some(k) = leader_key {
+        cmp.push(Compare::version(k.to_vec(), CompareOp::Greater, 0));
+    }
     let txn = Txn::new()
-        .when(vec![cmp])
+        .when(cmp)
         .and_then(vec![TxnOp::put(keys.plan(), value, None)]);
     let r = client.txn(txn).await?;
     Ok(r.succeeded().then_some(next))
@@ -309,20 +323,52 @@ pub async fn put_profile(
 /// in bursts: several workers starting, a machine going down).
 pub const SETTLE: Duration = Duration::from_millis(400);
 
+/// A worker standing for leadership.
+#[derive(Clone)]
+pub struct Candidate {
+    /// Its id (the election value).
+    pub id: String,
+    /// Its lease (the election key lives under it).
+    pub lease: i64,
+    /// The model it plans for.
+    pub spec: ModelSpec,
+    /// The engine shape it plans.
+    pub shape: EngineShape,
+    /// How it places layers.
+    pub placement: Placement,
+    /// A client without a request timeout for the campaign (default: `client`).
+    pub campaign_client: Option<Client>,
+}
+
+impl std::fmt::Debug for Candidate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Candidate")
+            .field("id", &self.id)
+            .field("lease", &self.lease)
+            .field("placement", &self.placement)
+            .finish()
+    }
+}
+
 /// Campaigns for leadership under `lease` and, once elected, plans whenever the workers
 /// change: reads them, plans ([`plan_for`]), and publishes when the plan's placement
 /// differs from the published one (hysteresis: a profile update that leaves the placement
 /// as it is publishes nothing). Runs until an error (the caller's lease loss ends it too).
-pub async fn lead(
-    mut client: Client,
-    keys: Keys,
-    id: String,
-    lease: i64,
-    spec: ModelSpec,
-    shape: EngineShape,
-    placement: Placement,
-) -> Result<()> {
-    client.campaign(keys.leader(), id.clone(), lease).await?;
+pub async fn lead(mut client: Client, keys: Keys, me: Candidate) -> Result<()> {
+    let Candidate {
+        id,
+        lease,
+        spec,
+        shape,
+        placement,
+        campaign_client,
+    } = me;
+    // The campaign waits until it wins: on a client without a request timeout.
+    let mut campaigner = campaign_client.unwrap_or_else(|| client.clone());
+    let won = campaigner
+        .campaign(keys.leader(), id.clone(), lease)
+        .await?;
+    let leader_key: Option<Vec<u8>> = won.leader().map(|l| l.key().to_vec());
     tracing::info!(worker = %id, "elected leader");
     let (wtx, mut wrx) = watch::channel(BTreeMap::new());
     let wc = client.clone();
@@ -354,7 +400,9 @@ pub async fn lead(
                     let same = cur.as_ref().is_some_and(|c| c.hash == next.hash);
                     if !same {
                         let prev = cur.as_ref().map_or(0, |c| c.epoch);
-                        match publish(&mut client, &keys, next, prev, rev).await? {
+                        match publish(&mut client, &keys, next, prev, rev, leader_key.as_deref())
+                            .await?
+                        {
                             Some(p) => tracing::info!(
                                 epoch = p.epoch,
                                 hash = %p.hash,
@@ -362,7 +410,17 @@ pub async fn lead(
                                 pipelines = p.pipelines.len(),
                                 "published a plan"
                             ),
-                            None => tracing::warn!("the plan changed under us; planning again"),
+                            None => {
+                                tracing::warn!(
+                                    "the plan changed under us, or we are no longer leader"
+                                );
+                                if let Some(k) = &leader_key {
+                                    let gone = client.get(k.clone(), None).await?.kvs().is_empty();
+                                    if gone {
+                                        return Err(ClusterError::LeaseLost);
+                                    }
+                                }
+                            }
                         }
                     }
                 }

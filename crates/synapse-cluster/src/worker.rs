@@ -542,6 +542,18 @@ impl Node {
         Ok(())
     }
 
+    /// Out of the cluster (its lease is gone): no role, no plan, so no request or packet is
+    /// taken until a new membership loads a plan again.
+    fn leave(&self) {
+        self.teardown();
+        if let Ok(mut cur) = self.cur.lock() {
+            cur.plan = None;
+            cur.since_epoch = 0;
+            cur.since_hash.clear();
+        }
+        self.role_changes.send_modify(|n| *n += 1);
+    }
+
     fn teardown(&self) {
         if let Ok(mut cur) = self.cur.lock() {
             cur.pipeline = None;
@@ -636,30 +648,76 @@ pub async fn run(cfg: WorkerConfig, shutdown: impl std::future::Future<Output = 
     };
     tracing::info!(rates = ?profile.stream_rate, overhead_s = profile.dispatch_overhead_s, memory = profile.memory_bytes, "measured");
     let keys = Keys::new(&cfg.cluster);
-    let mut client = membership::connect(&cfg.etcd).await?;
-    let reg = membership::register(&mut client, &keys, &profile, cfg.lease_ttl_s).await?;
+    tokio::pin!(shutdown);
+    // A worker whose lease is lost (etcd unreachable for a TTL, or this process stopped
+    // that long) stops serving at once, then joins again under a new lease.
+    let result = loop {
+        let session = member(&cfg, &keys, &node, &mut profile, &spec, &mut shutdown).await;
+        match session {
+            Ok(()) => break Ok(()),
+            Err(ClusterError::LeaseLost) => {
+                tracing::warn!("the lease is lost: serving stopped; joining again");
+                node.leave();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot reach the cluster; retrying");
+                node.leave();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    node.teardown();
+    server.abort();
+    result
+}
+
+/// One membership of the cluster: registered under a fresh lease until `shutdown` (then the
+/// lease is revoked, so the leader replans at once: `Ok`) or the lease is lost (`LeaseLost`).
+async fn member(
+    cfg: &WorkerConfig,
+    keys: &Keys,
+    node: &Arc<Node>,
+    profile: &mut WorkerProfile,
+    spec: &ModelSpec,
+    shutdown: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> Result<()> {
+    let joined = async {
+        let mut client = membership::connect(&cfg.etcd).await?;
+        let campaigner = membership::connect_with(&cfg.etcd, None).await?;
+        let reg = membership::register(&mut client, keys, profile, cfg.lease_ttl_s).await?;
+        Ok::<_, ClusterError>((client, campaigner, reg))
+    };
+    let (mut client, campaigner, reg) = tokio::select! {
+        _ = &mut *shutdown => return Ok(()),
+        r = joined => r?,
+    };
     tracing::info!(lease = reg.lease, "registered");
     // The leader campaign, the plan and membership watches outlive etcd restarts and
-    // dropped connections: each is retried until the worker stops (its lease decides).
+    // dropped connections: each is retried while the lease lives.
     let leader = {
-        let (c, k, id, lease, shape, placement) = (
+        let (c, cc, k, id, lease, shape, placement, spec) = (
             client.clone(),
+            campaigner,
             keys.clone(),
             cfg.id.clone(),
             reg.lease,
             cfg.shape,
             cfg.placement,
+            spec.clone(),
         );
         tokio::spawn(async move {
             loop {
                 let r = membership::lead(
                     c.clone(),
                     k.clone(),
-                    id.clone(),
-                    lease,
-                    spec.clone(),
-                    shape,
-                    placement,
+                    membership::Candidate {
+                        id: id.clone(),
+                        lease,
+                        spec: spec.clone(),
+                        shape,
+                        placement,
+                        campaign_client: Some(cc.clone()),
+                    },
                 )
                 .await;
                 if let Err(e) = r {
@@ -694,10 +752,9 @@ pub async fn run(cfg: WorkerConfig, shutdown: impl std::future::Future<Output = 
         })
     };
     let mut lost = reg.lost.clone();
-    tokio::pin!(shutdown);
     let result = loop {
         tokio::select! {
-            _ = &mut shutdown => break Ok(()),
+            _ = &mut *shutdown => break Ok(()),
             r = lost.changed() => {
                 if r.is_err() || *lost.borrow() {
                     break Err(ClusterError::LeaseLost);
@@ -736,7 +793,7 @@ pub async fn run(cfg: WorkerConfig, shutdown: impl std::future::Future<Output = 
                     }
                 }
                 if changed
-                    && let Err(e) = membership::put_profile(&mut client, &keys, &profile, reg.lease).await
+                    && let Err(e) = membership::put_profile(&mut client, keys, profile, reg.lease).await
                 {
                     tracing::warn!(error = %e, "profile not updated");
                 }
@@ -746,11 +803,9 @@ pub async fn run(cfg: WorkerConfig, shutdown: impl std::future::Future<Output = 
     leader.abort();
     plans.abort();
     members.abort();
-    node.teardown();
     if result.is_ok() {
         let _ = client.lease_revoke(reg.lease).await;
     }
-    server.abort();
     result
 }
 
