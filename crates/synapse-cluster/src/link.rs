@@ -27,6 +27,7 @@ pub struct GrpcStageLink {
     step: u64,
     timeout: Duration,
     to: String,
+    vocab: usize,
 }
 
 impl std::fmt::Debug for GrpcStageLink {
@@ -40,12 +41,14 @@ impl std::fmt::Debug for GrpcStageLink {
 }
 
 impl GrpcStageLink {
-    /// Opens the stream to the stage at `addr` for the plan (`epoch`, `plan_hash`); a step
-    /// not answered within `timeout` fails (a partitioned or stopped peer).
+    /// Opens the stream to the stage at `addr` for the plan (`epoch`, `plan_hash`) of a model
+    /// of `vocab` tokens; a step not answered within `timeout` fails (a partitioned or
+    /// stopped peer).
     pub async fn connect(
         addr: &str,
         epoch: u64,
         plan_hash: &str,
+        vocab: usize,
         timeout: Duration,
     ) -> Result<Self> {
         let channel = tonic::transport::Endpoint::from_shared(addr.to_string())?
@@ -83,6 +86,7 @@ impl GrpcStageLink {
             step: 0,
             timeout,
             to: addr.to_string(),
+            vocab,
         })
     }
 }
@@ -103,6 +107,7 @@ impl StageLink for GrpcStageLink {
         };
         wire::rows_to_wire(packet.rows, &mut p);
         wire::f32s_to_bytes(packet.hidden, &mut p.hidden);
+        p.argmax = packet.argmax.iter().map(|&a| a as u8).collect();
         let gone = |m: String| RuntimeError::Stage(format!("{}: {m}", self.to));
         self.tx
             .blocking_send(p)
@@ -126,6 +131,18 @@ impl StageLink for GrpcStageLink {
                 reply.step, self.step
             )));
         }
-        wire::bytes_to_f32s(&reply.logits, logits).map_err(|e| gone(e.to_string()))
+        let rows = packet.rows.iter().filter(|r| r.logits).count();
+        if packet.argmax.is_empty() {
+            return wire::bytes_to_f32s(&reply.logits, logits).map_err(|e| gone(e.to_string()));
+        }
+        wire::expand_logits(
+            &reply.logits,
+            &reply.tokens,
+            self.vocab,
+            packet.argmax,
+            rows,
+            logits,
+        )
+        .map_err(|e| gone(e.to_string()))
     }
 }

@@ -370,3 +370,107 @@ mod tests {
         assert!(bytes_to_f32s(&b[1..], &mut w).is_err());
     }
 }
+
+/// A last stage's reply body: the logits rows (`vocab` values each) of rows not marked in
+/// `argmax`, and the argmax (lowest id on ties, as greedy sampling chooses) of rows marked.
+pub fn compress_logits(
+    logits: &[f32],
+    vocab: usize,
+    argmax: &[bool],
+    bytes: &mut Vec<u8>,
+    tokens: &mut Vec<u32>,
+) {
+    bytes.clear();
+    tokens.clear();
+    for (r, row) in logits.chunks_exact(vocab.max(1)).enumerate() {
+        if argmax.get(r).copied().unwrap_or(false) {
+            tokens.push(synapse_runtime::argmax(row));
+        } else {
+            for x in row {
+                bytes.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+    }
+}
+
+/// The rows [`compress_logits`] made: whole rows as sent, an argmax row as its one-hot row
+/// (0 at the token, `-inf` elsewhere: the same greedy choice). `rows` logits rows in all.
+pub fn expand_logits(
+    bytes: &[u8],
+    tokens: &[u32],
+    vocab: usize,
+    argmax: &[bool],
+    rows: usize,
+    out: &mut Vec<f32>,
+) -> Result<()> {
+    let whole = (0..rows)
+        .filter(|&r| !argmax.get(r).copied().unwrap_or(false))
+        .count();
+    if bytes.len() != whole * vocab * 4 || tokens.len() != rows - whole {
+        return Err(invalid(
+            "step reply",
+            format!(
+                "{} logits bytes and {} tokens for {rows} rows ({whole} whole) of {vocab}",
+                bytes.len(),
+                tokens.len()
+            ),
+        ));
+    }
+    out.clear();
+    out.reserve(rows * vocab);
+    let (mut b, mut t) = (bytes.chunks_exact(4), tokens.iter());
+    for r in 0..rows {
+        if argmax.get(r).copied().unwrap_or(false) {
+            let id = *t.next().unwrap_or(&0) as usize;
+            if id >= vocab {
+                return Err(invalid("step reply", format!("token {id} of {vocab}")));
+            }
+            let at = out.len();
+            out.resize(at + vocab, f32::NEG_INFINITY);
+            out[at + id] = 0.0;
+        } else {
+            out.extend(
+                b.by_ref()
+                    .take(vocab)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod logits_tests {
+    use super::*;
+
+    #[test]
+    fn argmax_rows_travel_as_tokens_and_choose_the_same() {
+        let vocab = 7;
+        let logits: Vec<f32> = (0..3 * vocab)
+            .map(|i| ((i * 37) % 11) as f32 - 5.0)
+            .collect();
+        let mask = [true, false, true];
+        let (mut b, mut t) = (Vec::new(), Vec::new());
+        compress_logits(&logits, vocab, &mask, &mut b, &mut t);
+        assert_eq!(b.len(), vocab * 4);
+        assert_eq!(t.len(), 2);
+        let mut out = Vec::new();
+        expand_logits(&b, &t, vocab, &mask, 3, &mut out).unwrap();
+        for r in 0..3 {
+            let (a, e) = (
+                &logits[r * vocab..(r + 1) * vocab],
+                &out[r * vocab..(r + 1) * vocab],
+            );
+            assert_eq!(synapse_runtime::argmax(a), synapse_runtime::argmax(e));
+            if !mask[r] {
+                assert!(a.iter().zip(e).all(|(x, y)| x.to_bits() == y.to_bits()));
+            }
+        }
+        // Ties: the lowest id, as greedy sampling.
+        let tie = [1.0f32, 3.0, 3.0, 0.0];
+        compress_logits(&tie, 4, &[true], &mut b, &mut t);
+        assert_eq!(t, vec![1]);
+        assert!(expand_logits(&b, &t, 4, &[true], 2, &mut out).is_err());
+        assert!(expand_logits(&b, &[9], 4, &[true], 1, &mut out).is_err());
+    }
+}

@@ -125,6 +125,9 @@ struct Node {
     cur: Mutex<Current>,
     /// Bumped whenever the role changes.
     role_changes: watch::Sender<u64>,
+    /// As a stage: logits rows answered whole, and as their argmax token.
+    whole_rows: Arc<std::sync::atomic::AtomicU64>,
+    argmax_rows: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// How long a request waits for a head or replica that is setting up.
@@ -249,9 +252,15 @@ impl Worker for Service {
         let mut runner = StageRunner::new(self.0.model.clone(), layers, self.0.threads, cache)
             .map_err(|e| Status::internal(e.to_string()))?;
         if let Some(addr) = &next {
-            let link = GrpcStageLink::connect(addr, epoch, &hash, self.0.step_timeout)
-                .await
-                .map_err(|e| unavailable(format!("next stage {addr}: {e}")))?;
+            let link = GrpcStageLink::connect(
+                addr,
+                epoch,
+                &hash,
+                self.0.model.vocab(),
+                self.0.step_timeout,
+            )
+            .await
+            .map_err(|e| unavailable(format!("next stage {addr}: {e}")))?;
             runner
                 .set_downstream(Box::new(link))
                 .map_err(|e| Status::internal(e.to_string()))?;
@@ -278,25 +287,28 @@ impl Worker for Service {
                 }
             }
         });
+        let vocab = self.0.model.vocab();
+        let counters = (self.0.whole_rows.clone(), self.0.argmax_rows.clone());
         // The stage runs on a thread of its own (its downstream link blocks).
         std::thread::Builder::new()
             .name("synapse-stage".into())
             .spawn(move || {
-                let mut rows = Vec::new();
-                let mut hidden = Vec::new();
-                let mut logits = Vec::new();
-                let mut ops = Vec::new();
+                let mut scratch = PacketScratch::default();
                 while let Ok(p) = prx.recv() {
-                    let reply = run_packet(
-                        &mut runner,
-                        &p,
-                        epoch,
-                        &hash,
-                        &mut rows,
-                        &mut hidden,
-                        &mut ops,
-                        &mut logits,
-                    );
+                    let reply = run_packet(&mut runner, &p, epoch, &hash, &mut scratch);
+                    let n = reply.tokens.len() as u64;
+                    let rows = (scratch.logits.len() / vocab.max(1)) as u64;
+                    let whole = if reply.error.is_empty() {
+                        rows.saturating_sub(n)
+                    } else {
+                        0
+                    };
+                    counters
+                        .0
+                        .fetch_add(whole, std::sync::atomic::Ordering::Relaxed);
+                    counters
+                        .1
+                        .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
                     let failed = !reply.error.is_empty();
                     if rtx.blocking_send(Ok(reply)).is_err() || failed {
                         break;
@@ -342,21 +354,39 @@ impl Worker for Service {
             queued: queued as u64,
             slots: slots as u64,
             generated_tokens: generated,
+            whole_rows: self.0.whole_rows.load(std::sync::atomic::Ordering::Relaxed),
+            argmax_rows: self
+                .0
+                .argmax_rows
+                .load(std::sync::atomic::Ordering::Relaxed),
         }))
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A stage thread's reused buffers.
+#[derive(Default)]
+struct PacketScratch {
+    rows: Vec<synapse_runtime::Row>,
+    hidden: Vec<f32>,
+    ops: Vec<synapse_runtime::KvOp>,
+    argmax: Vec<bool>,
+    logits: Vec<f32>,
+}
+
 fn run_packet(
     runner: &mut StageRunner,
     p: &proto::StepPacket,
     epoch: u64,
     hash: &str,
-    rows: &mut Vec<synapse_runtime::Row>,
-    hidden: &mut Vec<f32>,
-    ops: &mut Vec<synapse_runtime::KvOp>,
-    logits: &mut Vec<f32>,
+    sc: &mut PacketScratch,
 ) -> proto::StepReply {
+    let PacketScratch {
+        rows,
+        hidden,
+        ops,
+        argmax,
+        logits,
+    } = sc;
     let mut reply = proto::StepReply {
         step: p.step,
         ..Default::default()
@@ -376,11 +406,35 @@ fn run_packet(
         for o in &p.ops {
             ops.push(wire::op_from_wire(o)?);
         }
-        runner.run(&StepPacket { ops, rows, hidden }, logits)?;
+        argmax.clear();
+        argmax.extend(p.argmax.iter().map(|&a| a != 0));
+        let nl = rows.iter().filter(|r| r.logits).count();
+        if !argmax.is_empty() && argmax.len() != nl {
+            return Err(ClusterError::Invalid {
+                what: "step packet",
+                reason: format!("{} argmax flags for {nl} logits rows", argmax.len()),
+            });
+        }
+        runner.run(
+            &StepPacket {
+                ops,
+                rows,
+                hidden,
+                argmax,
+            },
+            logits,
+        )?;
         Ok(())
     })();
     match r {
-        Ok(()) => wire::f32s_to_bytes(logits, &mut reply.logits),
+        // Argmax-only rows go back as their token (the first stage reads nothing else).
+        Ok(()) => wire::compress_logits(
+            logits,
+            runner.executor().model().vocab(),
+            argmax,
+            &mut reply.logits,
+            &mut reply.tokens,
+        ),
         Err(e) => reply.error = e.to_string(),
     }
     reply
@@ -508,8 +562,14 @@ impl Node {
             let next = &pipeline.stages[1].addr;
             // Mark the plan before waiting, so the router sees a head that is coming up.
             wait_for_stage(next, &plan.hash, Duration::from_secs(30)).await?;
-            let link =
-                GrpcStageLink::connect(next, plan.epoch, &plan.hash, self.step_timeout).await?;
+            let link = GrpcStageLink::connect(
+                next,
+                plan.epoch,
+                &plan.hash,
+                self.model.vocab(),
+                self.step_timeout,
+            )
+            .await?;
             let head = PipelineHead {
                 layers: stage.layers.end,
                 link: Box::new(link),
@@ -592,6 +652,8 @@ fn start_node(
             plan: None,
         }),
         role_changes: watch::channel(0).0,
+        whole_rows: Default::default(),
+        argmax_rows: Default::default(),
     });
     let svc = WorkerServer::new(Service(node.clone()))
         .max_decoding_message_size(1 << 30)

@@ -138,6 +138,7 @@ fn a_head_over_grpc_equals_one_executor_and_stale_plans_are_refused() {
             &url,
             probe.epoch,
             &probe.hash,
+            model.vocab(),
             Duration::from_secs(10),
         ))
         .unwrap();
@@ -147,8 +148,18 @@ fn a_head_over_grpc_equals_one_executor_and_stale_plans_are_refused() {
     };
     let mut piped = Scheduler::new_pipeline(model.clone(), Arc::new(Ids), cfg(), head).unwrap();
     let mut whole = Scheduler::new(model.clone(), Arc::new(Ids), cfg()).unwrap();
-    let got = events(&mut piped, requests(&seqs));
-    let want = events(&mut whole, requests(&seqs));
+    // Plus greedy sessions that read only the argmax: their rows come back as tokens.
+    let reqs = || {
+        let mut r = requests(&seqs);
+        for s in &seqs {
+            let mut g = Request::greedy(s.clone(), 10);
+            g.stop_at_eog = false;
+            r.push(g);
+        }
+        r
+    };
+    let got = events(&mut piped, reqs());
+    let want = events(&mut whole, reqs());
     assert_eq!(
         got, want,
         "the pipeline over gRPC gives one executor's events"
@@ -165,6 +176,7 @@ fn a_head_over_grpc_equals_one_executor_and_stale_plans_are_refused() {
             &url,
             probe.epoch + 1,
             &probe.hash,
+            model.vocab(),
             Duration::from_secs(10),
         ))
         .unwrap();
@@ -178,6 +190,7 @@ fn a_head_over_grpc_equals_one_executor_and_stale_plans_are_refused() {
                 ops: &ops,
                 rows: &rows,
                 hidden: &hidden,
+                argmax: &[],
             },
             &mut out,
         )
@@ -204,7 +217,13 @@ fn a_head_over_grpc_equals_one_executor_and_stale_plans_are_refused() {
         .unwrap()
         .into_inner();
     assert_eq!(
-        (st.role.as_str(), st.epoch, st.plan_hash),
+        (st.role.as_str(), st.epoch, st.plan_hash.clone()),
         ("stage", 7, probe.hash)
+    );
+    // Logprob and sampled sessions' rows came back whole, the plain greedy ones' as tokens.
+    assert!(st.whole_rows > 0 && st.argmax_rows > 0, "{st:?}");
+    eprintln!(
+        "rows answered whole {}, as tokens {}",
+        st.whole_rows, st.argmax_rows
     );
 }

@@ -119,6 +119,9 @@ pub struct Executor {
     downstream: Option<Box<dyn StageLink>>,
     /// The slot operations a pass ships downstream (reused).
     ops: Vec<KvOp>,
+    /// Per logits row of the next pass: only its argmax is needed (see
+    /// [`StepPacket::argmax`]); shipped downstream with the pass.
+    argmax_rows: Vec<bool>,
 }
 
 /// What a pass of a stage gives.
@@ -181,6 +184,7 @@ impl Executor {
             pager: None,
             downstream: None,
             ops: Vec::new(),
+            argmax_rows: Vec::new(),
         })
     }
 
@@ -223,6 +227,14 @@ impl Executor {
         }
         self.downstream = Some(link);
         Ok(())
+    }
+
+    /// Marks, per logits row of the next pass, the rows whose caller needs only the argmax
+    /// (a downstream may then send the token instead of the row; see
+    /// [`StepPacket::argmax`]). Kept until changed; empty: every row whole.
+    pub fn set_argmax_rows(&mut self, rows: &[bool]) {
+        self.argmax_rows.clear();
+        self.argmax_rows.extend_from_slice(rows);
     }
 
     /// Whether passes go on to a downstream stage.
@@ -649,6 +661,11 @@ impl Executor {
                 ops: &self.ops,
                 rows,
                 hidden: &self.s.x[..n * hd],
+                argmax: if self.argmax_rows.len() == nl {
+                    &self.argmax_rows
+                } else {
+                    &[]
+                },
             };
             link.step(&packet, &mut self.s.logits)?;
             let want = nl * m.vocab();

@@ -35,6 +35,12 @@ pub struct StepPacket<'a> {
     pub rows: &'a [Row],
     /// The rows' hidden states after the previous stage's last layer (`rows × hidden`).
     pub hidden: &'a [f32],
+    /// Per logits row (in row order): whether the first stage needs only its argmax (a
+    /// greedy session with no bias, penalties, constraint or log-probabilities), so a
+    /// transport may send the token id back instead of the row; empty: every row whole.
+    /// A link that uses it answers such a row as the one-hot row of that id (0 there,
+    /// `-inf` elsewhere), whose greedy choice is the same token.
+    pub argmax: &'a [bool],
 }
 
 /// The next stage of a pipeline, as a stage sees it.
@@ -119,6 +125,7 @@ impl StageRunner {
             self.kv.apply(op)?;
         }
         logits.clear();
+        self.exec.set_argmax_rows(packet.argmax);
         match self
             .exec
             .forward_stage(&mut self.kv, packet.rows, Some(packet.hidden))?

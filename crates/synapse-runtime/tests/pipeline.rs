@@ -240,6 +240,7 @@ fn stages_out_of_step_fail_the_pass() {
         ops: &[],
         rows: &rows,
         hidden: &hidden,
+        argmax: &[],
     };
     assert!(st.run(&p, &mut out).is_err());
     // Opened, position 0 runs; position 2 next is a gap.
@@ -248,6 +249,7 @@ fn stages_out_of_step_fail_the_pass() {
         ops: &ops,
         rows: &rows,
         hidden: &hidden,
+        argmax: &[],
     };
     st.run(&p, &mut out).unwrap();
     assert_eq!(out.len(), model.vocab());
@@ -256,6 +258,7 @@ fn stages_out_of_step_fail_the_pass() {
         ops: &[],
         rows: &rows,
         hidden: &hidden,
+        argmax: &[],
     };
     let e = st.run(&p, &mut out).unwrap_err().to_string();
     assert!(e.contains("position"), "{e}");
@@ -265,6 +268,7 @@ fn stages_out_of_step_fail_the_pass() {
         ops: &[],
         rows: &rows,
         hidden: &hidden[1..],
+        argmax: &[],
     };
     assert!(st.run(&p, &mut out).is_err());
     // A head without downstream.

@@ -105,6 +105,8 @@ pub struct Scheduler {
     pass_has_prompt: bool,
     /// The first stage of a layer pipeline (no profile changes).
     pipelined: bool,
+    /// Per logits row of a pipelined pass: whether its session reads only the argmax.
+    argmax_rows: Vec<bool>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -356,6 +358,7 @@ impl Scheduler {
             downers: Vec::with_capacity(cfg.slots),
             pass_has_prompt: false,
             pipelined,
+            argmax_rows: Vec::with_capacity(cfg.step_tokens),
             cfg,
         })
     }
@@ -549,6 +552,16 @@ impl Scheduler {
             st.expert_misses.store(p.misses, Ordering::Relaxed);
             st.expert_evictions.store(p.evictions, Ordering::Relaxed);
             st.expert_bytes_in.store(p.bytes_in, Ordering::Relaxed);
+        }
+        if exec.has_downstream() {
+            // Greedy sessions that read nothing but the argmax let the last stage send the
+            // token back instead of the row (one-hot: the same greedy choice).
+            self.argmax_rows.clear();
+            for &i in &self.owners {
+                let a = &self.active[i];
+                self.argmax_rows.push(a.needs_only_argmax());
+            }
+            exec.set_argmax_rows(&self.argmax_rows);
         }
         let t0 = Instant::now();
         let out = match exec.forward(&mut self.kv, &self.rows) {

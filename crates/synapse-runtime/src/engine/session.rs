@@ -160,6 +160,15 @@ impl Active {
         crate::sampling::argmax(scratch)
     }
 
+    /// Whether choosing this session's next token reads nothing of its logits row but the
+    /// argmax: greedy, no bias, penalties, constraint or log-probabilities, no drafts.
+    pub fn needs_only_argmax(&self) -> bool {
+        self.sampler.params().temperature <= 0.0
+            && !self.modifies_logits()
+            && self.logprobs.is_none()
+            && self.drafts.is_empty()
+    }
+
     pub fn modifies_logits(&self) -> bool {
         !self.logit_bias.is_empty() || self.constraint.is_some() || self.sampler.penalizes()
     }
