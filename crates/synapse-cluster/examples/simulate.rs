@@ -96,6 +96,7 @@ fn main() {
         slots: 8,
         ctx: 2048,
         ubatch: 512,
+        link: synapse_cluster::plan::LinkDtype::F32,
     };
     let total = spec.weight_bytes(0..spec.n_layers());
     println!(

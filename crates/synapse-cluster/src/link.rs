@@ -28,6 +28,7 @@ pub struct GrpcStageLink {
     timeout: Duration,
     to: String,
     vocab: usize,
+    dtype: crate::plan::LinkDtype,
 }
 
 impl std::fmt::Debug for GrpcStageLink {
@@ -87,7 +88,16 @@ impl GrpcStageLink {
             timeout,
             to: addr.to_string(),
             vocab,
+            dtype: crate::plan::LinkDtype::F32,
         })
+    }
+}
+
+impl GrpcStageLink {
+    /// Sends hidden states as `dtype` from now on (`f32`, the default, is exact).
+    pub fn with_dtype(mut self, dtype: crate::plan::LinkDtype) -> Self {
+        self.dtype = dtype;
+        self
     }
 }
 
@@ -106,7 +116,8 @@ impl StageLink for GrpcStageLink {
             ..Default::default()
         };
         wire::rows_to_wire(packet.rows, &mut p);
-        wire::f32s_to_bytes(packet.hidden, &mut p.hidden);
+        wire::hidden_to_wire(packet.hidden, self.dtype, &mut p.hidden);
+        p.hidden_dtype = wire::dtype_code(self.dtype);
         p.argmax = packet.argmax.iter().map(|&a| a as u8).collect();
         let gone = |m: String| RuntimeError::Stage(format!("{}: {m}", self.to));
         self.tx

@@ -26,6 +26,38 @@ pub struct EngineShape {
     pub ctx: usize,
     /// Prompt batch (llama.cpp's `n_ubatch`).
     pub ubatch: usize,
+    /// How hidden states cross pipeline links (`f32`: exact; `f16`/`bf16`: half the bytes,
+    /// an opt-in with a measured error).
+    #[serde(default)]
+    pub link: LinkDtype,
+}
+
+/// The element type of hidden states on a pipeline link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkDtype {
+    /// Exact: results bit-identical to one machine.
+    #[default]
+    F32,
+    /// IEEE half precision (rounded to nearest even).
+    F16,
+    /// bfloat16 (rounded to nearest even).
+    Bf16,
+}
+
+impl std::str::FromStr for LinkDtype {
+    type Err = ClusterError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "f32" => Ok(LinkDtype::F32),
+            "f16" => Ok(LinkDtype::F16),
+            "bf16" => Ok(LinkDtype::Bf16),
+            other => Err(ClusterError::Invalid {
+                what: "link dtype",
+                reason: format!("{other:?} (f32, f16 or bf16)"),
+            }),
+        }
+    }
 }
 
 /// One stage: a worker and its layers.
@@ -441,6 +473,7 @@ mod tests {
         slots: 1,
         ctx: 10,
         ubatch: 8,
+        link: LinkDtype::F32,
     };
 
     #[test]

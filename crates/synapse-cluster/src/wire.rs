@@ -474,3 +474,61 @@ mod logits_tests {
         assert!(expand_logits(&b, &[9], 4, &[true], 1, &mut out).is_err());
     }
 }
+
+/// Hidden states on a link as `dtype` (`f32` exact; `f16`/`bf16` rounded to nearest even),
+/// little-endian, into `out` (cleared first).
+pub fn hidden_to_wire(v: &[f32], dtype: crate::plan::LinkDtype, out: &mut Vec<u8>) {
+    use crate::plan::LinkDtype;
+    match dtype {
+        LinkDtype::F32 => f32s_to_bytes(v, out),
+        LinkDtype::F16 => {
+            out.clear();
+            out.reserve(v.len() * 2);
+            for x in v {
+                out.extend_from_slice(&half::f16::from_f32(*x).to_le_bytes());
+            }
+        }
+        LinkDtype::Bf16 => {
+            out.clear();
+            out.reserve(v.len() * 2);
+            for x in v {
+                out.extend_from_slice(&half::bf16::from_f32(*x).to_le_bytes());
+            }
+        }
+    }
+}
+
+/// The code of a link dtype in a packet (`hidden_dtype`).
+pub fn dtype_code(d: crate::plan::LinkDtype) -> u32 {
+    match d {
+        crate::plan::LinkDtype::F32 => 0,
+        crate::plan::LinkDtype::F16 => 1,
+        crate::plan::LinkDtype::Bf16 => 2,
+    }
+}
+
+/// Hidden states from a packet whose `hidden_dtype` is `code`, widened to `f32`.
+pub fn hidden_from_wire(b: &[u8], code: u32, out: &mut Vec<f32>) -> Result<()> {
+    match code {
+        0 => bytes_to_f32s(b, out),
+        1 | 2 => {
+            if !b.len().is_multiple_of(2) {
+                return Err(invalid(
+                    "hidden bytes",
+                    format!("{} bytes of 16-bit values", b.len()),
+                ));
+            }
+            out.clear();
+            out.extend(b.chunks_exact(2).map(|c| {
+                let bits = u16::from_le_bytes([c[0], c[1]]);
+                if code == 1 {
+                    half::f16::from_bits(bits).to_f32()
+                } else {
+                    half::bf16::from_bits(bits).to_f32()
+                }
+            }));
+            Ok(())
+        }
+        c => Err(invalid("hidden dtype", format!("code {c}"))),
+    }
+}

@@ -260,7 +260,8 @@ impl Worker for Service {
                 self.0.step_timeout,
             )
             .await
-            .map_err(|e| unavailable(format!("next stage {addr}: {e}")))?;
+            .map_err(|e| unavailable(format!("next stage {addr}: {e}")))?
+            .with_dtype(shape.link);
             runner
                 .set_downstream(Box::new(link))
                 .map_err(|e| Status::internal(e.to_string()))?;
@@ -401,7 +402,7 @@ fn run_packet(
             });
         }
         wire::rows_from_wire(p, rows)?;
-        wire::bytes_to_f32s(&p.hidden, hidden)?;
+        wire::hidden_from_wire(&p.hidden, p.hidden_dtype, hidden)?;
         ops.clear();
         for o in &p.ops {
             ops.push(wire::op_from_wire(o)?);
@@ -569,7 +570,8 @@ impl Node {
                 self.model.vocab(),
                 self.step_timeout,
             )
-            .await?;
+            .await?
+            .with_dtype(plan.shape.link);
             let head = PipelineHead {
                 layers: stage.layers.end,
                 link: Box::new(link),

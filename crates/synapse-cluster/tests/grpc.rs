@@ -38,6 +38,7 @@ const SHAPE: EngineShape = EngineShape {
     slots: 2,
     ctx: 96,
     ubatch: 16,
+    link: synapse_cluster::plan::LinkDtype::F32,
 };
 
 fn plan(model: &Model, addr: &str, cut: usize) -> ClusterPlan {
@@ -226,4 +227,114 @@ fn a_head_over_grpc_equals_one_executor_and_stale_plans_are_refused() {
         "rows answered whole {}, as tokens {}",
         st.whole_rows, st.argmax_rows
     );
+}
+
+/// Hidden states on f16 / bf16 links, the opt-in that halves link bytes: the logits of every
+/// position of a prompt through a two-stage pipeline over gRPC, against one executor. `f32`
+/// is exact; the 16-bit links' error is measured and printed (docs/cluster.md quotes it).
+#[test]
+fn sixteen_bit_links_have_a_measured_error_and_f32_none() {
+    use synapse_cluster::plan::LinkDtype;
+    use synapse_runtime::{Executor, KvCache, KvDtype};
+    let path = synapse_testdata::model("smollm2-135m-instruct");
+    if !synapse_testdata::require(&path, "SmolLM2-135M-Instruct") {
+        return;
+    }
+    let model = Arc::new(Model::load(&path).unwrap());
+    let n = model.layers.len();
+    let cut = n / 2;
+    let f = synapse_formats::gguf::GgufFile::open(&path).unwrap();
+    let tok = synapse_tokenizer::Tokenizer::from_gguf(&f).unwrap();
+    let prompt = tok
+        .encode(
+            "The history of the printing press begins in the fifteenth century, when",
+            true,
+            false,
+        )
+        .unwrap();
+    let rows: Vec<Row> = prompt
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| Row {
+            slot: 0,
+            pos: i as u32,
+            token: t,
+            logits: true,
+            order: synapse_runtime::OrderClass::of(prompt.len()),
+        })
+        .collect();
+    let mut kv = KvCache::new(&model, KvDtype::F32, 1, 64, 64).unwrap();
+    kv.open(0).unwrap();
+    let want = Executor::new(model.clone(), 1)
+        .unwrap()
+        .forward(&mut kv, &rows)
+        .unwrap()
+        .to_vec();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut p = plan(&model, "http://127.0.0.1:1", cut);
+    p.shape.ctx = 64;
+    p.shape.ubatch = 64;
+    let addr = rt
+        .block_on(synapse_cluster::worker::serve_fixed(
+            model.clone(),
+            Arc::new(Ids),
+            1,
+            p.clone(),
+            "tail",
+        ))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let vocab = model.vocab();
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for dtype in [LinkDtype::F32, LinkDtype::F16, LinkDtype::Bf16] {
+        let link = rt
+            .block_on(GrpcStageLink::connect(
+                &format!("http://{addr}"),
+                p.epoch,
+                &p.hash,
+                vocab,
+                Duration::from_secs(30),
+            ))
+            .unwrap()
+            .with_dtype(dtype);
+        let mut ex = Executor::for_stage(model.clone(), 1, 0..cut).unwrap();
+        ex.set_downstream(Box::new(link)).unwrap();
+        let mut kv =
+            KvCache::for_layers(&model, KvDtype::F32, SHAPE.slots, 64, 64, 0..cut).unwrap();
+        kv.set_journal(true);
+        kv.open(0).unwrap();
+        let got = ex.forward(&mut kv, &rows).unwrap().to_vec();
+        let differ = got
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        let max = got
+            .iter()
+            .zip(&want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let agree = (0..rows.len())
+            .filter(|&r| {
+                synapse_runtime::argmax(&got[r * vocab..(r + 1) * vocab])
+                    == synapse_runtime::argmax(&want[r * vocab..(r + 1) * vocab])
+            })
+            .count();
+        eprintln!(
+            "{dtype:?} link: {differ} of {} logits differ, max |Δ| {max:.3e} ({:.2e} of the largest logit), top-1 equal at {agree} of {} positions",
+            got.len(),
+            max / scale,
+            rows.len()
+        );
+        match dtype {
+            LinkDtype::F32 => assert_eq!(differ, 0),
+            _ => {
+                assert!(differ > 0, "{dtype:?} rounds the hidden states");
+                assert!(max / scale < 0.05, "{dtype:?}: {max} of {scale}");
+            }
+        }
+    }
 }

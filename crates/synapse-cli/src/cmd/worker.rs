@@ -69,6 +69,11 @@ pub struct Args {
     /// llama.cpp's RPC backend does; for comparison).
     #[arg(long, default_value = "speed")]
     placement: String,
+    /// How hidden states cross pipeline links when this worker leads: `f32` (exact: tokens
+    /// bit-identical to one machine), or `f16` / `bf16` (half the bytes; an approximation,
+    /// its error measured in docs/cluster.md).
+    #[arg(long, default_value = "f32")]
+    link_dtype: String,
 }
 
 /// Runs `worker` until SIGTERM/SIGINT (it leaves the cluster) or its lease is lost.
@@ -96,6 +101,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             slots: args.parallel,
             ctx: args.ctx,
             ubatch: args.ubatch,
+            link: args.link_dtype.parse()?,
         },
         lease_ttl_s: args.lease_ttl,
         measure_bytes: args.measure_mib << 20,
