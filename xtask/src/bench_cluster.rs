@@ -39,6 +39,11 @@ pub struct Args {
     /// Threads of the slow worker.
     #[arg(long, default_value_t = 1)]
     slow_threads: usize,
+    /// Make the slow worker slow by a CPU quota instead: this percent of one CPU (its
+    /// cgroup's `cpu.cfs_quota_us` / `cpu.max`; e.g. 100 with `--slow-threads 2` is half of
+    /// this 2-core machine). Needs a writable cgroup cpu controller (root).
+    #[arg(long)]
+    slow_quota: Option<u32>,
     /// Concurrent streams.
     #[arg(long, default_value_t = 4)]
     streams: usize,
@@ -62,6 +67,48 @@ impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// A cgroup holding one process under a CPU quota; removed when dropped.
+struct Quota(PathBuf);
+
+impl Quota {
+    /// Moves process `pid` into a new cgroup allowed `pct` percent of one CPU.
+    fn put(pid: u32, pct: u32) -> Result<Quota> {
+        let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers");
+        let period = 100_000u64;
+        let quota = period * pct as u64 / 100;
+        let (dir, file, value) = if std::fs::read_to_string(v2).is_ok_and(|c| c.contains("cpu")) {
+            (
+                PathBuf::from(format!("/sys/fs/cgroup/synapse-bench-{pid}")),
+                "cpu.max",
+                format!("{quota} {period}"),
+            )
+        } else {
+            (
+                PathBuf::from(format!("/sys/fs/cgroup/cpu/synapse-bench-{pid}")),
+                "cpu.cfs_quota_us",
+                quota.to_string(),
+            )
+        };
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::write(dir.join(file), value).with_context(|| format!("{file} of {}", dir.display()))?;
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string())
+            .with_context(|| format!("moving {pid} into {}", dir.display()))?;
+        Ok(Quota(dir))
+    }
+}
+
+impl Drop for Quota {
+    fn drop(&mut self) {
+        // The process is gone by now (its Proc drops first): the cgroup is empty.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -166,7 +213,12 @@ fn run_once(
     wait_for("the fast worker", Duration::from_secs(120), || {
         registered(&flog)
     })?;
-    let (_slow, slog) = worker("slow", a.slow_threads)?;
+    let (slow, slog) = worker("slow", a.slow_threads)?;
+    let _quota = match a.slow_quota {
+        Some(pct) => Some(Quota::put(slow.0.id(), pct)?),
+        None => None,
+    };
+    let _slow = slow;
     wait_for("the slow worker", Duration::from_secs(120), || {
         registered(&slog)
     })?;
@@ -323,10 +375,11 @@ pub fn run(a: Args) -> Result<()> {
     let dir = target_dir().join("bench-cluster");
     std::fs::create_dir_all(&dir)?;
     println!(
-        "bench-cluster: {} · workers fast {} threads / slow {} threads, {memory} B each · {} streams × {} tokens · {} runs",
+        "bench-cluster: {} · workers fast {} threads / slow {} threads{}, {memory} B each · {} streams × {} tokens · {} runs",
         model.display(),
         a.fast_threads,
         a.slow_threads,
+        a.slow_quota.map_or(String::new(), |q| format!(" under a {q}% CPU quota")),
         a.streams,
         a.n_gen,
         a.runs
