@@ -150,6 +150,8 @@ fn worker_ttl(etcd: &str, model: &Path, id: &str, memory: &str, cluster: &str, t
             "5",
             "--measure-mib",
             "8",
+            "--measure-secs",
+            "0.2",
         ])
         .env("SYNAPSE_LOG", "info")
         .env_remove("SYNAPSE_MODEL")

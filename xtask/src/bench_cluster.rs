@@ -93,7 +93,8 @@ impl Quota {
             )
         };
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        std::fs::write(dir.join(file), value).with_context(|| format!("{file} of {}", dir.display()))?;
+        std::fs::write(dir.join(file), value)
+            .with_context(|| format!("{file} of {}", dir.display()))?;
         std::fs::write(dir.join("cgroup.procs"), pid.to_string())
             .with_context(|| format!("moving {pid} into {}", dir.display()))?;
         Ok(Quota(dir))
@@ -379,7 +380,8 @@ pub fn run(a: Args) -> Result<()> {
         model.display(),
         a.fast_threads,
         a.slow_threads,
-        a.slow_quota.map_or(String::new(), |q| format!(" under a {q}% CPU quota")),
+        a.slow_quota
+            .map_or(String::new(), |q| format!(" under a {q}% CPU quota")),
         a.streams,
         a.n_gen,
         a.runs

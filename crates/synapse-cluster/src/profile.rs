@@ -171,15 +171,18 @@ pub fn available_memory() -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// What a worker measures at start: for each encoding the model uses, the one-row
-/// (decode) streaming rate of the model's own matrices of that encoding on `threads`
-/// threads (every matrix of it, repeated until ~`min_bytes` streamed, best of three rounds);
-/// and the per-pass overhead: a one-row pass through the whole model minus what its
-/// weights' streaming predicts (never negative).
+/// What a worker measures at start: for each encoding the model uses, the sustained
+/// one-row (decode) streaming rate of the model's own matrices of that encoding on `threads`
+/// threads — every matrix of it, over and over until at least `min_bytes` have streamed *and*
+/// `min_secs` have passed, total bytes over total time (a CPU quota lets short bursts run at
+/// full speed: only a sustained rate is what a share of the CPU gives); and the per-pass
+/// overhead: one-row passes through the whole model for at least `min_secs / 2`, their mean
+/// time minus what the weights' streaming predicts (never negative).
 pub fn measure(
     model: &Arc<Model>,
     threads: usize,
     min_bytes: u64,
+    min_secs: f64,
 ) -> Result<(BTreeMap<String, f64>, f64)> {
     let mut ctx = KernelCtx::with_path_and_threads(
         KernelPath::from_env().map_err(synapse_runtime::RuntimeError::from)?,
@@ -204,37 +207,40 @@ pub fn measure(
     let mut y = Vec::new();
     for (enc, ms) in &by_enc {
         let bytes: u64 = ms.iter().map(|m| m.weight_bytes() as u64).sum();
-        let reps = min_bytes.div_ceil(bytes.max(1)).clamp(1, 64);
-        let mut best = f64::INFINITY;
-        for _ in 0..3 {
-            let t0 = Instant::now();
-            for _ in 0..reps {
-                for m in ms {
-                    x.resize(m.cols(), 0.25f32);
-                    y.resize(m.rows(), 0.0f32);
-                    m.matmul_as(&x, 1, &mut y, 1, &mut ctx)
-                        .map_err(synapse_runtime::RuntimeError::from)?;
-                }
+        let (mut streamed, t0) = (0u64, Instant::now());
+        while streamed < min_bytes || t0.elapsed().as_secs_f64() < min_secs {
+            for m in ms {
+                x.resize(m.cols(), 0.25f32);
+                y.resize(m.rows(), 0.0f32);
+                m.matmul_as(&x, 1, &mut y, 1, &mut ctx)
+                    .map_err(synapse_runtime::RuntimeError::from)?;
             }
-            best = best.min(t0.elapsed().as_secs_f64());
+            streamed += bytes;
         }
-        rates.insert(enc.clone(), (bytes * reps) as f64 / best.max(1e-9));
+        rates.insert(
+            enc.clone(),
+            streamed as f64 / t0.elapsed().as_secs_f64().max(1e-9),
+        );
     }
     // One decode row through the whole model.
     let mut exec = synapse_runtime::Executor::new(model.clone(), threads)?;
     let mut kv = synapse_runtime::KvCache::new(model, synapse_runtime::KvDtype::F32, 1, 8, 1)?;
-    kv.open(0)?;
-    let mut best = f64::INFINITY;
-    for p in 0..4u32 {
-        let t0 = Instant::now();
+    // Passes at growing positions of an 8-position slot, reopened as it fills.
+    let (mut passes, t0) = (0u32, Instant::now());
+    while passes < 4 || t0.elapsed().as_secs_f64() < min_secs / 2.0 {
+        let p = passes % 8;
+        if p == 0 {
+            kv.open(0)?;
+        }
         exec.forward(&mut kv, &[synapse_runtime::Row::decode(0, p, 1)])?;
-        best = best.min(t0.elapsed().as_secs_f64());
+        passes += 1;
     }
+    let mean = t0.elapsed().as_secs_f64() / passes as f64;
     let predicted: f64 = by_enc
         .iter()
         .map(|(enc, ms)| {
             ms.iter().map(|m| m.weight_bytes() as f64).sum::<f64>() / rates[enc].max(1.0)
         })
         .sum();
-    Ok((rates, (best - predicted).max(0.0)))
+    Ok((rates, (mean - predicted).max(0.0)))
 }

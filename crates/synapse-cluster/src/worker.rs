@@ -60,8 +60,10 @@ pub struct WorkerConfig {
     pub shape: EngineShape,
     /// Lease TTL, seconds.
     pub lease_ttl_s: i64,
-    /// Bytes streamed per encoding when measuring rates at start.
+    /// Bytes streamed per encoding when measuring rates at start (at least).
     pub measure_bytes: u64,
+    /// Seconds per encoding when measuring rates at start (at least).
+    pub measure_secs: f64,
     /// A pipeline step not answered within this fails.
     pub step_timeout: Duration,
     /// How this worker places layers when it leads.
@@ -689,8 +691,8 @@ pub async fn run(cfg: WorkerConfig, shutdown: impl std::future::Future<Output = 
     );
     tracing::info!(id = %cfg.id, %addr, "worker listening; measuring");
     let model = cfg.model.clone();
-    let (threads, mb) = (cfg.threads, cfg.measure_bytes);
-    let (rates, overhead) = tokio::task::spawn_blocking(move || measure(&model, threads, mb))
+    let (threads, mb, ms) = (cfg.threads, cfg.measure_bytes, cfg.measure_secs);
+    let (rates, overhead) = tokio::task::spawn_blocking(move || measure(&model, threads, mb, ms))
         .await
         .map_err(|e| ClusterError::Invalid {
             what: "measurement",

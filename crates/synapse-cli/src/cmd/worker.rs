@@ -61,9 +61,13 @@ pub struct Args {
     /// Seconds a pipeline step may take before the next stage counts as lost.
     #[arg(long, default_value_t = 10)]
     step_timeout: u64,
-    /// MiB streamed per encoding when measuring this worker's rates at start.
+    /// MiB streamed per encoding (at least) when measuring this worker's rates at start.
     #[arg(long, default_value_t = 256)]
     measure_mib: u64,
+    /// Seconds per encoding (at least) when measuring this worker's rates at start: a
+    /// sustained rate, which is what a CPU quota or a busy machine gives.
+    #[arg(long, default_value_t = 1.0)]
+    measure_secs: f64,
     /// How layers are placed when this worker leads and the model must be split: `speed`
     /// (measured speed, memory and links) or `memory-share` (in proportion to memory, as
     /// llama.cpp's RPC backend does; for comparison).
@@ -105,6 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         },
         lease_ttl_s: args.lease_ttl,
         measure_bytes: args.measure_mib << 20,
+        measure_secs: args.measure_secs.max(0.0),
         step_timeout: Duration::from_secs(args.step_timeout.max(1)),
         placement: args.placement.parse()?,
     };
