@@ -122,6 +122,11 @@ pub struct Executor {
     /// Per logits row of the next pass: only its argmax is needed (see
     /// [`StepPacket::argmax`]); shipped downstream with the pass.
     argmax_rows: Vec<bool>,
+    /// Passes sent on by [`Executor::forward_send`] whose logits are still to come: the
+    /// logits rows of each, oldest first.
+    in_flight: std::collections::VecDeque<usize>,
+    /// Set while [`Executor::forward_send`] runs a pass.
+    defer: bool,
 }
 
 /// What a pass of a stage gives.
@@ -185,6 +190,8 @@ impl Executor {
             downstream: None,
             ops: Vec::new(),
             argmax_rows: Vec::new(),
+            in_flight: Default::default(),
+            defer: false,
         })
     }
 
@@ -240,6 +247,58 @@ impl Executor {
     /// Whether passes go on to a downstream stage.
     pub fn has_downstream(&self) -> bool {
         self.downstream.is_some()
+    }
+
+    /// Runs one pass of a first stage that has a downstream ([`Executor::set_downstream`])
+    /// and sends it on without waiting for its logits, so the next pass can run here while
+    /// this one runs downstream; [`Executor::forward_recv`] takes the logits, in the order
+    /// the passes were sent. Every row's K/V is appended here as by [`Executor::forward`].
+    pub fn forward_send(&mut self, kv: &mut KvCache, rows: &[Row]) -> Result<()> {
+        if self.downstream.is_none() {
+            return Err(RuntimeError::InvalidParam {
+                name: "forward_send",
+                reason: "only a stage with a downstream sends passes on".into(),
+            });
+        }
+        if rows.is_empty() {
+            return Err(RuntimeError::InvalidParam {
+                name: "forward_send",
+                reason: "a pass with no rows".into(),
+            });
+        }
+        self.defer = true;
+        let r = self.forward_stage(kv, rows, None).map(|_| ());
+        self.defer = false;
+        r
+    }
+
+    /// The logits of the oldest pass sent by [`Executor::forward_send`] (in row order,
+    /// `vocab` values per row that wants them).
+    pub fn forward_recv(&mut self) -> Result<&[f32]> {
+        let (Some(nl), Some(link)) = (self.in_flight.pop_front(), self.downstream.as_mut()) else {
+            return Err(RuntimeError::InvalidParam {
+                name: "forward_recv",
+                reason: "no pass in flight".into(),
+            });
+        };
+        link.recv(&mut self.s.logits)?;
+        let want = nl * self.model.vocab();
+        if self.s.logits.len() != want {
+            return Err(RuntimeError::InvalidParam {
+                name: "downstream logits",
+                reason: format!(
+                    "{} values for {nl} rows of {}",
+                    self.s.logits.len(),
+                    self.model.vocab()
+                ),
+            });
+        }
+        Ok(&self.s.logits[..want])
+    }
+
+    /// Passes sent on and not yet received.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
     }
 
     /// Installs (or with `None` removes) a tap that sees every intermediate tensor of the
@@ -331,6 +390,13 @@ impl Executor {
         rows: &[Row],
         hidden: Option<&[f32]>,
     ) -> Result<StageOut<'_>> {
+        if !self.defer && !self.in_flight.is_empty() {
+            return Err(RuntimeError::InvalidParam {
+                name: "forward",
+                reason: "a pass would wait for its logits while earlier passes are in flight"
+                    .into(),
+            });
+        }
         let m = self.model.clone();
         let id = kv.identity();
         if id.model != m.ir.fingerprint {
@@ -667,6 +733,11 @@ impl Executor {
                     &[]
                 },
             };
+            if self.defer {
+                link.send(&packet)?;
+                self.in_flight.push_back(nl);
+                return Ok(StageOut::Logits(&[]));
+            }
             link.step(&packet, &mut self.s.logits)?;
             let want = nl * m.vocab();
             if self.s.logits.len() != want {

@@ -44,10 +44,22 @@ pub struct StepPacket<'a> {
 }
 
 /// The next stage of a pipeline, as a stage sees it.
+///
+/// Packets are answered in the order they were sent: a stage may [`StageLink::send`] a
+/// second packet before it [`StageLink::recv`]s the first one's logits (two batches in
+/// flight keep both sides of a hop busy).
 pub trait StageLink: Send {
-    /// Runs `packet` on the rest of the pipeline; `logits` is cleared and filled with the
-    /// logits of the packet's rows that want them, in row order, `vocab` values each.
-    fn step(&mut self, packet: &StepPacket<'_>, logits: &mut Vec<f32>) -> Result<()>;
+    /// Hands `packet` to the rest of the pipeline without waiting for its logits.
+    fn send(&mut self, packet: &StepPacket<'_>) -> Result<()>;
+    /// The logits of the oldest packet sent and not yet received: `logits` is cleared and
+    /// filled with the logits of its rows that want them, in row order, `vocab` values each.
+    fn recv(&mut self, logits: &mut Vec<f32>) -> Result<()>;
+    /// Runs `packet` on the rest of the pipeline and returns its logits (nothing else in
+    /// flight).
+    fn step(&mut self, packet: &StepPacket<'_>, logits: &mut Vec<f32>) -> Result<()> {
+        self.send(packet)?;
+        self.recv(logits)
+    }
 }
 
 /// A stage after the first: its executor (its layers, maybe a downstream) and its cache.
@@ -55,6 +67,12 @@ pub trait StageLink: Send {
 pub struct StageRunner {
     exec: Executor,
     kv: KvCache,
+    /// Logits of packets run by [`StageLink::send`] and not yet taken by
+    /// [`StageLink::recv`] (an in-process link), and spare buffers.
+    answered: std::collections::VecDeque<Vec<f32>>,
+    spare: Vec<Vec<f32>>,
+    /// The slot operations of the last [`StageRunner::run_through`].
+    ops: Vec<KvOp>,
 }
 
 /// What a stage's cache looks like (the first stage's engine settings, which every stage of
@@ -95,13 +113,49 @@ impl StageRunner {
             layers.clone(),
         )?;
         let exec = Executor::for_stage(model, threads, layers)?;
-        Ok(StageRunner { exec, kv })
+        Ok(StageRunner {
+            exec,
+            kv,
+            answered: Default::default(),
+            spare: Vec::new(),
+            ops: Vec::new(),
+        })
     }
 
     /// Sends this stage's passes on to `link` (a stage that does not end at the last layer).
     pub fn set_downstream(&mut self, link: Box<dyn StageLink>) -> Result<()> {
         self.kv.set_journal(true);
         self.exec.set_downstream(link)
+    }
+
+    /// Records the slot operations this stage's passes apply, for a caller that hands them on
+    /// itself ([`StageRunner::run_through`]) instead of through [`StageRunner::set_downstream`].
+    pub fn set_journal(&mut self, on: bool) {
+        self.kv.set_journal(on);
+    }
+
+    /// Runs one packet on a stage that does not end at the last layer and has no downstream
+    /// link: returns the slot operations to hand on (those it applied, when the journal is
+    /// on; see [`StageRunner::set_journal`]) and the rows' hidden states after its last
+    /// layer — what the caller sends to the next stage itself (a transport that keeps
+    /// several packets in flight through a middle stage).
+    pub fn run_through(&mut self, packet: &StepPacket<'_>) -> Result<(&[KvOp], &[f32])> {
+        for op in packet.ops {
+            self.kv.apply(op)?;
+        }
+        match self
+            .exec
+            .forward_stage(&mut self.kv, packet.rows, Some(packet.hidden))?
+        {
+            StageOut::Hidden(h) => {
+                self.kv.take_journal(&mut self.ops);
+                Ok((&self.ops, h))
+            }
+            StageOut::Logits(_) => Err(RuntimeError::InvalidParam {
+                name: "stage",
+                reason: "run_through is for a stage before the last, without a downstream".into(),
+            }),
+        }
     }
 
     /// The executor.
@@ -142,7 +196,25 @@ impl StageRunner {
     }
 }
 
+/// An in-process link: `send` runs the packet at once and keeps its logits for `recv`.
 impl StageLink for StageRunner {
+    fn send(&mut self, packet: &StepPacket<'_>) -> Result<()> {
+        let mut l = self.spare.pop().unwrap_or_default();
+        self.run(packet, &mut l)?;
+        self.answered.push_back(l);
+        Ok(())
+    }
+
+    fn recv(&mut self, logits: &mut Vec<f32>) -> Result<()> {
+        let Some(l) = self.answered.pop_front() else {
+            return Err(RuntimeError::Stage("recv with no packet in flight".into()));
+        };
+        logits.clear();
+        logits.extend_from_slice(&l);
+        self.spare.push(l);
+        Ok(())
+    }
+
     fn step(&mut self, packet: &StepPacket<'_>, logits: &mut Vec<f32>) -> Result<()> {
         self.run(packet, logits)
     }

@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use synapse_runtime::engine::{EngineConfig, Event, PipelineHead, Request, Scheduler, TokenPieces};
-use synapse_runtime::pipeline::{StageCache, StageRunner};
+use synapse_runtime::pipeline::{StageCache, StageLink, StageRunner, StepPacket};
 use synapse_runtime::{Executor, KvCache, KvDtype, Model, OrderClass, Row, argmax, prompt_order};
 
 const UB: usize = 8;
@@ -330,7 +330,34 @@ fn solo(model: &Arc<Model>, req: Request) -> Vec<Event> {
     drain(&mut sess)
 }
 
-fn head(model: &Arc<Model>, cuts: &[usize], c: &EngineConfig) -> PipelineHead {
+/// A link that counts the passes in flight on it (sent, logits not yet taken).
+struct Counting {
+    inner: StageRunner,
+    now: usize,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl StageLink for Counting {
+    fn send(&mut self, p: &StepPacket<'_>) -> synapse_runtime::Result<()> {
+        self.now += 1;
+        self.most
+            .fetch_max(self.now, std::sync::atomic::Ordering::Relaxed);
+        self.inner.send(p)
+    }
+    fn recv(&mut self, logits: &mut Vec<f32>) -> synapse_runtime::Result<()> {
+        self.now -= 1;
+        self.inner.recv(logits)
+    }
+}
+
+/// A pipeline head over in-process stages cut at `cuts`, `in_flight` passes at once; the
+/// returned counter holds the most passes ever in flight on the first hop.
+fn head(
+    model: &Arc<Model>,
+    cuts: &[usize],
+    c: &EngineConfig,
+    in_flight: usize,
+) -> (PipelineHead, Arc<std::sync::atomic::AtomicUsize>) {
     let n = model.layers.len();
     let cache = StageCache {
         slots: c.slots,
@@ -348,18 +375,36 @@ fn head(model: &Arc<Model>, cuts: &[usize], c: &EngineConfig) -> PipelineHead {
         }
         next = Some(st);
     }
-    PipelineHead {
-        layers: cuts[0],
-        link: Box::new(next.unwrap()),
-    }
+    let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let link = Counting {
+        inner: next.unwrap(),
+        now: 0,
+        most: most.clone(),
+    };
+    (
+        PipelineHead {
+            layers: cuts[0],
+            link: Box::new(link),
+            in_flight,
+        },
+        most,
+    )
 }
 
 /// The engine as a pipeline's first stage: more sessions than slots (some wait), greedy and
 /// sampled, a later second turn that reuses a finished session's prefix — every session's
-/// events equal its solo run on one executor, log-probability bits included.
+/// events equal its solo run on one executor, log-probability bits included; with one pass
+/// at a time and with two in flight (sessions shared out over the two).
 #[test]
 fn an_engine_over_a_pipeline_equals_one_executor() {
-    for family in ["llama", "gemma3", "mixtral"] {
+    for (family, in_flight) in [
+        ("llama", 1),
+        ("gemma3", 1),
+        ("mixtral", 1),
+        ("llama", 2),
+        ("gemma3", 2),
+        ("mixtral", 2),
+    ] {
         let dir = common::workspace_root().join("fixtures/tiny").join(family);
         if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
             return;
@@ -372,13 +417,8 @@ fn an_engine_over_a_pipeline_equals_one_executor() {
         reqs.push((seqs.concat(), 6));
         let cuts: Vec<usize> = if n >= 3 { vec![1, n - 1] } else { vec![1] };
         let c = cfg();
-        let mut s = Scheduler::new_pipeline(
-            model.clone(),
-            Arc::new(Ids),
-            c.clone(),
-            head(&model, &cuts, &c),
-        )
-        .unwrap();
+        let (h, most) = head(&model, &cuts, &c, in_flight);
+        let mut s = Scheduler::new_pipeline(model.clone(), Arc::new(Ids), c.clone(), h).unwrap();
         let mut sessions: Vec<_> = reqs
             .iter()
             .enumerate()
@@ -425,8 +465,11 @@ fn an_engine_over_a_pipeline_equals_one_executor() {
                 "{family} session {i}"
             );
         }
+        let most = most.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(most, in_flight, "{family}: passes in flight at once");
         eprintln!(
-            "{family}: {} sessions over stages cut at {cuts:?} equal their solo runs",
+            "{family}: {} sessions over stages cut at {cuts:?}, {most} passes in flight at \
+             most, equal their solo runs",
             reqs.len() + 1
         );
     }
@@ -476,7 +519,8 @@ fn a_resumed_request_equals_the_uninterrupted_run() {
 }
 
 /// The default real model (Gemma 3 270M, 18 layers) over three stages cut at 5 and 12:
-/// concurrent greedy and sampled sessions equal their solo runs on one executor.
+/// concurrent greedy and sampled sessions, two passes in flight, equal their solo runs on
+/// one executor.
 #[test]
 fn gemma3_270m_over_three_stages_equals_one_executor() {
     let path = common::default_model();
@@ -496,13 +540,8 @@ fn gemma3_270m_over_three_stages_equals_one_executor() {
     .map(|t| tok.encode(t, true, false).unwrap())
     .collect();
     let c = cfg();
-    let mut s = Scheduler::new_pipeline(
-        model.clone(),
-        Arc::new(Ids),
-        c.clone(),
-        head(&model, &[5, 12], &c),
-    )
-    .unwrap();
+    let (h, most) = head(&model, &[5, 12], &c, 2);
+    let mut s = Scheduler::new_pipeline(model.clone(), Arc::new(Ids), c.clone(), h).unwrap();
     let mut sessions: Vec<_> = prompts
         .iter()
         .enumerate()
@@ -518,4 +557,5 @@ fn gemma3_270m_over_three_stages_equals_one_executor() {
             "session {i}"
         );
     }
+    assert_eq!(most.load(std::sync::atomic::Ordering::Relaxed), 2);
 }

@@ -50,12 +50,16 @@ pub struct PipelineHead {
     pub layers: usize,
     /// The rest of the pipeline.
     pub link: Box<dyn StageLink>,
+    /// Passes in flight at once (1: each pass waits for its logits; 2: a second batch of
+    /// sessions runs here while the first runs downstream, so both ends of a hop work).
+    pub in_flight: usize,
 }
 
 impl std::fmt::Debug for PipelineHead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PipelineHead")
             .field("layers", &self.layers)
+            .field("in_flight", &self.in_flight)
             .finish()
     }
 }
@@ -107,6 +111,22 @@ pub struct Scheduler {
     pipelined: bool,
     /// Per logits row of a pipelined pass: whether its session reads only the argmax.
     argmax_rows: Vec<bool>,
+    /// Passes a pipeline's first stage keeps in flight (1 everywhere else), the passes sent
+    /// and not yet answered (oldest first), and the most decode rows the next pass takes.
+    depth: usize,
+    flights: VecDeque<Flight>,
+    max_decodes: usize,
+}
+
+/// A pass sent down a pipeline, as its logits will be read: the sessions by id (indices in
+/// `active` move as sessions retire meanwhile).
+#[derive(Debug, Default)]
+struct Flight {
+    /// Per logits row: its session.
+    owners: Vec<u64>,
+    /// Per session: rows run.
+    ran: Vec<(u64, usize)>,
+    has_prompt: bool,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -300,6 +320,7 @@ impl Scheduler {
         let vocab = model.vocab();
         let mut exec = Executor::for_stage(model, cfg.threads, 0..layers)?;
         let pipelined = head.is_some();
+        let depth = head.as_ref().map_or(1, |h| h.in_flight.clamp(1, 2));
         if let Some(h) = head {
             kv.set_journal(true);
             exec.set_downstream(h.link)?;
@@ -359,6 +380,9 @@ impl Scheduler {
             pass_has_prompt: false,
             pipelined,
             argmax_rows: Vec::with_capacity(cfg.step_tokens),
+            depth,
+            flights: VecDeque::with_capacity(depth),
+            max_decodes: usize::MAX,
             cfg,
         })
     }
@@ -506,6 +530,9 @@ impl Scheduler {
     /// one forward pass per precision profile in use over the step's rows and turn their
     /// logits into tokens. Returns whether a pass ran.
     pub fn step(&mut self) -> bool {
+        if self.depth > 1 {
+            return self.step_in_flight();
+        }
         self.reap_cancelled();
         self.admit();
         if self.active.is_empty() {
@@ -539,8 +566,124 @@ impl Scheduler {
         ran_any
     }
 
+    /// A step of a pipeline's first stage with several passes in flight: send the next pass
+    /// (the idle sessions' rows: decodes shared out evenly over the passes still to send,
+    /// then prompt chunks) while fewer than `depth` are in flight; once `depth` are (or
+    /// nothing else can be sent), take the oldest pass's logits and turn them into tokens.
+    /// A session is in at most one pass in flight; its rows' float order is its own, so the
+    /// way sessions are shared out over the passes changes no bit.
+    fn step_in_flight(&mut self) -> bool {
+        self.reap_cancelled();
+        self.admit();
+        if self.active.is_empty() && self.flights.is_empty() {
+            self.publish();
+            return false;
+        }
+        let mut sent = false;
+        if self.flights.len() < self.depth {
+            let idle = self
+                .active
+                .iter()
+                .filter(|a| !a.in_flight && a.phase == Phase::Decode)
+                .count();
+            self.max_decodes = idle.div_ceil(self.depth - self.flights.len());
+            let mut budget = self.cfg.step_tokens - self.max_decodes.min(self.cfg.step_tokens);
+            self.build_rows(0, &mut budget);
+            self.max_decodes = usize::MAX;
+            if !self.rows.is_empty() {
+                sent = self.send_pass();
+            }
+        }
+        if self.flights.len() >= self.depth || (!sent && !self.flights.is_empty()) {
+            self.finish_flight();
+        }
+        self.retire(true);
+        true
+    }
+
+    /// Sends the built rows down the pipeline (executor 0, the only one a pipeline has).
+    fn send_pass(&mut self) -> bool {
+        let Some(exec) = self.execs[0].as_mut() else {
+            return false;
+        };
+        self.argmax_rows.clear();
+        for &i in &self.owners {
+            self.argmax_rows.push(self.active[i].needs_only_argmax());
+        }
+        exec.set_argmax_rows(&self.argmax_rows);
+        if let Err(err) = exec.forward_send(&mut self.kv, &self.rows) {
+            self.fail_pass(&err.to_string());
+            return false;
+        }
+        let mut f = Flight {
+            owners: self.owners.iter().map(|&i| self.active[i].id).collect(),
+            ran: Vec::with_capacity(self.ran.len()),
+            has_prompt: self.pass_has_prompt,
+        };
+        for &(i, n) in &self.ran {
+            let a = &mut self.active[i];
+            a.in_flight = true;
+            f.ran.push((a.id, n));
+        }
+        self.flights.push_back(f);
+        true
+    }
+
+    /// Takes the oldest pass in flight's logits and turns them into tokens.
+    fn finish_flight(&mut self) {
+        let Some(f) = self.flights.pop_front() else {
+            return;
+        };
+        let index = |active: &[Active], id: u64| active.iter().position(|a| a.id == id);
+        self.owners.clear();
+        self.ran.clear();
+        for &id in &f.owners {
+            if let Some(i) = index(&self.active, id) {
+                self.owners.push(i);
+            }
+        }
+        for &(id, n) in &f.ran {
+            if let Some(i) = index(&self.active, id) {
+                self.active[i].in_flight = false;
+                self.ran.push((i, n));
+            }
+        }
+        self.pass_has_prompt = f.has_prompt;
+        if self.owners.len() != f.owners.len() || self.ran.len() != f.ran.len() {
+            // Sessions in flight are never retired, so this cannot happen; if it did, the
+            // rows would be read by the wrong sessions.
+            self.fail_pass("a session of a pass in flight is gone");
+            return;
+        }
+        self.pass(0, true);
+    }
+
+    /// Fails the sessions of the pass in `ran` (their error is sent, their slots reset):
+    /// an executor error fails a pass, never the engine.
+    fn fail_pass(&mut self, msg: &str) {
+        tracing::error!(error = %msg, "forward pass failed");
+        for &(i, _) in &self.ran {
+            let a = &mut self.active[i];
+            let _ = a.tx.send(Event::Error(format!("engine error: {msg}")));
+            self.done.push((i, FinishReason::Stop));
+            self.failed.push(i);
+        }
+        for &(i, _) in &self.ran {
+            let slot = self.active[i].slot;
+            let _ = self.kv.open(slot);
+            self.active[i].drafts.clear();
+        }
+    }
+
     /// One forward pass of executor `e` over the built rows; its logits become tokens.
     fn run_pass(&mut self, e: usize) {
+        self.pass(e, false);
+    }
+
+    /// The logits of a pass become tokens: a pass run now over the built rows (`recv`
+    /// false), or the oldest pass sent down the pipeline (`recv`: `owners` and `ran` are
+    /// that pass's).
+    fn pass(&mut self, e: usize, recv: bool) {
         let one_exec = self.execs.iter().filter(|e| e.is_some()).count() == 1;
         let Some(exec) = self.execs[e].as_mut() else {
             return;
@@ -553,7 +696,7 @@ impl Scheduler {
             st.expert_evictions.store(p.evictions, Ordering::Relaxed);
             st.expert_bytes_in.store(p.bytes_in, Ordering::Relaxed);
         }
-        if exec.has_downstream() {
+        if exec.has_downstream() && !recv {
             // Greedy sessions that read nothing but the argmax let the last stage send the
             // token back instead of the row (one-hot: the same greedy choice).
             self.argmax_rows.clear();
@@ -564,24 +707,16 @@ impl Scheduler {
             exec.set_argmax_rows(&self.argmax_rows);
         }
         let t0 = Instant::now();
-        let out = match exec.forward(&mut self.kv, &self.rows) {
+        let out = if recv {
+            exec.forward_recv()
+        } else {
+            exec.forward(&mut self.kv, &self.rows)
+        };
+        let out = match out {
             Ok(out) => out,
             Err(err) => {
-                // An executor error fails the sessions of this pass (their slots are reset),
-                // never the engine.
                 let msg = err.to_string();
-                tracing::error!(error = %msg, "forward pass failed");
-                for &(i, _) in &self.ran {
-                    let a = &mut self.active[i];
-                    let _ = a.tx.send(Event::Error(format!("engine error: {msg}")));
-                    self.done.push((i, FinishReason::Stop));
-                    self.failed.push(i);
-                }
-                for &(i, _) in &self.ran {
-                    let slot = self.active[i].slot;
-                    let _ = self.kv.open(slot);
-                    self.active[i].drafts.clear();
-                }
+                self.fail_pass(&msg);
                 return;
             }
         };
@@ -829,8 +964,13 @@ impl Scheduler {
         self.owners.clear();
         self.ran.clear();
         self.pass_has_prompt = false;
+        let mut decodes = 0;
         for (i, a) in self.active.iter().enumerate() {
-            if a.exec == e && a.phase == Phase::Decode {
+            if a.exec == e && a.phase == Phase::Decode && !a.in_flight {
+                if decodes == self.max_decodes {
+                    continue;
+                }
+                decodes += 1;
                 // The pending token, then the drafts to verify (one-row order each: the bits
                 // of as many decode steps).
                 self.rows.push(Row::decode(a.slot, a.pos as u32, a.last));
@@ -845,7 +985,7 @@ impl Scheduler {
         }
         let max_chunk = self.kv.max_chunk();
         for (i, a) in self.active.iter().enumerate() {
-            if a.exec != e || a.phase != Phase::Prefill || *prefill_budget == 0 {
+            if a.exec != e || a.phase != Phase::Prefill || a.in_flight || *prefill_budget == 0 {
                 continue;
             }
             let n = (*prefill_budget).min(a.prompt.len() - a.pos).min(max_chunk);
@@ -927,7 +1067,8 @@ impl Scheduler {
                 .fetch_add(gone as u64, Ordering::Relaxed);
         }
         for (i, a) in self.active.iter().enumerate() {
-            if a.cancelled() {
+            // A session in flight is reaped once its pass is back.
+            if a.cancelled() && !a.in_flight {
                 self.done.push((i, FinishReason::Cancelled));
                 self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
             }

@@ -62,6 +62,9 @@ pub(crate) struct Active {
     pub drafts: Vec<u32>,
     pub vseen: usize,
     pub vdone: bool,
+    /// Its rows are in a pass sent down a pipeline whose logits have not come back yet
+    /// (it takes no part in another pass and is not retired meanwhile).
+    pub in_flight: bool,
     /// Tokens this session must choose first (a resumed run; [`super::api::Request::forced`]).
     forced: Vec<u32>,
     stops: StopStrings,
@@ -124,6 +127,7 @@ impl Active {
             }),
             vseen: 0,
             vdone: false,
+            in_flight: false,
             forced: req.forced,
             stops: StopStrings::new(&req.stop),
             bytes: Vec::with_capacity(64),
