@@ -97,6 +97,7 @@ fn main() {
         ctx: 2048,
         ubatch: 512,
         link: synapse_cluster::plan::LinkDtype::F32,
+        in_flight: 1,
     };
     let total = spec.weight_bytes(0..spec.n_layers());
     println!(

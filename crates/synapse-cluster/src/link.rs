@@ -1,8 +1,9 @@
 //! A pipeline hop over gRPC: [`GrpcStageLink`] is the runtime's `StageLink` port on one
 //! bidirectional `Step` stream to the next stage.
 //!
-//! The engine thread is synchronous: a step hands the packet to the stream's sender and
-//! waits (with a timeout) for the reply, which a task moves off the stream. Packets carry
+//! The engine thread is synchronous: `send` hands a packet to the stream's sender, `recv`
+//! waits (with a timeout) for the oldest packet's reply, which a task moves off the stream;
+//! a first stage keeps up to two packets in flight. Packets carry
 //! the plan (epoch, hash) the pipeline was set up under and a step number; the receiver
 //! refuses another plan, and a reply for another step is an error. Hidden states and logits
 //! travel as exact little-endian `f32`.
@@ -29,6 +30,8 @@ pub struct GrpcStageLink {
     to: String,
     vocab: usize,
     dtype: crate::plan::LinkDtype,
+    /// Steps sent and not yet answered: (step, argmax flags, logits rows).
+    sent: std::collections::VecDeque<(u64, Vec<bool>, usize)>,
 }
 
 impl std::fmt::Debug for GrpcStageLink {
@@ -89,6 +92,7 @@ impl GrpcStageLink {
             to: addr.to_string(),
             vocab,
             dtype: crate::plan::LinkDtype::F32,
+            sent: Default::default(),
         })
     }
 }
@@ -101,56 +105,92 @@ impl GrpcStageLink {
     }
 }
 
-impl StageLink for GrpcStageLink {
-    fn step(
-        &mut self,
-        packet: &StepPacket<'_>,
-        logits: &mut Vec<f32>,
-    ) -> synapse_runtime::Result<()> {
-        self.step += 1;
-        let mut p = proto::StepPacket {
-            epoch: self.epoch,
-            plan_hash: self.plan_hash.clone(),
-            step: self.step,
-            ops: packet.ops.iter().map(wire::op_to_wire).collect(),
-            ..Default::default()
-        };
-        wire::rows_to_wire(packet.rows, &mut p);
-        wire::hidden_to_wire(packet.hidden, self.dtype, &mut p.hidden);
-        p.hidden_dtype = wire::dtype_code(self.dtype);
-        p.argmax = packet.argmax.iter().map(|&a| a as u8).collect();
-        let gone = |m: String| RuntimeError::Stage(format!("{}: {m}", self.to));
-        self.tx
-            .blocking_send(p)
-            .map_err(|_| gone("the stream to the next stage is closed".into()))?;
-        let reply = match self.rx.recv_timeout(self.timeout) {
-            Ok(Ok(r)) => r,
-            Ok(Err(m)) => return Err(gone(m)),
-            Err(_) => {
-                return Err(gone(format!(
-                    "no answer to step {} within {:?}",
-                    self.step, self.timeout
-                )));
-            }
+/// A step packet as it goes on the wire: the plan it belongs to, its step number, the slot
+/// operations, rows, hidden states (as `dtype`) and argmax flags.
+pub(crate) fn packet_to_wire(
+    epoch: u64,
+    plan_hash: &str,
+    step: u64,
+    packet: &StepPacket<'_>,
+    dtype: crate::plan::LinkDtype,
+) -> proto::StepPacket {
+    let mut p = proto::StepPacket {
+        epoch,
+        plan_hash: plan_hash.to_string(),
+        step,
+        ops: packet.ops.iter().map(wire::op_to_wire).collect(),
+        ..Default::default()
+    };
+    wire::rows_to_wire(packet.rows, &mut p);
+    wire::hidden_to_wire(packet.hidden, dtype, &mut p.hidden);
+    p.hidden_dtype = wire::dtype_code(dtype);
+    p.argmax = packet.argmax.iter().map(|&a| a as u8).collect();
+    p
+}
+
+impl GrpcStageLink {
+    /// The stream's two ends for a stage that moves packets and replies itself (a middle
+    /// stage hands replies back up as they come): the packet sender and the reply receiver.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn into_ends(
+        self,
+    ) -> (
+        tokio::sync::mpsc::Sender<proto::StepPacket>,
+        mpsc::Receiver<std::result::Result<proto::StepReply, String>>,
+    ) {
+        (self.tx, self.rx)
+    }
+
+    /// Waits for the next reply on the stream (a middle stage's reply pump).
+    pub(crate) fn recv_reply(
+        rx: &mpsc::Receiver<std::result::Result<proto::StepReply, String>>,
+        timeout: Duration,
+        step: u64,
+    ) -> std::result::Result<proto::StepReply, String> {
+        let reply = match rx.recv_timeout(timeout) {
+            Ok(r) => r?,
+            Err(_) => return Err(format!("no answer to step {step} within {timeout:?}")),
         };
         if !reply.error.is_empty() {
-            return Err(gone(reply.error));
+            return Err(reply.error);
         }
-        if reply.step != self.step {
-            return Err(gone(format!(
-                "answer for step {}, not {}",
-                reply.step, self.step
-            )));
+        if reply.step != step {
+            return Err(format!("answer for step {}, not {step}", reply.step));
         }
+        Ok(reply)
+    }
+}
+
+impl StageLink for GrpcStageLink {
+    fn send(&mut self, packet: &StepPacket<'_>) -> synapse_runtime::Result<()> {
+        self.step += 1;
+        let p = packet_to_wire(self.epoch, &self.plan_hash, self.step, packet, self.dtype);
+        self.tx.blocking_send(p).map_err(|_| {
+            RuntimeError::Stage(format!(
+                "{}: the stream to the next stage is closed",
+                self.to
+            ))
+        })?;
         let rows = packet.rows.iter().filter(|r| r.logits).count();
-        if packet.argmax.is_empty() {
+        self.sent
+            .push_back((self.step, packet.argmax.to_vec(), rows));
+        Ok(())
+    }
+
+    fn recv(&mut self, logits: &mut Vec<f32>) -> synapse_runtime::Result<()> {
+        let gone = |m: String| RuntimeError::Stage(format!("{}: {m}", self.to));
+        let Some((step, argmax, rows)) = self.sent.pop_front() else {
+            return Err(gone("no step in flight".into()));
+        };
+        let reply = Self::recv_reply(&self.rx, self.timeout, step).map_err(gone)?;
+        if argmax.is_empty() {
             return wire::bytes_to_f32s(&reply.logits, logits).map_err(|e| gone(e.to_string()));
         }
         wire::expand_logits(
             &reply.logits,
             &reply.tokens,
             self.vocab,
-            packet.argmax,
+            &argmax,
             rows,
             logits,
         )

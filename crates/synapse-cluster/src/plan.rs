@@ -30,6 +30,16 @@ pub struct EngineShape {
     /// an opt-in with a measured error).
     #[serde(default)]
     pub link: LinkDtype,
+    /// Passes a pipeline's first stage keeps in flight: 1, or 2 (a second batch of sessions
+    /// runs on one stage while the first runs on the next). With 2 the planner balances
+    /// stages (throughput objective: the slowest stage per token), with 1 it minimises
+    /// their sum (latency objective).
+    #[serde(default = "one")]
+    pub in_flight: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// The element type of hidden states on a pipeline link.
@@ -76,7 +86,8 @@ pub struct StagePlan {
 pub struct PipelinePlan {
     /// Stages in layer order.
     pub stages: Vec<StagePlan>,
-    /// Predicted tokens/s of one decoding sequence on it (the planner's latency model).
+    /// Predicted decode tokens/s on it (the planner's model: one over the sum of stage and
+    /// link times with one pass in flight, over the slowest of them with two).
     pub tokens_per_s: f64,
 }
 
@@ -357,9 +368,13 @@ fn one_pipeline(
         links,
         layers,
         context_length: (shape.slots * shape.ctx) as u64,
-        // A pipeline runs one pass at a time today (no second batch in flight), so a token
-        // costs the sum of its stages' times: the latency objective is its throughput's.
-        objective: Objective::Latency,
+        // One pass at a time: a token costs the sum of the stages' times. Two in flight
+        // keep both ends of each hop busy: the slowest stage (or link) sets the rate.
+        objective: if shape.in_flight >= 2 {
+            Objective::Throughput
+        } else {
+            Objective::Latency
+        },
         quality_floor: None,
         allow_approximation: false,
         max_replicas: 1,
@@ -382,7 +397,11 @@ fn one_pipeline(
                 layers: s.layers.clone(),
             })
             .collect(),
-        tokens_per_s: 1.0 / p.latency_s.max(1e-9),
+        tokens_per_s: if shape.in_flight >= 2 {
+            1.0 / p.bottleneck_s.max(1e-9)
+        } else {
+            1.0 / p.latency_s.max(1e-9)
+        },
     })
 }
 
@@ -421,11 +440,15 @@ pub fn memory_share_plan(
         });
         start = end;
     }
-    let t: f64 = stages
+    let times = stages
         .iter()
         .zip(&ws)
-        .map(|(s, w)| stage_time(spec, w, s.layers.clone()))
-        .sum();
+        .map(|(s, w)| stage_time(spec, w, s.layers.clone()));
+    let t: f64 = if shape.in_flight >= 2 {
+        times.fold(0.0, f64::max)
+    } else {
+        times.sum()
+    };
     Ok(ClusterPlan::new(
         &spec.fingerprint,
         shape,
@@ -474,6 +497,7 @@ mod tests {
         ctx: 10,
         ubatch: 8,
         link: LinkDtype::F32,
+        in_flight: 1,
     };
 
     #[test]

@@ -253,21 +253,24 @@ impl Worker for Service {
         };
         let mut runner = StageRunner::new(self.0.model.clone(), layers, self.0.threads, cache)
             .map_err(|e| Status::internal(e.to_string()))?;
-        if let Some(addr) = &next {
-            let link = GrpcStageLink::connect(
-                addr,
-                epoch,
-                &hash,
-                self.0.model.vocab(),
-                self.0.step_timeout,
-            )
-            .await
-            .map_err(|e| unavailable(format!("next stage {addr}: {e}")))?
-            .with_dtype(shape.link);
-            runner
-                .set_downstream(Box::new(link))
-                .map_err(|e| Status::internal(e.to_string()))?;
-        }
+        // A middle stage hands each packet on as soon as its layers ran and its replies back
+        // up as they come (its reply pump), so several packets can be in flight through it.
+        let down = match &next {
+            Some(addr) => {
+                let link = GrpcStageLink::connect(
+                    addr,
+                    epoch,
+                    &hash,
+                    self.0.model.vocab(),
+                    self.0.step_timeout,
+                )
+                .await
+                .map_err(|e| unavailable(format!("next stage {addr}: {e}")))?;
+                runner.set_journal(true);
+                Some(link.into_ends())
+            }
+            None => None,
+        };
         let mut inbound = req.into_inner();
         let (ptx, prx) = std::sync::mpsc::channel::<proto::StepPacket>();
         let (rtx, rrx) =
@@ -291,34 +294,86 @@ impl Worker for Service {
             }
         });
         let vocab = self.0.model.vocab();
-        let counters = (self.0.whole_rows.clone(), self.0.argmax_rows.clone());
-        // The stage runs on a thread of its own (its downstream link blocks).
-        std::thread::Builder::new()
-            .name("synapse-stage".into())
-            .spawn(move || {
-                let mut scratch = PacketScratch::default();
-                while let Ok(p) = prx.recv() {
-                    let reply = run_packet(&mut runner, &p, epoch, &hash, &mut scratch);
-                    let n = reply.tokens.len() as u64;
-                    let rows = (scratch.logits.len() / vocab.max(1)) as u64;
-                    let whole = if reply.error.is_empty() {
-                        rows.saturating_sub(n)
-                    } else {
-                        0
-                    };
-                    counters
-                        .0
-                        .fetch_add(whole, std::sync::atomic::Ordering::Relaxed);
-                    counters
-                        .1
-                        .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-                    let failed = !reply.error.is_empty();
-                    if rtx.blocking_send(Ok(reply)).is_err() || failed {
-                        break;
-                    }
-                }
-            })
-            .map_err(|e| Status::internal(e.to_string()))?;
+        let counters = Counters {
+            whole: self.0.whole_rows.clone(),
+            argmax: self.0.argmax_rows.clone(),
+            vocab,
+        };
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(f)
+                .map(|_| ())
+                .map_err(|e| Status::internal(e.to_string()))
+        };
+        match down {
+            None => {
+                // The last stage: each packet's logits (or tokens) back in order.
+                spawn(
+                    "synapse-stage",
+                    Box::new(move || {
+                        let mut scratch = PacketScratch::default();
+                        while let Ok(p) = prx.recv() {
+                            let reply = run_packet(&mut runner, &p, epoch, &hash, &mut scratch);
+                            counters.count(&reply);
+                            let failed = !reply.error.is_empty();
+                            if rtx.blocking_send(Ok(reply)).is_err() || failed {
+                                break;
+                            }
+                        }
+                    }),
+                )?;
+            }
+            Some((down_tx, down_rx)) => {
+                let (otx, orx) = std::sync::mpsc::channel::<Order>();
+                let dtype = shape.link;
+                spawn(
+                    "synapse-stage",
+                    Box::new(move || {
+                        let mut scratch = PacketScratch::default();
+                        while let Ok(p) = prx.recv() {
+                            match run_middle(&mut runner, &p, epoch, &hash, dtype, &mut scratch) {
+                                Ok(dp) => {
+                                    if otx.send(Order::Forwarded(p.step)).is_err()
+                                        || down_tx.blocking_send(dp).is_err()
+                                    {
+                                        break;
+                                    }
+                                }
+                                Err(reply) => {
+                                    let _ = otx.send(Order::Failed(reply));
+                                    break;
+                                }
+                            }
+                        }
+                    }),
+                )?;
+                let timeout = self.0.step_timeout;
+                spawn(
+                    "synapse-stage-replies",
+                    Box::new(move || {
+                        while let Ok(o) = orx.recv() {
+                            let reply = match o {
+                                Order::Forwarded(step) => {
+                                    GrpcStageLink::recv_reply(&down_rx, timeout, step)
+                                        .unwrap_or_else(|error| proto::StepReply {
+                                            step,
+                                            error,
+                                            ..Default::default()
+                                        })
+                                }
+                                Order::Failed(r) => r,
+                            };
+                            counters.count(&reply);
+                            let failed = !reply.error.is_empty();
+                            if rtx.blocking_send(Ok(reply)).is_err() || failed {
+                                break;
+                            }
+                        }
+                    }),
+                )?;
+            }
+        }
         let out = tokio_stream::wrappers::ReceiverStream::new(rrx);
         Ok(Response::new(Box::pin(out)))
     }
@@ -376,6 +431,71 @@ struct PacketScratch {
     logits: Vec<f32>,
 }
 
+/// What a middle stage's reply pump answers next, in packet order.
+enum Order {
+    /// The packet of this step went on downstream: its reply is the downstream's.
+    Forwarded(u64),
+    /// The packet failed here: this error reply.
+    Failed(proto::StepReply),
+}
+
+/// A worker's counts of logits rows answered whole and as their token.
+struct Counters {
+    whole: Arc<std::sync::atomic::AtomicU64>,
+    argmax: Arc<std::sync::atomic::AtomicU64>,
+    vocab: usize,
+}
+
+impl Counters {
+    fn count(&self, reply: &proto::StepReply) {
+        if !reply.error.is_empty() {
+            return;
+        }
+        let whole = (reply.logits.len() / 4 / self.vocab.max(1)) as u64;
+        self.whole
+            .fetch_add(whole, std::sync::atomic::Ordering::Relaxed);
+        self.argmax.fetch_add(
+            reply.tokens.len() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+}
+
+/// Checks a packet's plan and reads it into `sc` (rows, hidden states, slot operations,
+/// argmax flags).
+fn read_packet(
+    p: &proto::StepPacket,
+    epoch: u64,
+    hash: &str,
+    sc: &mut PacketScratch,
+) -> Result<()> {
+    if p.epoch != epoch || p.plan_hash != hash {
+        return Err(ClusterError::StalePlan {
+            got_epoch: p.epoch,
+            got_hash: p.plan_hash.clone(),
+            have_epoch: epoch,
+            have_hash: hash.to_string(),
+        });
+    }
+    wire::rows_from_wire(p, &mut sc.rows)?;
+    wire::hidden_from_wire(&p.hidden, p.hidden_dtype, &mut sc.hidden)?;
+    sc.ops.clear();
+    for o in &p.ops {
+        sc.ops.push(wire::op_from_wire(o)?);
+    }
+    sc.argmax.clear();
+    sc.argmax.extend(p.argmax.iter().map(|&a| a != 0));
+    let nl = sc.rows.iter().filter(|r| r.logits).count();
+    if !sc.argmax.is_empty() && sc.argmax.len() != nl {
+        return Err(ClusterError::Invalid {
+            what: "step packet",
+            reason: format!("{} argmax flags for {nl} logits rows", sc.argmax.len()),
+        });
+    }
+    Ok(())
+}
+
+/// The last stage runs a packet: its reply holds the logits (argmax-only rows as tokens).
 fn run_packet(
     runner: &mut StageRunner,
     p: &proto::StepPacket,
@@ -383,64 +503,68 @@ fn run_packet(
     hash: &str,
     sc: &mut PacketScratch,
 ) -> proto::StepReply {
-    let PacketScratch {
-        rows,
-        hidden,
-        ops,
-        argmax,
-        logits,
-    } = sc;
     let mut reply = proto::StepReply {
         step: p.step,
         ..Default::default()
     };
-    let r: Result<()> = (|| {
-        if p.epoch != epoch || p.plan_hash != hash {
-            return Err(ClusterError::StalePlan {
-                got_epoch: p.epoch,
-                got_hash: p.plan_hash.clone(),
-                have_epoch: epoch,
-                have_hash: hash.to_string(),
-            });
-        }
-        wire::rows_from_wire(p, rows)?;
-        wire::hidden_from_wire(&p.hidden, p.hidden_dtype, hidden)?;
-        ops.clear();
-        for o in &p.ops {
-            ops.push(wire::op_from_wire(o)?);
-        }
-        argmax.clear();
-        argmax.extend(p.argmax.iter().map(|&a| a != 0));
-        let nl = rows.iter().filter(|r| r.logits).count();
-        if !argmax.is_empty() && argmax.len() != nl {
-            return Err(ClusterError::Invalid {
-                what: "step packet",
-                reason: format!("{} argmax flags for {nl} logits rows", argmax.len()),
-            });
-        }
+    let r: Result<()> = read_packet(p, epoch, hash, sc).and_then(|()| {
         runner.run(
             &StepPacket {
-                ops,
-                rows,
-                hidden,
-                argmax,
+                ops: &sc.ops,
+                rows: &sc.rows,
+                hidden: &sc.hidden,
+                argmax: &sc.argmax,
             },
-            logits,
+            &mut sc.logits,
         )?;
         Ok(())
-    })();
+    });
     match r {
         // Argmax-only rows go back as their token (the first stage reads nothing else).
         Ok(()) => wire::compress_logits(
-            logits,
+            &sc.logits,
             runner.executor().model().vocab(),
-            argmax,
+            &sc.argmax,
             &mut reply.logits,
             &mut reply.tokens,
         ),
         Err(e) => reply.error = e.to_string(),
     }
     reply
+}
+
+/// A middle stage runs a packet: the packet for the next stage (same plan and step), or
+/// the error reply.
+fn run_middle(
+    runner: &mut StageRunner,
+    p: &proto::StepPacket,
+    epoch: u64,
+    hash: &str,
+    dtype: crate::plan::LinkDtype,
+    sc: &mut PacketScratch,
+) -> std::result::Result<proto::StepPacket, proto::StepReply> {
+    let r: Result<proto::StepPacket> = read_packet(p, epoch, hash, sc).and_then(|()| {
+        let (ops, hidden) = runner.run_through(&StepPacket {
+            ops: &sc.ops,
+            rows: &sc.rows,
+            hidden: &sc.hidden,
+            argmax: &sc.argmax,
+        })?;
+        let out = StepPacket {
+            ops,
+            rows: &sc.rows,
+            hidden,
+            argmax: &sc.argmax,
+        };
+        Ok(crate::link::packet_to_wire(
+            epoch, hash, p.step, &out, dtype,
+        ))
+    });
+    r.map_err(|e| proto::StepReply {
+        step: p.step,
+        error: e.to_string(),
+        ..Default::default()
+    })
 }
 
 /// Waits until the worker at `addr` runs plan `hash` as a pipeline stage (it applies plans
@@ -577,6 +701,7 @@ impl Node {
             let head = PipelineHead {
                 layers: stage.layers.end,
                 link: Box::new(link),
+                in_flight: plan.shape.in_flight,
             };
             let e = Engine::start_pipeline(self.model.clone(), self.pieces.clone(), cfg, head)?;
             Role::Head {
@@ -886,6 +1011,19 @@ pub async fn serve_fixed(
     id: &str,
 ) -> Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    serve_fixed_at(listener, model, pieces, threads, plan, id).await
+}
+
+/// [`serve_fixed`] on a listener the caller bound (so a plan can name its address before
+/// the worker serves it).
+pub async fn serve_fixed_at(
+    listener: tokio::net::TcpListener,
+    model: Arc<Model>,
+    pieces: Arc<dyn TokenPieces>,
+    threads: usize,
+    plan: ClusterPlan,
+    id: &str,
+) -> Result<SocketAddr> {
     let local = listener.local_addr()?;
     let (node, _server) = start_node(
         id,

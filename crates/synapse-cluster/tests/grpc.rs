@@ -39,6 +39,7 @@ const SHAPE: EngineShape = EngineShape {
     ctx: 96,
     ubatch: 16,
     link: synapse_cluster::plan::LinkDtype::F32,
+    in_flight: 1,
 };
 
 fn plan(model: &Model, addr: &str, cut: usize) -> ClusterPlan {
@@ -146,6 +147,7 @@ fn a_head_over_grpc_equals_one_executor_and_stale_plans_are_refused() {
     let head = PipelineHead {
         layers: 1,
         link: Box::new(link),
+        in_flight: 1,
     };
     let mut piped = Scheduler::new_pipeline(model.clone(), Arc::new(Ids), cfg(), head).unwrap();
     let mut whole = Scheduler::new(model.clone(), Arc::new(Ids), cfg()).unwrap();
@@ -336,5 +338,139 @@ fn sixteen_bit_links_have_a_measured_error_and_f32_none() {
                 assert!(max / scale < 0.05, "{dtype:?}: {max} of {scale}");
             }
         }
+    }
+}
+
+/// Three stages over gRPC (head, a middle stage that hands packets on as soon as its layers
+/// ran, a tail), the head keeping two passes in flight: every session's events equal one
+/// executor's, and the tail saw two passes at once.
+#[test]
+fn three_stages_over_grpc_with_two_passes_in_flight_equal_one_executor() {
+    let Some((model, seqs)) = tiny("gemma3") else {
+        return;
+    };
+    let n = model.layers.len();
+    assert!(n >= 3, "the tiny gemma3 has {n} layers");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (mid_l, tail_l) = rt.block_on(async {
+        (
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        )
+    });
+    let mid_url = format!("http://{}", mid_l.local_addr().unwrap());
+    let tail_url = format!("http://{}", tail_l.local_addr().unwrap());
+    let shape = EngineShape {
+        in_flight: 2,
+        slots: 4,
+        ..SHAPE
+    };
+    let (c1, c2) = (n / 3, 2 * n / 3);
+    let mut p = ClusterPlan::new(
+        &model.ir.fingerprint,
+        shape,
+        vec![PipelinePlan {
+            stages: vec![
+                StagePlan {
+                    worker: "head".into(),
+                    addr: "http://unused".into(),
+                    layers: 0..c1,
+                },
+                StagePlan {
+                    worker: "mid".into(),
+                    addr: mid_url.clone(),
+                    layers: c1..c2,
+                },
+                StagePlan {
+                    worker: "tail".into(),
+                    addr: tail_url.clone(),
+                    layers: c2..n,
+                },
+            ],
+            tokens_per_s: 1.0,
+        }],
+        "pipeline",
+    );
+    p.epoch = 3;
+    for (l, id) in [(tail_l, "tail"), (mid_l, "mid")] {
+        rt.block_on(synapse_cluster::worker::serve_fixed_at(
+            l,
+            model.clone(),
+            Arc::new(Ids),
+            1,
+            p.clone(),
+            id,
+        ))
+        .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let link = rt
+        .block_on(GrpcStageLink::connect(
+            &mid_url,
+            p.epoch,
+            &p.hash,
+            model.vocab(),
+            Duration::from_secs(10),
+        ))
+        .unwrap();
+    let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let head = PipelineHead {
+        layers: c1,
+        link: Box::new(Counting {
+            inner: link,
+            now: 0,
+            most: most.clone(),
+        }),
+        in_flight: 2,
+    };
+    let mut c = cfg();
+    c.slots = shape.slots;
+    let mut piped = Scheduler::new_pipeline(model.clone(), Arc::new(Ids), c.clone(), head).unwrap();
+    let mut whole = Scheduler::new(model.clone(), Arc::new(Ids), c).unwrap();
+    let reqs = || {
+        let mut r = requests(&seqs);
+        for s in &seqs {
+            let mut g = Request::greedy(s.clone(), 10);
+            g.stop_at_eog = false;
+            r.push(g);
+        }
+        r
+    };
+    let got = events(&mut piped, reqs());
+    let want = events(&mut whole, reqs());
+    assert_eq!(
+        got, want,
+        "three stages, two passes in flight, equal one executor"
+    );
+    assert!(got.iter().all(|e| matches!(e.last(), Some(Event::Done(_)))));
+    assert_eq!(most.load(std::sync::atomic::Ordering::Relaxed), 2);
+    eprintln!(
+        "{} sessions over {n} layers cut at {c1} and {c2}, two passes in flight, equal one \
+         executor",
+        got.len()
+    );
+}
+
+/// A link that counts the passes in flight on it.
+struct Counting {
+    inner: GrpcStageLink,
+    now: usize,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl StageLink for Counting {
+    fn send(&mut self, p: &StepPacket<'_>) -> synapse_runtime::Result<()> {
+        self.now += 1;
+        self.most
+            .fetch_max(self.now, std::sync::atomic::Ordering::Relaxed);
+        self.inner.send(p)
+    }
+    fn recv(&mut self, logits: &mut Vec<f32>) -> synapse_runtime::Result<()> {
+        self.now -= 1;
+        self.inner.recv(logits)
     }
 }

@@ -78,6 +78,11 @@ pub struct Args {
     /// its error measured in docs/cluster.md).
     #[arg(long, default_value = "f32")]
     link_dtype: String,
+    /// Passes a pipeline's first stage keeps in flight when this worker leads: 2 (a second
+    /// batch of sessions runs on one stage while the first runs on the next; stages are
+    /// balanced by speed) or 1 (one pass at a time; stages placed for the least latency).
+    #[arg(long, default_value_t = 2)]
+    in_flight: usize,
 }
 
 /// Runs `worker` until SIGTERM/SIGINT (it leaves the cluster) or its lease is lost.
@@ -106,6 +111,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ctx: args.ctx,
             ubatch: args.ubatch,
             link: args.link_dtype.parse()?,
+            in_flight: args.in_flight.clamp(1, 2),
         },
         lease_ttl_s: args.lease_ttl,
         measure_bytes: args.measure_mib << 20,
