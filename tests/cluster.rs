@@ -12,6 +12,10 @@
 //!   client's stream equals an uninterrupted run; the killed worker restarted under its id
 //!   rejoins and gets work again. A worker SIGSTOPped mid-stream (a partition: no reset, no
 //!   answer) the same; SIGCONT, it finds its lease lost, leaves and joins again.
+//! - Network namespaces (root only; skipped elsewhere): workers at addresses of their own
+//!   behind rate-limited veth links measure those links; a pipeline across them answers as
+//!   one machine; a stage's link cut mid-stream is survived with an identical stream, and the
+//!   worker joins again when the link is back.
 //!
 //! Needs `etcd` (Debian `etcd-server`; `.ci/run` installs it) and SmolLM2-135M-Instruct in
 //! the model cache.
@@ -63,6 +67,8 @@ struct Etcd {
     ports: (u16, u16),
     bin: PathBuf,
     dir: tempfile::TempDir,
+    /// The address its client port listens on.
+    host: String,
 }
 
 impl Etcd {
@@ -73,7 +79,7 @@ impl Etcd {
                 "--data-dir",
                 self.dir.path().join("data").to_str().unwrap(),
                 "--listen-client-urls",
-                &self.url,
+                &format!("http://{}:{c}", self.host),
                 "--advertise-client-urls",
                 &self.url,
                 "--listen-peer-urls",
@@ -103,6 +109,11 @@ impl Etcd {
 }
 
 fn start_etcd(bin: &Path) -> Etcd {
+    start_etcd_on(bin, "127.0.0.1")
+}
+
+/// An etcd whose client port listens on `host` (reached here at 127.0.0.1).
+fn start_etcd_on(bin: &Path, host: &str) -> Etcd {
     let ports = (free_port(), free_port());
     let mut e = Etcd {
         p: None,
@@ -110,6 +121,7 @@ fn start_etcd(bin: &Path) -> Etcd {
         ports,
         bin: bin.to_path_buf(),
         dir: tempfile::tempdir().unwrap(),
+        host: host.to_string(),
     };
     e.spawn();
     e
@@ -120,12 +132,42 @@ fn worker(etcd: &str, model: &Path, id: &str, memory: &str, cluster: &str) -> Pr
 }
 
 fn worker_ttl(etcd: &str, model: &Path, id: &str, memory: &str, cluster: &str, ttl: u32) -> Proc {
+    worker_in(None, etcd, model, id, memory, cluster, ttl)
+}
+
+/// A worker, in network namespace `net.0` listening on `net.1` when given.
+fn worker_in(
+    net: Option<(&str, &str)>,
+    etcd: &str,
+    model: &Path,
+    id: &str,
+    memory: &str,
+    cluster: &str,
+    ttl: u32,
+) -> Proc {
     let log =
         std::fs::File::create(std::env::temp_dir().join(format!("synapse-{cluster}-{id}.log")))
             .unwrap();
-    let child = Command::new(BIN)
+    let mut cmd = match net {
+        Some((ns, listen)) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, BIN, "worker"]);
+            c.args([
+                "--listen",
+                listen,
+                "--advertise",
+                &format!("http://{listen}"),
+            ]);
+            c
+        }
+        None => {
+            let mut c = Command::new(BIN);
+            c.arg("worker");
+            c
+        }
+    };
+    let child = cmd
         .args([
-            "worker",
             "--etcd",
             etcd,
             "-m",
@@ -598,4 +640,253 @@ fn a_pipeline_answers_as_one_machine_and_survives_killed_and_partitioned_workers
     wait_registered(&etcd.url, "pipe", &[cut.as_str()]);
     compare(&fe, &one, 16);
     eprintln!("{cut} continued and registered again");
+}
+
+/// Network namespaces, each joined to this one by a veth pair (10.213.<i+1>.1 here,
+/// .2 inside) whose two ends are shaped by a `tc` token bucket; this namespace forwards
+/// between them. Removed (with IP forwarding restored) when dropped.
+struct Netns {
+    names: Vec<String>,
+    hosts: Vec<String>,
+    forward_before: String,
+}
+
+fn run_ok(args: &[&str]) -> bool {
+    Command::new(args[0])
+        .args(&args[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn run(args: &[&str]) {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Netns {
+    /// `n` namespaces with links shaped to `rate` (a `tc` rate such as `200mbit`), or `None`
+    /// where namespaces cannot be made (not root, no CAP_NET_ADMIN, no iproute2).
+    fn create(n: usize, rate: &str) -> Option<Netns> {
+        let tag = std::process::id() % 10_000;
+        let probe = format!("syn{tag}probe");
+        if !run_ok(&["ip", "netns", "add", &probe]) {
+            return None;
+        }
+        run(&["ip", "netns", "del", &probe]);
+        let forward_before = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let mut me = Netns {
+            names: Vec::new(),
+            hosts: Vec::new(),
+            forward_before,
+        };
+        for i in 0..n {
+            let (ns, h, v) = (
+                format!("syn{tag}n{i}"),
+                format!("sy{tag}h{i}"),
+                format!("sy{tag}v{i}"),
+            );
+            run(&["ip", "netns", "add", &ns]);
+            me.names.push(ns.clone());
+            run(&["ip", "link", "add", &h, "type", "veth", "peer", "name", &v]);
+            me.hosts.push(h.clone());
+            run(&["ip", "link", "set", &v, "netns", &ns]);
+            let (gw, ip) = (format!("10.213.{}.1", i + 1), format!("10.213.{}.2", i + 1));
+            run(&["ip", "addr", "add", &format!("{gw}/24"), "dev", &h]);
+            run(&["ip", "link", "set", &h, "up"]);
+            let inside = |a: &[&str]| {
+                let mut v = vec!["ip", "netns", "exec", &ns];
+                v.extend_from_slice(a);
+                run(&v);
+            };
+            inside(&["ip", "addr", "add", &format!("{ip}/24"), "dev", &v]);
+            inside(&["ip", "link", "set", &v, "up"]);
+            inside(&["ip", "link", "set", "lo", "up"]);
+            inside(&["ip", "route", "add", "default", "via", &gw]);
+            let tbf = [
+                "root", "tbf", "rate", rate, "burst", "64kb", "latency", "200ms",
+            ];
+            let mut a = vec!["tc", "qdisc", "add", "dev", &h];
+            a.extend_from_slice(&tbf);
+            run(&a);
+            let mut a = vec!["tc", "qdisc", "add", "dev", &v];
+            a.extend_from_slice(&tbf);
+            inside(&a);
+        }
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").unwrap();
+        Some(me)
+    }
+
+    /// The address of namespace `i`'s end of its link, and of this namespace's end.
+    fn inside(i: usize) -> String {
+        format!("10.213.{}.2", i + 1)
+    }
+    fn gateway(i: usize) -> String {
+        format!("10.213.{}.1", i + 1)
+    }
+
+    /// Takes namespace `i`'s link down (a cut cable: nothing arrives, nothing is refused)
+    /// or up again.
+    fn link(&self, i: usize, up: bool) {
+        run(&[
+            "ip",
+            "link",
+            "set",
+            &self.hosts[i],
+            if up { "up" } else { "down" },
+        ]);
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for ns in &self.names {
+            let _ = run_ok(&["ip", "netns", "del", ns]);
+        }
+        if !self.forward_before.is_empty() {
+            let _ = std::fs::write("/proc/sys/net/ipv4/ip_forward", &self.forward_before);
+        }
+    }
+}
+
+/// Workers in network namespaces of their own (distinct addresses, links shaped to
+/// 200 Mbit/s by a token bucket; this kernel has no `netem` qdisc, so no added delay): the
+/// workers measure their links through the shaping, a pipeline across the namespaces
+/// answers as one machine, and a cut link (the stage's veth taken down mid-stream) is
+/// survived with the stream identical to an uninterrupted run; with the link up again the
+/// cut-off worker finds its lease lost and joins again.
+#[test]
+fn a_pipeline_across_network_namespaces_survives_a_cut_link() {
+    let (Some(etcd_bin), Some(m)) = (etcd_bin(), model()) else {
+        return;
+    };
+    let Some(net) = Netns::create(3, "200mbit") else {
+        eprintln!(
+            "skipping: network namespaces cannot be made here (needs root with CAP_NET_ADMIN \
+             and iproute2)"
+        );
+        return;
+    };
+    // etcd on every address of this namespace.
+    let mut etcd = start_etcd_on(&etcd_bin, "0.0.0.0");
+    let port = etcd.ports.0;
+    let ids = ["n1", "n2", "n3"];
+    let mut ws: Vec<Proc> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let listen = format!("{}:{}", Netns::inside(i), 7700 + i);
+            let url = format!("http://{}:{port}", Netns::gateway(i));
+            worker_in(
+                Some((&net.names[i], &listen)),
+                &url,
+                &m,
+                id,
+                "80M",
+                "netns",
+                2,
+            )
+        })
+        .collect();
+    wait_registered(&etcd.url, "netns", &ids);
+    std::thread::sleep(Duration::from_millis(1500));
+    let p = wait_plan(&etcd.url, "netns", "a pipeline", |p| p.workers().len() >= 2);
+    assert_eq!(p.rule, "pipeline");
+    let stages = p.pipelines[0].stages.clone();
+    assert!(stages.iter().all(|s| s.addr.starts_with("http://10.213.")));
+    // The workers measured their links through the shaping (a 1 MiB ping each way at
+    // 200 Mbit/s takes ≥ 84 ms; unshaped, a loopback link measures GB/s).
+    let profiles = {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut c = membership::connect(&etcd.url).await.unwrap();
+            membership::workers(&mut c, &Keys::new("netns"))
+                .await
+                .unwrap()
+                .0
+        })
+    };
+    let mut measured = 0;
+    for (id, w) in &profiles {
+        for (peer, l) in &w.links {
+            eprintln!(
+                "netns: {id} → {peer}: latency {:.3} ms, {:.1} MB/s",
+                l.latency_s * 1e3,
+                l.bandwidth_bytes_per_s / 1e6
+            );
+            assert!(
+                l.bandwidth_bytes_per_s < 40e6,
+                "{id} → {peer} measured {:.1} MB/s through a 25 MB/s link",
+                l.bandwidth_bytes_per_s / 1e6
+            );
+            measured += 1;
+        }
+    }
+    assert!(measured >= 2, "links measured: {profiles:?}");
+    let (_fe, fe) = front_end(&etcd.url, &m, "netns");
+    let (_one, one) = one_machine(&m);
+    compare(&fe, &one, 24);
+    eprintln!(
+        "netns: epoch {} stages {:?} answer as one machine",
+        p.epoch,
+        stages
+            .iter()
+            .map(|s| (s.worker.clone(), s.addr.clone(), s.layers.clone()))
+            .collect::<Vec<_>>()
+    );
+
+    // The last stage's link cut after 8 chunks of a stream.
+    let cut = stages.last().unwrap().worker.clone();
+    let ci = ids.iter().position(|i| *i == cut).unwrap();
+    let long = serde_json::json!({
+        "prompt": PROMPTS[2],
+        "max_tokens": 96,
+        "temperature": 0,
+        "stream": true,
+    })
+    .to_string();
+    let (want, wfin) = stream(&one, &long, |_| {});
+    let mut down = false;
+    let (got, gfin) = stream(&fe, &long, |n| {
+        if n == 8 && !down {
+            net.link(ci, false);
+            down = true;
+        }
+    });
+    assert!(down);
+    assert_eq!(
+        got, want,
+        "the stream across a cut link equals an uninterrupted run"
+    );
+    assert_eq!(gfin, wfin);
+    let after = wait_plan(
+        &etcd.url,
+        "netns",
+        "a plan without the cut-off worker",
+        |q| q.epoch > p.epoch && !q.workers().contains(&cut.as_str()),
+    );
+    eprintln!(
+        "netns: {cut}'s link down: epoch {} {:?}",
+        after.epoch,
+        after.workers()
+    );
+    compare(&fe, &one, 16);
+    // The link up again: the worker finds its lease lost, stops serving and joins again.
+    net.link(ci, true);
+    wait_registered(&etcd.url, "netns", &[cut.as_str()]);
+    compare(&fe, &one, 16);
+    eprintln!("netns: {cut}'s link up: registered again");
+    ws.clear();
+    etcd.p.take();
 }

@@ -44,6 +44,9 @@ pub struct Args {
     /// this 2-core machine). Needs a writable cgroup cpu controller (root).
     #[arg(long)]
     slow_quota: Option<u32>,
+    /// Passes a pipeline keeps in flight (the workers' `--in-flight`).
+    #[arg(long, default_value_t = 2)]
+    in_flight: usize,
     /// Concurrent streams.
     #[arg(long, default_value_t = 4)]
     streams: usize,
@@ -202,6 +205,7 @@ fn run_once(
                 &a.streams.to_string(),
             ])
             .args(["--threads", &threads.to_string(), "--placement", placement])
+            .args(["--in-flight", &a.in_flight.to_string()])
             .env("SYNAPSE_LOG", "info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
@@ -376,12 +380,13 @@ pub fn run(a: Args) -> Result<()> {
     let dir = target_dir().join("bench-cluster");
     std::fs::create_dir_all(&dir)?;
     println!(
-        "bench-cluster: {} · workers fast {} threads / slow {} threads{}, {memory} B each · {} streams × {} tokens · {} runs",
+        "bench-cluster: {} · workers fast {} threads / slow {} threads{}, {memory} B each · {} in flight · {} streams × {} tokens · {} runs",
         model.display(),
         a.fast_threads,
         a.slow_threads,
         a.slow_quota
             .map_or(String::new(), |q| format!(" under a {q}% CPU quota")),
+        a.in_flight,
         a.streams,
         a.n_gen,
         a.runs

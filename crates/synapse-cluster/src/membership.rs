@@ -71,7 +71,10 @@ pub async fn connect_with(endpoints: &str, timeout: Option<Duration>) -> Result<
         .collect();
     let mut opts = etcd_client::ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(3))
-        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+        // HTTP/2 pings no more often than etcd's `--grpc-keepalive-min-time` (5 s) allows:
+        // faster pings on an idle stream (a campaign waiting to win) count as abuse, and
+        // etcd closes the connection after two (GOAWAY `too_many_pings`).
+        .with_keep_alive(Duration::from_secs(6), Duration::from_secs(3));
     if let Some(t) = timeout {
         opts = opts.with_timeout(t);
     }

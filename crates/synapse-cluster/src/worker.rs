@@ -257,6 +257,11 @@ impl Worker for Service {
         // up as they come (its reply pump), so several packets can be in flight through it.
         let down = match &next {
             Some(addr) => {
+                // The next stage may still be taking the plan (the head waited for this
+                // stage only): wait for it the same way.
+                wait_for_stage(addr, &hash, Duration::from_secs(30))
+                    .await
+                    .map_err(|e| unavailable(e.to_string()))?;
                 let link = GrpcStageLink::connect(
                     addr,
                     epoch,
@@ -943,6 +948,7 @@ async fn member(
         })
     };
     let mut lost = reg.lost.clone();
+    let mut retry: Option<(ClusterPlan, u32)> = None;
     let result = loop {
         tokio::select! {
             _ = &mut *shutdown => break Ok(()),
@@ -956,10 +962,25 @@ async fn member(
                     break Err(ClusterError::NoWorker("the plan watch ended".into()));
                 }
                 let p = prx.borrow_and_update().clone();
+                retry = None;
                 if let Some(p) = p
-                    && let Err(e) = node.apply(p).await
+                    && let Err(e) = node.apply(p.clone()).await
                 {
-                    tracing::error!(error = %e, "could not take the plan's role");
+                    tracing::error!(error = %e, "could not take the plan's role; trying again");
+                    retry = Some((p, 1));
+                }
+            }
+            // A role not taken (a peer not ready, a connection refused) is tried again
+            // while its plan is the current one.
+            _ = tokio::time::sleep(Duration::from_secs(1)), if retry.is_some() => {
+                if let Some((p, n)) = retry.take()
+                    && prx.borrow().as_ref().is_some_and(|q| q.hash == p.hash && q.epoch == p.epoch)
+                    && let Err(e) = node.apply(p.clone()).await
+                {
+                    tracing::error!(error = %e, attempt = n + 1, "could not take the plan's role");
+                    if n < 30 {
+                        retry = Some((p, n + 1));
+                    }
                 }
             }
             r = wrx.changed() => {
