@@ -145,6 +145,24 @@ fn worker_in(
     cluster: &str,
     ttl: u32,
 ) -> Proc {
+    Proc(
+        worker_command(net, etcd, model, id, memory, cluster, ttl)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// The command line of a worker (its stderr into `synapse-<cluster>-<id>.log` in the temp
+/// directory), in network namespace `net.0` listening on `net.1` when given.
+fn worker_command(
+    net: Option<(&str, &str)>,
+    etcd: &str,
+    model: &Path,
+    id: &str,
+    memory: &str,
+    cluster: &str,
+    ttl: u32,
+) -> Command {
     let log =
         std::fs::File::create(std::env::temp_dir().join(format!("synapse-{cluster}-{id}.log")))
             .unwrap();
@@ -166,42 +184,39 @@ fn worker_in(
             c
         }
     };
-    let child = cmd
-        .args([
-            "--etcd",
-            etcd,
-            "-m",
-            model.to_str().unwrap(),
-            "--id",
-            id,
-            "--memory",
-            memory,
-            "--cluster-name",
-            cluster,
-            "-c",
-            "384",
-            "--parallel",
-            "2",
-            "--ubatch",
-            "64",
-            "--threads",
-            "1",
-            "--lease-ttl",
-            &ttl.to_string(),
-            "--step-timeout",
-            "5",
-            "--measure-mib",
-            "8",
-            "--measure-secs",
-            "0.2",
-        ])
-        .env("SYNAPSE_LOG", "info")
-        .env_remove("SYNAPSE_MODEL")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    Proc(child)
+    cmd.args([
+        "--etcd",
+        etcd,
+        "-m",
+        model.to_str().unwrap(),
+        "--id",
+        id,
+        "--memory",
+        memory,
+        "--cluster-name",
+        cluster,
+        "-c",
+        "384",
+        "--parallel",
+        "2",
+        "--ubatch",
+        "64",
+        "--threads",
+        "1",
+        "--lease-ttl",
+        &ttl.to_string(),
+        "--step-timeout",
+        "5",
+        "--measure-mib",
+        "8",
+        "--measure-secs",
+        "0.2",
+    ])
+    .env("SYNAPSE_LOG", "info")
+    .env_remove("SYNAPSE_MODEL")
+    .stdout(Stdio::null())
+    .stderr(log);
+    cmd
 }
 
 /// A server process and the address from its `listening on` line.
@@ -889,4 +904,130 @@ fn a_pipeline_across_network_namespaces_survives_a_cut_link() {
     eprintln!("netns: {cut}'s link up: registered again");
     ws.clear();
     etcd.p.take();
+}
+
+/// Imports `model` into a store at `dir`: the package hash.
+fn import(model: &Path, dir: &Path) -> String {
+    let out = Command::new(BIN)
+        .arg("import")
+        .arg(model)
+        .arg("--store")
+        .arg(dir)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["package"].as_str().unwrap().to_string()
+}
+
+/// Every object file of the store at `dir`, sorted.
+fn objects(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for shard in std::fs::read_dir(dir.join("objects")).unwrap() {
+        for f in std::fs::read_dir(shard.unwrap().path()).unwrap() {
+            out.push(f.unwrap().path());
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A worker started with a package hash its store does not hold fetches the manifest and
+/// the objects from a registered worker over gRPC, each verified by its hash: a corrupt
+/// copy on the peer is never served (the fetch fails with the object named and nothing
+/// wrong written); once the peer's copy is whole again, a restart fetches only what is
+/// still missing, and the two replicas answer as one machine.
+#[test]
+fn a_worker_fetches_its_package_from_a_peer_verified_by_hash() {
+    let (Some(etcd_bin), Some(m)) = (etcd_bin(), model()) else {
+        return;
+    };
+    let etcd = start_etcd(&etcd_bin);
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let hash = import(&m, a.path());
+    let store_arg = |c: &mut Command, d: &Path| {
+        c.arg("--store").arg(d);
+    };
+    let mut c1 = worker_command(None, &etcd.url, Path::new(&hash), "f1", "4G", "fetch", 2);
+    store_arg(&mut c1, a.path());
+    let _w1 = Proc(c1.spawn().unwrap());
+    wait_registered(&etcd.url, "fetch", &["f1"]);
+
+    // One object in the middle of the fetch order corrupted in f1's store (renamed over:
+    // f1's own mapping keeps the old file).
+    let objs = objects(a.path());
+    let victim = objs[objs.len() / 2].clone();
+    let good = std::fs::read(&victim).unwrap();
+    let mut bad = good.clone();
+    bad[good.len() / 2] ^= 0x40;
+    let tmp = a.path().join("tmp-corrupt");
+    std::fs::write(&tmp, &bad).unwrap();
+    std::fs::rename(&tmp, &victim).unwrap();
+    let mut c2 = worker_command(None, &etcd.url, Path::new(&hash), "f2", "4G", "fetch", 2);
+    store_arg(&mut c2, b.path());
+    let st = c2.status().unwrap();
+    assert!(!st.success(), "a fetch from a corrupt peer must fail");
+    let log = std::fs::read_to_string(std::env::temp_dir().join("synapse-fetch-f2.log")).unwrap();
+    let shard = victim
+        .parent()
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap();
+    let rest = victim.file_name().unwrap().to_str().unwrap();
+    let vid = format!("{shard}{rest}");
+    assert!(
+        log.contains(&vid),
+        "the error names the object {vid}: {log}"
+    );
+    let partial = objects(b.path());
+    assert!(
+        !partial
+            .iter()
+            .any(|p| p.ends_with(Path::new(shard).join(rest))),
+        "the corrupt object was not written"
+    );
+    eprintln!(
+        "fetch: a corrupt object on the peer failed the fetch after {} of {} objects",
+        partial.len(),
+        objs.len()
+    );
+
+    // Whole again: a restart fetches only the rest, then serves.
+    let tmp = a.path().join("tmp-good");
+    std::fs::write(&tmp, &good).unwrap();
+    std::fs::rename(&tmp, &victim).unwrap();
+    let mut c2 = worker_command(None, &etcd.url, Path::new(&hash), "f2", "4G", "fetch", 2);
+    store_arg(&mut c2, b.path());
+    let _w2 = Proc(c2.spawn().unwrap());
+    wait_registered(&etcd.url, "fetch", &["f2"]);
+    let log = std::fs::read_to_string(std::env::temp_dir().join("synapse-fetch-f2.log")).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("fetched package"))
+        .unwrap_or_else(|| panic!("no fetch report: {log}"));
+    eprintln!("fetch: {line}");
+    assert!(
+        line.contains(&format!(
+            "{} of {} objects",
+            objs.len() - partial.len(),
+            objs.len()
+        )),
+        "only the missing objects: {line}"
+    );
+    assert_eq!(objects(b.path()).len(), objs.len());
+    let p = wait_plan(&etcd.url, "fetch", "two replicas", |p| {
+        p.pipelines.len() == 2
+    });
+    assert_eq!(p.rule, "replicas");
+    let (_fe, fe) = front_end(&etcd.url, &m, "fetch");
+    let (_one, one) = one_machine(&m);
+    compare(&fe, &one, 16);
+    eprintln!("fetch: the fetched replica and its peer answer as one machine");
 }

@@ -50,6 +50,17 @@ pub enum ClusterError {
     /// The worker's lease expired or was revoked: it no longer belongs to the cluster.
     #[error("the worker's lease was lost")]
     LeaseLost,
+    /// The content-addressed store failed (a package or object missing or corrupt).
+    #[error(transparent)]
+    Cas(#[from] synapse_cas::CasError),
+    /// A package or object could not be fetched from any peer.
+    #[error("fetching {what}: {reason}")]
+    Fetch {
+        /// The package or object.
+        what: String,
+        /// Why (every peer's answer).
+        reason: String,
+    },
     /// Reading or binding failed.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),

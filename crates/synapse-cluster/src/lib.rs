@@ -19,6 +19,7 @@
 #![deny(missing_docs)]
 
 pub mod error;
+pub mod fetch;
 pub mod link;
 pub mod membership;
 pub mod plan;

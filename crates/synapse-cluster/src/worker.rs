@@ -68,6 +68,9 @@ pub struct WorkerConfig {
     pub step_timeout: Duration,
     /// How this worker places layers when it leads.
     pub placement: crate::plan::Placement,
+    /// The content-addressed store whose packages and objects this worker serves to peers
+    /// that lack them (`Fetch`); `None`: it serves none.
+    pub store: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -130,6 +133,8 @@ struct Node {
     /// As a stage: logits rows answered whole, and as their argmax token.
     whole_rows: Arc<std::sync::atomic::AtomicU64>,
     argmax_rows: Arc<std::sync::atomic::AtomicU64>,
+    /// The store served to peers.
+    store: Option<std::path::PathBuf>,
 }
 
 /// How long a request waits for a head or replica that is setting up.
@@ -143,6 +148,8 @@ type EventStream =
     Pin<Box<dyn Stream<Item = std::result::Result<proto::GenerateEvent, Status>> + Send>>;
 type ReplyStream =
     Pin<Box<dyn Stream<Item = std::result::Result<proto::StepReply, Status>> + Send>>;
+type ChunkStream =
+    Pin<Box<dyn Stream<Item = std::result::Result<proto::FetchChunk, Status>> + Send>>;
 
 struct Service(Arc<Node>);
 
@@ -150,6 +157,47 @@ struct Service(Arc<Node>);
 impl Worker for Service {
     type GenerateStream = EventStream;
     type StepStream = ReplyStream;
+    type FetchStream = ChunkStream;
+
+    async fn fetch(
+        &self,
+        req: TRequest<proto::FetchRequest>,
+    ) -> std::result::Result<Response<ChunkStream>, Status> {
+        let Some(store) = self.0.store.clone() else {
+            return Err(Status::not_found("this worker serves no store"));
+        };
+        let r = req.into_inner();
+        // Read (and re-hashed) off the async threads.
+        let bytes = tokio::task::spawn_blocking(move || crate::fetch::read_local(&store, &r))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| Status::not_found(e.to_string()))?;
+        let total = bytes.len() as u64;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut chunks = bytes.chunks(crate::fetch::CHUNK).peekable();
+            if chunks.peek().is_none() {
+                let _ = tx
+                    .send(Ok(proto::FetchChunk {
+                        total,
+                        data: Vec::new(),
+                    }))
+                    .await;
+            }
+            for c in chunks {
+                let m = proto::FetchChunk {
+                    total,
+                    data: c.to_vec(),
+                };
+                if tx.send(Ok(m)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
 
     async fn generate(
         &self,
@@ -768,6 +816,7 @@ fn start_node(
     threads: usize,
     step_timeout: Duration,
     listener: tokio::net::TcpListener,
+    store: Option<std::path::PathBuf>,
 ) -> (
     Arc<Node>,
     tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>>,
@@ -788,6 +837,7 @@ fn start_node(
         role_changes: watch::channel(0).0,
         whole_rows: Default::default(),
         argmax_rows: Default::default(),
+        store,
     });
     let svc = WorkerServer::new(Service(node.clone()))
         .max_decoding_message_size(1 << 30)
@@ -818,6 +868,7 @@ pub async fn run(cfg: WorkerConfig, shutdown: impl std::future::Future<Output = 
         cfg.threads,
         cfg.step_timeout,
         listener,
+        cfg.store.clone(),
     );
     tracing::info!(id = %cfg.id, %addr, "worker listening; measuring");
     let model = cfg.model.clone();
@@ -1053,6 +1104,7 @@ pub async fn serve_fixed_at(
         threads,
         Duration::from_secs(30),
         listener,
+        None,
     );
     let n = node.clone();
     tokio::spawn(async move {

@@ -30,7 +30,9 @@ pub struct Args {
     /// The model (as `serve -m`; every worker of a cluster serves the same model).
     #[arg(long, short = 'm', env = "SYNAPSE_MODEL")]
     model: Option<PathBuf>,
-    /// The store package hashes are looked up in.
+    /// The store package hashes are looked up in (default: the user store), and whose
+    /// packages this worker serves to peers; a package hash it lacks is fetched from the
+    /// registered workers, verified by hash.
     #[arg(long)]
     store: Option<PathBuf>,
     /// This worker's id (default: `worker-<pid>`).
@@ -91,11 +93,54 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("--parallel, --ubatch and --ctx-size ≥ 2 must be positive");
     }
     let memory = args.memory.as_deref().map(parse_bytes).transpose()?;
-    let (model, tok) = load_model(args.model.as_deref(), args.store.as_deref())?;
     let id = args
         .id
         .clone()
         .unwrap_or_else(|| format!("worker-{}", std::process::id()));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let store = args
+        .store
+        .clone()
+        .unwrap_or_else(synapse_cas::default_store_dir);
+    // A package named by its whole hash that the store lacks (or holds in part) comes
+    // from the workers already registered, each object verified by its hash.
+    if let Some(m) = args.model.as_deref()
+        && !m.exists()
+        && let Some(hash) = m.to_str().and_then(synapse_cluster::fetch::full_hash)
+        && synapse_cluster::fetch::missing(&hash, &store)? != Some(0)
+    {
+        eprintln!(
+            "package {hash} is not whole in {}: fetching it from peers",
+            store.display()
+        );
+        let rep = rt
+            .block_on(synapse_cluster::fetch::fetch_package(
+                &args.etcd,
+                &args.cluster_name,
+                &hash,
+                &store,
+                &id,
+            ))
+            .with_context(|| format!("fetching package {hash} from the cluster's workers"))?;
+        eprintln!(
+            "fetched package {}: manifest {}, {} of {} objects, {} bytes from {:?} in {:.1} s",
+            rep.package,
+            if rep.manifest_fetched {
+                "fetched"
+            } else {
+                "local"
+            },
+            rep.fetched,
+            rep.objects,
+            rep.bytes,
+            rep.peers,
+            rep.seconds
+        );
+    }
+    let (model, tok) = load_model(args.model.as_deref(), Some(&store))?;
     let cfg = WorkerConfig {
         id,
         cluster: args.cluster_name.clone(),
@@ -118,11 +163,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         measure_secs: args.measure_secs.max(0.0),
         step_timeout: Duration::from_secs(args.step_timeout.max(1)),
         placement: args.placement.parse()?,
+        store: Some(store),
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
     rt.block_on(async move {
         run_worker(cfg, synapse_server::shutdown_signal())
             .await
