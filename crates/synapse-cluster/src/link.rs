@@ -30,8 +30,8 @@ pub struct GrpcStageLink {
     to: String,
     vocab: usize,
     dtype: crate::plan::LinkDtype,
-    /// Steps sent and not yet answered: (step, argmax flags, logits rows).
-    sent: std::collections::VecDeque<(u64, Vec<bool>, usize)>,
+    /// Steps sent and not yet answered: (step, row reads, logits rows).
+    sent: std::collections::VecDeque<(u64, Vec<synapse_runtime::pipeline::RowRead>, usize)>,
 }
 
 impl std::fmt::Debug for GrpcStageLink {
@@ -124,7 +124,7 @@ pub(crate) fn packet_to_wire(
     wire::rows_to_wire(packet.rows, &mut p);
     wire::hidden_to_wire(packet.hidden, dtype, &mut p.hidden);
     p.hidden_dtype = wire::dtype_code(dtype);
-    p.argmax = packet.argmax.iter().map(|&a| a as u8).collect();
+    wire::reads_to_wire(packet.reads, &mut p);
     p
 }
 
@@ -173,24 +173,24 @@ impl StageLink for GrpcStageLink {
         })?;
         let rows = packet.rows.iter().filter(|r| r.logits).count();
         self.sent
-            .push_back((self.step, packet.argmax.to_vec(), rows));
+            .push_back((self.step, packet.reads.to_vec(), rows));
         Ok(())
     }
 
     fn recv(&mut self, logits: &mut Vec<f32>) -> synapse_runtime::Result<()> {
         let gone = |m: String| RuntimeError::Stage(format!("{}: {m}", self.to));
-        let Some((step, argmax, rows)) = self.sent.pop_front() else {
+        let Some((step, reads, rows)) = self.sent.pop_front() else {
             return Err(gone("no step in flight".into()));
         };
         let reply = Self::recv_reply(&self.rx, self.timeout, step).map_err(gone)?;
-        if argmax.is_empty() {
+        if reads.is_empty() {
             return wire::bytes_to_f32s(&reply.logits, logits).map_err(|e| gone(e.to_string()));
         }
         wire::expand_logits(
             &reply.logits,
             &reply.tokens,
             self.vocab,
-            &argmax,
+            &reads,
             rows,
             logits,
         )

@@ -2,7 +2,8 @@
 //! and hidden states (exact little-endian `f32`).
 
 use synapse_runtime::engine::{Event, FinishReason, Finished, Logprob, Request, TokenEvent};
-use synapse_runtime::{KvOp, OrderClass, Row, SamplingParams};
+use synapse_runtime::pipeline::{NO_TOKEN, RowRead};
+use synapse_runtime::{KvOp, OrderClass, Row, SampleAt, SamplingParams};
 
 use crate::error::{ClusterError, Result};
 use crate::proto;
@@ -371,41 +372,108 @@ mod tests {
     }
 }
 
-/// A last stage's reply body: the logits rows (`vocab` values each) of rows not marked in
-/// `argmax`, and the argmax (lowest id on ties, as greedy sampling chooses) of rows marked.
-pub fn compress_logits(
-    logits: &[f32],
-    vocab: usize,
-    argmax: &[bool],
-    bytes: &mut Vec<u8>,
-    tokens: &mut Vec<u32>,
-) {
-    bytes.clear();
-    tokens.clear();
-    for (r, row) in logits.chunks_exact(vocab.max(1)).enumerate() {
-        if argmax.get(r).copied().unwrap_or(false) {
-            tokens.push(synapse_runtime::argmax(row));
-        } else {
-            for x in row {
-                bytes.extend_from_slice(&x.to_le_bytes());
+/// A packet's row reads on the wire: a code per logits row, the sampled rows' parameters.
+pub fn reads_to_wire(reads: &[RowRead], p: &mut proto::StepPacket) {
+    p.reads.clear();
+    p.samples.clear();
+    for r in reads {
+        p.reads.push(match r {
+            RowRead::Whole => 0,
+            RowRead::Argmax => 1,
+            RowRead::Sample(s) => {
+                p.samples.push(proto::SampleAt {
+                    temperature: s.temperature,
+                    top_k: s.top_k,
+                    top_p: s.top_p,
+                    min_p: s.min_p,
+                    u: s.u,
+                });
+                2
             }
-        }
+        });
     }
 }
 
-/// The rows [`compress_logits`] made: whole rows as sent, an argmax row as its one-hot row
-/// (0 at the token, `-inf` elsewhere: the same greedy choice). `rows` logits rows in all.
+/// A packet's row reads (codes in their domain, one sample per sampled row, parameters in
+/// theirs).
+pub fn reads_from_wire(p: &proto::StepPacket, out: &mut Vec<RowRead>) -> Result<()> {
+    out.clear();
+    let mut samples = p.samples.iter();
+    for &c in &p.reads {
+        out.push(match c {
+            0 => RowRead::Whole,
+            1 => RowRead::Argmax,
+            2 => {
+                let s = samples
+                    .next()
+                    .ok_or_else(|| invalid("step packet", "fewer samples than sampled rows"))?;
+                let ok = s.temperature.is_finite()
+                    && s.temperature > 0.0
+                    && (0.0..=1.0).contains(&s.top_p)
+                    && (0.0..=1.0).contains(&s.min_p)
+                    && (0.0..1.0).contains(&s.u);
+                if !ok {
+                    return Err(invalid("step packet", format!("sample parameters {s:?}")));
+                }
+                RowRead::Sample(SampleAt {
+                    temperature: s.temperature,
+                    top_k: s.top_k,
+                    top_p: s.top_p,
+                    min_p: s.min_p,
+                    u: s.u,
+                })
+            }
+            c => return Err(invalid("step packet", format!("row read code {c}"))),
+        });
+    }
+    if samples.next().is_some() {
+        return Err(invalid("step packet", "more samples than sampled rows"));
+    }
+    Ok(())
+}
+
+/// A last stage's reply body: the logits rows (`vocab` values each) of rows read whole, and
+/// the token of the others — the argmax (lowest id on ties, as greedy sampling chooses) or
+/// the sampled token ([`NO_TOKEN`] when nothing can be drawn). Returns the rows sampled.
+pub fn compress_logits(
+    logits: &[f32],
+    vocab: usize,
+    reads: &[RowRead],
+    bytes: &mut Vec<u8>,
+    tokens: &mut Vec<u32>,
+    cand: &mut Vec<(u32, f32)>,
+) -> u64 {
+    bytes.clear();
+    tokens.clear();
+    let mut sampled = 0;
+    for (r, row) in logits.chunks_exact(vocab.max(1)).enumerate() {
+        let read = reads.get(r).copied().unwrap_or(RowRead::Whole);
+        if read == RowRead::Whole {
+            for x in row {
+                bytes.extend_from_slice(&x.to_le_bytes());
+            }
+            continue;
+        }
+        sampled += matches!(read, RowRead::Sample(_)) as u64;
+        tokens.push(read.token(row, cand).unwrap_or(NO_TOKEN));
+    }
+    sampled
+}
+
+/// The rows [`compress_logits`] made: whole rows as sent, a token row as its one-hot row
+/// (0 at the token, `-inf` elsewhere: the same greedy choice, and the same sampled choice
+/// with the same variate), [`NO_TOKEN`] of a sampled row as an all-NaN row (nothing to
+/// draw, as from the real row). `rows` logits rows in all.
 pub fn expand_logits(
     bytes: &[u8],
     tokens: &[u32],
     vocab: usize,
-    argmax: &[bool],
+    reads: &[RowRead],
     rows: usize,
     out: &mut Vec<f32>,
 ) -> Result<()> {
-    let whole = (0..rows)
-        .filter(|&r| !argmax.get(r).copied().unwrap_or(false))
-        .count();
+    let read = |r: usize| reads.get(r).copied().unwrap_or(RowRead::Whole);
+    let whole = (0..rows).filter(|&r| read(r) == RowRead::Whole).count();
     if bytes.len() != whole * vocab * 4 || tokens.len() != rows - whole {
         return Err(invalid(
             "step reply",
@@ -420,21 +488,26 @@ pub fn expand_logits(
     out.reserve(rows * vocab);
     let (mut b, mut t) = (bytes.chunks_exact(4), tokens.iter());
     for r in 0..rows {
-        if argmax.get(r).copied().unwrap_or(false) {
-            let id = *t.next().unwrap_or(&0) as usize;
-            if id >= vocab {
-                return Err(invalid("step reply", format!("token {id} of {vocab}")));
-            }
-            let at = out.len();
-            out.resize(at + vocab, f32::NEG_INFINITY);
-            out[at + id] = 0.0;
-        } else {
+        let rr = read(r);
+        if rr == RowRead::Whole {
             out.extend(
                 b.by_ref()
                     .take(vocab)
                     .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             );
+            continue;
         }
+        let id = *t.next().unwrap_or(&0);
+        let at = out.len();
+        if id == NO_TOKEN && matches!(rr, RowRead::Sample(_)) {
+            out.resize(at + vocab, f32::NAN);
+            continue;
+        }
+        if id as usize >= vocab {
+            return Err(invalid("step reply", format!("token {id} of {vocab}")));
+        }
+        out.resize(at + vocab, f32::NEG_INFINITY);
+        out[at + id as usize] = 0.0;
     }
     Ok(())
 }
@@ -449,9 +522,9 @@ mod logits_tests {
         let logits: Vec<f32> = (0..3 * vocab)
             .map(|i| ((i * 37) % 11) as f32 - 5.0)
             .collect();
-        let mask = [true, false, true];
+        let mask = [RowRead::Argmax, RowRead::Whole, RowRead::Argmax];
         let (mut b, mut t) = (Vec::new(), Vec::new());
-        compress_logits(&logits, vocab, &mask, &mut b, &mut t);
+        compress_logits(&logits, vocab, &mask, &mut b, &mut t, &mut Vec::new());
         assert_eq!(b.len(), vocab * 4);
         assert_eq!(t.len(), 2);
         let mut out = Vec::new();
@@ -462,16 +535,108 @@ mod logits_tests {
                 &out[r * vocab..(r + 1) * vocab],
             );
             assert_eq!(synapse_runtime::argmax(a), synapse_runtime::argmax(e));
-            if !mask[r] {
+            if mask[r] == RowRead::Whole {
                 assert!(a.iter().zip(e).all(|(x, y)| x.to_bits() == y.to_bits()));
             }
         }
         // Ties: the lowest id, as greedy sampling.
         let tie = [1.0f32, 3.0, 3.0, 0.0];
-        compress_logits(&tie, 4, &[true], &mut b, &mut t);
+        compress_logits(&tie, 4, &[RowRead::Argmax], &mut b, &mut t, &mut Vec::new());
         assert_eq!(t, vec![1]);
-        assert!(expand_logits(&b, &t, 4, &[true], 2, &mut out).is_err());
-        assert!(expand_logits(&b, &[9], 4, &[true], 1, &mut out).is_err());
+        let one = [RowRead::Argmax];
+        assert!(expand_logits(&b, &t, 4, &one, 2, &mut out).is_err());
+        assert!(expand_logits(&b, &[9], 4, &one, 1, &mut out).is_err());
+    }
+
+    /// A row sampled at the last stage with the session's next variate gives the token the
+    /// session's own sampler draws from the whole row; the session's sampler then chooses
+    /// that token from its one-hot row and its stream moves as one machine's: over many
+    /// draws, seeds and parameter sets, the two sessions' token sequences are equal.
+    #[test]
+    fn sampled_rows_travel_as_tokens_and_choose_the_same() {
+        let vocab = 50;
+        let params = [
+            (0.7f32, 0, 1.0f32, 0.0f32),
+            (1.3, 10, 1.0, 0.0),
+            (0.9, 0, 0.9, 0.0),
+            (1.0, 0, 1.0, 0.05),
+            (0.5, 5, 0.8, 0.1),
+        ];
+        let mut cand = Vec::new();
+        for (k, &(temperature, top_k, top_p, min_p)) in params.iter().enumerate() {
+            let sp = SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                seed: 11 + k as u64,
+                ..SamplingParams::default()
+            };
+            let mut here = synapse_runtime::Sampler::new(sp.clone()).unwrap();
+            let mut there = synapse_runtime::Sampler::new(sp).unwrap();
+            for step in 0..200 {
+                let logits: Vec<f32> = (0..vocab)
+                    .map(|i| (((i * 31 + step * 17) % 23) as f32 - 11.0) * 0.4)
+                    .collect();
+                let want = here.choose(&logits);
+                let reads = [RowRead::Sample(SampleAt::of(&there))];
+                let (mut b, mut t, mut out) = (Vec::new(), Vec::new(), Vec::new());
+                let n = compress_logits(&logits, vocab, &reads, &mut b, &mut t, &mut cand);
+                assert_eq!((n, b.len(), t.as_slice()), (1, 0, &[want][..]));
+                expand_logits(&b, &t, vocab, &reads, 1, &mut out).unwrap();
+                assert_eq!(there.choose(&out), want, "params {k} step {step}");
+                assert_eq!(here.peek_uniform(), there.peek_uniform());
+            }
+        }
+        // Nothing to draw: an all-NaN row back, from which the sampler draws nothing.
+        let nan = vec![f32::NAN; vocab];
+        let sp = SamplingParams {
+            temperature: 0.8,
+            ..SamplingParams::default()
+        };
+        let s = synapse_runtime::Sampler::new(sp).unwrap();
+        let reads = [RowRead::Sample(SampleAt::of(&s))];
+        let (mut b, mut t, mut out) = (Vec::new(), Vec::new(), Vec::new());
+        compress_logits(&nan, vocab, &reads, &mut b, &mut t, &mut cand);
+        assert_eq!(t, vec![NO_TOKEN]);
+        expand_logits(&b, &t, vocab, &reads, 1, &mut out).unwrap();
+        assert!(out.iter().all(|x| x.is_nan()));
+        // NO_TOKEN of an argmax row is out of range.
+        assert!(expand_logits(&b, &t, vocab, &[RowRead::Argmax], 1, &mut out).is_err());
+    }
+
+    #[test]
+    fn row_reads_round_trip_and_bad_ones_are_refused() {
+        let s = SampleAt {
+            temperature: 0.7,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            u: 0.25,
+        };
+        let reads = [
+            RowRead::Whole,
+            RowRead::Sample(s),
+            RowRead::Argmax,
+            RowRead::Sample(SampleAt { u: 0.5, ..s }),
+        ];
+        let mut p = proto::StepPacket::default();
+        reads_to_wire(&reads, &mut p);
+        let mut back = Vec::new();
+        reads_from_wire(&p, &mut back).unwrap();
+        assert_eq!(back, reads);
+        let mut bad = p.clone();
+        bad.samples.pop();
+        assert!(reads_from_wire(&bad, &mut back).is_err());
+        let mut bad = p.clone();
+        bad.samples[0].u = 1.0;
+        assert!(reads_from_wire(&bad, &mut back).is_err());
+        let mut bad = p.clone();
+        bad.reads[0] = 3;
+        assert!(reads_from_wire(&bad, &mut back).is_err());
+        let mut bad = p;
+        bad.samples.push(bad.samples[0]);
+        assert!(reads_from_wire(&bad, &mut back).is_err());
     }
 }
 

@@ -130,9 +130,10 @@ struct Node {
     cur: Mutex<Current>,
     /// Bumped whenever the role changes.
     role_changes: watch::Sender<u64>,
-    /// As a stage: logits rows answered whole, and as their argmax token.
+    /// As a stage: logits rows answered whole, as their argmax token, as a sampled token.
     whole_rows: Arc<std::sync::atomic::AtomicU64>,
     argmax_rows: Arc<std::sync::atomic::AtomicU64>,
+    sampled_rows: Arc<std::sync::atomic::AtomicU64>,
     /// The store served to peers.
     store: Option<std::path::PathBuf>,
 }
@@ -350,6 +351,7 @@ impl Worker for Service {
         let counters = Counters {
             whole: self.0.whole_rows.clone(),
             argmax: self.0.argmax_rows.clone(),
+            sampled: self.0.sampled_rows.clone(),
             vocab,
         };
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
@@ -368,7 +370,7 @@ impl Worker for Service {
                         let mut scratch = PacketScratch::default();
                         while let Ok(p) = prx.recv() {
                             let reply = run_packet(&mut runner, &p, epoch, &hash, &mut scratch);
-                            counters.count(&reply);
+                            counters.count(&reply, scratch.sampled());
                             let failed = !reply.error.is_empty();
                             if rtx.blocking_send(Ok(reply)).is_err() || failed {
                                 break;
@@ -387,7 +389,8 @@ impl Worker for Service {
                         while let Ok(p) = prx.recv() {
                             match run_middle(&mut runner, &p, epoch, &hash, dtype, &mut scratch) {
                                 Ok(dp) => {
-                                    if otx.send(Order::Forwarded(p.step)).is_err()
+                                    let sampled = scratch.sampled();
+                                    if otx.send(Order::Forwarded(p.step, sampled)).is_err()
                                         || down_tx.blocking_send(dp).is_err()
                                     {
                                         break;
@@ -406,18 +409,19 @@ impl Worker for Service {
                     "synapse-stage-replies",
                     Box::new(move || {
                         while let Ok(o) = orx.recv() {
-                            let reply = match o {
-                                Order::Forwarded(step) => {
+                            let (reply, sampled) = match o {
+                                Order::Forwarded(step, sampled) => (
                                     GrpcStageLink::recv_reply(&down_rx, timeout, step)
                                         .unwrap_or_else(|error| proto::StepReply {
                                             step,
                                             error,
                                             ..Default::default()
-                                        })
-                                }
-                                Order::Failed(r) => r,
+                                        }),
+                                    sampled,
+                                ),
+                                Order::Failed(r) => (r, 0),
                             };
-                            counters.count(&reply);
+                            counters.count(&reply, sampled);
                             let failed = !reply.error.is_empty();
                             if rtx.blocking_send(Ok(reply)).is_err() || failed {
                                 break;
@@ -470,6 +474,10 @@ impl Worker for Service {
                 .0
                 .argmax_rows
                 .load(std::sync::atomic::Ordering::Relaxed),
+            sampled_rows: self
+                .0
+                .sampled_rows
+                .load(std::sync::atomic::Ordering::Relaxed),
         }))
     }
 }
@@ -480,37 +488,51 @@ struct PacketScratch {
     rows: Vec<synapse_runtime::Row>,
     hidden: Vec<f32>,
     ops: Vec<synapse_runtime::KvOp>,
-    argmax: Vec<bool>,
+    reads: Vec<synapse_runtime::pipeline::RowRead>,
     logits: Vec<f32>,
+    cand: Vec<(u32, f32)>,
+}
+
+impl PacketScratch {
+    /// Sampled rows among the packet's reads.
+    fn sampled(&self) -> u64 {
+        self.reads
+            .iter()
+            .filter(|r| matches!(r, synapse_runtime::pipeline::RowRead::Sample(_)))
+            .count() as u64
+    }
 }
 
 /// What a middle stage's reply pump answers next, in packet order.
 enum Order {
-    /// The packet of this step went on downstream: its reply is the downstream's.
-    Forwarded(u64),
+    /// The packet of this step (with this many sampled rows) went on downstream: its reply
+    /// is the downstream's.
+    Forwarded(u64, u64),
     /// The packet failed here: this error reply.
     Failed(proto::StepReply),
 }
 
-/// A worker's counts of logits rows answered whole and as their token.
+/// A worker's counts of logits rows answered whole, as their argmax and as a sampled token.
 struct Counters {
     whole: Arc<std::sync::atomic::AtomicU64>,
     argmax: Arc<std::sync::atomic::AtomicU64>,
+    sampled: Arc<std::sync::atomic::AtomicU64>,
     vocab: usize,
 }
 
 impl Counters {
-    fn count(&self, reply: &proto::StepReply) {
+    /// Counts `reply`, whose packet had `sampled` sampled rows.
+    fn count(&self, reply: &proto::StepReply, sampled: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
         if !reply.error.is_empty() {
             return;
         }
         let whole = (reply.logits.len() / 4 / self.vocab.max(1)) as u64;
-        self.whole
-            .fetch_add(whole, std::sync::atomic::Ordering::Relaxed);
-        self.argmax.fetch_add(
-            reply.tokens.len() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        self.whole.fetch_add(whole, Relaxed);
+        let tokens = reply.tokens.len() as u64;
+        self.argmax
+            .fetch_add(tokens.saturating_sub(sampled), Relaxed);
+        self.sampled.fetch_add(sampled.min(tokens), Relaxed);
     }
 }
 
@@ -536,13 +558,12 @@ fn read_packet(
     for o in &p.ops {
         sc.ops.push(wire::op_from_wire(o)?);
     }
-    sc.argmax.clear();
-    sc.argmax.extend(p.argmax.iter().map(|&a| a != 0));
+    wire::reads_from_wire(p, &mut sc.reads)?;
     let nl = sc.rows.iter().filter(|r| r.logits).count();
-    if !sc.argmax.is_empty() && sc.argmax.len() != nl {
+    if !sc.reads.is_empty() && sc.reads.len() != nl {
         return Err(ClusterError::Invalid {
             what: "step packet",
-            reason: format!("{} argmax flags for {nl} logits rows", sc.argmax.len()),
+            reason: format!("{} row reads for {nl} logits rows", sc.reads.len()),
         });
     }
     Ok(())
@@ -566,21 +587,24 @@ fn run_packet(
                 ops: &sc.ops,
                 rows: &sc.rows,
                 hidden: &sc.hidden,
-                argmax: &sc.argmax,
+                reads: &sc.reads,
             },
             &mut sc.logits,
         )?;
         Ok(())
     });
     match r {
-        // Argmax-only rows go back as their token (the first stage reads nothing else).
-        Ok(()) => wire::compress_logits(
-            &sc.logits,
-            runner.executor().model().vocab(),
-            &sc.argmax,
-            &mut reply.logits,
-            &mut reply.tokens,
-        ),
+        // Rows read as a token go back as their token (argmax or sampled here).
+        Ok(()) => {
+            wire::compress_logits(
+                &sc.logits,
+                runner.executor().model().vocab(),
+                &sc.reads,
+                &mut reply.logits,
+                &mut reply.tokens,
+                &mut sc.cand,
+            );
+        }
         Err(e) => reply.error = e.to_string(),
     }
     reply
@@ -601,13 +625,13 @@ fn run_middle(
             ops: &sc.ops,
             rows: &sc.rows,
             hidden: &sc.hidden,
-            argmax: &sc.argmax,
+            reads: &sc.reads,
         })?;
         let out = StepPacket {
             ops,
             rows: &sc.rows,
             hidden,
-            argmax: &sc.argmax,
+            reads: &sc.reads,
         };
         Ok(crate::link::packet_to_wire(
             epoch, hash, p.step, &out, dtype,
@@ -837,6 +861,7 @@ fn start_node(
         role_changes: watch::channel(0).0,
         whole_rows: Default::default(),
         argmax_rows: Default::default(),
+        sampled_rows: Default::default(),
         store,
     });
     let svc = WorkerServer::new(Service(node.clone()))

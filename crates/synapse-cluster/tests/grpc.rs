@@ -151,13 +151,22 @@ fn a_head_over_grpc_equals_one_executor_and_stale_plans_are_refused() {
     };
     let mut piped = Scheduler::new_pipeline(model.clone(), Arc::new(Ids), cfg(), head).unwrap();
     let mut whole = Scheduler::new(model.clone(), Arc::new(Ids), cfg()).unwrap();
-    // Plus greedy sessions that read only the argmax: their rows come back as tokens.
+    // Plus greedy sessions that read only the argmax and sampled ones that read only the
+    // drawn token: their rows come back as tokens.
     let reqs = || {
         let mut r = requests(&seqs);
-        for s in &seqs {
+        for (i, s) in seqs.iter().enumerate() {
             let mut g = Request::greedy(s.clone(), 10);
             g.stop_at_eog = false;
             r.push(g);
+            let mut x = Request::greedy(s.clone(), 12);
+            x.stop_at_eog = false;
+            x.sampling.temperature = 0.9;
+            x.sampling.seed = 40 + i as u64;
+            x.sampling.top_k = [0, 20][i % 2];
+            x.sampling.top_p = [0.95, 1.0][i % 2];
+            x.sampling.min_p = [0.0, 0.05][i % 2];
+            r.push(x);
         }
         r
     };
@@ -193,7 +202,7 @@ fn a_head_over_grpc_equals_one_executor_and_stale_plans_are_refused() {
                 ops: &ops,
                 rows: &rows,
                 hidden: &hidden,
-                argmax: &[],
+                reads: &[],
             },
             &mut out,
         )
@@ -223,11 +232,15 @@ fn a_head_over_grpc_equals_one_executor_and_stale_plans_are_refused() {
         (st.role.as_str(), st.epoch, st.plan_hash.clone()),
         ("stage", 7, probe.hash)
     );
-    // Logprob and sampled sessions' rows came back whole, the plain greedy ones' as tokens.
-    assert!(st.whole_rows > 0 && st.argmax_rows > 0, "{st:?}");
+    // Logprob sessions' rows came back whole, the plain greedy ones' as their argmax, the
+    // plain sampled ones' as the token sampled at the last stage.
+    assert!(
+        st.whole_rows > 0 && st.argmax_rows > 0 && st.sampled_rows > 0,
+        "{st:?}"
+    );
     eprintln!(
-        "rows answered whole {}, as tokens {}",
-        st.whole_rows, st.argmax_rows
+        "rows answered whole {}, as argmax tokens {}, sampled at the last stage {}",
+        st.whole_rows, st.argmax_rows, st.sampled_rows
     );
 }
 

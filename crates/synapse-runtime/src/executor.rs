@@ -27,7 +27,7 @@ use crate::error::{Result, RuntimeError};
 use crate::kv::{KvCache, KvOp, SlotId};
 use crate::load::{FfnW, LinearW, Model, NormW};
 use crate::moe::{self, ExpertStats, MoeScratch};
-use crate::pipeline::{StageLink, StepPacket};
+use crate::pipeline::{RowRead, StageLink, StepPacket};
 use crate::residency::{ExpertPager, PagingStats};
 use crate::tap::{Stage, Tap};
 
@@ -119,9 +119,9 @@ pub struct Executor {
     downstream: Option<Box<dyn StageLink>>,
     /// The slot operations a pass ships downstream (reused).
     ops: Vec<KvOp>,
-    /// Per logits row of the next pass: only its argmax is needed (see
-    /// [`StepPacket::argmax`]); shipped downstream with the pass.
-    argmax_rows: Vec<bool>,
+    /// Per logits row of the next pass: what the first stage reads of it (see
+    /// [`StepPacket::reads`]); shipped downstream with the pass.
+    row_reads: Vec<RowRead>,
     /// Passes sent on by [`Executor::forward_send`] whose logits are still to come: the
     /// logits rows of each, oldest first.
     in_flight: std::collections::VecDeque<usize>,
@@ -189,7 +189,7 @@ impl Executor {
             pager: None,
             downstream: None,
             ops: Vec::new(),
-            argmax_rows: Vec::new(),
+            row_reads: Vec::new(),
             in_flight: Default::default(),
             defer: false,
         })
@@ -236,12 +236,12 @@ impl Executor {
         Ok(())
     }
 
-    /// Marks, per logits row of the next pass, the rows whose caller needs only the argmax
-    /// (a downstream may then send the token instead of the row; see
-    /// [`StepPacket::argmax`]). Kept until changed; empty: every row whole.
-    pub fn set_argmax_rows(&mut self, rows: &[bool]) {
-        self.argmax_rows.clear();
-        self.argmax_rows.extend_from_slice(rows);
+    /// Marks, per logits row of the next pass, what its caller reads of it (a downstream
+    /// may then send a token instead of the row; see [`StepPacket::reads`]). Kept until
+    /// changed; empty: every row whole.
+    pub fn set_row_reads(&mut self, rows: &[RowRead]) {
+        self.row_reads.clear();
+        self.row_reads.extend_from_slice(rows);
     }
 
     /// Whether passes go on to a downstream stage.
@@ -727,8 +727,8 @@ impl Executor {
                 ops: &self.ops,
                 rows,
                 hidden: &self.s.x[..n * hd],
-                argmax: if self.argmax_rows.len() == nl {
-                    &self.argmax_rows
+                reads: if self.row_reads.len() == nl {
+                    &self.row_reads
                 } else {
                     &[]
                 },

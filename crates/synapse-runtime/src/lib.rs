@@ -56,7 +56,7 @@ pub use kv::{KvCache, KvDtype, KvIdentity, KvOp, SlotId};
 pub use load::Model;
 pub use moe::ExpertStats;
 pub use profile::PrecisionProfile;
-pub use sampling::{Sampler, SamplingParams, StopStrings, argmax};
+pub use sampling::{SampleAt, Sampler, SamplingParams, StopStrings, argmax};
 pub use synapse_kernels::OrderClass;
 pub use tap::{Stage, Tap};
 pub use variant::{VariantCache, VariantStats};

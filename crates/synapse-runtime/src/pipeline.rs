@@ -35,13 +35,43 @@ pub struct StepPacket<'a> {
     pub rows: &'a [Row],
     /// The rows' hidden states after the previous stage's last layer (`rows × hidden`).
     pub hidden: &'a [f32],
-    /// Per logits row (in row order): whether the first stage needs only its argmax (a
-    /// greedy session with no bias, penalties, constraint or log-probabilities), so a
-    /// transport may send the token id back instead of the row; empty: every row whole.
-    /// A link that uses it answers such a row as the one-hot row of that id (0 there,
-    /// `-inf` elsewhere), whose greedy choice is the same token.
-    pub argmax: &'a [bool],
+    /// Per logits row (in row order): what the first stage reads of it ([`RowRead`]), so
+    /// a transport may send a token id back instead of the row; empty: every row whole.
+    pub reads: &'a [RowRead],
 }
+
+/// What the first stage reads of a logits row.
+///
+/// A link that answers a row by its token hands the first stage the one-hot row of that id
+/// (0 there, `-inf` elsewhere): its greedy choice is that token, and a sampled choice from
+/// it — the session's sampler drawing the same variate — too. A sampled row with nothing to
+/// draw (every logit NaN) comes back as an all-NaN row, from which the sampler draws
+/// nothing, as from the real one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RowRead {
+    /// The whole row (log-probabilities, penalties, bias, a constraint, drafts).
+    Whole,
+    /// Only its argmax (a greedy session with nothing modifying its logits).
+    Argmax,
+    /// Only the token drawn with these parameters and variate (a sampled session with
+    /// nothing modifying its logits): the last stage samples.
+    Sample(crate::sampling::SampleAt),
+}
+
+impl RowRead {
+    /// The token this read takes from `row` (`None` for [`RowRead::Whole`], and for a
+    /// sample with nothing to draw: [`NO_TOKEN`] on the wire).
+    pub fn token(&self, row: &[f32], cand: &mut Vec<(u32, f32)>) -> Option<u32> {
+        match self {
+            RowRead::Whole => None,
+            RowRead::Argmax => Some(crate::sampling::argmax(row)),
+            RowRead::Sample(s) => s.choose(row, cand),
+        }
+    }
+}
+
+/// The token id a link sends for a sampled row with nothing to draw.
+pub const NO_TOKEN: u32 = u32::MAX;
 
 /// The next stage of a pipeline, as a stage sees it.
 ///
@@ -179,7 +209,7 @@ impl StageRunner {
             self.kv.apply(op)?;
         }
         logits.clear();
-        self.exec.set_argmax_rows(packet.argmax);
+        self.exec.set_row_reads(packet.reads);
         match self
             .exec
             .forward_stage(&mut self.kv, packet.rows, Some(packet.hidden))?

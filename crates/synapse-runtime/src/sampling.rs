@@ -178,25 +178,22 @@ impl Sampler {
 
     /// Chooses the next token from `logits` as they are (no penalties applied).
     pub fn choose(&mut self, logits: &[f32]) -> u32 {
-        let p = self.params.clone();
-        if p.temperature <= 0.0 {
+        if self.params.temperature <= 0.0 {
             return argmax(logits);
         }
         let Some(max) = self.filter(logits) else {
             return 0;
         };
-        let c = &self.cand;
-        // Temperature and draw.
-        let t = p.temperature as f64;
-        let ws: f64 = c.iter().map(|x| ((x.1 - max) as f64 / t).exp()).sum();
-        let mut u = self.rng.random::<f64>() * ws;
-        for x in c.iter() {
-            u -= ((x.1 - max) as f64 / t).exp();
-            if u <= 0.0 {
-                return x.0;
-            }
-        }
-        c[c.len() - 1].0
+        let u = self.rng.random::<f64>();
+        pick(&self.cand, max, self.params.temperature, u)
+    }
+
+    /// The uniform variate the next sampled [`Sampler::choose`] will draw, without drawing
+    /// it: with it a chooser elsewhere (a pipeline's last stage, [`SampleAt`]) picks the
+    /// token this sampler would, and this sampler then chooses it again from that token's
+    /// one-hot row (drawing the same variate, so its stream stays where one machine's is).
+    pub fn peek_uniform(&self) -> f64 {
+        self.rng.clone().random::<f64>()
     }
 
     /// The distribution [`Sampler::choose`] draws from for `logits` (penalties already
@@ -228,48 +225,115 @@ impl Sampler {
     /// Leaves in `self.cand` the tokens top-k, top-p and min-p keep, sorted by descending
     /// logit (ascending id on ties); returns the top logit (`None`: nothing to draw).
     fn filter(&mut self, logits: &[f32]) -> Option<f32> {
-        let p = &self.params;
-        let c = &mut self.cand;
-        c.clear();
-        c.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, v)| !v.is_nan())
-                .map(|(i, &v)| (i as u32, v)),
-        );
-        if c.is_empty() {
-            return None;
-        }
-        // Descending by logit, ascending id on ties.
-        let by = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if p.top_k > 0 && p.top_k < c.len() {
-            c.select_nth_unstable_by(p.top_k - 1, by);
-            c.truncate(p.top_k);
-        }
-        c.sort_unstable_by(by);
-        // Probabilities at temperature 1 for top-p / min-p.
-        let max = c[0].1;
-        let sum: f64 = c.iter().map(|x| ((x.1 - max) as f64).exp()).sum();
-        if p.top_p < 1.0 {
-            let mut acc = 0.0f64;
-            let mut keep = c.len();
-            for (i, x) in c.iter().enumerate() {
-                acc += ((x.1 - max) as f64).exp() / sum;
-                if acc >= p.top_p as f64 {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            c.truncate(keep.max(1));
-        }
-        if p.min_p > 0.0 {
-            let thresh = max + (p.min_p as f64).ln() as f32;
-            let keep = c.iter().take_while(|x| x.1 >= thresh).count();
-            c.truncate(keep.max(1));
-        }
-        Some(max)
+        filter(&self.params, logits, &mut self.cand)
     }
+}
+
+/// The temperature draw over `cand` (sorted, top logit `max`) at uniform variate `u`.
+fn pick(cand: &[(u32, f32)], max: f32, temperature: f32, u: f64) -> u32 {
+    let t = temperature as f64;
+    let ws: f64 = cand.iter().map(|x| ((x.1 - max) as f64 / t).exp()).sum();
+    let mut u = u * ws;
+    for x in cand {
+        u -= ((x.1 - max) as f64 / t).exp();
+        if u <= 0.0 {
+            return x.0;
+        }
+    }
+    cand[cand.len() - 1].0
+}
+
+/// A sampled choice made away from its [`Sampler`]: the parameters that shape the
+/// distribution and the uniform variate the sampler would draw ([`Sampler::peek_uniform`]).
+/// For sessions whose logits nothing modifies (no penalties, bias or constraint).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleAt {
+    /// Softmax temperature (> 0).
+    pub temperature: f32,
+    /// Top-k (0: all).
+    pub top_k: u32,
+    /// Top-p (1: all).
+    pub top_p: f32,
+    /// Min-p (0: none).
+    pub min_p: f32,
+    /// The uniform variate in [0, 1).
+    pub u: f64,
+}
+
+impl SampleAt {
+    /// The variate and distribution parameters of `sampler`'s next sampled choice.
+    pub fn of(sampler: &Sampler) -> SampleAt {
+        let p = sampler.params();
+        SampleAt {
+            temperature: p.temperature,
+            top_k: p.top_k.min(u32::MAX as usize) as u32,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            u: sampler.peek_uniform(),
+        }
+    }
+
+    /// The token [`Sampler::choose`] draws from `logits` with these parameters and this
+    /// variate (`cand`: scratch); `None` when there is nothing to draw (every logit NaN:
+    /// the sampler then draws nothing either).
+    pub fn choose(&self, logits: &[f32], cand: &mut Vec<(u32, f32)>) -> Option<u32> {
+        if self.temperature <= 0.0 {
+            return Some(argmax(logits));
+        }
+        let p = SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k as usize,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            ..SamplingParams::default()
+        };
+        let max = filter(&p, logits, cand)?;
+        Some(pick(cand, max, self.temperature, self.u))
+    }
+}
+
+/// Leaves in `c` the tokens top-k, top-p and min-p keep, sorted by descending logit
+/// (ascending id on ties); returns the top logit (`None`: nothing to draw).
+fn filter(p: &SamplingParams, logits: &[f32], c: &mut Vec<(u32, f32)>) -> Option<f32> {
+    c.clear();
+    c.extend(
+        logits
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_nan())
+            .map(|(i, &v)| (i as u32, v)),
+    );
+    if c.is_empty() {
+        return None;
+    }
+    // Descending by logit, ascending id on ties.
+    let by = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if p.top_k > 0 && p.top_k < c.len() {
+        c.select_nth_unstable_by(p.top_k - 1, by);
+        c.truncate(p.top_k);
+    }
+    c.sort_unstable_by(by);
+    // Probabilities at temperature 1 for top-p / min-p.
+    let max = c[0].1;
+    let sum: f64 = c.iter().map(|x| ((x.1 - max) as f64).exp()).sum();
+    if p.top_p < 1.0 {
+        let mut acc = 0.0f64;
+        let mut keep = c.len();
+        for (i, x) in c.iter().enumerate() {
+            acc += ((x.1 - max) as f64).exp() / sum;
+            if acc >= p.top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+        c.truncate(keep.max(1));
+    }
+    if p.min_p > 0.0 {
+        let thresh = max + (p.min_p as f64).ln() as f32;
+        let keep = c.iter().take_while(|x| x.1 >= thresh).count();
+        c.truncate(keep.max(1));
+    }
+    Some(max)
 }
 
 /// The token at uniform variate `u` ∈ [0, 1) of a distribution (inverse CDF in the list's

@@ -240,7 +240,7 @@ fn stages_out_of_step_fail_the_pass() {
         ops: &[],
         rows: &rows,
         hidden: &hidden,
-        argmax: &[],
+        reads: &[],
     };
     assert!(st.run(&p, &mut out).is_err());
     // Opened, position 0 runs; position 2 next is a gap.
@@ -249,7 +249,7 @@ fn stages_out_of_step_fail_the_pass() {
         ops: &ops,
         rows: &rows,
         hidden: &hidden,
-        argmax: &[],
+        reads: &[],
     };
     st.run(&p, &mut out).unwrap();
     assert_eq!(out.len(), model.vocab());
@@ -258,7 +258,7 @@ fn stages_out_of_step_fail_the_pass() {
         ops: &[],
         rows: &rows,
         hidden: &hidden,
-        argmax: &[],
+        reads: &[],
     };
     let e = st.run(&p, &mut out).unwrap_err().to_string();
     assert!(e.contains("position"), "{e}");
@@ -268,7 +268,7 @@ fn stages_out_of_step_fail_the_pass() {
         ops: &[],
         rows: &rows,
         hidden: &hidden[1..],
-        argmax: &[],
+        reads: &[],
     };
     assert!(st.run(&p, &mut out).is_err());
     // A head without downstream.

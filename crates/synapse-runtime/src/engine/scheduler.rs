@@ -32,7 +32,7 @@ use crate::escalation::{CostModel, MAX_DRAFT, ewma};
 use crate::executor::{Executor, Row, prompt_order};
 use crate::kv::{KvCache, SlotId};
 use crate::load::Model;
-use crate::pipeline::StageLink;
+use crate::pipeline::{RowRead, StageLink};
 use crate::sampling::Sampler;
 use synapse_kernels::OrderClass;
 
@@ -109,8 +109,8 @@ pub struct Scheduler {
     pass_has_prompt: bool,
     /// The first stage of a layer pipeline (no profile changes).
     pipelined: bool,
-    /// Per logits row of a pipelined pass: whether its session reads only the argmax.
-    argmax_rows: Vec<bool>,
+    /// Per logits row of a pipelined pass: what its session reads of it.
+    row_reads: Vec<RowRead>,
     /// Passes a pipeline's first stage keeps in flight (1 everywhere else), the passes sent
     /// and not yet answered (oldest first), and the most decode rows the next pass takes.
     depth: usize,
@@ -379,7 +379,7 @@ impl Scheduler {
             downers: Vec::with_capacity(cfg.slots),
             pass_has_prompt: false,
             pipelined,
-            argmax_rows: Vec::with_capacity(cfg.step_tokens),
+            row_reads: Vec::with_capacity(cfg.step_tokens),
             depth,
             flights: VecDeque::with_capacity(depth),
             max_decodes: usize::MAX,
@@ -606,11 +606,11 @@ impl Scheduler {
         let Some(exec) = self.execs[0].as_mut() else {
             return false;
         };
-        self.argmax_rows.clear();
+        self.row_reads.clear();
         for &i in &self.owners {
-            self.argmax_rows.push(self.active[i].needs_only_argmax());
+            self.row_reads.push(self.active[i].row_read());
         }
-        exec.set_argmax_rows(&self.argmax_rows);
+        exec.set_row_reads(&self.row_reads);
         if let Err(err) = exec.forward_send(&mut self.kv, &self.rows) {
             self.fail_pass(&err.to_string());
             return false;
@@ -697,14 +697,14 @@ impl Scheduler {
             st.expert_bytes_in.store(p.bytes_in, Ordering::Relaxed);
         }
         if exec.has_downstream() && !recv {
-            // Greedy sessions that read nothing but the argmax let the last stage send the
-            // token back instead of the row (one-hot: the same greedy choice).
-            self.argmax_rows.clear();
+            // Sessions that read nothing but the argmax or a plain sampled token let the
+            // last stage send the token back instead of the row (one-hot: the same choice).
+            self.row_reads.clear();
             for &i in &self.owners {
                 let a = &self.active[i];
-                self.argmax_rows.push(a.needs_only_argmax());
+                self.row_reads.push(a.row_read());
             }
-            exec.set_argmax_rows(&self.argmax_rows);
+            exec.set_row_reads(&self.row_reads);
         }
         let t0 = Instant::now();
         let out = if recv {

@@ -10,7 +10,8 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::api::{Constraint, Event, FinishReason, Finished, Logprob, TokenEvent, TokenPieces};
 use crate::kv::SlotId;
-use crate::sampling::{Sampler, StopStrings};
+use crate::pipeline::RowRead;
+use crate::sampling::{SampleAt, Sampler, StopStrings};
 
 /// A request waiting for a slot.
 pub(crate) struct Waiting {
@@ -166,11 +167,17 @@ impl Active {
 
     /// Whether choosing this session's next token reads nothing of its logits row but the
     /// argmax: greedy, no bias, penalties, constraint or log-probabilities, no drafts.
-    pub fn needs_only_argmax(&self) -> bool {
-        self.sampler.params().temperature <= 0.0
-            && !self.modifies_logits()
-            && self.logprobs.is_none()
-            && self.drafts.is_empty()
+    /// What a pipeline's last stage must send back of this session's next logits row: the
+    /// token alone when choosing reads nothing else — the argmax (greedy) or the token its
+    /// sampler's next variate draws (sampled) — else the row.
+    pub fn row_read(&self) -> RowRead {
+        if self.modifies_logits() || self.logprobs.is_some() || !self.drafts.is_empty() {
+            RowRead::Whole
+        } else if self.sampler.params().temperature <= 0.0 {
+            RowRead::Argmax
+        } else {
+            RowRead::Sample(SampleAt::of(&self.sampler))
+        }
     }
 
     pub fn modifies_logits(&self) -> bool {
