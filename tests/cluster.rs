@@ -4,7 +4,7 @@
 //! machine's `synapse-cli serve` on the same requests.
 //!
 //! - Replicas: workers that each hold the model run it whole; the responses (text, tokens'
-//!   log-probabilities, usage) equal one machine's.
+//!   log-probabilities, usage; structured outputs) equal one machine's.
 //! - A pipeline: workers whose `--memory` is smaller than the model split its layers; the
 //!   responses equal one machine's.
 //! - Failures: a pipeline worker SIGKILLed mid-stream — its lease expires, the leader
@@ -438,6 +438,38 @@ fn compare(cluster_addr: &str, one_addr: &str, n: usize) {
     }
 }
 
+/// Structured outputs through the cluster: JSON-schema chat requests (greedy and sampled)
+/// answer as one machine's, the output valid for the schema; the worker compiles the
+/// constraint again from its spec.
+fn compare_structured(cluster_addr: &str, one_addr: &str) {
+    let schema = serde_json::json!({"type": "object",
+        "properties": {"color": {"enum": ["red", "green", "blue"]},
+                       "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
+        "required": ["color", "legs"], "additionalProperties": false});
+    for temp in [0.0, 0.8] {
+        let body = serde_json::json!({
+            "messages": [{"role": "user", "content": "Describe the cat."}],
+            "max_tokens": 40, "temperature": temp, "seed": 3,
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "a", "schema": schema}}})
+        .to_string();
+        let (s1, v1) = post(one_addr, "/v1/chat/completions", &body);
+        let (s2, v2) = post(cluster_addr, "/v1/chat/completions", &body);
+        assert_eq!((s1, s2), (200, 200), "{v1} {v2}");
+        let (c1, c2) = (
+            &v1["choices"][0]["message"]["content"],
+            &v2["choices"][0]["message"]["content"],
+        );
+        assert_eq!(c1, c2, "structured output at temperature {temp}");
+        assert_eq!(
+            v1["choices"][0]["finish_reason"],
+            v2["choices"][0]["finish_reason"]
+        );
+        let parsed: Value = serde_json::from_str(c2.as_str().unwrap()).unwrap();
+        assert!(parsed["legs"].as_u64().unwrap() <= 8, "{parsed}");
+    }
+}
+
 #[test]
 fn replicas_answer_as_one_machine_and_survive_etcd_and_replica_loss() {
     let (Some(etcd_bin), Some(m)) = (etcd_bin(), model()) else {
@@ -461,8 +493,9 @@ fn replicas_answer_as_one_machine_and_survive_etcd_and_replica_loss() {
     let (_fe, fe) = front_end(&etcd.url, &m, "replicas");
     let (_one, one) = one_machine(&m);
     compare(&fe, &one, 24);
+    compare_structured(&fe, &one);
     eprintln!(
-        "replicas: plan {} ({}), {} prompts equal to one machine",
+        "replicas: plan {} ({}), {} prompts and structured outputs equal to one machine",
         p.epoch,
         p.hash,
         PROMPTS.len()
@@ -552,6 +585,7 @@ fn a_pipeline_answers_as_one_machine_and_survives_killed_and_partitioned_workers
     let (_fe, fe) = front_end(&etcd.url, &m, "pipe");
     let (_one, one) = one_machine(&m);
     compare(&fe, &one, 24);
+    compare_structured(&fe, &one);
 
     // A long greedy stream; the last stage's worker is SIGKILLed after 8 chunks.
     let victim = stages.last().unwrap().worker.clone();

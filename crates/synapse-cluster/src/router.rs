@@ -417,10 +417,10 @@ impl Backend for ClusterRouter {
         if self.stopping.load(Ordering::Relaxed) {
             return Err(SubmitError::Stopped);
         }
-        if req.constraint.is_some() {
+        if req.constraint.as_ref().is_some_and(|c| c.spec().is_none()) {
             return Err(SubmitError::Invalid {
                 param: "response_format",
-                reason: "structured outputs are not served by a cluster yet".into(),
+                reason: "this constraint cannot be sent to a worker".into(),
             });
         }
         if req.escalation {

@@ -45,6 +45,11 @@ pub fn request_to_wire(r: &Request, epoch: u64, plan_hash: &str) -> proto::Gener
             .logprobs
             .map_or(0, |k| k.min(u32::MAX as usize - 1) as u32 + 1),
         forced: r.forced.clone(),
+        constraint: r
+            .constraint
+            .as_ref()
+            .and_then(|c| c.spec())
+            .unwrap_or_default(),
     }
 }
 

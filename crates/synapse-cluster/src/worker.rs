@@ -71,6 +71,25 @@ pub struct WorkerConfig {
     /// The content-addressed store whose packages and objects this worker serves to peers
     /// that lack them (`Fetch`); `None`: it serves none.
     pub store: Option<std::path::PathBuf>,
+    /// Builds structured-output constraints from their specs (requests routed here with
+    /// one); `None`: such requests are refused.
+    pub constraints: Option<Constraints>,
+}
+
+/// Builds an engine [`Constraint`](synapse_runtime::engine::Constraint) from its spec
+/// (`Constraint::spec`, made by the front end's builder): the port through which a worker
+/// serves structured outputs without knowing how grammars are compiled.
+pub type Constraints = Arc<
+    dyn Fn(&str) -> std::result::Result<Box<dyn synapse_runtime::engine::Constraint>, String>
+        + Send
+        + Sync,
+>;
+
+/// What a worker serves besides its roles.
+#[derive(Default)]
+struct Serving {
+    store: Option<std::path::PathBuf>,
+    constraints: Option<Constraints>,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -134,8 +153,9 @@ struct Node {
     whole_rows: Arc<std::sync::atomic::AtomicU64>,
     argmax_rows: Arc<std::sync::atomic::AtomicU64>,
     sampled_rows: Arc<std::sync::atomic::AtomicU64>,
-    /// The store served to peers.
+    /// The store served to peers, and the constraint builder.
     store: Option<std::path::PathBuf>,
+    constraints: Option<Constraints>,
 }
 
 /// How long a request waits for a head or replica that is setting up.
@@ -204,7 +224,7 @@ impl Worker for Service {
         &self,
         req: TRequest<proto::GenerateRequest>,
     ) -> std::result::Result<Response<EventStream>, Status> {
-        let g = req.into_inner();
+        let mut g = req.into_inner();
         // A head or replica the plan names may still be setting up (its next stage takes
         // the plan first): wait for it rather than refuse.
         let mut roles = self.0.role_changes.subscribe();
@@ -238,7 +258,21 @@ impl Worker for Service {
             }
             let _ = tokio::time::timeout(Duration::from_millis(200), roles.changed()).await;
         };
-        let r = wire::request_from_wire(g);
+        let spec = std::mem::take(&mut g.constraint);
+        let mut r = wire::request_from_wire(g);
+        if !spec.is_empty() {
+            let Some(build) = self.0.constraints.as_ref() else {
+                return Err(Status::invalid_argument(
+                    "this worker serves no structured outputs",
+                ));
+            };
+            let b = build.clone();
+            let c = tokio::task::spawn_blocking(move || b(&spec))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map_err(|e| Status::invalid_argument(format!("response_format: {e}")))?;
+            r.constraint = Some(c);
+        }
         let session = match engine.submit(r) {
             Ok(s) => s,
             Err(e @ synapse_runtime::engine::SubmitError::QueueFull { .. }) => {
@@ -840,7 +874,7 @@ fn start_node(
     threads: usize,
     step_timeout: Duration,
     listener: tokio::net::TcpListener,
-    store: Option<std::path::PathBuf>,
+    serving: Serving,
 ) -> (
     Arc<Node>,
     tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>>,
@@ -862,7 +896,8 @@ fn start_node(
         whole_rows: Default::default(),
         argmax_rows: Default::default(),
         sampled_rows: Default::default(),
-        store,
+        store: serving.store,
+        constraints: serving.constraints,
     });
     let svc = WorkerServer::new(Service(node.clone()))
         .max_decoding_message_size(1 << 30)
@@ -893,7 +928,10 @@ pub async fn run(cfg: WorkerConfig, shutdown: impl std::future::Future<Output = 
         cfg.threads,
         cfg.step_timeout,
         listener,
-        cfg.store.clone(),
+        Serving {
+            store: cfg.store.clone(),
+            constraints: cfg.constraints.clone(),
+        },
     );
     tracing::info!(id = %cfg.id, %addr, "worker listening; measuring");
     let model = cfg.model.clone();
@@ -1129,7 +1167,7 @@ pub async fn serve_fixed_at(
         threads,
         Duration::from_secs(30),
         listener,
-        None,
+        Serving::default(),
     );
     let n = node.clone();
     tokio::spawn(async move {

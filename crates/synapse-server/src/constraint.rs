@@ -92,6 +92,7 @@ impl Grammars {
 
     /// Compiles a JSON schema (OpenAI's `json_schema.schema`; `None`: any JSON object).
     pub fn json_constraint(&self, schema: Option<&Value>) -> Result<Box<dyn Constraint>> {
+        let spec = serde_json::json!({ "json_schema": schema }).to_string();
         let mut schema = match schema {
             None => serde_json::json!({"type": "object"}),
             Some(v @ Value::Object(_)) => v.clone(),
@@ -129,7 +130,24 @@ impl Grammars {
         Ok(Box::new(GrammarConstraint {
             matcher,
             eog: self.eog.clone(),
+            spec,
         }))
+    }
+
+    /// Compiles a constraint again from its [`Constraint::spec`] (a cluster worker serving
+    /// a structured-output request routed to it).
+    pub fn from_spec(&self, spec: &str) -> Result<Box<dyn Constraint>> {
+        let v: Value = serde_json::from_str(spec).map_err(|e| {
+            ServerError::invalid("response_format", format!("constraint spec: {e}"))
+        })?;
+        match v.get("json_schema") {
+            Some(Value::Null) => self.json_constraint(None),
+            Some(s) => self.json_constraint(Some(s)),
+            None => Err(ServerError::invalid(
+                "response_format",
+                "constraint spec without json_schema",
+            )),
+        }
     }
 }
 
@@ -137,6 +155,8 @@ impl Grammars {
 struct GrammarConstraint {
     matcher: Matcher,
     eog: Vec<u32>,
+    /// `{"json_schema": <schema or null>}`, what [`Grammars::from_spec`] compiles again.
+    spec: String,
 }
 
 impl Constraint for GrammarConstraint {
@@ -167,5 +187,9 @@ impl Constraint for GrammarConstraint {
             .consume_token(token)
             .map_err(|e| e.to_string())?;
         Ok(self.matcher.is_stopped())
+    }
+
+    fn spec(&self) -> Option<String> {
+        Some(self.spec.clone())
     }
 }

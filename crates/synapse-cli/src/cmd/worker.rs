@@ -141,6 +141,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let (model, tok) = load_model(args.model.as_deref(), Some(&store))?;
+    let tok_arc = Arc::new(tok);
     let cfg = WorkerConfig {
         id,
         cluster: args.cluster_name.clone(),
@@ -148,7 +149,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         listen: args.listen,
         advertise: args.advertise.clone(),
         model: Arc::new(model),
-        pieces: Arc::new(TokenizerPieces(Arc::new(tok))),
+        pieces: Arc::new(TokenizerPieces(tok_arc.clone())),
         threads: args.threads.max(1),
         memory,
         shape: EngineShape {
@@ -164,6 +165,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         step_timeout: Duration::from_secs(args.step_timeout.max(1)),
         placement: args.placement.parse()?,
         store: Some(store),
+        constraints: Some(constraints(tok_arc.clone())),
     };
     rt.block_on(async move {
         run_worker(cfg, synapse_server::shutdown_signal())
@@ -172,4 +174,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })?;
     eprintln!("worker stopped");
     Ok(())
+}
+
+/// Structured outputs on this worker: the server's grammar builder (llguidance), made on
+/// first use (its token tables take about a second on a large vocabulary).
+fn constraints(tok: Arc<synapse_tokenizer::Tokenizer>) -> synapse_cluster::worker::Constraints {
+    let grammars: Arc<std::sync::OnceLock<Result<synapse_server::constraint::Grammars, String>>> =
+        Arc::new(std::sync::OnceLock::new());
+    Arc::new(move |spec: &str| {
+        let g = grammars.get_or_init(|| {
+            synapse_server::constraint::Grammars::new(tok.clone()).map_err(|e| e.to_string())
+        });
+        match g {
+            Ok(g) => g.from_spec(spec).map_err(|e| e.to_string()),
+            Err(e) => Err(e.clone()),
+        }
+    })
 }

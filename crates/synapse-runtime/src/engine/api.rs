@@ -80,6 +80,11 @@ pub trait Constraint: Send {
     fn mask(&mut self, logits: &mut [f32]) -> Result<(), String>;
     /// Commits the sampled token; returns `true` once the constrained output is complete.
     fn commit(&mut self, token: u32) -> Result<bool, String>;
+    /// What this constraint was built from, such that the builder that made it can make it
+    /// again elsewhere (a cluster worker serving the request); `None`: it cannot travel.
+    fn spec(&self) -> Option<String> {
+        None
+    }
 }
 
 /// One generation request (token ids in, tokens and text out).
