@@ -12,6 +12,9 @@
 //!   client's stream equals an uninterrupted run; the killed worker restarted under its id
 //!   rejoins and gets work again. A worker SIGSTOPped mid-stream (a partition: no reset, no
 //!   answer) the same; SIGCONT, it finds its lease lost, leaves and joins again.
+//! - Links with latency: workers reached only through a forwarder that delays every chunk
+//!   5 ms each way measure it, and a pipeline over them answers as one machine, surviving a
+//!   killed stage.
 //! - Network namespaces (root only; skipped elsewhere): workers at addresses of their own
 //!   behind rate-limited veth links measure those links; a pipeline across them answers as
 //!   one machine; a stage's link cut mid-stream is survived with an identical stream, and the
@@ -1064,4 +1067,150 @@ fn a_worker_fetches_its_package_from_a_peer_verified_by_hash() {
     let (_one, one) = one_machine(&m);
     compare(&fe, &one, 16);
     eprintln!("fetch: the fetched replica and its peer answer as one machine");
+}
+
+/// A TCP forwarder on 127.0.0.1 that delays every byte by `delay` in each direction (a
+/// link with latency, where the kernel has no `netem`): each chunk read is written on after
+/// `delay` by a writer thread, so bandwidth is kept and only latency is added. Runs until
+/// the test process ends.
+fn delay_proxy(target: std::net::SocketAddr, delay: Duration) -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(down) = c else { continue };
+            let Ok(up) = TcpStream::connect(target) else {
+                continue;
+            };
+            let _ = (down.set_nodelay(true), up.set_nodelay(true));
+            for (mut from, to) in [
+                (down.try_clone().unwrap(), up.try_clone().unwrap()),
+                (up, down),
+            ] {
+                let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 << 10];
+                    loop {
+                        match from.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                if tx
+                                    .send((Instant::now() + delay, buf[..n].to_vec()))
+                                    .is_err()
+                                {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                });
+                let mut to = to;
+                std::thread::spawn(move || {
+                    while let Ok((due, bytes)) = rx.recv() {
+                        if let Some(w) = due.checked_duration_since(Instant::now()) {
+                            std::thread::sleep(w);
+                        }
+                        if to.write_all(&bytes).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        }
+    });
+    port
+}
+
+/// Workers reached by their peers and the router only through links that add 5 ms each way:
+/// the workers measure that latency, a pipeline over the delayed links (its head keeping two
+/// passes in flight) answers as one machine, and a stage killed mid-stream over them is
+/// survived with the stream identical to an uninterrupted run.
+#[test]
+fn a_pipeline_over_links_with_latency_answers_as_one_machine() {
+    let (Some(etcd_bin), Some(m)) = (etcd_bin(), model()) else {
+        return;
+    };
+    let etcd = start_etcd(&etcd_bin);
+    let delay = Duration::from_millis(5);
+    let ids = ["d1", "d2", "d3"];
+    let mut ws: Vec<(String, Proc)> = ids
+        .iter()
+        .map(|id| {
+            let real: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+            let front = delay_proxy(real, delay);
+            let mut c = worker_command(None, &etcd.url, &m, id, "80M", "delay", 2);
+            c.args([
+                "--listen",
+                &real.to_string(),
+                "--advertise",
+                &format!("http://127.0.0.1:{front}"),
+            ]);
+            (id.to_string(), Proc(c.spawn().unwrap()))
+        })
+        .collect();
+    wait_registered(&etcd.url, "delay", &ids);
+    std::thread::sleep(Duration::from_millis(2500));
+    let p = wait_plan(&etcd.url, "delay", "a pipeline", |p| p.workers().len() >= 2);
+    // Every measured link carries the added latency (half a round trip ≥ 5 ms; on loopback
+    // alone it is tens of microseconds).
+    let profiles = {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut c = membership::connect(&etcd.url).await.unwrap();
+            membership::workers(&mut c, &Keys::new("delay"))
+                .await
+                .unwrap()
+                .0
+        })
+    };
+    let mut measured = 0;
+    for (id, w) in &profiles {
+        for (peer, l) in &w.links {
+            eprintln!(
+                "delay: {id} → {peer}: latency {:.2} ms, {:.1} MB/s",
+                l.latency_s * 1e3,
+                l.bandwidth_bytes_per_s / 1e6
+            );
+            assert!(l.latency_s >= 0.0045, "{id} → {peer}: {:?}", l);
+            measured += 1;
+        }
+    }
+    assert!(measured >= 2, "{profiles:?}");
+    let (_fe, fe) = front_end(&etcd.url, &m, "delay");
+    let (_one, one) = one_machine(&m);
+    compare(&fe, &one, 24);
+    let stages = p.pipelines[0].stages.clone();
+    eprintln!(
+        "delay: epoch {} stages {:?} answer as one machine",
+        p.epoch,
+        stages
+            .iter()
+            .map(|s| (s.worker.clone(), s.layers.clone()))
+            .collect::<Vec<_>>()
+    );
+    // The last stage SIGKILLed after 8 chunks: the stream resumes over the delayed links.
+    let victim = stages.last().unwrap().worker.clone();
+    let long = serde_json::json!({
+        "prompt": PROMPTS[2], "max_tokens": 64, "temperature": 0, "stream": true,
+    })
+    .to_string();
+    let (want, wfin) = stream(&one, &long, |_| {});
+    let mut killed = false;
+    let (got, gfin) = stream(&fe, &long, |n| {
+        if n == 8 && !killed {
+            let i = ws.iter().position(|(id, _)| *id == victim).unwrap();
+            let (_, mut pr) = ws.remove(i);
+            pr.0.kill().unwrap();
+            let _ = pr.0.wait();
+            killed = true;
+        }
+    });
+    assert!(killed);
+    assert_eq!(got, want, "the resumed stream equals an uninterrupted run");
+    assert_eq!(gfin, wfin);
+    eprintln!("delay: {victim} killed mid-stream, the stream identical");
 }
