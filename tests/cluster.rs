@@ -345,6 +345,26 @@ fn stream(addr: &str, body: &str, mut on_chunk: impl FnMut(usize)) -> (String, S
     (text, finish)
 }
 
+/// Streams `body` from one machine, then from the cluster with `fault` done after the 8th
+/// chunk; the two streams (text and finish reason) must be equal.
+fn stream_survives(one: &str, fe: &str, body: &str, what: &str, fault: impl FnOnce()) {
+    let (want, wfin) = stream(one, body, |_| {});
+    let mut fault = Some(fault);
+    let (got, gfin) = stream(fe, body, |n| {
+        if n == 8
+            && let Some(f) = fault.take()
+        {
+            f();
+        }
+    });
+    assert!(
+        fault.is_none(),
+        "the stream ended before the fault ({what})"
+    );
+    assert_eq!(got, want, "the stream {what} equals an uninterrupted run");
+    assert_eq!(gfin, wfin);
+}
+
 fn plan_now(etcd: &str, cluster: &str) -> Option<ClusterPlan> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -599,20 +619,12 @@ fn a_pipeline_answers_as_one_machine_and_survives_killed_and_partitioned_workers
         "stream": true,
     })
     .to_string();
-    let (want, wfin) = stream(&one, &long, |_| {});
-    let mut killed = false;
-    let (got, gfin) = stream(&fe, &long, |n| {
-        if n == 8 && !killed {
-            let i = ws.iter().position(|(id, _)| *id == victim).unwrap();
-            let (_, mut pr) = ws.remove(i);
-            pr.0.kill().unwrap(); // SIGKILL
-            let _ = pr.0.wait();
-            killed = true;
-        }
+    stream_survives(&one, &fe, &long, "resumed after a SIGKILL", || {
+        let i = ws.iter().position(|(id, _)| *id == victim).unwrap();
+        let (_, mut pr) = ws.remove(i);
+        pr.0.kill().unwrap(); // SIGKILL
+        let _ = pr.0.wait();
     });
-    assert!(killed);
-    assert_eq!(got, want, "the resumed stream equals an uninterrupted run");
-    assert_eq!(gfin, wfin);
     let after = wait_plan(&etcd.url, "pipe", "a plan without the killed worker", |q| {
         q.epoch > p.epoch && !q.workers().contains(&victim.as_str())
     });
@@ -654,19 +666,7 @@ fn a_pipeline_answers_as_one_machine_and_survives_killed_and_partitioned_workers
         let st = Command::new("kill").args([sig, &pid]).status().unwrap();
         assert!(st.success());
     };
-    let mut stopped = false;
-    let (got, gfin) = stream(&fe, &long, |n| {
-        if n == 8 && !stopped {
-            signal("-STOP");
-            stopped = true;
-        }
-    });
-    assert!(stopped);
-    assert_eq!(
-        got, want,
-        "the stream across a partition equals an uninterrupted run"
-    );
-    assert_eq!(gfin, wfin);
+    stream_survives(&one, &fe, &long, "across a partition", || signal("-STOP"));
     let cutoff = wait_plan(
         &etcd.url,
         "pipe",
@@ -694,13 +694,46 @@ fn a_pipeline_answers_as_one_machine_and_survives_killed_and_partitioned_workers
     eprintln!("{cut} continued and registered again");
 }
 
-/// Network namespaces, each joined to this one by a veth pair (10.213.<i+1>.1 here,
-/// .2 inside) whose two ends are shaped by a `tc` token bucket; this namespace forwards
+/// Every link measurement the registered workers of `cluster` published: (worker, peer,
+/// measure), each printed.
+fn links_measured(
+    etcd: &str,
+    cluster: &str,
+) -> Vec<(String, String, synapse_cluster::profile::LinkMeasure)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let profiles = rt.block_on(async {
+        let mut c = membership::connect(etcd).await.unwrap();
+        membership::workers(&mut c, &Keys::new(cluster))
+            .await
+            .unwrap()
+            .0
+    });
+    let mut out = Vec::new();
+    for (id, w) in profiles {
+        for (peer, l) in w.links {
+            eprintln!(
+                "{cluster}: {id} → {peer}: latency {:.3} ms, {:.1} MB/s",
+                l.latency_s * 1e3,
+                l.bandwidth_bytes_per_s / 1e6
+            );
+            out.push((id.clone(), peer, l));
+        }
+    }
+    out
+}
+
+/// Network namespaces, each joined to this one by a veth pair (10.213.<b+i>.1 here,
+/// .2 inside, `b` a block no interface uses yet) whose two ends are shaped by a `tc` token bucket; this namespace forwards
 /// between them. Removed (with IP forwarding restored) when dropped.
 struct Netns {
     names: Vec<String>,
     hosts: Vec<String>,
     forward_before: String,
+    /// The third octet of namespace 0's subnet (`10.213.<base + i>.0/24`).
+    base: usize,
 }
 
 fn run_ok(args: &[&str]) -> bool {
@@ -735,10 +768,25 @@ impl Netns {
             .unwrap_or_default()
             .trim()
             .to_string();
+        // Subnets no interface here uses yet (a namespace of an earlier run may outlive its
+        // name for a while, and its veth with it).
+        let used = String::from_utf8(
+            Command::new("ip")
+                .args(["-br", "addr"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        let base = (1..250 - n)
+            .step_by(n.max(1))
+            .find(|b| (0..n).all(|i| !used.contains(&format!("10.213.{}.", b + i))))
+            .expect("a free 10.213.x.0/24 block");
         let mut me = Netns {
             names: Vec::new(),
             hosts: Vec::new(),
             forward_before,
+            base,
         };
         for i in 0..n {
             let (ns, h, v) = (
@@ -751,7 +799,7 @@ impl Netns {
             run(&["ip", "link", "add", &h, "type", "veth", "peer", "name", &v]);
             me.hosts.push(h.clone());
             run(&["ip", "link", "set", &v, "netns", &ns]);
-            let (gw, ip) = (format!("10.213.{}.1", i + 1), format!("10.213.{}.2", i + 1));
+            let (gw, ip) = (me.gateway(i), me.inside(i));
             run(&["ip", "addr", "add", &format!("{gw}/24"), "dev", &h]);
             run(&["ip", "link", "set", &h, "up"]);
             let inside = |a: &[&str]| {
@@ -778,11 +826,11 @@ impl Netns {
     }
 
     /// The address of namespace `i`'s end of its link, and of this namespace's end.
-    fn inside(i: usize) -> String {
-        format!("10.213.{}.2", i + 1)
+    fn inside(&self, i: usize) -> String {
+        format!("10.213.{}.2", self.base + i)
     }
-    fn gateway(i: usize) -> String {
-        format!("10.213.{}.1", i + 1)
+    fn gateway(&self, i: usize) -> String {
+        format!("10.213.{}.1", self.base + i)
     }
 
     /// Takes namespace `i`'s link down (a cut cable: nothing arrives, nothing is refused)
@@ -800,6 +848,10 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        // The veth pairs first: a namespace may outlive its name for a while.
+        for h in &self.hosts {
+            let _ = run_ok(&["ip", "link", "del", h]);
+        }
         for ns in &self.names {
             let _ = run_ok(&["ip", "netns", "del", ns]);
         }
@@ -835,8 +887,8 @@ fn a_pipeline_across_network_namespaces_survives_a_cut_link() {
         .iter()
         .enumerate()
         .map(|(i, id)| {
-            let listen = format!("{}:{}", Netns::inside(i), 7700 + i);
-            let url = format!("http://{}:{port}", Netns::gateway(i));
+            let listen = format!("{}:{}", net.inside(i), 7700 + i);
+            let url = format!("http://{}:{port}", net.gateway(i));
             worker_in(
                 Some((&net.names[i], &listen)),
                 &url,
@@ -856,36 +908,15 @@ fn a_pipeline_across_network_namespaces_survives_a_cut_link() {
     assert!(stages.iter().all(|s| s.addr.starts_with("http://10.213.")));
     // The workers measured their links through the shaping (a 1 MiB ping each way at
     // 200 Mbit/s takes ≥ 84 ms; unshaped, a loopback link measures GB/s).
-    let profiles = {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let mut c = membership::connect(&etcd.url).await.unwrap();
-            membership::workers(&mut c, &Keys::new("netns"))
-                .await
-                .unwrap()
-                .0
-        })
-    };
-    let mut measured = 0;
-    for (id, w) in &profiles {
-        for (peer, l) in &w.links {
-            eprintln!(
-                "netns: {id} → {peer}: latency {:.3} ms, {:.1} MB/s",
-                l.latency_s * 1e3,
-                l.bandwidth_bytes_per_s / 1e6
-            );
-            assert!(
-                l.bandwidth_bytes_per_s < 40e6,
-                "{id} → {peer} measured {:.1} MB/s through a 25 MB/s link",
-                l.bandwidth_bytes_per_s / 1e6
-            );
-            measured += 1;
-        }
+    let links = links_measured(&etcd.url, "netns");
+    for (id, peer, l) in &links {
+        assert!(
+            l.bandwidth_bytes_per_s < 40e6,
+            "{id} → {peer} measured {:.1} MB/s through a 25 MB/s link",
+            l.bandwidth_bytes_per_s / 1e6
+        );
     }
-    assert!(measured >= 2, "links measured: {profiles:?}");
+    assert!(links.len() >= 2, "links measured: {links:?}");
     let (_fe, fe) = front_end(&etcd.url, &m, "netns");
     let (_one, one) = one_machine(&m);
     compare(&fe, &one, 24);
@@ -908,20 +939,9 @@ fn a_pipeline_across_network_namespaces_survives_a_cut_link() {
         "stream": true,
     })
     .to_string();
-    let (want, wfin) = stream(&one, &long, |_| {});
-    let mut down = false;
-    let (got, gfin) = stream(&fe, &long, |n| {
-        if n == 8 && !down {
-            net.link(ci, false);
-            down = true;
-        }
+    stream_survives(&one, &fe, &long, "across a cut link", || {
+        net.link(ci, false)
     });
-    assert!(down);
-    assert_eq!(
-        got, want,
-        "the stream across a cut link equals an uninterrupted run"
-    );
-    assert_eq!(gfin, wfin);
     let after = wait_plan(
         &etcd.url,
         "netns",
@@ -1154,32 +1174,11 @@ fn a_pipeline_over_links_with_latency_answers_as_one_machine() {
     let p = wait_plan(&etcd.url, "delay", "a pipeline", |p| p.workers().len() >= 2);
     // Every measured link carries the added latency (half a round trip ≥ 5 ms; on loopback
     // alone it is tens of microseconds).
-    let profiles = {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let mut c = membership::connect(&etcd.url).await.unwrap();
-            membership::workers(&mut c, &Keys::new("delay"))
-                .await
-                .unwrap()
-                .0
-        })
-    };
-    let mut measured = 0;
-    for (id, w) in &profiles {
-        for (peer, l) in &w.links {
-            eprintln!(
-                "delay: {id} → {peer}: latency {:.2} ms, {:.1} MB/s",
-                l.latency_s * 1e3,
-                l.bandwidth_bytes_per_s / 1e6
-            );
-            assert!(l.latency_s >= 0.0045, "{id} → {peer}: {:?}", l);
-            measured += 1;
-        }
+    let links = links_measured(&etcd.url, "delay");
+    for (id, peer, l) in &links {
+        assert!(l.latency_s >= 0.0045, "{id} → {peer}: {l:?}");
     }
-    assert!(measured >= 2, "{profiles:?}");
+    assert!(links.len() >= 2, "{links:?}");
     let (_fe, fe) = front_end(&etcd.url, &m, "delay");
     let (_one, one) = one_machine(&m);
     compare(&fe, &one, 24);
@@ -1198,19 +1197,17 @@ fn a_pipeline_over_links_with_latency_answers_as_one_machine() {
         "prompt": PROMPTS[2], "max_tokens": 64, "temperature": 0, "stream": true,
     })
     .to_string();
-    let (want, wfin) = stream(&one, &long, |_| {});
-    let mut killed = false;
-    let (got, gfin) = stream(&fe, &long, |n| {
-        if n == 8 && !killed {
+    stream_survives(
+        &one,
+        &fe,
+        &long,
+        "over delayed links after a SIGKILL",
+        || {
             let i = ws.iter().position(|(id, _)| *id == victim).unwrap();
             let (_, mut pr) = ws.remove(i);
             pr.0.kill().unwrap();
             let _ = pr.0.wait();
-            killed = true;
-        }
-    });
-    assert!(killed);
-    assert_eq!(got, want, "the resumed stream equals an uninterrupted run");
-    assert_eq!(gfin, wfin);
+        },
+    );
     eprintln!("delay: {victim} killed mid-stream, the stream identical");
 }

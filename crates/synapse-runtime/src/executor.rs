@@ -129,6 +129,18 @@ pub struct Executor {
     defer: bool,
 }
 
+/// Checks that a downstream answered `nl` rows of `vocab` logits; their length.
+fn downstream_logits(logits: &[f32], nl: usize, vocab: usize) -> Result<usize> {
+    let want = nl * vocab;
+    if logits.len() != want {
+        return Err(RuntimeError::InvalidParam {
+            name: "downstream logits",
+            reason: format!("{} values for {nl} rows of {vocab}", logits.len()),
+        });
+    }
+    Ok(want)
+}
+
 /// What a pass of a stage gives.
 #[derive(Debug)]
 pub enum StageOut<'a> {
@@ -282,17 +294,7 @@ impl Executor {
             });
         };
         link.recv(&mut self.s.logits)?;
-        let want = nl * self.model.vocab();
-        if self.s.logits.len() != want {
-            return Err(RuntimeError::InvalidParam {
-                name: "downstream logits",
-                reason: format!(
-                    "{} values for {nl} rows of {}",
-                    self.s.logits.len(),
-                    self.model.vocab()
-                ),
-            });
-        }
+        let want = downstream_logits(&self.s.logits, nl, self.model.vocab())?;
         Ok(&self.s.logits[..want])
     }
 
@@ -739,17 +741,7 @@ impl Executor {
                 return Ok(StageOut::Logits(&[]));
             }
             link.step(&packet, &mut self.s.logits)?;
-            let want = nl * m.vocab();
-            if self.s.logits.len() != want {
-                return Err(RuntimeError::InvalidParam {
-                    name: "downstream logits",
-                    reason: format!(
-                        "{} values for {nl} rows of {}",
-                        self.s.logits.len(),
-                        m.vocab()
-                    ),
-                });
-            }
+            let want = downstream_logits(&self.s.logits, nl, m.vocab())?;
             return Ok(StageOut::Logits(&self.s.logits[..want]));
         }
 
