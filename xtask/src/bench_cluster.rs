@@ -2,9 +2,12 @@
 //! (llama.cpp RPC's and exo's rule) on a 2:1 pair of workers, side by side.
 //!
 //! Each run starts its own etcd (free ports, temporary data directory), a fast worker
-//! (`--fast-threads`, default 2) and, once it has registered (so their start-up
-//! measurements do not overlap), a slow one (`--slow-threads`, default 1: half the compute on
-//! this 2-core machine), both offering `--memory` (default: 85% of the model plus its KV,
+//! (`--fast-threads`, default 1) and, once it has registered (so their start-up
+//! measurements do not overlap), a slow one (`--slow-threads`, default 1) whose cgroup allows
+//! it `--slow-quota` percent of one CPU (default 50: each worker a core of this 2-core
+//! machine, the slow one at half speed; `--slow-quota 0 --fast-threads 2` makes the pair by
+//! thread count instead, which is 2:1 only while one stage computes at a time), both
+//! offering `--memory` (default: 85% of the model plus its KV,
 //! so neither holds it and the model is split), then `synapse-cli serve --cluster` as the
 //! front end. The leader places the layers by `--placement speed` or `memory-share`. After a
 //! warm-up request, `--streams` concurrent greedy streams of `--n-gen` tokens (`ignore_eos`)
@@ -34,27 +37,27 @@ pub struct Args {
     #[arg(long)]
     memory: Option<String>,
     /// Threads of the fast worker.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 1)]
     fast_threads: usize,
     /// Threads of the slow worker.
     #[arg(long, default_value_t = 1)]
     slow_threads: usize,
-    /// Make the slow worker slow by a CPU quota instead: this percent of one CPU (its
-    /// cgroup's `cpu.cfs_quota_us` / `cpu.max`; e.g. 100 with `--slow-threads 2` is half of
-    /// this 2-core machine). Needs a writable cgroup cpu controller (root).
-    #[arg(long)]
-    slow_quota: Option<u32>,
+    /// The slow worker's CPU quota: this percent of one CPU (its cgroup's
+    /// `cpu.cfs_quota_us` / `cpu.max`; 0: none). Needs a writable cgroup cpu controller
+    /// (root).
+    #[arg(long, default_value_t = 50)]
+    slow_quota: u32,
     /// Passes a pipeline keeps in flight (the workers' `--in-flight`).
     #[arg(long, default_value_t = 2)]
     in_flight: usize,
     /// Concurrent streams.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 8)]
     streams: usize,
     /// Tokens per stream.
     #[arg(long, default_value_t = 64)]
     n_gen: usize,
     /// Timed runs per placement.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     runs: usize,
     /// Positions per slot.
     #[arg(long, default_value_t = 512)]
@@ -220,8 +223,8 @@ fn run_once(
     })?;
     let (slow, slog) = worker("slow", a.slow_threads)?;
     let _quota = match a.slow_quota {
-        Some(pct) => Some(Quota::put(slow.0.id(), pct)?),
-        None => None,
+        0 => None,
+        pct => Some(Quota::put(slow.0.id(), pct)?),
     };
     let _slow = slow;
     wait_for("the slow worker", Duration::from_secs(120), || {
@@ -384,8 +387,10 @@ pub fn run(a: Args) -> Result<()> {
         model.display(),
         a.fast_threads,
         a.slow_threads,
-        a.slow_quota
-            .map_or(String::new(), |q| format!(" under a {q}% CPU quota")),
+        match a.slow_quota {
+            0 => String::new(),
+            q => format!(" under a {q}% CPU quota"),
+        },
         a.in_flight,
         a.streams,
         a.n_gen,
