@@ -333,19 +333,19 @@ fn solo(model: &Arc<Model>, req: Request) -> Vec<Event> {
 /// A link that counts the passes in flight on it (sent, logits not yet taken).
 struct Counting {
     inner: StageRunner,
-    now: usize,
+    now: Arc<std::sync::atomic::AtomicUsize>,
     most: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl StageLink for Counting {
     fn send(&mut self, p: &StepPacket<'_>) -> synapse_runtime::Result<()> {
-        self.now += 1;
+        let now = self.now.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         self.most
-            .fetch_max(self.now, std::sync::atomic::Ordering::Relaxed);
+            .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
         self.inner.send(p)
     }
     fn recv(&mut self, logits: &mut Vec<f32>) -> synapse_runtime::Result<()> {
-        self.now -= 1;
+        self.now.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.recv(logits)
     }
 }
@@ -358,6 +358,22 @@ fn head(
     c: &EngineConfig,
     in_flight: usize,
 ) -> (PipelineHead, Arc<std::sync::atomic::AtomicUsize>) {
+    let (h, most, _) = head_counted(model, cuts, c, in_flight);
+    (h, most)
+}
+
+/// [`head`], and a counter of the passes in flight now.
+#[allow(clippy::type_complexity)]
+fn head_counted(
+    model: &Arc<Model>,
+    cuts: &[usize],
+    c: &EngineConfig,
+    in_flight: usize,
+) -> (
+    PipelineHead,
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
     let n = model.layers.len();
     let cache = StageCache {
         slots: c.slots,
@@ -376,9 +392,10 @@ fn head(
         next = Some(st);
     }
     let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let now = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let link = Counting {
         inner: next.unwrap(),
-        now: 0,
+        now: now.clone(),
         most: most.clone(),
     };
     (
@@ -388,6 +405,7 @@ fn head(
             in_flight,
         },
         most,
+        now,
     )
 }
 
@@ -558,4 +576,62 @@ fn gemma3_270m_over_three_stages_equals_one_executor() {
         );
     }
     assert_eq!(most.load(std::sync::atomic::Ordering::Relaxed), 2);
+}
+
+/// Two passes in flight, sessions cancelled while their pass is downstream and while
+/// waiting: the slot is freed once the pass is back, a later session reuses it, and every
+/// session that runs to the end — plain sampled ones too, whose rows come back as tokens —
+/// equals its solo run.
+#[test]
+fn a_session_cancelled_in_flight_frees_its_slot_safely() {
+    let dir = common::workspace_root().join("fixtures/tiny/llama");
+    if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+        return;
+    }
+    let model = Arc::new(Model::load(&dir.join("model.q8_0.gguf")).unwrap());
+    let seqs = common::tiny_sequences(&dir);
+    // Plain requests (no logprobs): greedy ones read the argmax, sampled ones a drawn token.
+    let plain = |p: &[u32], n: usize, i: usize| {
+        let mut r = request(p.to_vec(), n, i);
+        r.logprobs = None;
+        r
+    };
+    // Steady decode alternates the two sessions' passes, one in flight between steps:
+    // cancelling after an even and after an odd number of steps catches A in flight once.
+    for steps in [8, 9] {
+        let mut c = cfg();
+        c.slots = 2;
+        let (h, most, now) = head_counted(&model, &[1], &c, 2);
+        let mut s = Scheduler::new_pipeline(model.clone(), Arc::new(Ids), c, h).unwrap();
+        let a = s.submit(plain(&seqs[0], 40, 0)).unwrap();
+        let mut b = s.submit(plain(&seqs[1], 24, 1)).unwrap();
+        let waiting = s.submit(plain(&seqs[2], 8, 2)).unwrap();
+        for _ in 0..steps {
+            assert!(s.step());
+        }
+        assert_eq!(
+            now.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "a pass in flight"
+        );
+        drop(a);
+        drop(waiting);
+        let mut c2 = s.submit(plain(&seqs[2], 20, 3)).unwrap();
+        while s.step() {}
+        assert_eq!(most.load(std::sync::atomic::Ordering::Relaxed), 2);
+        let ids = |ev: &[Event]| -> Vec<u32> {
+            ev.iter()
+                .filter_map(|e| match e {
+                    Event::Token(t) => Some(t.id),
+                    _ => None,
+                })
+                .collect()
+        };
+        let gb = ids(&drain(&mut b));
+        let gc = ids(&drain(&mut c2));
+        assert_eq!(gb, ids(&solo(&model, plain(&seqs[1], 24, 1))));
+        assert_eq!(gc, ids(&solo(&model, plain(&seqs[2], 20, 3))));
+        assert_eq!((gb.len(), gc.len()), (24, 20));
+        assert!(s.is_idle());
+    }
 }
