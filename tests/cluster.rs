@@ -15,6 +15,8 @@
 //! - Links with latency: workers reached only through a forwarder that delays every chunk
 //!   5 ms each way measure it, and a pipeline over them answers as one machine, surviving a
 //!   killed stage.
+//! - Heterogeneity by CPU quota (root only; skipped elsewhere): a worker in a cgroup allowed
+//!   25% of a CPU measures itself slower and gets fewer layers.
 //! - Network namespaces (root only; skipped elsewhere): workers at addresses of their own
 //!   behind rate-limited veth links measure those links; a pipeline across them answers as
 //!   one machine; a stage's link cut mid-stream is survived with an identical stream, and the
@@ -1210,4 +1212,108 @@ fn a_pipeline_over_links_with_latency_answers_as_one_machine() {
         },
     );
     eprintln!("delay: {victim} killed mid-stream, the stream identical");
+}
+
+/// A cgroup holding one process under a CPU quota (cgroup v2 `cpu.max` or v1
+/// `cpu.cfs_quota_us`); removed when dropped. `None` where no cgroup can be made (not root).
+struct CpuQuota(PathBuf);
+
+impl CpuQuota {
+    fn put(pid: u32, pct: u32) -> Option<CpuQuota> {
+        let period = 100_000u64;
+        let quota = period * pct as u64 / 100;
+        let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+            .is_ok_and(|c| c.contains("cpu"));
+        let (dir, file, value) = if v2 {
+            (
+                PathBuf::from(format!("/sys/fs/cgroup/synapse-test-{pid}")),
+                "cpu.max",
+                format!("{quota} {period}"),
+            )
+        } else {
+            (
+                PathBuf::from(format!("/sys/fs/cgroup/cpu/synapse-test-{pid}")),
+                "cpu.cfs_quota_us",
+                quota.to_string(),
+            )
+        };
+        std::fs::create_dir_all(&dir).ok()?;
+        let me = CpuQuota(dir);
+        std::fs::write(me.0.join(file), value).ok()?;
+        std::fs::write(me.0.join("cgroup.procs"), pid.to_string()).ok()?;
+        Some(me)
+    }
+}
+
+impl Drop for CpuQuota {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Heterogeneity by CPU quota: two workers with the same memory (neither holds the model),
+/// one allowed 25% of a CPU by its cgroup. The slow one measures itself slower at start,
+/// and the leader gives it fewer layers than memory share would (half) — and the pipeline
+/// answers as one machine. Skipped (with a message) where no cgroup can be made.
+#[test]
+fn a_worker_under_a_cpu_quota_gets_fewer_layers() {
+    let (Some(etcd_bin), Some(m)) = (etcd_bin(), model()) else {
+        return;
+    };
+    let etcd = start_etcd(&etcd_bin);
+    let fast = worker(&etcd.url, &m, "q-fast", "120M", "quota");
+    let _fast = fast;
+    let slow = worker(&etcd.url, &m, "q-slow", "120M", "quota");
+    let Some(_quota) = CpuQuota::put(slow.0.id(), 25) else {
+        eprintln!("skipping: no cgroup with a CPU quota can be made here (needs root)");
+        return;
+    };
+    let _slow = slow;
+    wait_registered(&etcd.url, "quota", &["q-fast", "q-slow"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let p = wait_plan(&etcd.url, "quota", "a pipeline over both", |p| {
+        p.workers().len() == 2
+    });
+    let layers = |id: &str| {
+        p.stage_of(id)
+            .map(|(_, _, s)| s.layers.len())
+            .unwrap_or_default()
+    };
+    let (nf, ns) = (layers("q-fast"), layers("q-slow"));
+    let rate = |id: &str| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut c = membership::connect(&etcd.url).await.unwrap();
+            membership::workers(&mut c, &Keys::new("quota"))
+                .await
+                .unwrap()
+                .0
+                .get(id)
+                .map(|w| w.stream_rate.values().sum::<f64>())
+                .unwrap_or_default()
+        })
+    };
+    let (rf, rs) = (rate("q-fast"), rate("q-slow"));
+    eprintln!(
+        "quota: measured streaming (sum over encodings) fast {:.2} GB/s, slow {:.2} GB/s; \
+         layers fast {nf}, slow {ns}",
+        rf / 1e9,
+        rs / 1e9
+    );
+    assert!(rs < 0.7 * rf, "the throttled worker measured itself slower");
+    assert!(
+        ns < nf && ns < 15,
+        "fewer layers on the throttled worker: {nf} / {ns}"
+    );
+    let (_fe, fe) = front_end(&etcd.url, &m, "quota");
+    let (_one, one) = one_machine(&m);
+    compare(&fe, &one, 16);
 }
