@@ -696,25 +696,34 @@ fn a_pipeline_answers_as_one_machine_and_survives_killed_and_partitioned_workers
     eprintln!("{cut} continued and registered again");
 }
 
+/// The registered workers' profiles by id.
+fn profiles(
+    etcd: &str,
+    cluster: &str,
+) -> std::collections::BTreeMap<String, synapse_cluster::profile::WorkerProfile> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = membership::connect(etcd).await.unwrap();
+        membership::workers(&mut c, &Keys::new(cluster))
+            .await
+            .unwrap()
+            .0
+            .into_iter()
+            .collect()
+    })
+}
+
 /// Every link measurement the registered workers of `cluster` published: (worker, peer,
 /// measure), each printed.
 fn links_measured(
     etcd: &str,
     cluster: &str,
 ) -> Vec<(String, String, synapse_cluster::profile::LinkMeasure)> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let profiles = rt.block_on(async {
-        let mut c = membership::connect(etcd).await.unwrap();
-        membership::workers(&mut c, &Keys::new(cluster))
-            .await
-            .unwrap()
-            .0
-    });
     let mut out = Vec::new();
-    for (id, w) in profiles {
+    for (id, w) in profiles(etcd, cluster) {
         for (peer, l) in w.links {
             eprintln!(
                 "{cluster}: {id} → {peer}: latency {:.3} ms, {:.1} MB/s",
@@ -1285,21 +1294,10 @@ fn a_worker_under_a_cpu_quota_gets_fewer_layers() {
             .unwrap_or_default()
     };
     let (nf, ns) = (layers("q-fast"), layers("q-slow"));
+    let ps = profiles(&etcd.url, "quota");
     let rate = |id: &str| {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let mut c = membership::connect(&etcd.url).await.unwrap();
-            membership::workers(&mut c, &Keys::new("quota"))
-                .await
-                .unwrap()
-                .0
-                .get(id)
-                .map(|w| w.stream_rate.values().sum::<f64>())
-                .unwrap_or_default()
-        })
+        ps.get(id)
+            .map_or(0.0, |w| w.stream_rate.values().sum::<f64>())
     };
     let (rf, rs) = (rate("q-fast"), rate("q-slow"));
     eprintln!(

@@ -342,7 +342,7 @@ impl Worker for Service {
             Some(addr) => {
                 // The next stage may still be taking the plan (the head waited for this
                 // stage only): wait for it the same way.
-                wait_for_stage(addr, &hash, Duration::from_secs(30))
+                wait_for_stage(addr, &hash, epoch, Duration::from_secs(30))
                     .await
                     .map_err(|e| unavailable(e.to_string()))?;
                 let link = GrpcStageLink::connect(
@@ -678,9 +678,10 @@ fn run_middle(
     })
 }
 
-/// Waits until the worker at `addr` runs plan `hash` as a pipeline stage (it applies plans
-/// on its own schedule), up to `timeout`.
-async fn wait_for_stage(addr: &str, hash: &str, timeout: Duration) -> Result<()> {
+/// Waits until the worker at `addr` runs plan `hash` (epoch `epoch`) as a pipeline stage (it
+/// applies plans on its own schedule), up to `timeout`; fails at once when it already runs a
+/// newer plan (this one is superseded: waiting would only delay the newer one here).
+async fn wait_for_stage(addr: &str, hash: &str, epoch: u64, timeout: Duration) -> Result<()> {
     let t0 = Instant::now();
     let mut last = String::new();
     while t0.elapsed() < timeout {
@@ -690,6 +691,14 @@ async fn wait_for_stage(addr: &str, hash: &str, timeout: Duration) -> Result<()>
                     let r = r.into_inner();
                     if r.plan_hash == hash && r.role == "stage" {
                         return Ok(());
+                    }
+                    // The peer already runs a newer plan: this one is superseded (the newer
+                    // one is applied next), so stop waiting for it.
+                    if r.epoch > epoch {
+                        return Err(ClusterError::NoWorker(format!(
+                            "plan {hash} (epoch {epoch}) is superseded: {addr} runs epoch {}",
+                            r.epoch
+                        )));
                     }
                     last = format!("at plan {} as {}", r.plan_hash, r.role);
                 }
@@ -799,7 +808,7 @@ impl Node {
             // The later stages first take the plan; then this head opens the stream.
             let next = &pipeline.stages[1].addr;
             // Mark the plan before waiting, so the router sees a head that is coming up.
-            wait_for_stage(next, &plan.hash, Duration::from_secs(30)).await?;
+            wait_for_stage(next, &plan.hash, plan.epoch, Duration::from_secs(30)).await?;
             let link = GrpcStageLink::connect(
                 next,
                 plan.epoch,
