@@ -202,14 +202,20 @@ fn gc_waits_for_running_writers() {
             waiting: true,
         })
     };
-    assert_eq!(
-        common::flocks(&lock),
-        [common::Flock {
-            pid: std::process::id(),
-            exclusive: false,
-            waiting: false,
-        }]
-    );
+    // The session's shared lock, as the kernel lists it (read again for a moment if a
+    // listing missed it while other processes' locks changed).
+    let held = [common::Flock {
+        pid: std::process::id(),
+        exclusive: false,
+        waiting: false,
+    }];
+    let mut seen = common::flocks(&lock);
+    let t0 = Instant::now();
+    while seen != held && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+        seen = common::flocks(&lock);
+    }
+    assert_eq!(seen, held);
     let released = Arc::new(AtomicBool::new(false));
     let gc_store = store.clone();
     let gc_released = released.clone();

@@ -22,8 +22,23 @@ pub fn flocks(path: &Path) -> Vec<Flock> {
         return Vec::new();
     };
     let inode = meta.ino().to_string();
-    std::fs::read_to_string("/proc/locks")
-        .expect("/proc/locks (Linux)")
+    // One read with a large buffer: the kernel lists every lock in one pass (a file read in
+    // small chunks is listed pass by pass, and a lock taken or dropped elsewhere between two
+    // passes can shift a line out of both).
+    let mut f = std::fs::File::open("/proc/locks").expect("/proc/locks (Linux)");
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0;
+    loop {
+        use std::io::Read;
+        match f.read(&mut buf[n..]).expect("reading /proc/locks") {
+            0 => break,
+            k => n += k,
+        }
+        if n == buf.len() {
+            buf.resize(2 * n, 0);
+        }
+    }
+    String::from_utf8_lossy(&buf[..n])
         .lines()
         .filter_map(|line| {
             let mut f: Vec<&str> = line.split_whitespace().skip(1).collect();
