@@ -601,15 +601,22 @@ impl Scheduler {
         true
     }
 
-    /// Sends the built rows down the pipeline (executor 0, the only one a pipeline has).
-    fn send_pass(&mut self) -> bool {
-        let Some(exec) = self.execs[0].as_mut() else {
-            return false;
-        };
+    /// What each logits row's session reads of it: sessions that read nothing but the
+    /// argmax or a plain sampled token let a pipeline's last stage send the token back
+    /// instead of the row (one-hot: the same choice).
+    fn mark_row_reads(&mut self) {
         self.row_reads.clear();
         for &i in &self.owners {
             self.row_reads.push(self.active[i].row_read());
         }
+    }
+
+    /// Sends the built rows down the pipeline (executor 0, the only one a pipeline has).
+    fn send_pass(&mut self) -> bool {
+        self.mark_row_reads();
+        let Some(exec) = self.execs[0].as_mut() else {
+            return false;
+        };
         exec.set_row_reads(&self.row_reads);
         if let Err(err) = exec.forward_send(&mut self.kv, &self.rows) {
             self.fail_pass(&err.to_string());
@@ -684,6 +691,9 @@ impl Scheduler {
     /// false), or the oldest pass sent down the pipeline (`recv`: `owners` and `ran` are
     /// that pass's).
     fn pass(&mut self, e: usize, recv: bool) {
+        if !recv && self.pipelined {
+            self.mark_row_reads();
+        }
         let one_exec = self.execs.iter().filter(|e| e.is_some()).count() == 1;
         let Some(exec) = self.execs[e].as_mut() else {
             return;
@@ -697,13 +707,6 @@ impl Scheduler {
             st.expert_bytes_in.store(p.bytes_in, Ordering::Relaxed);
         }
         if exec.has_downstream() && !recv {
-            // Sessions that read nothing but the argmax or a plain sampled token let the
-            // last stage send the token back instead of the row (one-hot: the same choice).
-            self.row_reads.clear();
-            for &i in &self.owners {
-                let a = &self.active[i];
-                self.row_reads.push(a.row_read());
-            }
             exec.set_row_reads(&self.row_reads);
         }
         let t0 = Instant::now();
