@@ -29,6 +29,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -45,14 +46,6 @@ impl Drop for Proc {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn etcd_bin() -> Option<PathBuf> {
@@ -100,10 +93,23 @@ impl Etcd {
             .unwrap();
         self.p = Some(Proc(child));
         let t0 = Instant::now();
-        while TcpStream::connect(("127.0.0.1", c)).is_err() {
+        // Up when its own health endpoint answers (not merely when something accepts on the
+        // port: a port picked free can be taken by another process first).
+        while !etcd_healthy(c) {
+            let p = self.p.as_mut().unwrap();
+            if let Ok(Some(status)) = p.0.try_wait() {
+                panic!("etcd exited: {status}");
+            }
             assert!(t0.elapsed() < Duration::from_secs(20), "etcd did not start");
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Whether the process started last has exited (its ports were taken).
+    fn exited(&mut self) -> bool {
+        self.p
+            .as_mut()
+            .is_some_and(|p| matches!(p.0.try_wait(), Ok(Some(_))))
     }
 
     /// SIGKILL, then start again on the same ports and data.
@@ -119,17 +125,91 @@ fn start_etcd(bin: &Path) -> Etcd {
 
 /// An etcd whose client port listens on `host` (reached here at 127.0.0.1).
 fn start_etcd_on(bin: &Path, host: &str) -> Etcd {
-    let ports = (free_port(), free_port());
-    let mut e = Etcd {
-        p: None,
-        url: format!("http://127.0.0.1:{}", ports.0),
-        ports,
-        bin: bin.to_path_buf(),
-        dir: tempfile::tempdir().unwrap(),
-        host: host.to_string(),
+    // Ports picked free here can be taken by another process before etcd binds them: then
+    // etcd exits and is started again on other ports.
+    for _ in 0..5 {
+        let ports = free_ports();
+        let mut e = Etcd {
+            p: None,
+            url: format!("http://127.0.0.1:{}", ports.0),
+            ports,
+            bin: bin.to_path_buf(),
+            dir: tempfile::tempdir().unwrap(),
+            host: host.to_string(),
+        };
+        let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| e.spawn()));
+        if started.is_ok() {
+            return e;
+        }
+        assert!(e.exited(), "etcd did not start");
+    }
+    panic!("etcd did not start on five pairs of free ports");
+}
+
+/// Two distinct free ports.
+fn free_ports() -> (u16, u16) {
+    let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    (
+        a.local_addr().unwrap().port(),
+        b.local_addr().unwrap().port(),
+    )
+}
+
+/// Whether an etcd answers its `/health` endpoint on 127.0.0.1:`port`.
+fn etcd_healthy(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
     };
-    e.spawn();
-    e
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.contains("\"health\":\"true\"")
+}
+
+/// The address the worker `id` of `cluster` bound, from its `worker listening` log line.
+fn bound_address(cluster: &str, id: &str) -> std::net::SocketAddr {
+    let log = std::env::temp_dir().join(format!("synapse-{cluster}-{id}.log"));
+    let t0 = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let plain = strip_ansi(&text);
+        if let Some(line) = plain.lines().find(|l| l.contains("worker listening")) {
+            let local = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("local="))
+                .unwrap_or_else(|| panic!("no local= in {line:?}"));
+            return local.parse().unwrap();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{id} did not listen: {plain}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `s` without ANSI colour sequences.
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn worker(etcd: &str, model: &Path, id: &str, memory: &str, cluster: &str) -> Proc {
@@ -570,11 +650,18 @@ fn wait_registered(etcd: &str, cluster: &str, ids: &[&str]) {
         .iter()
         .all(|id| registered(etcd, cluster).iter().any(|r| r == id))
     {
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "{ids:?} not registered: {:?}",
-            registered(etcd, cluster)
-        );
+        if t0.elapsed() > Duration::from_secs(120) {
+            let have = registered(etcd, cluster);
+            for id in ids.iter().filter(|id| !have.iter().any(|r| r == *id)) {
+                let log = std::env::temp_dir().join(format!("synapse-{cluster}-{id}.log"));
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let plain = strip_ansi(&text);
+                let lines: Vec<&str> = plain.lines().collect();
+                let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+                eprintln!("--- {id}'s log, last lines ---\n{tail}");
+            }
+            panic!("{ids:?} not registered: {have:?}");
+        }
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -1104,12 +1191,13 @@ fn a_worker_fetches_its_package_from_a_peer_verified_by_hash() {
 /// link with latency, where the kernel has no `netem`): each chunk read is written on after
 /// `delay` by a writer thread, so bandwidth is kept and only latency is added. Runs until
 /// the test process ends.
-fn delay_proxy(target: std::net::SocketAddr, delay: Duration) -> u16 {
+fn delay_proxy(target: Arc<std::sync::OnceLock<std::net::SocketAddr>>, delay: Duration) -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for c in l.incoming() {
             let Ok(down) = c else { continue };
+            let target = *target.wait();
             let Ok(up) = TcpStream::connect(target) else {
                 continue;
             };
@@ -1168,16 +1256,21 @@ fn a_pipeline_over_links_with_latency_answers_as_one_machine() {
     let mut ws: Vec<(String, Proc)> = ids
         .iter()
         .map(|id| {
-            let real: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-            let front = delay_proxy(real, delay);
+            // The worker binds a port of its own choosing (a port picked here and released
+            // can be taken by another process before the worker binds it); the proxy learns
+            // it from the worker's `worker listening` line.
+            let real = Arc::new(std::sync::OnceLock::new());
+            let front = delay_proxy(real.clone(), delay);
             let mut c = worker_command(None, &etcd.url, &m, id, "80M", "delay", 2);
             c.args([
                 "--listen",
-                &real.to_string(),
+                "127.0.0.1:0",
                 "--advertise",
                 &format!("http://127.0.0.1:{front}"),
             ]);
-            (id.to_string(), Proc(c.spawn().unwrap()))
+            let p = Proc(c.spawn().unwrap());
+            let _ = real.set(bound_address("delay", id));
+            (id.to_string(), p)
         })
         .collect();
     wait_registered(&etcd.url, "delay", &ids);

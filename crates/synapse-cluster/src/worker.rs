@@ -942,7 +942,7 @@ pub async fn run(cfg: WorkerConfig, shutdown: impl std::future::Future<Output = 
             constraints: cfg.constraints.clone(),
         },
     );
-    tracing::info!(id = %cfg.id, %addr, "worker listening; measuring");
+    tracing::info!(id = %cfg.id, %addr, %local, "worker listening; measuring");
     let model = cfg.model.clone();
     let (threads, mb, ms) = (cfg.threads, cfg.measure_bytes, cfg.measure_secs);
     let (rates, overhead) = tokio::task::spawn_blocking(move || measure(&model, threads, mb, ms))
