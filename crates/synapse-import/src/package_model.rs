@@ -52,6 +52,55 @@ impl PackageModel {
 
     /// Opens every tensor object (verified) and rebuilds the source description.
     pub fn from_package(package: Package) -> Result<PackageModel> {
+        PackageModel::from_package_with(package, None)
+    }
+
+    /// Like [`PackageModel::from_package`] but opens only the objects of the tensors named in
+    /// `tensors` (aliases resolve to their target): the store may lack the others (a
+    /// pipeline stage holds its layers' tensors only). The manifest, graph and metadata are
+    /// read and validated whole; a named tensor the store lacks is an error, and
+    /// [`PackageModel::tensor_bytes`] of a tensor not opened is `NoSuchTensor`.
+    pub fn from_package_only(
+        package: Package,
+        tensors: &std::collections::BTreeSet<String>,
+    ) -> Result<PackageModel> {
+        PackageModel::from_package_with(package, Some(tensors))
+    }
+
+    /// The tensors of the package (their stored names, aliases resolved) named in `tensors`,
+    /// with the object each is stored in.
+    pub fn stored_tensors<'a>(
+        package: &'a Package,
+        tensors: &std::collections::BTreeSet<String>,
+    ) -> Result<Vec<&'a synapse_cas::package::TensorEntry>> {
+        tensors.iter().map(|n| Ok(package.tensor(n)?)).collect()
+    }
+
+    /// The objects a [`PackageModel::from_package_only`] over `tensors` reads: every object
+    /// the manifest references that is not a tensor's (metadata, graph, tokenizer, …) and
+    /// the objects of the named tensors.
+    pub fn objects_for(
+        package: &Package,
+        tensors: &std::collections::BTreeSet<String>,
+    ) -> Result<std::collections::BTreeSet<synapse_cas::ObjectId>> {
+        let m = package.manifest();
+        let tensor_objects: std::collections::BTreeSet<_> =
+            m.tensors.iter().map(|t| t.object).collect();
+        let mut out: std::collections::BTreeSet<_> = m
+            .objects()
+            .into_iter()
+            .filter(|o| !tensor_objects.contains(o))
+            .collect();
+        for t in PackageModel::stored_tensors(package, tensors)? {
+            out.insert(t.object);
+        }
+        Ok(out)
+    }
+
+    fn from_package_with(
+        package: Package,
+        only: Option<&std::collections::BTreeSet<String>>,
+    ) -> Result<PackageModel> {
         let bad = |reason: String| ImportError::BadPackage {
             package: package.hash().to_string(),
             reason,
@@ -103,8 +152,20 @@ impl PackageModel {
             }
             None => rebuilt,
         };
+        let wanted = match only {
+            Some(names) => Some(
+                PackageModel::stored_tensors(&package, names)?
+                    .into_iter()
+                    .map(|t| t.name.clone())
+                    .collect::<std::collections::HashSet<_>>(),
+            ),
+            None => None,
+        };
         let mut objects = HashMap::with_capacity(m.tensors.len());
         for t in &m.tensors {
+            if wanted.as_ref().is_some_and(|w| !w.contains(&t.name)) {
+                continue;
+            }
             let o = package.store().get(&t.object)?;
             if o.len() as u64 != t.size {
                 return Err(bad(format!(

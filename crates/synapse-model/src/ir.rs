@@ -372,6 +372,62 @@ pub struct LayerRegion {
     pub ffn: FfnRegion,
 }
 
+impl LayerRegion {
+    /// Every weight this block reads (norms, projections and their biases, RoPE frequency
+    /// factors stored as a tensor, a mixture's router, experts and shared expert).
+    pub fn weight_ids(&self) -> Vec<WeightId> {
+        let a = &self.attention;
+        let mut ids = vec![a.norm.weight];
+        for l in [&a.q, &a.k, &a.v, &a.o] {
+            ids.extend(linear_ids(l));
+        }
+        for n in [&a.q_norm, &a.k_norm, &a.post_norm, &a.sub_norm]
+            .into_iter()
+            .flatten()
+        {
+            ids.push(n.weight);
+        }
+        if let Some(FreqFactors::Weight(w)) = &a.rope.freq_factors {
+            ids.push(*w);
+        }
+        match &self.ffn {
+            FfnRegion::Dense(f) => {
+                ids.push(f.norm.weight);
+                for l in [&f.gate, &f.up, &f.down] {
+                    ids.extend(linear_ids(l));
+                }
+                ids.extend(
+                    [&f.sub_norm, &f.post_norm]
+                        .into_iter()
+                        .flatten()
+                        .map(|n| n.weight),
+                );
+            }
+            FfnRegion::Moe(m) => {
+                ids.push(m.norm.weight);
+                ids.extend(linear_ids(&m.router));
+                for e in &m.experts {
+                    ids.extend([e.gate.weight, e.up.weight, e.down.weight]);
+                }
+                if let Some(s) = &m.shared {
+                    for l in [&s.gate, &s.up, &s.down].into_iter().chain(&s.gate_inp) {
+                        ids.extend(linear_ids(l));
+                    }
+                }
+                ids.extend(m.post_norm.iter().map(|n| n.weight));
+            }
+        }
+        ids.sort_by_key(|w| w.0);
+        ids.dedup();
+        ids
+    }
+}
+
+/// A linear's weight and bias.
+fn linear_ids(l: &Linear) -> impl Iterator<Item = WeightId> {
+    std::iter::once(l.weight).chain(l.bias)
+}
+
 /// Token embedding lookup.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Embedding {
@@ -463,6 +519,30 @@ impl ModelIr {
         // Serialising plain data with derived impls cannot fail.
         let json = serde_json::to_vec(&copy).unwrap_or_default();
         blake3::hash(&json).to_hex().to_string()
+    }
+
+    /// The weights a pipeline stage running blocks `layers` reads: those blocks' weights,
+    /// the token embedding when they start at block 0, the final norm and the LM head (with
+    /// its bias) when they end at the last block. Sorted, each once.
+    pub fn stage_weights(&self, layers: std::ops::Range<usize>) -> Vec<WeightId> {
+        let n = self.layers.len();
+        let mut ids: Vec<WeightId> = self
+            .layers
+            .iter()
+            .take(layers.end.min(n))
+            .skip(layers.start)
+            .flat_map(LayerRegion::weight_ids)
+            .collect();
+        if layers.start == 0 {
+            ids.push(self.embedding.weight);
+        }
+        if layers.end >= n {
+            ids.push(self.final_norm.weight);
+            ids.extend(linear_ids(&self.lm_head.linear));
+        }
+        ids.sort_by_key(|w| w.0);
+        ids.dedup();
+        ids
     }
 
     /// Whether any block is a mixture of experts.

@@ -176,6 +176,11 @@ impl Executor {
     /// An executor using `threads` compute threads (the caller's included) on the best kernel
     /// path this CPU supports (capped by `SYNAPSE_KERNEL_PATH`).
     pub fn new(model: Arc<Model>, threads: usize) -> Result<Self> {
+        let n = model.layers.len();
+        Self::for_stage(model, threads, 0..n)
+    }
+
+    fn build(model: Arc<Model>, threads: usize) -> Result<Self> {
         let threads = threads.max(1);
         let ctx = KernelCtx::with_path_and_threads(KernelPath::from_env()?, threads)?;
         let experts = ExpertStats {
@@ -224,7 +229,16 @@ impl Executor {
                 ),
             });
         }
-        let mut e = Self::new(model, threads)?;
+        if !model.holds(&layers) {
+            return Err(RuntimeError::InvalidParam {
+                name: "stage layers",
+                reason: format!(
+                    "the model holds the weights of layers {:?} only, not {layers:?}",
+                    model.present
+                ),
+            });
+        }
+        let mut e = Self::build(model, threads)?;
         e.span = layers;
         Ok(e)
     }

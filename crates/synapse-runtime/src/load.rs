@@ -397,6 +397,11 @@ pub struct Model {
     pub residual_scale: Option<f32>,
     /// Multiplier on the logits.
     pub logit_scale: Option<f32>,
+    /// The blocks whose weights are held (all of them, except in a model loaded for one
+    /// pipeline stage: [`Model::load_package_stage`]). Blocks outside it hold empty
+    /// matrices and are never run; the token embedding is held when it starts at 0 (or
+    /// serves as the tied LM head), the final norm and LM head when it ends at the last.
+    pub present: std::ops::Range<usize>,
 }
 
 impl Model {
@@ -424,7 +429,62 @@ impl Model {
         Self::from_source(&Source::Package(package), ir, profile)
     }
 
+    /// Loads blocks `layers` of an opened Synapse package for one pipeline stage (the token
+    /// embedding when they start at 0, the final norm and LM head when they end at the
+    /// last block): only the tensors [`ModelIr::stage_weights`] names are read, so the
+    /// package may hold only those objects ([`PackageModel::from_package_only`]). The other
+    /// blocks are placeholders an executor refuses to run ([`Model::present`]).
+    pub fn load_package_stage(
+        package: &PackageModel,
+        layers: std::ops::Range<usize>,
+    ) -> Result<Self> {
+        let ir = package.ir().clone();
+        let n = ir.layers.len();
+        if layers.start >= layers.end || layers.end > n {
+            return Err(RuntimeError::InvalidParam {
+                name: "stage layers",
+                reason: format!(
+                    "layer range {}..{} is empty or outside the model's {n} layers",
+                    layers.start, layers.end
+                ),
+            });
+        }
+        let profile = PrecisionProfile::source(&ir);
+        Self::from_source_part(&Source::Package(package), ir, profile, layers)
+    }
+
+    /// The names of the tensors a stage running blocks `layers` of `ir` reads.
+    pub fn stage_tensor_names(
+        ir: &ModelIr,
+        layers: std::ops::Range<usize>,
+    ) -> std::collections::BTreeSet<String> {
+        ir.stage_weights(layers)
+            .into_iter()
+            .map(|id| ir.weight(id).name.clone())
+            .collect()
+    }
+
+    /// Whether this model holds every block of `layers` (and the embedding or head a stage
+    /// over them needs).
+    pub fn holds(&self, layers: &std::ops::Range<usize>) -> bool {
+        self.present.start <= layers.start && layers.end <= self.present.end
+    }
+
     fn from_source(src: &Source, ir: ModelIr, profile: PrecisionProfile) -> Result<Self> {
+        let n = ir.layers.len();
+        Self::from_source_part(src, ir, profile, 0..n)
+    }
+
+    fn from_source_part(
+        src: &Source,
+        ir: ModelIr,
+        profile: PrecisionProfile,
+        present: std::ops::Range<usize>,
+    ) -> Result<Self> {
+        let n_layers = ir.layers.len();
+        let first = present.start == 0;
+        let last = present.end == n_layers;
+        let tied = ir.lm_head.tied || ir.lm_head.linear.weight == ir.embedding.weight;
         let linear = |l: &Linear| -> Result<LinearW> {
             let w = ir.weight(l.weight);
             check_profile(&profile, &w.name, w.encoding)?;
@@ -474,13 +534,20 @@ impl Model {
         };
         let embd_desc = ir.weight(ir.embedding.weight);
         check_profile(&profile, &embd_desc.name, embd_desc.encoding)?;
-        let embd = Arc::new(src.matrix(
-            &ir,
-            ir.embedding.weight,
-            ir.hparams.vocab_size as usize,
-            ir.hparams.hidden as usize,
-        )?);
-        let head = if ir.lm_head.tied || ir.lm_head.linear.weight == ir.embedding.weight {
+        let hidden = ir.hparams.hidden as usize;
+        let embd = Arc::new(if first || (last && tied) {
+            src.matrix(
+                &ir,
+                ir.embedding.weight,
+                ir.hparams.vocab_size as usize,
+                hidden,
+            )?
+        } else {
+            absent_matrix(hidden)?
+        });
+        let head = if !last {
+            absent_linear(&ir.lm_head.linear)?
+        } else if tied {
             LinearW {
                 m: embd.clone(),
                 bias: None,
@@ -490,7 +557,11 @@ impl Model {
             linear(&ir.lm_head.linear)?
         };
         let mut layers = Vec::with_capacity(ir.layers.len());
-        for l in &ir.layers {
+        for (il, l) in ir.layers.iter().enumerate() {
+            if !present.contains(&il) {
+                layers.push(absent_layer(l)?);
+                continue;
+            }
             let a = &l.attention;
             let ffn = match &l.ffn {
                 FfnRegion::Dense(f) => FfnW::Dense {
@@ -569,8 +640,16 @@ impl Model {
                 ffn_post_norm: ffn_post_norm.as_ref().map(norm).transpose()?,
             });
         }
-        let final_norm = norm(&ir.final_norm)?;
+        let final_norm = if last {
+            norm(&ir.final_norm)?
+        } else {
+            NormW {
+                w: Vec::new(),
+                eps: ir.final_norm.eps,
+            }
+        };
         Ok(Model {
+            present,
             embd_scale: ir.embedding.scale,
             softcap: ir.lm_head.softcap,
             gelu_f16_table: ir.source == SourceKind::Gguf,
@@ -745,6 +824,72 @@ fn check_profile(p: &PrecisionProfile, name: &str, enc: GgmlType) -> Result<()> 
 
 /// Decodes a (small, float-typed) weight to f32: norms, biases, RoPE factors. The model
 /// adapters guarantee these are F32, F16 or BF16.
+/// An empty matrix of `cols` columns: what a block outside a stage's model holds.
+fn absent_matrix(cols: usize) -> Result<QuantMatrix> {
+    Ok(QuantMatrix::from_ggml(GgmlType::F32, &[], 0, cols.max(1))?)
+}
+
+fn absent_linear(l: &Linear) -> Result<LinearW> {
+    Ok(LinearW {
+        m: Arc::new(absent_matrix(l.in_features as usize)?),
+        bias: None,
+        act_a8: false,
+    })
+}
+
+/// A block outside a stage's model: its shape (heads, RoPE, FFN kind) as the IR says, no
+/// weights. Never run (executors check [`Model::present`]).
+fn absent_layer(l: &synapse_model::LayerRegion) -> Result<LayerW> {
+    let a = &l.attention;
+    let empty = |n: &RmsNorm| NormW {
+        w: Vec::new(),
+        eps: n.eps,
+    };
+    let ffn = match &l.ffn {
+        FfnRegion::Dense(f) => FfnW::Dense {
+            gate: absent_linear(&f.gate)?,
+            up: absent_linear(&f.up)?,
+            down: absent_linear(&f.down)?,
+            act: f.activation,
+            sub_norm: None,
+        },
+        FfnRegion::Moe(m) => FfnW::Moe(Box::new(MoeW {
+            router: absent_linear(&m.router)?,
+            routing: m.routing,
+            n_used: m.n_used as usize,
+            experts: Vec::new(),
+            act: m.activation,
+            shared: None,
+        })),
+    };
+    Ok(LayerW {
+        attn_norm: empty(&a.norm),
+        q: absent_linear(&a.q)?,
+        k: absent_linear(&a.k)?,
+        v: absent_linear(&a.v)?,
+        o: absent_linear(&a.o)?,
+        q_norm: None,
+        k_norm: None,
+        attn_sub_norm: None,
+        attn_post_norm: None,
+        n_heads: a.n_heads as usize,
+        n_kv_heads: a.n_kv_heads as usize,
+        head_dim: a.head_dim as usize,
+        rope: RopeW {
+            style: rope_style(a.rope.style),
+            n_rot: a.rope.n_rot as usize,
+            base: a.rope.base,
+            freq_scale: a.rope.freq_scale,
+            freq_factors: None,
+        },
+        window: a.window.map(|w| w as usize),
+        scale: a.scale,
+        ffn_norm: empty(l.ffn.norm()),
+        ffn,
+        ffn_post_norm: None,
+    })
+}
+
 fn vector(src: &Source, ir: &ModelIr, id: WeightId) -> Result<Vec<f32>> {
     let w = ir.weight(id);
     let bytes = src.bytes(ir, id)?;

@@ -216,6 +216,7 @@ impl Model {
             gelu_f16_table: self.gelu_f16_table,
             residual_scale: self.residual_scale,
             logit_scale: self.logit_scale,
+            present: self.present.clone(),
         };
         Ok((model, stats))
     }

@@ -33,6 +33,14 @@ impl Runner {
 
     /// Stages cut at `cuts` (ascending, inside `1..n_layers`).
     fn pipeline(model: &Arc<Model>, cuts: &[usize]) -> Self {
+        let models = vec![model.clone(); cuts.len() + 1];
+        Self::pipeline_of(&models, cuts)
+    }
+
+    /// Stages cut at `cuts`, stage `i` running on `models[i]` (the whole model, or one
+    /// loaded for that stage alone).
+    fn pipeline_of(models: &[Arc<Model>], cuts: &[usize]) -> Self {
+        let model = &models[0];
         let n = model.layers.len();
         let cache = StageCache {
             slots: SLOTS,
@@ -45,8 +53,8 @@ impl Runner {
         bounds.extend_from_slice(cuts);
         bounds.push(n);
         let mut next: Option<StageRunner> = None;
-        for w in bounds.windows(2).skip(1).rev() {
-            let mut st = StageRunner::new(model.clone(), w[0]..w[1], 1, cache).unwrap();
+        for (i, w) in bounds.windows(2).enumerate().skip(1).rev() {
+            let mut st = StageRunner::new(models[i].clone(), w[0]..w[1], 1, cache).unwrap();
             if let Some(nx) = next.take() {
                 st.set_downstream(Box::new(nx)).unwrap();
             }
@@ -212,6 +220,99 @@ fn pipeline_stages_give_the_logits_of_one_executor() {
             );
         }
     }
+}
+
+/// A stage's model loaded from a store that holds its tensors' objects alone (plus the
+/// package's manifest, graph and metadata): dense and MoE, tied and untied heads, GGUF and
+/// safetensors sources, two and three stages — every logit bit-identical to one executor on
+/// the whole model; a stage's model holds no other layer's weights and refuses to run them.
+#[test]
+fn stages_loaded_from_their_own_tensors_give_the_logits_of_one_executor() {
+    use synapse_cas::{Package, Store};
+    use synapse_import::progress::Silent;
+    use synapse_import::{Destination, PackageModel, import};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut checked = 0;
+    for family in ["llama", "qwen2", "gemma3", "mixtral"] {
+        let dir = common::workspace_root().join("fixtures/tiny").join(family);
+        if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+            return;
+        }
+        let mut prompts = common::tiny_sequences(&dir);
+        while prompts.len() < 3 {
+            prompts.push(prompts[0][1..].to_vec());
+        }
+        for src in [dir.join("model.q8_0.gguf"), dir.clone()] {
+            let full = tmp.path().join(format!("full-{checked}"));
+            let rep = import(&src, &Destination::Store(full.clone()), &Silent).unwrap();
+            let full_store = Store::open(&full).unwrap();
+            let pkg = Package::open_in_store(&full_store, &rep.package.hex()).unwrap();
+            let model = Arc::new(
+                Model::load_package(&PackageModel::from_package(pkg.clone()).unwrap()).unwrap(),
+            );
+            let n = model.layers.len();
+            let vocab = model.vocab();
+            let want = script(&mut Runner::whole(&model), vocab, &prompts);
+            let mut cuts = vec![vec![n / 2]];
+            if n >= 3 {
+                cuts.push(vec![1, n - 1]);
+            }
+            for c in &cuts {
+                let mut bounds = vec![0];
+                bounds.extend_from_slice(c);
+                bounds.push(n);
+                let mut models = Vec::new();
+                for w in bounds.windows(2) {
+                    let layers = w[0]..w[1];
+                    let names = Model::stage_tensor_names(&model.ir, layers.clone());
+                    let wanted = PackageModel::objects_for(&pkg, &names).unwrap();
+                    // A store of its own: the manifest and the stage's objects only.
+                    let part = tmp.path().join(format!("part-{checked}-{}", w[0]));
+                    let store = Store::open(&part).unwrap();
+                    let rel = std::path::Path::new("packages")
+                        .join(format!("{}.toml", rep.package.hex()));
+                    let text = std::fs::read(full.join(&rel)).unwrap();
+                    store.session().unwrap().write_file(&rel, &text).unwrap();
+                    for id in &wanted {
+                        let o = full_store.get(id).unwrap();
+                        store.session().unwrap().put_with_id(*id, &o).unwrap();
+                    }
+                    let all = pkg.manifest().objects();
+                    assert!(
+                        wanted.len() < all.len(),
+                        "{family} {layers:?} needs every object"
+                    );
+                    let p = Package::open_in_store(&store, &rep.package.hex()).unwrap();
+                    // The whole model cannot be opened from this store; the stage can.
+                    assert!(PackageModel::from_package(p.clone()).is_err());
+                    let pm = PackageModel::from_package_only(p, &names).unwrap();
+                    let m = Model::load_package_stage(&pm, layers.clone()).unwrap();
+                    assert_eq!(m.present, layers);
+                    assert_eq!(
+                        m.weight_bytes(),
+                        model.stage_weight_bytes(layers.clone()),
+                        "{family}: a stage's model holds its weights only"
+                    );
+                    let m = Arc::new(m);
+                    assert!(Executor::new(m.clone(), 1).is_err());
+                    if layers.start > 0 {
+                        assert!(Executor::for_stage(m.clone(), 1, 0..layers.end).is_err());
+                    }
+                    models.push(m);
+                }
+                let got = script(&mut Runner::pipeline_of(&models, c), vocab, &prompts);
+                let differ = same_bits(&want, &got);
+                assert_eq!(
+                    differ,
+                    0,
+                    "{family} {} cut at {c:?}: {differ} logits differ",
+                    src.display()
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 8);
 }
 
 /// A stage refuses rows its cache is not in step with (a position gap), and a head
