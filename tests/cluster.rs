@@ -1106,7 +1106,7 @@ fn a_worker_fetches_its_package_from_a_peer_verified_by_hash() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let hash = import(&m, a.path());
     let store_arg = |c: &mut Command, d: &Path| {
-        c.arg("--store").arg(d);
+        c.arg("--store").arg(d).args(["--fetch", "whole"]);
     };
     let mut c1 = worker_command(None, &etcd.url, Path::new(&hash), "f1", "4G", "fetch", 2);
     store_arg(&mut c1, a.path());
@@ -1185,6 +1185,85 @@ fn a_worker_fetches_its_package_from_a_peer_verified_by_hash() {
     let (_one, one) = one_machine(&m);
     compare(&fe, &one, 16);
     eprintln!("fetch: the fetched replica and its peer answer as one machine");
+}
+
+/// Stage by stage: two workers of 80 MB serve SmolLM2 (98 MB of weights) by its package
+/// hash; one holds the package, the other an empty store. The plan splits the model; the
+/// second fetches from the first only the manifest, the package's small objects and its
+/// own stage's tensors (each verified by hash) and loads only its layers; the pipeline
+/// answers as one machine.
+#[test]
+fn a_pipeline_stage_fetches_and_loads_only_its_layers() {
+    let (Some(etcd_bin), Some(m)) = (etcd_bin(), model()) else {
+        return;
+    };
+    let etcd = start_etcd(&etcd_bin);
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let hash = import(&m, a.path());
+    let mut ws = Vec::new();
+    for (id, dir) in [("s1", a.path()), ("s2", b.path())] {
+        let mut c = worker_command(
+            None,
+            &etcd.url,
+            Path::new(&hash),
+            id,
+            "80M",
+            "stagefetch",
+            2,
+        );
+        c.arg("--store").arg(dir);
+        ws.push(Proc(c.spawn().unwrap()));
+        // The first must be registered before the second asks peers for the manifest.
+        wait_registered(&etcd.url, "stagefetch", &[id]);
+    }
+    let p = wait_plan(&etcd.url, "stagefetch", "a pipeline of two", |p| {
+        p.pipelines.len() == 1 && p.pipelines[0].stages.len() == 2
+    });
+    let (_fe, fe) = front_end(&etcd.url, &m, "stagefetch");
+    let (_one, one) = one_machine(&m);
+    compare(&fe, &one, 16);
+    let stage = p.pipelines[0]
+        .stages
+        .iter()
+        .find(|s| s.worker == "s2")
+        .unwrap()
+        .clone();
+    // s2's store holds exactly what its stage reads.
+    let store = synapse_cas::Store::open_existing(a.path()).unwrap();
+    let pkg = synapse_cas::Package::open_in_store(&store, &hash).unwrap();
+    let pm = synapse_import::PackageModel::from_package(pkg.clone()).unwrap();
+    let names = synapse_runtime::Model::stage_tensor_names(pm.ir(), stage.layers.clone());
+    let want = synapse_import::PackageModel::objects_for(&pkg, &names).unwrap();
+    let held: Vec<String> = objects(b.path())
+        .iter()
+        .map(|p| {
+            let shard = p.parent().unwrap().file_name().unwrap().to_str().unwrap();
+            format!("{shard}{}", p.file_name().unwrap().to_str().unwrap())
+        })
+        .collect();
+    let mut want_hex: Vec<String> = want.iter().map(|o| o.hex()).collect();
+    want_hex.sort();
+    let mut held_sorted = held.clone();
+    held_sorted.sort();
+    assert_eq!(held_sorted, want_hex, "s2 holds its stage's objects only");
+    let all = objects(a.path());
+    let size = |ps: &[PathBuf]| -> u64 { ps.iter().map(|p| p.metadata().unwrap().len()).sum() };
+    let (got, whole) = (size(&objects(b.path())), size(&all));
+    assert!(got < whole, "{got} of {whole} bytes");
+    let log =
+        std::fs::read_to_string(std::env::temp_dir().join("synapse-stagefetch-s2.log")).unwrap();
+    let plain = strip_ansi(&log);
+    assert!(
+        plain.contains("a stage's tensors are in the store"),
+        "no stage fetch in s2's log: {plain}"
+    );
+    eprintln!(
+        "stagefetch: s2 runs layers {:?} of {}; its store holds {} of {} objects, {got} of {whole} bytes",
+        stage.layers,
+        pm.ir().layers.len(),
+        held.len(),
+        all.len()
+    );
 }
 
 /// A TCP forwarder on 127.0.0.1 that delays every byte by `delay` in each direction (a

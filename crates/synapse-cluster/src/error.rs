@@ -53,6 +53,9 @@ pub enum ClusterError {
     /// The content-addressed store failed (a package or object missing or corrupt).
     #[error(transparent)]
     Cas(#[from] synapse_cas::CasError),
+    /// A package could not be opened as a model (or a stage of one).
+    #[error(transparent)]
+    Import(#[from] synapse_import::ImportError),
     /// A package or object could not be fetched from any peer.
     #[error("fetching {what}: {reason}")]
     Fetch {

@@ -199,7 +199,37 @@ pub async fn fetch_package(
     store_dir: &Path,
     exclude: &str,
 ) -> Result<FetchReport> {
+    fetch_package_part(etcd, cluster, hash, store_dir, exclude, None).await
+}
+
+/// [`fetch_package`] for the tensors named in `tensors` only (`None`: all): the manifest,
+/// every object that is not a tensor's (graph, metadata, tokenizer) and the named tensors'
+/// objects — what [`PackageModel::from_package_only`] over them reads. A pipeline stage
+/// fetches its own layers' tensors this way.
+///
+/// [`PackageModel::from_package_only`]: synapse_import::PackageModel::from_package_only
+pub async fn fetch_package_part(
+    etcd: &str,
+    cluster: &str,
+    hash: &ObjectId,
+    store_dir: &Path,
+    exclude: &str,
+    tensors: Option<&std::collections::BTreeSet<String>>,
+) -> Result<FetchReport> {
     let t0 = Instant::now();
+    let store = Store::open(store_dir)?;
+    // Nothing to fetch: no call to etcd or a peer.
+    if let Ok(package) = Package::open_in_store(&store, &hash.hex()) {
+        let objects = wanted(&package, tensors)?;
+        if objects.iter().all(|id| store.contains(id)) {
+            return Ok(FetchReport {
+                package: hash.to_string(),
+                objects: objects.len(),
+                seconds: t0.elapsed().as_secs_f64(),
+                ..Default::default()
+            });
+        }
+    }
     let mut c = membership::connect(etcd).await?;
     let (workers, _) = membership::workers(&mut c, &Keys::new(cluster)).await?;
     let peers: Vec<(String, String)> = workers
@@ -207,7 +237,6 @@ pub async fn fetch_package(
         .filter(|w| w.id != exclude)
         .map(|w| (w.id, w.addr))
         .collect();
-    let store = Store::open(store_dir)?;
     let mut rep = FetchReport {
         package: hash.to_string(),
         ..Default::default()
@@ -233,7 +262,7 @@ pub async fn fetch_package(
         rep.bytes += bytes.len() as u64;
     }
     let package = Package::open_in_store(&store, &hash.hex())?;
-    let objects = package.manifest().objects();
+    let objects = wanted(&package, tensors)?;
     rep.objects = objects.len();
     let todo: Vec<ObjectId> = objects
         .into_iter()
@@ -266,6 +295,17 @@ pub async fn fetch_package(
     }
     rep.seconds = t0.elapsed().as_secs_f64();
     Ok(rep)
+}
+
+/// The objects of `package` a fetch of `tensors` (`None`: all) makes present.
+fn wanted(
+    package: &Package,
+    tensors: Option<&std::collections::BTreeSet<String>>,
+) -> Result<std::collections::BTreeSet<ObjectId>> {
+    Ok(match tensors {
+        None => package.manifest().objects(),
+        Some(names) => synapse_import::PackageModel::objects_for(package, names)?,
+    })
 }
 
 #[cfg(test)]

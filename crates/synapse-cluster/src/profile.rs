@@ -125,6 +125,48 @@ impl ModelSpec {
         }
     }
 
+    /// The shape of a model from its graph alone (no weight held): what [`ModelSpec::of`]
+    /// gives for the model loaded in its source precision.
+    pub fn of_ir(ir: &synapse_model::ModelIr) -> Self {
+        let name_of = |id: synapse_model::WeightId| {
+            let w = ir.weight(id);
+            (
+                encoding_name(Encoding::Ggml(w.encoding)),
+                w.n_bytes,
+                w.shape.len(),
+            )
+        };
+        let layers = ir
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(il, l)| {
+                // The matrices (norms, biases and other vectors aside).
+                l.weight_ids()
+                    .into_iter()
+                    .map(name_of)
+                    .filter(|(_, _, dims)| *dims >= 2)
+                    .enumerate()
+                    .map(|(j, (enc, bytes, _))| (format!("blk.{il}.{j}"), enc, bytes))
+                    .collect()
+            })
+            .collect();
+        let head = name_of(ir.lm_head.linear.weight);
+        ModelSpec {
+            fingerprint: ir.fingerprint.clone(),
+            hidden: ir.hparams.hidden as usize,
+            vocab: ir.hparams.vocab_size as usize,
+            layers,
+            kv_per_token: ir
+                .layers
+                .iter()
+                .map(|l| u64::from(2 * 4 * l.attention.n_kv_heads * l.attention.head_dim))
+                .collect(),
+            head: ("output".into(), head.0, head.1),
+            embedding_bytes: ir.weight(ir.embedding.weight).n_bytes,
+        }
+    }
+
     /// Layers.
     pub fn n_layers(&self) -> usize {
         self.layers.len()
@@ -202,26 +244,7 @@ pub fn measure(
         .entry(encoding_name(model.head.m.encoding()))
         .or_default()
         .push(model.head.m.clone());
-    let mut rates = BTreeMap::new();
-    let mut x = Vec::new();
-    let mut y = Vec::new();
-    for (enc, ms) in &by_enc {
-        let bytes: u64 = ms.iter().map(|m| m.weight_bytes() as u64).sum();
-        let (mut streamed, t0) = (0u64, Instant::now());
-        while streamed < min_bytes || t0.elapsed().as_secs_f64() < min_secs {
-            for m in ms {
-                x.resize(m.cols(), 0.25f32);
-                y.resize(m.rows(), 0.0f32);
-                m.matmul_as(&x, 1, &mut y, 1, &mut ctx)
-                    .map_err(synapse_runtime::RuntimeError::from)?;
-            }
-            streamed += bytes;
-        }
-        rates.insert(
-            enc.clone(),
-            streamed as f64 / t0.elapsed().as_secs_f64().max(1e-9),
-        );
-    }
+    let rates = stream_rates(&by_enc, &mut ctx, min_bytes, min_secs)?;
     // One decode row through the whole model.
     let mut exec = synapse_runtime::Executor::new(model.clone(), threads)?;
     let mut kv = synapse_runtime::KvCache::new(model, synapse_runtime::KvDtype::F32, 1, 8, 1)?;
@@ -243,4 +266,178 @@ pub fn measure(
         })
         .sum();
     Ok((rates, (mean - predicted).max(0.0)))
+}
+
+/// Sustained one-row streaming rate of each encoding's matrices (see [`measure`]).
+fn stream_rates(
+    by_enc: &BTreeMap<String, Vec<Arc<QuantMatrix>>>,
+    ctx: &mut KernelCtx,
+    min_bytes: u64,
+    min_secs: f64,
+) -> Result<BTreeMap<String, f64>> {
+    let mut rates = BTreeMap::new();
+    let mut x = Vec::new();
+    let mut y = Vec::new();
+    for (enc, ms) in by_enc {
+        let bytes: u64 = ms.iter().map(|m| m.weight_bytes() as u64).sum();
+        let (mut streamed, t0) = (0u64, Instant::now());
+        while streamed < min_bytes || t0.elapsed().as_secs_f64() < min_secs {
+            for m in ms {
+                x.resize(m.cols(), 0.25f32);
+                y.resize(m.rows(), 0.0f32);
+                m.matmul_as(&x, 1, &mut y, 1, ctx)
+                    .map_err(synapse_runtime::RuntimeError::from)?;
+            }
+            streamed += bytes;
+        }
+        rates.insert(
+            enc.clone(),
+            streamed as f64 / t0.elapsed().as_secs_f64().max(1e-9),
+        );
+    }
+    Ok(rates)
+}
+
+/// Bytes of synthetic matrices per encoding [`measure_synthetic`] streams (more than the
+/// last-level caches hold, so the rate is memory's).
+pub const SYNTHETIC_WORKING_SET: u64 = 64 << 20;
+
+/// [`measure`] for a worker that holds no weight yet (its stage's tensors come from peers
+/// once a plan names its layers): the rates from synthetic matrices of the model's own
+/// shapes and encodings ([`synapse_runtime::load::SYNTHETIC_FILL`]; up to
+/// [`SYNTHETIC_WORKING_SET`] bytes of each encoding, or all of the model's bytes of it when
+/// fewer), the per-pass overhead from one-row passes through one synthetic block (block 1, or
+/// 0 when there is one), its mean time minus what its weights' streaming predicts, times the
+/// number of blocks. Nothing of the model is read; the kernels' work does not depend on the
+/// values.
+pub fn measure_synthetic(
+    ir: &synapse_model::ModelIr,
+    threads: usize,
+    min_bytes: u64,
+    min_secs: f64,
+) -> Result<(BTreeMap<String, f64>, f64)> {
+    let mut ctx = KernelCtx::with_path_and_threads(
+        KernelPath::from_env().map_err(synapse_runtime::RuntimeError::from)?,
+        threads,
+    )
+    .map_err(synapse_runtime::RuntimeError::from)?;
+    let n = ir.layers.len();
+    let mut ids: Vec<synapse_model::WeightId> =
+        ir.layers.iter().flat_map(|l| l.weight_ids()).collect();
+    ids.push(ir.lm_head.linear.weight);
+    let mut by_enc: BTreeMap<String, Vec<Arc<QuantMatrix>>> = BTreeMap::new();
+    let mut held: BTreeMap<String, u64> = BTreeMap::new();
+    for id in ids {
+        let w = ir.weight(id);
+        let (cols, rows) = match w.shape.as_slice() {
+            [rows @ .., cols] if !rows.is_empty() => (*cols, rows.iter().product::<u64>()),
+            _ => continue,
+        };
+        let enc = encoding_name(Encoding::Ggml(w.encoding));
+        let have = held.entry(enc.clone()).or_default();
+        if *have >= SYNTHETIC_WORKING_SET {
+            continue;
+        }
+        // Rows up to what the working set still takes.
+        let row_bytes = (w.n_bytes / rows.max(1)).max(1);
+        let take = rows.min((SYNTHETIC_WORKING_SET - *have).div_ceil(row_bytes));
+        let bytes = vec![synapse_runtime::load::SYNTHETIC_FILL; (take * row_bytes) as usize];
+        let m = QuantMatrix::from_ggml(w.encoding, &bytes, take as usize, cols as usize)
+            .map_err(synapse_runtime::RuntimeError::from)?;
+        *have += take * row_bytes;
+        by_enc.entry(enc).or_default().push(Arc::new(m));
+    }
+    let rates = stream_rates(&by_enc, &mut ctx, min_bytes, min_secs)?;
+    // One decode row through one synthetic block.
+    let layer = if n > 1 { 1..2 } else { 0..1 };
+    let model = Arc::new(Model::synthetic_stage(ir, layer.clone())?);
+    let mut exec = synapse_runtime::Executor::for_stage(model.clone(), threads, layer.clone())?;
+    let mut kv = synapse_runtime::KvCache::for_layers(
+        &model,
+        synapse_runtime::KvDtype::F32,
+        1,
+        8,
+        1,
+        layer.clone(),
+    )?;
+    let hidden = vec![0.25f32; model.hidden()];
+    let input = (layer.start > 0).then_some(hidden.as_slice());
+    let (mut passes, t0) = (0u32, Instant::now());
+    while passes < 4 || t0.elapsed().as_secs_f64() < min_secs / 2.0 {
+        let p = passes % 8;
+        if p == 0 {
+            kv.open(0)?;
+        }
+        let mut row = synapse_runtime::Row::decode(0, p, 1);
+        row.logits = layer.end == n;
+        exec.forward_stage(&mut kv, &[row], input)?;
+        passes += 1;
+    }
+    let mean = t0.elapsed().as_secs_f64() / passes as f64;
+    let predicted: f64 = model
+        .layers
+        .get(layer.start)
+        .map(|l| {
+            l.linears()
+                .iter()
+                .map(|x| {
+                    let enc = encoding_name(x.m.encoding());
+                    x.m.weight_bytes() as f64 / rates.get(&enc).copied().unwrap_or(1.0).max(1.0)
+                })
+                .sum()
+        })
+        .unwrap_or(0.0);
+    Ok((rates, (mean - predicted).max(0.0) * n as f64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny(family: &str) -> Option<Model> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/tiny")
+            .join(family)
+            .join("model.q8_0.gguf");
+        synapse_testdata::require(&path, "tiny-model fixture")
+            .then(|| Model::load(&path).unwrap())
+    }
+
+    /// Bytes per encoding, layer by layer.
+    fn per_layer(s: &ModelSpec) -> Vec<BTreeMap<String, u64>> {
+        s.layers
+            .iter()
+            .map(|l| {
+                let mut m = BTreeMap::new();
+                for (_, enc, b) in l {
+                    *m.entry(enc.clone()).or_default() += b;
+                }
+                m
+            })
+            .collect()
+    }
+
+    /// The shape a worker without weights registers (from the graph) is the shape of the
+    /// loaded model, dense and MoE; and it measures itself on synthetic weights of every
+    /// encoding the model uses.
+    #[test]
+    fn the_graph_gives_the_loaded_models_shape_and_synthetic_weights_measure_it() {
+        for family in ["llama", "mixtral"] {
+            let Some(m) = tiny(family) else { return };
+            let (a, b) = (ModelSpec::of(&m), ModelSpec::of_ir(&m.ir));
+            assert_eq!(a.fingerprint, b.fingerprint);
+            assert_eq!((a.hidden, a.vocab), (b.hidden, b.vocab));
+            assert_eq!(a.kv_per_token, b.kv_per_token);
+            assert_eq!((&a.head.1, a.head.2), (&b.head.1, b.head.2));
+            assert_eq!(a.embedding_bytes, b.embedding_bytes);
+            assert_eq!(per_layer(&a), per_layer(&b), "{family}");
+            let n = a.n_layers();
+            assert_eq!(a.weight_bytes(0..n), b.weight_bytes(0..n));
+            let (rates, overhead) = measure_synthetic(&m.ir, 1, 1 << 16, 0.01).unwrap();
+            let encs: Vec<String> = rates.keys().cloned().collect();
+            assert_eq!(encs, b.encodings(), "{family}");
+            assert!(rates.values().all(|r| r.is_finite() && *r > 0.0));
+            assert!(overhead.is_finite() && overhead >= 0.0);
+        }
+    }
 }

@@ -31,7 +31,9 @@ use crate::error::{ClusterError, Result};
 use crate::link::GrpcStageLink;
 use crate::membership::{self, Keys};
 use crate::plan::{ClusterPlan, EngineShape, PipelinePlan};
-use crate::profile::{LinkMeasure, ModelSpec, WorkerProfile, available_memory, measure};
+use crate::profile::{
+    LinkMeasure, ModelSpec, WorkerProfile, available_memory, measure, measure_synthetic,
+};
 use crate::proto::worker_server::{Worker, WorkerServer};
 use crate::proto::{self, worker_client::WorkerClient};
 use crate::wire;
@@ -48,8 +50,8 @@ pub struct WorkerConfig {
     pub listen: SocketAddr,
     /// The address peers and the router use (default: `http://<listen>`).
     pub advertise: Option<String>,
-    /// The model (loaded; weights mapped, resident as used).
-    pub model: Arc<Model>,
+    /// The model: loaded whole, or a package whose roles load their own layers.
+    pub model: WorkerModel,
     /// Token text for the engine (stop strings, streamed text).
     pub pieces: Arc<dyn TokenPieces>,
     /// Compute threads.
@@ -76,6 +78,43 @@ pub struct WorkerConfig {
     pub constraints: Option<Constraints>,
 }
 
+/// The model a worker serves.
+#[derive(Clone)]
+pub enum WorkerModel {
+    /// Loaded whole at start (weights mapped, resident as used): every role runs on it.
+    Loaded(Arc<Model>),
+    /// A package whose tensors this worker's store may lack: each role loads the layers it
+    /// runs — their tensors fetched from peers first when the store lacks them, each
+    /// verified by its hash — so a pipeline stage holds (and fetches) its own layers only.
+    Staged(Arc<StagedPackage>),
+}
+
+/// A package a worker loads role by role ([`WorkerModel::Staged`]).
+#[derive(Debug)]
+pub struct StagedPackage {
+    /// The package hash.
+    pub hash: synapse_cas::ObjectId,
+    /// The store it is (partly) in, where fetched objects are written.
+    pub store: std::path::PathBuf,
+    /// Its graph (from the manifest).
+    pub ir: synapse_model::ModelIr,
+}
+
+impl WorkerModel {
+    /// The model's graph.
+    pub fn ir(&self) -> &synapse_model::ModelIr {
+        match self {
+            WorkerModel::Loaded(m) => &m.ir,
+            WorkerModel::Staged(p) => &p.ir,
+        }
+    }
+
+    /// Vocabulary size.
+    pub fn vocab(&self) -> usize {
+        self.ir().hparams.vocab_size as usize
+    }
+}
+
 /// Builds an engine [`Constraint`](synapse_runtime::engine::Constraint) from its spec
 /// (`Constraint::spec`, made by the front end's builder): the port through which a worker
 /// serves structured outputs without knowing how grammars are compiled.
@@ -90,6 +129,8 @@ pub type Constraints = Arc<
 struct Serving {
     store: Option<std::path::PathBuf>,
     constraints: Option<Constraints>,
+    /// etcd endpoints and cluster name (where a staged model's tensors come from).
+    cluster: Option<(String, String)>,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -115,6 +156,7 @@ enum Role {
     Stage {
         layers: std::ops::Range<usize>,
         next: Option<String>,
+        model: Arc<Model>,
     },
 }
 
@@ -142,7 +184,11 @@ struct Current {
 /// State the gRPC handlers share.
 struct Node {
     id: String,
-    model: Arc<Model>,
+    model: WorkerModel,
+    /// Where a staged model's tensors are fetched from (etcd endpoints and cluster name).
+    cluster: Option<(String, String)>,
+    /// The last model loaded for a role of a staged package, and its layers.
+    loaded: tokio::sync::Mutex<Option<(std::ops::Range<usize>, Arc<Model>)>>,
     pieces: Arc<dyn TokenPieces>,
     threads: usize,
     step_timeout: Duration,
@@ -310,8 +356,12 @@ impl Worker for Service {
                 .lock()
                 .map_err(|_| Status::internal("poisoned"))?;
             match &cur.role {
-                Role::Stage { layers, next } => (
-                    layers.clone(),
+                Role::Stage {
+                    layers,
+                    next,
+                    model,
+                } => (
+                    (layers.clone(), model.clone()),
                     next.clone(),
                     cur.since_epoch,
                     cur.since_hash.clone(),
@@ -334,7 +384,8 @@ impl Worker for Service {
             max_chunk: shape.ubatch.min(shape.ctx),
             dtype: KvDtype::F32,
         };
-        let mut runner = StageRunner::new(self.0.model.clone(), layers, self.0.threads, cache)
+        let (layers, model) = layers;
+        let mut runner = StageRunner::new(model, layers, self.0.threads, cache)
             .map_err(|e| Status::internal(e.to_string()))?;
         // A middle stage hands each packet on as soon as its layers ran and its replies back
         // up as they come (its reply pump), so several packets can be in flight through it.
@@ -799,8 +850,9 @@ impl Node {
         };
         let stage = pipeline.stages[idx].clone();
         let cfg = engine_config(plan.shape, self.threads);
+        let model = self.model_for(stage.layers.clone()).await?;
         let role = if pipeline.stages.len() == 1 {
-            let e = Engine::start(self.model.clone(), self.pieces.clone(), cfg)?;
+            let e = Engine::start(model, self.pieces.clone(), cfg)?;
             Role::Replica {
                 engine: Arc::new(e),
             }
@@ -823,7 +875,7 @@ impl Node {
                 link: Box::new(link),
                 in_flight: plan.shape.in_flight,
             };
-            let e = Engine::start_pipeline(self.model.clone(), self.pieces.clone(), cfg, head)?;
+            let e = Engine::start_pipeline(model, self.pieces.clone(), cfg, head)?;
             Role::Head {
                 engine: Arc::new(e),
             }
@@ -831,6 +883,7 @@ impl Node {
             Role::Stage {
                 layers: stage.layers.clone(),
                 next: pipeline.stages.get(idx + 1).map(|s| s.addr.clone()),
+                model,
             }
         };
         tracing::info!(
@@ -849,6 +902,64 @@ impl Node {
         drop(cur);
         self.role_changes.send_modify(|n| *n += 1);
         Ok(())
+    }
+
+    /// The model a role running `layers` runs on: the loaded model, or `layers` of the staged
+    /// package — its tensors fetched from the registered workers when the store lacks them
+    /// (verified by hash), then loaded. The last one loaded is kept while roles keep its
+    /// layers; a new one replaces it (the old is freed as its role ends).
+    async fn model_for(&self, layers: std::ops::Range<usize>) -> Result<Arc<Model>> {
+        let p = match &self.model {
+            WorkerModel::Loaded(m) => return Ok(m.clone()),
+            WorkerModel::Staged(p) => p.clone(),
+        };
+        let mut loaded = self.loaded.lock().await;
+        if let Some((l, m)) = loaded.as_ref()
+            && *l == layers
+        {
+            return Ok(m.clone());
+        }
+        *loaded = None;
+        let names = Model::stage_tensor_names(&p.ir, layers.clone());
+        let (etcd, cluster) = self.cluster.clone().ok_or_else(|| ClusterError::Invalid {
+            what: "staged model",
+            reason: "no cluster to fetch tensors from".into(),
+        })?;
+        let rep = crate::fetch::fetch_package_part(
+            &etcd,
+            &cluster,
+            &p.hash,
+            &p.store,
+            &self.id,
+            Some(&names),
+        )
+        .await?;
+        tracing::info!(
+            layers = ?layers,
+            tensors = names.len(),
+            fetched = rep.fetched,
+            of = rep.objects,
+            bytes = rep.bytes,
+            peers = ?rep.peers,
+            seconds = rep.seconds,
+            "a stage's tensors are in the store"
+        );
+        let l2 = layers.clone();
+        let m = tokio::task::spawn_blocking(move || -> Result<Model> {
+            let store = synapse_cas::Store::open_existing(&p.store)?;
+            let pkg = synapse_cas::Package::open_in_store(&store, &p.hash.hex())?;
+            let pm = synapse_import::PackageModel::from_package_only(pkg, &names)?;
+            Ok(Model::load_package_stage(&pm, l2)?)
+        })
+        .await
+        .map_err(|e| ClusterError::Invalid {
+            what: "loading a stage",
+            reason: e.to_string(),
+        })??;
+        tracing::info!(layers = ?layers, weight_bytes = m.weight_bytes(), "loaded a stage's layers");
+        let m = Arc::new(m);
+        *loaded = Some((layers, m.clone()));
+        Ok(m)
     }
 
     /// Out of the cluster (its lease is gone): no role, no plan, so no request or packet is
@@ -878,7 +989,7 @@ impl Node {
 /// A node in no role, serving the worker protocol on `listener`.
 fn start_node(
     id: &str,
-    model: Arc<Model>,
+    model: WorkerModel,
     pieces: Arc<dyn TokenPieces>,
     threads: usize,
     step_timeout: Duration,
@@ -891,6 +1002,8 @@ fn start_node(
     let node = Arc::new(Node {
         id: id.to_string(),
         model,
+        cluster: serving.cluster,
+        loaded: Default::default(),
         pieces,
         threads,
         step_timeout,
@@ -940,18 +1053,26 @@ pub async fn run(cfg: WorkerConfig, shutdown: impl std::future::Future<Output = 
         Serving {
             store: cfg.store.clone(),
             constraints: cfg.constraints.clone(),
+            cluster: Some((cfg.etcd.clone(), cfg.cluster.clone())),
         },
     );
     tracing::info!(id = %cfg.id, %addr, %local, "worker listening; measuring");
     let model = cfg.model.clone();
     let (threads, mb, ms) = (cfg.threads, cfg.measure_bytes, cfg.measure_secs);
-    let (rates, overhead) = tokio::task::spawn_blocking(move || measure(&model, threads, mb, ms))
-        .await
-        .map_err(|e| ClusterError::Invalid {
-            what: "measurement",
-            reason: e.to_string(),
-        })??;
-    let spec = ModelSpec::of(&cfg.model);
+    let (rates, overhead) = tokio::task::spawn_blocking(move || match &model {
+        WorkerModel::Loaded(m) => measure(m, threads, mb, ms),
+        // No weight is held yet: measured on synthetic ones of the model's shapes.
+        WorkerModel::Staged(p) => measure_synthetic(&p.ir, threads, mb, ms),
+    })
+    .await
+    .map_err(|e| ClusterError::Invalid {
+        what: "measurement",
+        reason: e.to_string(),
+    })??;
+    let spec = match &cfg.model {
+        WorkerModel::Loaded(m) => ModelSpec::of(m),
+        WorkerModel::Staged(p) => ModelSpec::of_ir(&p.ir),
+    };
     let mut profile = WorkerProfile {
         id: cfg.id.clone(),
         addr: addr.clone(),
@@ -1171,7 +1292,7 @@ pub async fn serve_fixed_at(
     let local = listener.local_addr()?;
     let (node, _server) = start_node(
         id,
-        model,
+        WorkerModel::Loaded(model),
         pieces,
         threads,
         Duration::from_secs(30),

@@ -30,6 +30,10 @@ enum Source<'a> {
     /// A Synapse package: verified, memory-mapped objects; tied aliases resolve to their
     /// stored target.
     Package(&'a PackageModel),
+    /// No weights: every tensor reads as the first `n_bytes` of this buffer (a fill byte
+    /// that decodes to normal numbers in every encoding), for measuring speed before any
+    /// weight is held.
+    Synthetic(Vec<u8>),
 }
 
 /// One tensor of a memory-mapped GGUF (or the byte range `range` of it: one expert of a
@@ -154,6 +158,7 @@ impl Source<'_> {
             Source::Gguf(f) => f.tensor(&w.name).map(|t| f.tensor_data(t)),
             Source::Safetensors(m) => m.tensor(&w.name).map(|t| t.bytes),
             Source::Package(p) => Some(p.tensor_bytes(&w.name)?),
+            Source::Synthetic(b) => b.get(..w.n_bytes as usize),
         };
         let data = data.ok_or_else(|| RuntimeError::WeightData {
             name: w.name.clone(),
@@ -451,6 +456,30 @@ impl Model {
         }
         let profile = PrecisionProfile::source(&ir);
         Self::from_source_part(&Source::Package(package), ir, profile, layers)
+    }
+
+    /// A model of `ir`'s shape holding blocks `layers` (as [`Model::load_package_stage`])
+    /// whose every weight is synthetic: bytes of one fill value that decode to normal
+    /// numbers in every encoding. Its results mean nothing; its speed is the real model's
+    /// (the kernels' work does not depend on the values), so a worker measures itself on it
+    /// before it holds any weight.
+    pub fn synthetic_stage(ir: &ModelIr, layers: std::ops::Range<usize>) -> Result<Self> {
+        let n = ir.layers.len();
+        if layers.start >= layers.end || layers.end > n {
+            return Err(RuntimeError::InvalidParam {
+                name: "stage layers",
+                reason: format!("layer range {layers:?} is empty or outside {n} layers"),
+            });
+        }
+        let largest = ir
+            .stage_weights(layers.clone())
+            .into_iter()
+            .map(|id| ir.weight(id).n_bytes)
+            .max()
+            .unwrap_or(0);
+        let buf = vec![SYNTHETIC_FILL; usize::try_from(largest).unwrap_or(usize::MAX)];
+        let profile = PrecisionProfile::source(ir);
+        Self::from_source_part(&Source::Synthetic(buf), ir.clone(), profile, layers)
     }
 
     /// The names of the tensors a stage running blocks `layers` of `ir` reads.
@@ -824,6 +853,10 @@ fn check_profile(p: &PrecisionProfile, name: &str, enc: GgmlType) -> Result<()> 
 
 /// Decodes a (small, float-typed) weight to f32: norms, biases, RoPE factors. The model
 /// adapters guarantee these are F32, F16 or BF16.
+/// The byte synthetic weights are made of: as f32 0.0115, f16 1.06, bf16 0.0115 (normal
+/// numbers, so no denormal slow path), and a valid quant value or scale in every block type.
+pub const SYNTHETIC_FILL: u8 = 0x3C;
+
 /// An empty matrix of `cols` columns: what a block outside a stage's model holds.
 fn absent_matrix(cols: usize) -> Result<QuantMatrix> {
     Ok(QuantMatrix::from_ggml(GgmlType::F32, &[], 0, cols.max(1))?)

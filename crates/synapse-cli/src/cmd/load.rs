@@ -65,7 +65,7 @@ fn load_tokenizer(path: &Path) -> anyhow::Result<Tokenizer> {
 /// A package's tokenizer (and with it the chat template), built from what the package carries
 /// exactly as from the source: the GGUF metadata of a GGUF-sourced package, the
 /// `tokenizer.json` / `tokenizer_config.json` objects of a safetensors-sourced one.
-fn package_tokenizer(pm: &PackageModel) -> anyhow::Result<Tokenizer> {
+pub(crate) fn package_tokenizer(pm: &PackageModel) -> anyhow::Result<Tokenizer> {
     if let Some(f) = pm.gguf_metadata() {
         return Ok(Tokenizer::from_gguf(f)?);
     }

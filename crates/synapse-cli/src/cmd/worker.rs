@@ -9,10 +9,10 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args as ClapArgs;
 use synapse_cluster::plan::EngineShape;
-use synapse_cluster::worker::{WorkerConfig, run as run_worker};
+use synapse_cluster::worker::{StagedPackage, WorkerConfig, WorkerModel, run as run_worker};
 use synapse_server::TokenizerPieces;
 
-use super::load::load_model;
+use super::load::{load_model, package_tokenizer};
 use super::serve::parse_bytes;
 
 /// Arguments of `worker`.
@@ -35,6 +35,13 @@ pub struct Args {
     /// registered workers, verified by hash.
     #[arg(long)]
     store: Option<PathBuf>,
+    /// How a model given as a whole package hash is loaded: `stage` (each role loads only
+    /// the layers it runs, their tensors fetched from the registered workers when the
+    /// store lacks them, verified by hash: a pipeline stage holds and fetches its own
+    /// layers only) or `whole` (the whole package is made whole in the store at start and
+    /// loaded). A model given as a file or directory is always loaded whole.
+    #[arg(long, default_value = "stage")]
+    fetch: String,
     /// This worker's id (default: `worker-<pid>`).
     #[arg(long)]
     id: Option<String>,
@@ -105,6 +112,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .store
         .clone()
         .unwrap_or_else(synapse_cas::default_store_dir);
+    let staged = match args.fetch.as_str() {
+        "stage" => true,
+        "whole" => false,
+        other => bail!("--fetch {other:?}: expected `stage` or `whole`"),
+    };
+    let package_hash = args
+        .model
+        .as_deref()
+        .filter(|m| !m.exists())
+        .and_then(|m| m.to_str().and_then(synapse_cluster::fetch::full_hash));
+    if staged && let Some(hash) = package_hash {
+        return run_staged(args, hash, store, memory, id, rt);
+    }
     // A package named by its whole hash that the store lacks (or holds in part) comes
     // from the workers already registered, each object verified by its hash.
     if let Some(m) = args.model.as_deref()
@@ -141,6 +161,75 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let (model, tok) = load_model(args.model.as_deref(), Some(&store))?;
+    serve(
+        args,
+        WorkerModel::Loaded(Arc::new(model)),
+        tok,
+        id,
+        memory,
+        store,
+        rt,
+    )
+}
+
+/// A worker whose model is the package `hash`: the manifest and the package's small objects
+/// (graph, metadata, tokenizer) made present in the store at start — from peers when it
+/// lacks them — and each role's layers fetched and loaded when a plan gives it one.
+fn run_staged(
+    args: Args,
+    hash: synapse_cas::ObjectId,
+    store: PathBuf,
+    memory: Option<u64>,
+    id: String,
+    rt: tokio::runtime::Runtime,
+) -> anyhow::Result<()> {
+    let none = std::collections::BTreeSet::new();
+    let rep = rt
+        .block_on(synapse_cluster::fetch::fetch_package_part(
+            &args.etcd,
+            &args.cluster_name,
+            &hash,
+            &store,
+            &id,
+            Some(&none),
+        ))
+        .with_context(|| {
+            format!("fetching package {hash}'s manifest from the cluster's workers")
+        })?;
+    eprintln!(
+        "package {}: manifest {}, {} of {} graph/metadata objects fetched; tensors come per role",
+        rep.package,
+        if rep.manifest_fetched {
+            "fetched"
+        } else {
+            "local"
+        },
+        rep.fetched,
+        rep.objects,
+    );
+    let st = synapse_cas::Store::open_existing(&store)?;
+    let pkg = synapse_cas::Package::open_in_store(&st, &hash.hex())?;
+    let pm = synapse_import::PackageModel::from_package_only(pkg, &none)?;
+    let tok = package_tokenizer(&pm)?;
+    let model = WorkerModel::Staged(Arc::new(StagedPackage {
+        hash,
+        store: store.clone(),
+        ir: pm.ir().clone(),
+    }));
+    drop(pm);
+    serve(args, model, tok, id, memory, store, rt)
+}
+
+/// Serves as a worker until SIGTERM/SIGINT or a lost lease.
+fn serve(
+    args: Args,
+    model: WorkerModel,
+    tok: synapse_tokenizer::Tokenizer,
+    id: String,
+    memory: Option<u64>,
+    store: PathBuf,
+    rt: tokio::runtime::Runtime,
+) -> anyhow::Result<()> {
     let tok_arc = Arc::new(tok);
     let cfg = WorkerConfig {
         id,
@@ -148,7 +237,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         etcd: args.etcd.clone(),
         listen: args.listen,
         advertise: args.advertise.clone(),
-        model: Arc::new(model),
+        model,
         pieces: Arc::new(TokenizerPieces(tok_arc.clone())),
         threads: args.threads.max(1),
         memory,
