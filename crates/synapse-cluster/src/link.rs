@@ -32,6 +32,8 @@ pub struct GrpcStageLink {
     dtype: crate::plan::LinkDtype,
     /// Steps sent and not yet answered: (step, row reads, logits rows).
     sent: std::collections::VecDeque<(u64, Vec<synapse_runtime::pipeline::RowRead>, usize)>,
+    /// The log-probabilities that came with the last reply, per logits row.
+    logprobs: Vec<Option<synapse_runtime::pipeline::RowLogprob>>,
 }
 
 impl std::fmt::Debug for GrpcStageLink {
@@ -93,6 +95,7 @@ impl GrpcStageLink {
             vocab,
             dtype: crate::plan::LinkDtype::F32,
             sent: Default::default(),
+            logprobs: Vec::new(),
         })
     }
 }
@@ -183,17 +186,25 @@ impl StageLink for GrpcStageLink {
             return Err(gone("no step in flight".into()));
         };
         let reply = Self::recv_reply(&self.rx, self.timeout, step).map_err(gone)?;
+        self.logprobs.clear();
         if reads.is_empty() {
             return wire::bytes_to_f32s(&reply.logits, logits).map_err(|e| gone(e.to_string()));
         }
         wire::expand_logits(
             &reply.logits,
             &reply.tokens,
+            &reply.logprobs,
             self.vocab,
             &reads,
             rows,
             logits,
+            &mut self.logprobs,
         )
         .map_err(|e| gone(e.to_string()))
+    }
+
+    fn take_logprobs(&mut self, out: &mut Vec<Option<synapse_runtime::pipeline::RowLogprob>>) {
+        std::mem::swap(out, &mut self.logprobs);
+        self.logprobs.clear();
     }
 }

@@ -399,8 +399,7 @@ mod tests {
             .join("../../fixtures/tiny")
             .join(family)
             .join("model.q8_0.gguf");
-        synapse_testdata::require(&path, "tiny-model fixture")
-            .then(|| Model::load(&path).unwrap())
+        synapse_testdata::require(&path, "tiny-model fixture").then(|| Model::load(&path).unwrap())
     }
 
     /// Bytes per encoding, layer by layer.

@@ -3,6 +3,7 @@
 
 use synapse_runtime::engine::{Event, FinishReason, Finished, Logprob, Request, TokenEvent};
 use synapse_runtime::pipeline::{NO_TOKEN, RowRead};
+use synapse_runtime::sampling::ChooseAt;
 use synapse_runtime::{KvOp, OrderClass, Row, SampleAt, SamplingParams};
 
 use crate::error::{ClusterError, Result};
@@ -381,6 +382,7 @@ mod tests {
 pub fn reads_to_wire(reads: &[RowRead], p: &mut proto::StepPacket) {
     p.reads.clear();
     p.samples.clear();
+    p.chooses.clear();
     for r in reads {
         p.reads.push(match r {
             RowRead::Whole => 0,
@@ -395,8 +397,90 @@ pub fn reads_to_wire(reads: &[RowRead], p: &mut proto::StepPacket) {
                 });
                 2
             }
+            RowRead::Choose(c) => {
+                p.chooses.push(choose_to_wire(c));
+                3
+            }
         });
     }
+}
+
+fn choose_to_wire(c: &ChooseAt) -> proto::ChooseAt {
+    let mut banned = Vec::with_capacity(c.banned.len() * 8);
+    for w in &c.banned {
+        banned.extend_from_slice(&w.to_le_bytes());
+    }
+    let p = &c.params;
+    proto::ChooseAt {
+        bias_tokens: c.bias.iter().map(|b| b.0).collect(),
+        bias_values: c.bias.iter().map(|b| b.1).collect(),
+        banned,
+        temperature: p.temperature,
+        top_k: p.top_k.min(u32::MAX as usize) as u32,
+        top_p: p.top_p,
+        min_p: p.min_p,
+        repetition_penalty: p.repetition_penalty,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        penalty_last_n: p.penalty_last_n.min(u32::MAX as usize) as u32,
+        recent: c.recent.clone(),
+        u: c.u,
+        logprobs: c.logprobs.is_some(),
+        top_logprobs: c.logprobs.unwrap_or(0),
+    }
+}
+
+/// A choice's parameters off the wire, checked as a request's are (the sampler's own
+/// validation; the variate in [0, 1); no more recent tokens than the penalty window).
+fn choose_from_wire(c: &proto::ChooseAt) -> Result<ChooseAt> {
+    if c.bias_tokens.len() != c.bias_values.len() || !c.banned.len().is_multiple_of(8) {
+        return Err(invalid(
+            "step packet",
+            "malformed choice (bias pairs or ban bitset)",
+        ));
+    }
+    let params = SamplingParams {
+        temperature: c.temperature,
+        top_k: c.top_k as usize,
+        top_p: c.top_p,
+        min_p: c.min_p,
+        repetition_penalty: c.repetition_penalty,
+        presence_penalty: c.presence_penalty,
+        frequency_penalty: c.frequency_penalty,
+        penalty_last_n: c.penalty_last_n as usize,
+        ..SamplingParams::default()
+    };
+    params
+        .validate()
+        .map_err(|e| invalid("step packet", format!("choice parameters: {e}")))?;
+    if !(0.0..1.0).contains(&c.u) || c.recent.len() > params.penalty_last_n {
+        return Err(invalid(
+            "step packet",
+            format!(
+                "choice variate {} or {} recent tokens for a window of {}",
+                c.u,
+                c.recent.len(),
+                params.penalty_last_n
+            ),
+        ));
+    }
+    Ok(ChooseAt {
+        bias: c
+            .bias_tokens
+            .iter()
+            .copied()
+            .zip(c.bias_values.iter().copied())
+            .collect(),
+        banned: c
+            .banned
+            .chunks_exact(8)
+            .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .collect(),
+        params,
+        recent: c.recent.clone(),
+        u: c.u,
+        logprobs: c.logprobs.then_some(c.top_logprobs),
+    })
 }
 
 /// A packet's row reads (codes in their domain, one sample per sampled row, parameters in
@@ -404,6 +488,7 @@ pub fn reads_to_wire(reads: &[RowRead], p: &mut proto::StepPacket) {
 pub fn reads_from_wire(p: &proto::StepPacket, out: &mut Vec<RowRead>) -> Result<()> {
     out.clear();
     let mut samples = p.samples.iter();
+    let mut chooses = p.chooses.iter();
     for &c in &p.reads {
         out.push(match c {
             0 => RowRead::Whole,
@@ -428,57 +513,123 @@ pub fn reads_from_wire(p: &proto::StepPacket, out: &mut Vec<RowRead>) -> Result<
                     u: s.u,
                 })
             }
+            3 => {
+                let c = chooses
+                    .next()
+                    .ok_or_else(|| invalid("step packet", "fewer choices than chosen rows"))?;
+                RowRead::Choose(Box::new(choose_from_wire(c)?))
+            }
             c => return Err(invalid("step packet", format!("row read code {c}"))),
         });
     }
-    if samples.next().is_some() {
-        return Err(invalid("step packet", "more samples than sampled rows"));
+    if samples.next().is_some() || chooses.next().is_some() {
+        return Err(invalid(
+            "step packet",
+            "more samples or choices than such rows",
+        ));
     }
     Ok(())
 }
 
 /// A last stage's reply body: the logits rows (`vocab` values each) of rows read whole, and
-/// the token of the others — the argmax (lowest id on ties, as greedy sampling chooses) or
-/// the sampled token ([`NO_TOKEN`] when nothing can be drawn). Returns the rows sampled.
+/// the token of the others — the argmax (lowest id on ties, as greedy sampling chooses), the
+/// sampled token ([`NO_TOKEN`] when nothing can be drawn), or the token chosen as its session
+/// would (with its log-probabilities into `logprobs` when asked). Returns the rows sampled
+/// or chosen here.
 pub fn compress_logits(
     logits: &[f32],
     vocab: usize,
     reads: &[RowRead],
-    bytes: &mut Vec<u8>,
-    tokens: &mut Vec<u32>,
-    cand: &mut Vec<(u32, f32)>,
-) -> u64 {
-    bytes.clear();
-    tokens.clear();
+    out: &mut ReplyBody,
+    sc: &mut ChooseScratch,
+) -> Result<u64> {
+    out.bytes.clear();
+    out.tokens.clear();
+    out.logprobs.clear();
     let mut sampled = 0;
     for (r, row) in logits.chunks_exact(vocab.max(1)).enumerate() {
-        let read = reads.get(r).copied().unwrap_or(RowRead::Whole);
-        if read == RowRead::Whole {
-            for x in row {
-                bytes.extend_from_slice(&x.to_le_bytes());
+        let read = reads.get(r).unwrap_or(&RowRead::Whole);
+        match read {
+            RowRead::Whole => {
+                for x in row {
+                    out.bytes.extend_from_slice(&x.to_le_bytes());
+                }
             }
-            continue;
+            RowRead::Choose(c) => {
+                sampled += 1;
+                let chosen = c
+                    .choose(row, &mut sc.scratch, &mut sc.pre, &mut sc.cand)
+                    .map_err(|e| invalid("step packet", format!("choice: {e}")))?;
+                out.tokens.push(chosen.token);
+                if let Some((lp, top)) = chosen.logprob {
+                    out.logprobs.push(proto::RowLogprob {
+                        chosen: lp,
+                        top_tokens: top.iter().map(|t| t.0).collect(),
+                        top_logprobs: top.iter().map(|t| t.1).collect(),
+                    });
+                }
+            }
+            _ => {
+                sampled += matches!(read, RowRead::Sample(_)) as u64;
+                out.tokens
+                    .push(read.token(row, &mut sc.cand).unwrap_or(NO_TOKEN));
+            }
         }
-        sampled += matches!(read, RowRead::Sample(_)) as u64;
-        tokens.push(read.token(row, cand).unwrap_or(NO_TOKEN));
     }
-    sampled
+    Ok(sampled)
+}
+
+/// A last stage's reply body ([`compress_logits`]).
+#[derive(Debug, Default)]
+pub struct ReplyBody {
+    /// Whole rows, little-endian `f32`.
+    pub bytes: Vec<u8>,
+    /// Tokens of the rows read as tokens.
+    pub tokens: Vec<u32>,
+    /// Log-probabilities of the chosen rows that asked for them.
+    pub logprobs: Vec<proto::RowLogprob>,
+}
+
+/// Buffers of [`compress_logits`].
+#[derive(Debug, Default)]
+pub struct ChooseScratch {
+    scratch: Vec<f32>,
+    pre: Vec<f32>,
+    /// Candidates of a sampled choice.
+    pub cand: Vec<(u32, f32)>,
 }
 
 /// The rows [`compress_logits`] made: whole rows as sent, a token row as its one-hot row
 /// (0 at the token, `-inf` elsewhere: the same greedy choice, and the same sampled choice
 /// with the same variate), [`NO_TOKEN`] of a sampled row as an all-NaN row (nothing to
 /// draw, as from the real row). `rows` logits rows in all.
+#[allow(clippy::too_many_arguments)]
 pub fn expand_logits(
     bytes: &[u8],
     tokens: &[u32],
+    logprobs: &[proto::RowLogprob],
     vocab: usize,
     reads: &[RowRead],
     rows: usize,
     out: &mut Vec<f32>,
+    out_logprobs: &mut Vec<Option<synapse_runtime::pipeline::RowLogprob>>,
 ) -> Result<()> {
-    let read = |r: usize| reads.get(r).copied().unwrap_or(RowRead::Whole);
-    let whole = (0..rows).filter(|&r| read(r) == RowRead::Whole).count();
+    let read = |r: usize| reads.get(r).unwrap_or(&RowRead::Whole);
+    let whole = (0..rows).filter(|&r| *read(r) == RowRead::Whole).count();
+    let asked = (0..rows)
+        .filter(|&r| matches!(read(r), RowRead::Choose(c) if c.logprobs.is_some()))
+        .count();
+    if logprobs.len() != asked {
+        return Err(invalid(
+            "step reply",
+            format!(
+                "{} log-probability records for {asked} rows",
+                logprobs.len()
+            ),
+        ));
+    }
+    out_logprobs.clear();
+    let mut lps = logprobs.iter();
     if bytes.len() != whole * vocab * 4 || tokens.len() != rows - whole {
         return Err(invalid(
             "step reply",
@@ -494,7 +645,28 @@ pub fn expand_logits(
     let (mut b, mut t) = (bytes.chunks_exact(4), tokens.iter());
     for r in 0..rows {
         let rr = read(r);
-        if rr == RowRead::Whole {
+        out_logprobs.push(match rr {
+            RowRead::Choose(c) if c.logprobs.is_some() => {
+                let l = lps
+                    .next()
+                    .ok_or_else(|| invalid("step reply", "log-probabilities"))?;
+                if l.top_tokens.len() != l.top_logprobs.len()
+                    || l.top_tokens.iter().any(|&t| t as usize >= vocab)
+                {
+                    return Err(invalid("step reply", "malformed log-probabilities"));
+                }
+                Some((
+                    l.chosen,
+                    l.top_tokens
+                        .iter()
+                        .copied()
+                        .zip(l.top_logprobs.iter().copied())
+                        .collect(),
+                ))
+            }
+            _ => None,
+        });
+        if *rr == RowRead::Whole {
             out.extend(
                 b.by_ref()
                     .take(vocab)
@@ -504,7 +676,7 @@ pub fn expand_logits(
         }
         let id = *t.next().unwrap_or(&0);
         let at = out.len();
-        if id == NO_TOKEN && matches!(rr, RowRead::Sample(_)) {
+        if id == NO_TOKEN && matches!(rr, RowRead::Sample(_) | RowRead::Choose(_)) {
             out.resize(at + vocab, f32::NAN);
             continue;
         }
@@ -521,6 +693,48 @@ pub fn expand_logits(
 mod logits_tests {
     use super::*;
 
+    fn compress(logits: &[f32], vocab: usize, reads: &[RowRead]) -> (ReplyBody, u64) {
+        let mut body = ReplyBody::default();
+        let n = compress_logits(
+            logits,
+            vocab,
+            reads,
+            &mut body,
+            &mut ChooseScratch::default(),
+        )
+        .unwrap();
+        (body, n)
+    }
+
+    type Lps = Vec<Option<synapse_runtime::pipeline::RowLogprob>>;
+
+    fn expand(
+        b: &ReplyBody,
+        vocab: usize,
+        reads: &[RowRead],
+        rows: usize,
+    ) -> Result<(Vec<f32>, Lps)> {
+        let (mut out, mut lps) = (Vec::new(), Vec::new());
+        expand_logits(
+            &b.bytes,
+            &b.tokens,
+            &b.logprobs,
+            vocab,
+            reads,
+            rows,
+            &mut out,
+            &mut lps,
+        )?;
+        Ok((out, lps))
+    }
+
+    fn body(tokens: &[u32]) -> ReplyBody {
+        ReplyBody {
+            tokens: tokens.to_vec(),
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn argmax_rows_travel_as_tokens_and_choose_the_same() {
         let vocab = 7;
@@ -528,12 +742,10 @@ mod logits_tests {
             .map(|i| ((i * 37) % 11) as f32 - 5.0)
             .collect();
         let mask = [RowRead::Argmax, RowRead::Whole, RowRead::Argmax];
-        let (mut b, mut t) = (Vec::new(), Vec::new());
-        compress_logits(&logits, vocab, &mask, &mut b, &mut t, &mut Vec::new());
-        assert_eq!(b.len(), vocab * 4);
-        assert_eq!(t.len(), 2);
-        let mut out = Vec::new();
-        expand_logits(&b, &t, vocab, &mask, 3, &mut out).unwrap();
+        let (b, _) = compress(&logits, vocab, &mask);
+        assert_eq!(b.bytes.len(), vocab * 4);
+        assert_eq!(b.tokens.len(), 2);
+        let (out, _) = expand(&b, vocab, &mask, 3).unwrap();
         for r in 0..3 {
             let (a, e) = (
                 &logits[r * vocab..(r + 1) * vocab],
@@ -546,11 +758,11 @@ mod logits_tests {
         }
         // Ties: the lowest id, as greedy sampling.
         let tie = [1.0f32, 3.0, 3.0, 0.0];
-        compress_logits(&tie, 4, &[RowRead::Argmax], &mut b, &mut t, &mut Vec::new());
-        assert_eq!(t, vec![1]);
+        let (b, _) = compress(&tie, 4, &[RowRead::Argmax]);
+        assert_eq!(b.tokens, vec![1]);
         let one = [RowRead::Argmax];
-        assert!(expand_logits(&b, &t, 4, &one, 2, &mut out).is_err());
-        assert!(expand_logits(&b, &[9], 4, &one, 1, &mut out).is_err());
+        assert!(expand(&b, 4, &one, 2).is_err());
+        assert!(expand(&body(&[9]), 4, &one, 1).is_err());
     }
 
     /// A row sampled at the last stage with the session's next variate gives the token the
@@ -567,7 +779,6 @@ mod logits_tests {
             (1.0, 0, 1.0, 0.05),
             (0.5, 5, 0.8, 0.1),
         ];
-        let mut cand = Vec::new();
         for (k, &(temperature, top_k, top_p, min_p)) in params.iter().enumerate() {
             let sp = SamplingParams {
                 temperature,
@@ -585,10 +796,9 @@ mod logits_tests {
                     .collect();
                 let want = here.choose(&logits);
                 let reads = [RowRead::Sample(SampleAt::of(&there))];
-                let (mut b, mut t, mut out) = (Vec::new(), Vec::new(), Vec::new());
-                let n = compress_logits(&logits, vocab, &reads, &mut b, &mut t, &mut cand);
-                assert_eq!((n, b.len(), t.as_slice()), (1, 0, &[want][..]));
-                expand_logits(&b, &t, vocab, &reads, 1, &mut out).unwrap();
+                let (b, n) = compress(&logits, vocab, &reads);
+                assert_eq!((n, b.bytes.len(), b.tokens.as_slice()), (1, 0, &[want][..]));
+                let (out, _) = expand(&b, vocab, &reads, 1).unwrap();
                 assert_eq!(there.choose(&out), want, "params {k} step {step}");
                 assert_eq!(here.peek_uniform(), there.peek_uniform());
             }
@@ -601,13 +811,12 @@ mod logits_tests {
         };
         let s = synapse_runtime::Sampler::new(sp).unwrap();
         let reads = [RowRead::Sample(SampleAt::of(&s))];
-        let (mut b, mut t, mut out) = (Vec::new(), Vec::new(), Vec::new());
-        compress_logits(&nan, vocab, &reads, &mut b, &mut t, &mut cand);
-        assert_eq!(t, vec![NO_TOKEN]);
-        expand_logits(&b, &t, vocab, &reads, 1, &mut out).unwrap();
+        let (b, _) = compress(&nan, vocab, &reads);
+        assert_eq!(b.tokens, vec![NO_TOKEN]);
+        let (out, _) = expand(&b, vocab, &reads, 1).unwrap();
         assert!(out.iter().all(|x| x.is_nan()));
         // NO_TOKEN of an argmax row is out of range.
-        assert!(expand_logits(&b, &t, vocab, &[RowRead::Argmax], 1, &mut out).is_err());
+        assert!(expand(&b, vocab, &[RowRead::Argmax], 1).is_err());
     }
 
     #[test]
@@ -642,6 +851,63 @@ mod logits_tests {
         let mut bad = p;
         bad.samples.push(bad.samples[0]);
         assert!(reads_from_wire(&bad, &mut back).is_err());
+    }
+
+    /// A chosen row's read round-trips; a malformed or out-of-range one is refused.
+    #[test]
+    fn chosen_reads_round_trip_and_bad_ones_are_refused() {
+        let c = ChooseAt {
+            bias: vec![(3, 1.5), (70, -2.0)],
+            banned: vec![0b1010, 1 << 63],
+            params: SamplingParams {
+                temperature: 0.8,
+                top_k: 5,
+                repetition_penalty: 1.2,
+                penalty_last_n: 4,
+                ..SamplingParams::default()
+            },
+            recent: vec![1, 2, 2, 9],
+            u: 0.375,
+            logprobs: Some(2),
+        };
+        let reads = [RowRead::Argmax, RowRead::Choose(Box::new(c.clone()))];
+        let mut p = proto::StepPacket::default();
+        reads_to_wire(&reads, &mut p);
+        let mut back = Vec::new();
+        reads_from_wire(&p, &mut back).unwrap();
+        assert_eq!(back, reads);
+        assert!(c.is_banned(1) && c.is_banned(3) && c.is_banned(127) && !c.is_banned(2));
+        for f in [
+            |c: &mut proto::ChooseAt| c.u = 1.0,
+            |c: &mut proto::ChooseAt| c.recent.push(5),
+            |c: &mut proto::ChooseAt| c.banned.pop().map(|_| ()).unwrap_or(()),
+            |c: &mut proto::ChooseAt| c.bias_values.pop().map(|_| ()).unwrap_or(()),
+            |c: &mut proto::ChooseAt| c.temperature = f32::NAN,
+            |c: &mut proto::ChooseAt| c.repetition_penalty = 0.0,
+        ] {
+            let mut bad = p.clone();
+            f(&mut bad.chooses[0]);
+            assert!(reads_from_wire(&bad, &mut back).is_err());
+        }
+        let mut bad = p.clone();
+        bad.chooses.clear();
+        assert!(reads_from_wire(&bad, &mut back).is_err());
+        // Log-probabilities asked for must come back, one record per such row.
+        let vocab = 130;
+        let logits: Vec<f32> = (0..2 * vocab).map(|i| (i % 17) as f32 * 0.25).collect();
+        let (b, n) = compress(&logits, vocab, &reads);
+        assert_eq!((n, b.tokens.len(), b.logprobs.len()), (1, 2, 1));
+        let (_, lps) = expand(&b, vocab, &reads, 2).unwrap();
+        assert!(lps[0].is_none() && lps[1].as_ref().is_some_and(|l| l.1.len() == 2));
+        let mut short = ReplyBody {
+            bytes: b.bytes.clone(),
+            tokens: b.tokens.clone(),
+            logprobs: Vec::new(),
+        };
+        assert!(expand(&short, vocab, &reads, 2).is_err());
+        short.logprobs = b.logprobs.clone();
+        short.logprobs[0].top_tokens[0] = vocab as u32;
+        assert!(expand(&short, vocab, &reads, 2).is_err());
     }
 }
 

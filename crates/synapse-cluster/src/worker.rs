@@ -195,7 +195,8 @@ struct Node {
     cur: Mutex<Current>,
     /// Bumped whenever the role changes.
     role_changes: watch::Sender<u64>,
-    /// As a stage: logits rows answered whole, as their argmax token, as a sampled token.
+    /// As a stage: logits rows answered whole, as their argmax token, as a token sampled
+    /// or chosen here.
     whole_rows: Arc<std::sync::atomic::AtomicU64>,
     argmax_rows: Arc<std::sync::atomic::AtomicU64>,
     sampled_rows: Arc<std::sync::atomic::AtomicU64>,
@@ -575,7 +576,8 @@ struct PacketScratch {
     ops: Vec<synapse_runtime::KvOp>,
     reads: Vec<synapse_runtime::pipeline::RowRead>,
     logits: Vec<f32>,
-    cand: Vec<(u32, f32)>,
+    choose: wire::ChooseScratch,
+    body: wire::ReplyBody,
 }
 
 impl PacketScratch {
@@ -583,7 +585,13 @@ impl PacketScratch {
     fn sampled(&self) -> u64 {
         self.reads
             .iter()
-            .filter(|r| matches!(r, synapse_runtime::pipeline::RowRead::Sample(_)))
+            .filter(|r| {
+                matches!(
+                    r,
+                    synapse_runtime::pipeline::RowRead::Sample(_)
+                        | synapse_runtime::pipeline::RowRead::Choose(_)
+                )
+            })
             .count() as u64
     }
 }
@@ -680,16 +688,20 @@ fn run_packet(
     });
     match r {
         // Rows read as a token go back as their token (argmax or sampled here).
-        Ok(()) => {
-            wire::compress_logits(
-                &sc.logits,
-                runner.executor().model().vocab(),
-                &sc.reads,
-                &mut reply.logits,
-                &mut reply.tokens,
-                &mut sc.cand,
-            );
-        }
+        Ok(()) => match wire::compress_logits(
+            &sc.logits,
+            runner.executor().model().vocab(),
+            &sc.reads,
+            &mut sc.body,
+            &mut sc.choose,
+        ) {
+            Ok(_) => {
+                std::mem::swap(&mut reply.logits, &mut sc.body.bytes);
+                std::mem::swap(&mut reply.tokens, &mut sc.body.tokens);
+                std::mem::swap(&mut reply.logprobs, &mut sc.body.logprobs);
+            }
+            Err(e) => reply.error = e.to_string(),
+        },
         Err(e) => reply.error = e.to_string(),
     }
     reply

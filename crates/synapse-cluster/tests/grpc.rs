@@ -95,7 +95,8 @@ fn events(s: &mut Scheduler, reqs: Vec<Request>) -> Vec<Vec<Event>> {
 }
 
 fn requests(seqs: &[Vec<u32>]) -> Vec<Request> {
-    seqs.iter()
+    let mut out: Vec<Request> = seqs
+        .iter()
         .enumerate()
         .map(|(i, s)| {
             let mut r = Request::greedy(s.clone(), 10);
@@ -107,7 +108,50 @@ fn requests(seqs: &[Vec<u32>]) -> Vec<Request> {
             }
             r
         })
-        .collect()
+        .collect();
+    // Sessions whose choice reads more than the row: bias, penalties and a constraint,
+    // greedy and sampled, with and without log-probabilities (chosen at the last stage).
+    for (i, s) in seqs.iter().enumerate() {
+        let mut r = Request::greedy(s.clone(), 12);
+        r.stop_at_eog = false;
+        r.logit_bias = vec![(s[0], 1.5), (s[s.len() - 1], -2.0)];
+        r.sampling.repetition_penalty = 1.3;
+        r.sampling.presence_penalty = 0.2;
+        r.sampling.frequency_penalty = 0.1;
+        r.sampling.penalty_last_n = 8;
+        r.constraint = Some(Box::new(Ban { step: i as u32 }));
+        if i % 2 == 0 {
+            r.logprobs = Some(2);
+            r.sampling.temperature = 0.9;
+            r.sampling.seed = 9 + i as u64;
+        }
+        out.push(r);
+    }
+    out
+}
+
+/// A constraint that bans, at each step, every token whose id is `step` mod 3 (`step`
+/// counting committed tokens): it never completes.
+struct Ban {
+    step: u32,
+}
+
+impl synapse_runtime::engine::Constraint for Ban {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        for (t, l) in logits.iter_mut().enumerate() {
+            if t as u32 % 3 == self.step % 3 {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+    fn commit(&mut self, token: u32) -> Result<bool, String> {
+        if token % 3 == self.step % 3 {
+            return Err(format!("token {token} was banned"));
+        }
+        self.step += 1;
+        Ok(false)
+    }
 }
 
 #[test]
@@ -232,10 +276,11 @@ fn a_head_over_grpc_equals_one_executor_and_stale_plans_are_refused() {
         (st.role.as_str(), st.epoch, st.plan_hash.clone()),
         ("stage", 7, probe.hash)
     );
-    // Logprob sessions' rows came back whole, the plain greedy ones' as their argmax, the
-    // plain sampled ones' as the token sampled at the last stage.
+    // No row came back whole: the plain greedy ones as their argmax, the others (sampled,
+    // biased, penalised, constrained, with log-probabilities) as the token sampled or
+    // chosen at the last stage.
     assert!(
-        st.whole_rows > 0 && st.argmax_rows > 0 && st.sampled_rows > 0,
+        st.whole_rows == 0 && st.argmax_rows > 0 && st.sampled_rows > 0,
         "{st:?}"
     );
     eprintln!(
@@ -485,5 +530,8 @@ impl StageLink for Counting {
     fn recv(&mut self, logits: &mut Vec<f32>) -> synapse_runtime::Result<()> {
         self.now -= 1;
         self.inner.recv(logits)
+    }
+    fn take_logprobs(&mut self, out: &mut Vec<Option<synapse_runtime::pipeline::RowLogprob>>) {
+        self.inner.take_logprobs(out)
     }
 }

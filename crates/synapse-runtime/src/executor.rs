@@ -122,6 +122,8 @@ pub struct Executor {
     /// Per logits row of the next pass: what the first stage reads of it (see
     /// [`StepPacket::reads`]); shipped downstream with the pass.
     row_reads: Vec<RowRead>,
+    /// The log-probabilities the downstream reported with the last logits it answered.
+    row_logprobs: Vec<Option<crate::pipeline::RowLogprob>>,
     /// Passes sent on by [`Executor::forward_send`] whose logits are still to come: the
     /// logits rows of each, oldest first.
     in_flight: std::collections::VecDeque<usize>,
@@ -207,6 +209,7 @@ impl Executor {
             downstream: None,
             ops: Vec::new(),
             row_reads: Vec::new(),
+            row_logprobs: Vec::new(),
             in_flight: Default::default(),
             defer: false,
         })
@@ -308,8 +311,25 @@ impl Executor {
             });
         };
         link.recv(&mut self.s.logits)?;
+        link.take_logprobs(&mut self.row_logprobs);
         let want = downstream_logits(&self.s.logits, nl, self.model.vocab())?;
         Ok(&self.s.logits[..want])
+    }
+
+    /// The first `n` logits of the last pass (what [`Executor::forward`] or
+    /// [`Executor::forward_recv`] returned, `n` its length) and the log-probabilities a
+    /// downstream reported with them ([`Executor::row_logprobs`]).
+    pub fn last_output(&self, n: usize) -> (&[f32], &[Option<crate::pipeline::RowLogprob>]) {
+        (
+            &self.s.logits[..n.min(self.s.logits.len())],
+            &self.row_logprobs,
+        )
+    }
+
+    /// The log-probabilities a downstream reported with the logits it answered last, per
+    /// logits row (see [`StageLink::take_logprobs`]); empty when it reported none.
+    pub fn row_logprobs(&self) -> &[Option<crate::pipeline::RowLogprob>] {
+        &self.row_logprobs
     }
 
     /// Passes sent on and not yet received.
@@ -755,6 +775,7 @@ impl Executor {
                 return Ok(StageOut::Logits(&[]));
             }
             link.step(&packet, &mut self.s.logits)?;
+            link.take_logprobs(&mut self.row_logprobs);
             let want = downstream_logits(&self.s.logits, nl, m.vocab())?;
             return Ok(StageOut::Logits(&self.s.logits[..want]));
         }

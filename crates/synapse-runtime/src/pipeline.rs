@@ -47,15 +47,22 @@ pub struct StepPacket<'a> {
 /// it — the session's sampler drawing the same variate — too. A sampled row with nothing to
 /// draw (every logit NaN) comes back as an all-NaN row, from which the sampler draws
 /// nothing, as from the real one.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum RowRead {
-    /// The whole row (log-probabilities, penalties, bias, a constraint, drafts).
+    /// The whole row (a session verifying drafts).
     Whole,
     /// Only its argmax (a greedy session with nothing modifying its logits).
     Argmax,
     /// Only the token drawn with these parameters and variate (a sampled session with
     /// nothing modifying its logits): the last stage samples.
     Sample(crate::sampling::SampleAt),
+    /// Only the token (and log-probabilities) chosen as the session would with its bias,
+    /// constraint, penalties and sampling ([`ChooseAt`](crate::sampling::ChooseAt)): the
+    /// last stage chooses. The first stage's session then chooses again from the token's
+    /// one-hot row (its bias, ban and penalties leave that token the only one it can
+    /// choose, and it draws the same variate) and takes the log-probabilities the link
+    /// hands over ([`StageLink::take_logprobs`]).
+    Choose(Box<crate::sampling::ChooseAt>),
 }
 
 impl RowRead {
@@ -63,7 +70,7 @@ impl RowRead {
     /// sample with nothing to draw: [`NO_TOKEN`] on the wire).
     pub fn token(&self, row: &[f32], cand: &mut Vec<(u32, f32)>) -> Option<u32> {
         match self {
-            RowRead::Whole => None,
+            RowRead::Whole | RowRead::Choose(_) => None,
             RowRead::Argmax => Some(crate::sampling::argmax(row)),
             RowRead::Sample(s) => s.choose(row, cand),
         }
@@ -90,7 +97,16 @@ pub trait StageLink: Send {
         self.send(packet)?;
         self.recv(logits)
     }
+    /// The log-probabilities the last stage reported with the packet last received, per
+    /// logits row in row order (`Some` for rows read as [`RowRead::Choose`] asking for
+    /// them); `out` left empty by a link that answers such rows whole (the first stage
+    /// then computes them from the row). Required of every link: a wrapper must hand on its
+    /// inner link's, or a token's one-hot row would be read as the log-probabilities.
+    fn take_logprobs(&mut self, out: &mut Vec<Option<RowLogprob>>);
 }
+
+/// A chosen token's log-probability and the most likely alternatives with theirs.
+pub type RowLogprob = (f32, Vec<(u32, f32)>);
 
 /// A stage after the first: its executor (its layers, maybe a downstream) and its cache.
 #[derive(Debug)]
@@ -247,5 +263,10 @@ impl StageLink for StageRunner {
 
     fn step(&mut self, packet: &StepPacket<'_>, logits: &mut Vec<f32>) -> Result<()> {
         self.run(packet, logits)
+    }
+
+    /// Rows are answered whole in process: the first stage computes log-probabilities.
+    fn take_logprobs(&mut self, out: &mut Vec<Option<RowLogprob>>) {
+        out.clear();
     }
 }

@@ -292,6 +292,134 @@ impl SampleAt {
     }
 }
 
+/// Log-sum-exp of `logits` and the `k` most likely tokens with their log-probabilities
+/// (most likely first, lowest id on ties).
+pub(crate) fn log_softmax_top(logits: &[f32], k: usize) -> (f64, Vec<(u32, f32)>) {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|v| !v.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits
+        .iter()
+        .filter(|v| !v.is_nan())
+        .map(|&v| ((v - max) as f64).exp())
+        .sum();
+    let lse = max as f64 + sum.ln();
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k);
+    if k > 0 {
+        for (i, &v) in logits.iter().enumerate() {
+            if v.is_nan() {
+                continue;
+            }
+            if top.len() < k || v > top[top.len() - 1].1 {
+                let at = top.partition_point(|&(_, w)| w >= v);
+                top.insert(at, (i as u32, v));
+                top.truncate(k);
+            }
+        }
+    }
+    for t in &mut top {
+        t.1 = (t.1 as f64 - lse) as f32;
+    }
+    (lse, top)
+}
+
+/// Log-probability of `tok` in `logits` whose log-sum-exp is `lse`.
+pub(crate) fn logits_at(logits: &[f32], tok: u32, lse: f64) -> f32 {
+    logits
+        .get(tok as usize)
+        .map_or(f32::NEG_INFINITY, |&v| (v as f64 - lse) as f32)
+}
+
+/// A choice made away from its session (a pipeline's last stage) for a session whose
+/// logits are changed before choosing or whose log-probabilities are reported: everything
+/// the session's own choice reads besides the logits row — its logit bias, the tokens its
+/// constraint bans at this step, its penalties with its recent tokens, its sampling
+/// parameters and next variate (greedy: none), how many alternatives it reports. Applied in
+/// the session's order (bias, ban, log-probabilities, penalties, choice), so the token and
+/// log-probabilities are the session's own, bit for bit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChooseAt {
+    /// Added to these tokens' logits.
+    pub bias: Vec<(u32, f32)>,
+    /// Tokens the constraint bans (their logits become `-inf`), as a bitset (bit `t % 64` of
+    /// word `t / 64`); empty: no constraint.
+    pub banned: Vec<u64>,
+    /// The session's sampling parameters (penalties and distribution; its seed unused).
+    pub params: SamplingParams,
+    /// The session's last `penalty_last_n` tokens (empty without penalties).
+    pub recent: Vec<u32>,
+    /// The session's next uniform variate (ignored when greedy).
+    pub u: f64,
+    /// Alternatives to report with the chosen token's log-probability (`None`: none).
+    pub logprobs: Option<u32>,
+}
+
+/// What a [`ChooseAt`] chose: the token ([`crate::pipeline::NO_TOKEN`] when nothing could be
+/// drawn) and, when asked, its log-probability and the most likely alternatives.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Chosen {
+    /// The token.
+    pub token: u32,
+    /// Log-probability of the token and the alternatives (most likely first).
+    pub logprob: Option<(f32, Vec<(u32, f32)>)>,
+}
+
+impl ChooseAt {
+    /// Whether `token` is banned.
+    pub fn is_banned(&self, token: u32) -> bool {
+        self.banned
+            .get(token as usize / 64)
+            .is_some_and(|w| w >> (token % 64) & 1 == 1)
+    }
+
+    /// Chooses from `logits` as the session would (`scratch`, `pre`, `cand`: buffers).
+    pub fn choose(
+        &self,
+        logits: &[f32],
+        scratch: &mut Vec<f32>,
+        pre: &mut Vec<f32>,
+        cand: &mut Vec<(u32, f32)>,
+    ) -> Result<Chosen> {
+        scratch.clear();
+        scratch.extend_from_slice(logits);
+        for &(t, b) in &self.bias {
+            if let Some(l) = scratch.get_mut(t as usize) {
+                *l += b;
+            }
+        }
+        if !self.banned.is_empty() {
+            for (t, l) in scratch.iter_mut().enumerate() {
+                if self.is_banned(t as u32) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let lp = self.logprobs.map(|k| log_softmax_top(scratch, k as usize));
+        if lp.is_some() {
+            pre.clear();
+            pre.extend_from_slice(scratch);
+        }
+        let mut penalties = Sampler::new(self.params.clone())?;
+        penalties.apply_penalties(scratch, &self.recent);
+        let at = SampleAt {
+            temperature: self.params.temperature,
+            top_k: self.params.top_k.min(u32::MAX as usize) as u32,
+            top_p: self.params.top_p,
+            min_p: self.params.min_p,
+            u: self.u,
+        };
+        let token = at
+            .choose(scratch, cand)
+            .unwrap_or(crate::pipeline::NO_TOKEN);
+        Ok(Chosen {
+            token,
+            logprob: lp.map(|(lse, top)| (logits_at(pre, token, lse), top)),
+        })
+    }
+}
+
 /// Leaves in `c` the tokens top-k, top-p and min-p keep, sorted by descending logit
 /// (ascending id on ties); returns the top logit (`None`: nothing to draw).
 fn filter(p: &SamplingParams, logits: &[f32], c: &mut Vec<(u32, f32)>) -> Option<f32> {

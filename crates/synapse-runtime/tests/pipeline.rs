@@ -449,6 +449,9 @@ impl StageLink for Counting {
         self.now.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.recv(logits)
     }
+    fn take_logprobs(&mut self, out: &mut Vec<Option<synapse_runtime::pipeline::RowLogprob>>) {
+        self.inner.take_logprobs(out)
+    }
 }
 
 /// A pipeline head over in-process stages cut at `cuts`, `in_flight` passes at once; the

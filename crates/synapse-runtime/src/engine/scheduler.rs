@@ -607,7 +607,8 @@ impl Scheduler {
     fn mark_row_reads(&mut self) {
         self.row_reads.clear();
         for &i in &self.owners {
-            self.row_reads.push(self.active[i].row_read());
+            let read = self.active[i].row_read(self.vocab, &mut self.logits);
+            self.row_reads.push(read);
         }
     }
 
@@ -715,14 +716,15 @@ impl Scheduler {
         } else {
             exec.forward(&mut self.kv, &self.rows)
         };
-        let out = match out {
-            Ok(out) => out,
+        let n_out = match out {
+            Ok(out) => out.len(),
             Err(err) => {
                 let msg = err.to_string();
                 self.fail_pass(&msg);
                 return;
             }
         };
+        let (out, logprobs) = exec.last_output(n_out);
         if !self.pass_has_prompt && one_exec {
             let dt = t0.elapsed().as_secs_f64();
             let rows = self.step_k + 1;
@@ -756,6 +758,7 @@ impl Scheduler {
                 a.vseen += 1;
             }
             let before = a.generated;
+            a.lp_given = logprobs.get(j).cloned().flatten();
             // Logits that choosing does not change are read where the executor left them.
             let after = if a.modifies_logits() {
                 self.logits.copy_from_slice(row);

@@ -75,6 +75,9 @@ pub(crate) struct Active {
     /// This step's log-sum-exp and top alternatives, and the chosen token's log-probability.
     lp_pending: Option<(f64, Vec<(u32, f32)>)>,
     lp_chosen: f32,
+    /// The log-probabilities a pipeline's last stage computed for the row about to be
+    /// taken (a [`RowRead::Choose`] row comes back as its token's one-hot row).
+    pub lp_given: Option<crate::pipeline::RowLogprob>,
 }
 
 /// What processing a token decided.
@@ -135,6 +138,7 @@ impl Active {
             lp_buf: Vec::new(),
             lp_pending: None,
             lp_chosen: 0.0,
+            lp_given: None,
             prompt: req.prompt,
             orders,
         }
@@ -170,10 +174,51 @@ impl Active {
     /// What a pipeline's last stage must send back of this session's next logits row: the
     /// token alone when choosing reads nothing else — the argmax (greedy) or the token its
     /// sampler's next variate draws (sampled) — else the row.
-    pub fn row_read(&self) -> RowRead {
-        if self.modifies_logits() || self.logprobs.is_some() || !self.drafts.is_empty() {
-            RowRead::Whole
-        } else if self.sampler.params().temperature <= 0.0 {
+    ///
+    /// A session whose logits its bias, constraint or penalties change, or that reports
+    /// log-probabilities, reads its token as chosen there with everything its choice reads
+    /// ([`RowRead::Choose`]: the constraint's banned tokens found by masking `scratch`, a
+    /// row of `vocab` zeros); one verifying drafts reads the whole rows.
+    pub fn row_read(&mut self, vocab: usize, scratch: &mut Vec<f32>) -> RowRead {
+        if !self.drafts.is_empty() {
+            return RowRead::Whole;
+        }
+        if self.modifies_logits() || self.logprobs.is_some() {
+            let mut banned = Vec::new();
+            if let Some(c) = self.constraint.as_mut() {
+                scratch.clear();
+                scratch.resize(vocab, 0.0);
+                if c.mask(scratch).is_err() {
+                    // The error is reported when the row is taken.
+                    return RowRead::Whole;
+                }
+                banned.resize(vocab.div_ceil(64), 0u64);
+                for (t, &l) in scratch.iter().enumerate() {
+                    if l == f32::NEG_INFINITY {
+                        banned[t / 64] |= 1 << (t % 64);
+                    }
+                }
+            }
+            let p = self.sampler.params();
+            let recent = if self.sampler.penalizes() {
+                self.history[self.history.len().saturating_sub(p.penalty_last_n)..].to_vec()
+            } else {
+                Vec::new()
+            };
+            return RowRead::Choose(Box::new(crate::sampling::ChooseAt {
+                bias: self.logit_bias.clone(),
+                banned,
+                params: p.clone(),
+                recent,
+                u: if p.temperature > 0.0 {
+                    self.sampler.peek_uniform()
+                } else {
+                    0.0
+                },
+                logprobs: self.logprobs.map(|k| k.min(u32::MAX as usize) as u32),
+            }));
+        }
+        if self.sampler.params().temperature <= 0.0 {
             RowRead::Argmax
         } else {
             RowRead::Sample(SampleAt::of(&self.sampler))
@@ -230,11 +275,22 @@ impl Active {
         ctx: usize,
     ) -> After {
         debug_assert!(!self.modifies_logits());
-        self.lp_pending = self.logprobs.map(|k| log_softmax_top(logits, k));
-        let tok = self.sampler.choose(logits);
-        if let Some((lse, _)) = &self.lp_pending {
-            self.lp_chosen = logits_at(logits, tok, *lse);
-        }
+        let given = self.lp_given.take();
+        let tok = if let (Some(_), Some((chosen, top))) = (self.logprobs, given) {
+            // The row is the chosen token's one-hot row: its log-probabilities came with it.
+            self.lp_pending = Some((0.0, top));
+            self.lp_chosen = chosen;
+            self.sampler.choose(logits)
+        } else {
+            self.lp_pending = self
+                .logprobs
+                .map(|k| crate::sampling::log_softmax_top(logits, k));
+            let tok = self.sampler.choose(logits);
+            if let Some((lse, _)) = &self.lp_pending {
+                self.lp_chosen = crate::sampling::logits_at(logits, tok, *lse);
+            }
+            tok
+        };
         if !self.resumes_as(tok) {
             return After::Failed;
         }
@@ -250,14 +306,23 @@ impl Active {
         if let Some(c) = self.constraint.as_mut() {
             c.mask(logits)?;
         }
-        self.lp_pending = self.logprobs.map(|k| log_softmax_top(logits, k));
+        if let (Some(_), Some((chosen, top))) = (self.logprobs, self.lp_given.take()) {
+            // The row is the chosen token's one-hot row: its log-probabilities came with it.
+            self.lp_pending = Some((0.0, top));
+            let tok = self.sampler.sample(logits, &self.history);
+            self.lp_chosen = chosen;
+            return Ok(tok);
+        }
+        self.lp_pending = self
+            .logprobs
+            .map(|k| crate::sampling::log_softmax_top(logits, k));
         let tok = if let Some((lse, _)) = &self.lp_pending {
             // The chosen token's log-probability before the penalties change the logits.
             let lse = *lse;
             self.lp_buf.clear();
             self.lp_buf.extend_from_slice(logits);
             let tok = self.sampler.sample(logits, &self.history);
-            self.lp_chosen = logits_at(&self.lp_buf, tok, lse);
+            self.lp_chosen = crate::sampling::logits_at(&self.lp_buf, tok, lse);
             tok
         } else {
             self.sampler.sample(logits, &self.history)
@@ -323,45 +388,6 @@ impl Active {
     }
 }
 
-/// Log-sum-exp of `logits` and the `k` most likely tokens with their log-probabilities
-/// (most likely first, lowest id on ties).
-fn log_softmax_top(logits: &[f32], k: usize) -> (f64, Vec<(u32, f32)>) {
-    let max = logits
-        .iter()
-        .copied()
-        .filter(|v| !v.is_nan())
-        .fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits
-        .iter()
-        .filter(|v| !v.is_nan())
-        .map(|&v| ((v - max) as f64).exp())
-        .sum();
-    let lse = max as f64 + sum.ln();
-    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k);
-    if k > 0 {
-        for (i, &v) in logits.iter().enumerate() {
-            if v.is_nan() {
-                continue;
-            }
-            if top.len() < k || v > top[top.len() - 1].1 {
-                let at = top.partition_point(|&(_, w)| w >= v);
-                top.insert(at, (i as u32, v));
-                top.truncate(k);
-            }
-        }
-    }
-    for t in &mut top {
-        t.1 = (t.1 as f64 - lse) as f32;
-    }
-    (lse, top)
-}
-
-fn logits_at(logits: &[f32], tok: u32, lse: f64) -> f32 {
-    logits
-        .get(tok as usize)
-        .map_or(f32::NEG_INFINITY, |&v| (v as f64 - lse) as f32)
-}
-
 /// Takes the complete UTF-8 text from the front of `bytes` (all of it with `all`, invalid or
 /// incomplete sequences as U+FFFD), leaving an incomplete character's bytes behind.
 pub(crate) fn drain_utf8(bytes: &mut Vec<u8>, all: bool) -> String {
@@ -419,7 +445,7 @@ mod tests {
     #[test]
     fn top_logprobs_are_sorted_and_normalised() {
         let l = [0.0f32, 2.0, 1.0, 2.0, f32::NAN];
-        let (lse, top) = log_softmax_top(&l, 3);
+        let (lse, top) = crate::sampling::log_softmax_top(&l, 3);
         assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 2]);
         let total: f64 = l
             .iter()
