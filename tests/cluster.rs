@@ -489,16 +489,23 @@ const PROMPTS: [&str; 4] = [
 ];
 
 fn body(prompt: &str, n: usize, i: usize) -> String {
-    // Greedy and seeded sampling, with log-probabilities.
+    // Greedy and seeded sampling, with log-probabilities; the later prompts (one greedy, one
+    // sampled) with penalties and a logit bias too.
     let temp = if i % 2 == 1 { 0.8 } else { 0.0 };
-    serde_json::json!({
+    let mut b = serde_json::json!({
         "prompt": prompt,
         "max_tokens": n,
         "temperature": temp,
         "seed": 7 + i,
         "logprobs": 3,
-    })
-    .to_string()
+    });
+    if i >= 2 {
+        b["frequency_penalty"] = 0.3.into();
+        b["presence_penalty"] = 0.2.into();
+        b["repeat_penalty"] = 1.1.into();
+        b["logit_bias"] = serde_json::json!({"13": 2.0, "30": -1.5});
+    }
+    b.to_string()
 }
 
 /// The parts of a completion that must equal one machine's.
