@@ -226,11 +226,7 @@ pub fn measure(
     min_bytes: u64,
     min_secs: f64,
 ) -> Result<(BTreeMap<String, f64>, f64)> {
-    let mut ctx = KernelCtx::with_path_and_threads(
-        KernelPath::from_env().map_err(synapse_runtime::RuntimeError::from)?,
-        threads,
-    )
-    .map_err(synapse_runtime::RuntimeError::from)?;
+    let mut ctx = kernel_ctx(threads)?;
     let mut by_enc: BTreeMap<String, Vec<Arc<QuantMatrix>>> = BTreeMap::new();
     for l in &model.layers {
         for x in l.linears() {
@@ -266,6 +262,15 @@ pub fn measure(
         })
         .sum();
     Ok((rates, (mean - predicted).max(0.0)))
+}
+
+/// The best kernel path on `threads` threads.
+fn kernel_ctx(threads: usize) -> Result<KernelCtx> {
+    Ok(KernelCtx::with_path_and_threads(
+        KernelPath::from_env().map_err(synapse_runtime::RuntimeError::from)?,
+        threads,
+    )
+    .map_err(synapse_runtime::RuntimeError::from)?)
 }
 
 /// Sustained one-row streaming rate of each encoding's matrices (see [`measure`]).
@@ -316,11 +321,7 @@ pub fn measure_synthetic(
     min_bytes: u64,
     min_secs: f64,
 ) -> Result<(BTreeMap<String, f64>, f64)> {
-    let mut ctx = KernelCtx::with_path_and_threads(
-        KernelPath::from_env().map_err(synapse_runtime::RuntimeError::from)?,
-        threads,
-    )
-    .map_err(synapse_runtime::RuntimeError::from)?;
+    let mut ctx = kernel_ctx(threads)?;
     let n = ir.layers.len();
     let mut ids: Vec<synapse_model::WeightId> =
         ir.layers.iter().flat_map(|l| l.weight_ids()).collect();

@@ -222,16 +222,7 @@ impl Executor {
         threads: usize,
         layers: std::ops::Range<usize>,
     ) -> Result<Self> {
-        let n = model.layers.len();
-        if layers.start >= layers.end || layers.end > n {
-            return Err(RuntimeError::InvalidParam {
-                name: "stage layers",
-                reason: format!(
-                    "layer range {}..{} is empty or outside the model's {n} layers",
-                    layers.start, layers.end
-                ),
-            });
-        }
+        crate::load::check_stage_layers(&layers, model.layers.len())?;
         if !model.holds(&layers) {
             return Err(RuntimeError::InvalidParam {
                 name: "stage layers",

@@ -444,16 +444,7 @@ impl Model {
         layers: std::ops::Range<usize>,
     ) -> Result<Self> {
         let ir = package.ir().clone();
-        let n = ir.layers.len();
-        if layers.start >= layers.end || layers.end > n {
-            return Err(RuntimeError::InvalidParam {
-                name: "stage layers",
-                reason: format!(
-                    "layer range {}..{} is empty or outside the model's {n} layers",
-                    layers.start, layers.end
-                ),
-            });
-        }
+        check_stage_layers(&layers, ir.layers.len())?;
         let profile = PrecisionProfile::source(&ir);
         Self::from_source_part(&Source::Package(package), ir, profile, layers)
     }
@@ -464,13 +455,7 @@ impl Model {
     /// (the kernels' work does not depend on the values), so a worker measures itself on it
     /// before it holds any weight.
     pub fn synthetic_stage(ir: &ModelIr, layers: std::ops::Range<usize>) -> Result<Self> {
-        let n = ir.layers.len();
-        if layers.start >= layers.end || layers.end > n {
-            return Err(RuntimeError::InvalidParam {
-                name: "stage layers",
-                reason: format!("layer range {layers:?} is empty or outside {n} layers"),
-            });
-        }
+        check_stage_layers(&layers, ir.layers.len())?;
         let largest = ir
             .stage_weights(layers.clone())
             .into_iter()
@@ -655,13 +640,7 @@ impl Model {
                 n_heads: a.n_heads as usize,
                 n_kv_heads: a.n_kv_heads as usize,
                 head_dim: a.head_dim as usize,
-                rope: RopeW {
-                    style: rope_style(a.rope.style),
-                    n_rot: a.rope.n_rot as usize,
-                    base: a.rope.base,
-                    freq_scale: a.rope.freq_scale,
-                    freq_factors,
-                },
+                rope: rope_w(&a.rope, freq_factors),
                 window: a.window.map(|w| w as usize),
                 scale: a.scale,
                 ffn_norm: norm(ffn_norm)?,
@@ -853,6 +832,31 @@ fn check_profile(p: &PrecisionProfile, name: &str, enc: GgmlType) -> Result<()> 
 
 /// Decodes a (small, float-typed) weight to f32: norms, biases, RoPE factors. The model
 /// adapters guarantee these are F32, F16 or BF16.
+/// A pipeline stage's blocks must be a non-empty range inside the model's `n`.
+pub(crate) fn check_stage_layers(layers: &std::ops::Range<usize>, n: usize) -> Result<()> {
+    if layers.start >= layers.end || layers.end > n {
+        return Err(RuntimeError::InvalidParam {
+            name: "stage layers",
+            reason: format!(
+                "layer range {}..{} is empty or outside the model's {n} layers",
+                layers.start, layers.end
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// RoPE of an attention block as the kernels take it.
+fn rope_w(r: &synapse_model::Rope, freq_factors: Option<Vec<f32>>) -> RopeW {
+    RopeW {
+        style: rope_style(r.style),
+        n_rot: r.n_rot as usize,
+        base: r.base,
+        freq_scale: r.freq_scale,
+        freq_factors,
+    }
+}
+
 /// The byte synthetic weights are made of: as f32 0.0115, f16 1.06, bf16 0.0115 (normal
 /// numbers, so no denormal slow path), and a valid quant value or scale in every block type.
 pub const SYNTHETIC_FILL: u8 = 0x3C;
@@ -908,13 +912,7 @@ fn absent_layer(l: &synapse_model::LayerRegion) -> Result<LayerW> {
         n_heads: a.n_heads as usize,
         n_kv_heads: a.n_kv_heads as usize,
         head_dim: a.head_dim as usize,
-        rope: RopeW {
-            style: rope_style(a.rope.style),
-            n_rot: a.rope.n_rot as usize,
-            base: a.rope.base,
-            freq_scale: a.rope.freq_scale,
-            freq_factors: None,
-        },
+        rope: rope_w(&a.rope, None),
         window: a.window.map(|w| w as usize),
         scale: a.scale,
         ffn_norm: empty(l.ffn.norm()),

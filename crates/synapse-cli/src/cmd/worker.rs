@@ -148,11 +148,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!(
             "fetched package {}: manifest {}, {} of {} objects, {} bytes from {:?} in {:.1} s",
             rep.package,
-            if rep.manifest_fetched {
-                "fetched"
-            } else {
-                "local"
-            },
+            manifest_origin(&rep),
             rep.fetched,
             rep.objects,
             rep.bytes,
@@ -199,11 +195,7 @@ fn run_staged(
     eprintln!(
         "package {}: manifest {}, {} of {} graph/metadata objects fetched; tensors come per role",
         rep.package,
-        if rep.manifest_fetched {
-            "fetched"
-        } else {
-            "local"
-        },
+        manifest_origin(&rep),
         rep.fetched,
         rep.objects,
     );
@@ -218,6 +210,15 @@ fn run_staged(
     }));
     drop(pm);
     serve(args, model, tok, id, memory, store, rt)
+}
+
+/// Where a fetch found the package's manifest.
+fn manifest_origin(rep: &synapse_cluster::fetch::FetchReport) -> &'static str {
+    if rep.manifest_fetched {
+        "fetched"
+    } else {
+        "local"
+    }
 }
 
 /// Serves as a worker until SIGTERM/SIGINT or a lost lease.
