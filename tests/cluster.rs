@@ -1226,7 +1226,25 @@ fn a_pipeline_stage_fetches_and_loads_only_its_layers() {
     let p = wait_plan(&etcd.url, "stagefetch", "a pipeline of two", |p| {
         p.pipelines.len() == 1 && p.pipelines[0].stages.len() == 2
     });
-    let (_fe, fe) = front_end(&etcd.url, &m, "stagefetch");
+    // The front end named by the package hash too, over a store holding none of the
+    // tensors (only the manifest, graph and tokenizer).
+    let c = tempfile::tempdir().unwrap();
+    copy_manifest_and_small_objects(a.path(), c.path(), &hash);
+    let (_fe, fe) = server(&[
+        "serve",
+        "--cluster",
+        &etcd.url,
+        "--cluster-name",
+        "stagefetch",
+        "-m",
+        &hash,
+        "--store",
+        c.path().to_str().unwrap(),
+        "--port",
+        "0",
+        "--resume-timeout",
+        "60",
+    ]);
     let (_one, one) = one_machine(&m);
     compare(&fe, &one, 16);
     let stage = p.pipelines[0]
@@ -1286,6 +1304,23 @@ fn a_pipeline_stage_fetches_and_loads_only_its_layers() {
         held.len(),
         all.len()
     );
+}
+
+/// Copies package `hash`'s manifest and its objects that are not tensors' (graph, metadata,
+/// tokenizer) from the store at `from` into the store at `to`.
+fn copy_manifest_and_small_objects(from: &Path, to: &Path, hash: &str) {
+    let src = synapse_cas::Store::open_existing(from).unwrap();
+    let pkg = synapse_cas::Package::open_in_store(&src, hash).unwrap();
+    let dst = synapse_cas::Store::open(to).unwrap();
+    let rel = Path::new("packages").join(format!("{}.toml", pkg.hash().hex()));
+    let text = std::fs::read(pkg.manifest_path()).unwrap();
+    dst.session().unwrap().write_file(&rel, &text).unwrap();
+    let none = std::collections::BTreeSet::new();
+    for id in synapse_import::PackageModel::objects_for(&pkg, &none).unwrap() {
+        let o = src.get(&id).unwrap();
+        dst.session().unwrap().put_with_id(id, &o).unwrap();
+    }
+    assert!(objects(to).len() < 10, "only the small objects");
 }
 
 /// A TCP forwarder on 127.0.0.1 that delays every byte by `delay` in each direction (a

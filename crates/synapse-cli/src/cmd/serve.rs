@@ -155,36 +155,63 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(p) => p.clone(),
         None => default_model()?,
     };
-    let (model, tok) = load_model(Some(&model_path), args.store.as_deref())?;
-    let family = model.ir.family.name().to_string();
-    let file_name = model_path
-        .file_name()
-        .map(|f| f.to_string_lossy().into_owned())
-        .unwrap_or_else(|| model_path.to_string_lossy().into_owned());
-    let mut aliases = vec![file_name.clone(), model_path.to_string_lossy().into_owned()];
-    if let Some(stem) = model_path.file_stem() {
-        aliases.push(stem.to_string_lossy().into_owned());
+    // A cluster front end given a whole package hash reads only the package's manifest,
+    // graph and tokenizer: its store may hold none of the tensors (the workers fetch theirs).
+    let graph_only = args
+        .cluster
+        .as_ref()
+        .filter(|_| !model_path.exists())
+        .and_then(|_| {
+            model_path
+                .to_str()
+                .and_then(synapse_cluster::fetch::full_hash)
+        });
+    if let (Some(etcd), Some(hash)) = (args.cluster.clone(), graph_only) {
+        let store = args
+            .store
+            .clone()
+            .unwrap_or_else(synapse_cas::default_store_dir);
+        let st = synapse_cas::Store::open_existing(&store)?;
+        let pkg = synapse_cas::Package::open_in_store(&st, &hash.hex())?;
+        let pm = synapse_import::PackageModel::from_package_only(pkg, &Default::default())?;
+        let tok = super::load::package_tokenizer(&pm)?;
+        let ir = pm.ir();
+        let info = synapse_runtime::engine::EngineInfo {
+            slots: 0,
+            ctx,
+            vocab: ir.hparams.vocab_size as usize,
+            fingerprint: ir.fingerprint.clone(),
+            weight_bytes: ir.weights.iter().map(|w| w.n_bytes).sum(),
+            kernel_path: "cluster".into(),
+            profile: synapse_runtime::PrecisionProfile::source(ir).hash(),
+            draft_profile: None,
+        };
+        let cfg = server_config(&args, &model_path, ir.family.name(), default_max_tokens);
+        check_cluster_flags(&args, memory)?;
+        return serve_cluster(args, etcd, info, tok, cfg);
     }
-    let model_id = args.alias.clone().unwrap_or(file_name);
-    let server_cfg = ServerConfig {
-        model_id,
-        model_aliases: aliases,
-        family,
-        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+    let (model, tok) = load_model(Some(&model_path), args.store.as_deref())?;
+    let server_cfg = server_config(
+        &args,
+        &model_path,
+        model.ir.family.name(),
         default_max_tokens,
-        cors: args.cors,
-        request_timeout: Duration::from_secs(args.timeout.max(1)),
-        ..ServerConfig::default()
-    };
+    );
     if let Some(etcd) = args.cluster.clone() {
-        if args.precision.budget.is_some()
-            || args.precision.profile.is_some()
-            || args.draft.given()
-            || memory.is_some()
-        {
-            bail!("--budget/--profile, drafts and --memory are set per worker, not with --cluster");
-        }
-        return serve_cluster(args, etcd, model, tok, server_cfg, ctx);
+        check_cluster_flags(&args, memory)?;
+        let info = synapse_runtime::engine::EngineInfo {
+            slots: 0,
+            ctx,
+            vocab: model.vocab(),
+            fingerprint: model.ir.fingerprint.clone(),
+            weight_bytes: model.weight_bytes() as u64,
+            kernel_path: "cluster".into(),
+            profile: model.profile.hash(),
+            draft_profile: None,
+        };
+        // The front end only reads the tokenizer and these facts; the weights stay unmapped.
+        drop(model);
+        return serve_cluster(args, etcd, info, tok, server_cfg);
     }
     let source = Arc::new(model);
     // With --budget the engine runs under a precision controller, so later budgets
@@ -271,28 +298,55 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })
 }
 
+/// The server's settings: the model's id and aliases from its path, and the flags.
+fn server_config(
+    args: &Args,
+    model_path: &std::path::Path,
+    family: &str,
+    default_max_tokens: Option<usize>,
+) -> ServerConfig {
+    let file_name = model_path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_else(|| model_path.to_string_lossy().into_owned());
+    let mut aliases = vec![file_name.clone(), model_path.to_string_lossy().into_owned()];
+    if let Some(stem) = model_path.file_stem() {
+        aliases.push(stem.to_string_lossy().into_owned());
+    }
+    let model_id = args.alias.clone().unwrap_or(file_name);
+    ServerConfig {
+        model_id,
+        model_aliases: aliases,
+        family: family.to_string(),
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        default_max_tokens,
+        cors: args.cors,
+        request_timeout: Duration::from_secs(args.timeout.max(1)),
+        ..ServerConfig::default()
+    }
+}
+
+/// Precision and memory are set per worker, not on a cluster's front end.
+fn check_cluster_flags(args: &Args, memory: Option<u64>) -> anyhow::Result<()> {
+    if args.precision.budget.is_some()
+        || args.precision.profile.is_some()
+        || args.draft.given()
+        || memory.is_some()
+    {
+        bail!("--budget/--profile, drafts and --memory are set per worker, not with --cluster");
+    }
+    Ok(())
+}
+
 /// `serve --cluster`: the same HTTP API, each session routed to a worker of the cluster.
 fn serve_cluster(
     args: Args,
     etcd: String,
-    model: synapse_runtime::Model,
+    info: synapse_runtime::engine::EngineInfo,
     tok: synapse_tokenizer::Tokenizer,
     server_cfg: ServerConfig,
-    ctx: usize,
 ) -> anyhow::Result<()> {
     use synapse_cluster::router::{ClusterRouter, RouterConfig};
-    let info = synapse_runtime::engine::EngineInfo {
-        slots: 0,
-        ctx,
-        vocab: model.vocab(),
-        fingerprint: model.ir.fingerprint.clone(),
-        weight_bytes: model.weight_bytes() as u64,
-        kernel_path: "cluster".into(),
-        profile: model.profile.hash(),
-        draft_profile: None,
-    };
-    // The front end only reads the tokenizer and these facts; the weights stay unmapped.
-    drop(model);
     let tok = Arc::new(tok);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
