@@ -309,18 +309,13 @@ impl Executor {
 
     /// The first `n` logits of the last pass (what [`Executor::forward`] or
     /// [`Executor::forward_recv`] returned, `n` its length) and the log-probabilities a
-    /// downstream reported with them ([`Executor::row_logprobs`]).
+    /// downstream reported with them, per logits row ([`StageLink::take_logprobs`]; empty
+    /// when it reported none).
     pub fn last_output(&self, n: usize) -> (&[f32], &[Option<crate::pipeline::RowLogprob>]) {
         (
             &self.s.logits[..n.min(self.s.logits.len())],
             &self.row_logprobs,
         )
-    }
-
-    /// The log-probabilities a downstream reported with the logits it answered last, per
-    /// logits row (see [`StageLink::take_logprobs`]); empty when it reported none.
-    pub fn row_logprobs(&self) -> &[Option<crate::pipeline::RowLogprob>] {
-        &self.row_logprobs
     }
 
     /// Passes sent on and not yet received.

@@ -136,38 +136,12 @@ impl Sampler {
 
     /// Applies the penalties to `logits` in place, given the tokens so far.
     pub fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
-        if !self.penalizes() {
-            return;
-        }
-        let p = &self.params;
-        let recent = &history[history.len().saturating_sub(p.penalty_last_n)..];
-        self.counts.clear();
-        for &t in recent {
-            match self.counts.iter_mut().find(|c| c.0 == t) {
-                Some(c) => c.1 += 1,
-                None => self.counts.push((t, 1)),
-            }
-        }
-        for &(t, c) in &self.counts {
-            let Some(l) = logits.get_mut(t as usize) else {
-                continue;
-            };
-            if *l <= 0.0 {
-                *l *= p.repetition_penalty;
-            } else {
-                *l /= p.repetition_penalty;
-            }
-            *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
-        }
+        apply_penalties(&self.params, logits, history, &mut self.counts);
     }
 
     /// Whether [`Sampler::apply_penalties`] changes anything.
     pub fn penalizes(&self) -> bool {
-        let p = &self.params;
-        p.penalty_last_n > 0
-            && (p.repetition_penalty != 1.0
-                || p.presence_penalty != 0.0
-                || p.frequency_penalty != 0.0)
+        penalizes(&self.params)
     }
 
     /// Chooses the next token. `logits` is modified (penalties).
@@ -263,13 +237,17 @@ pub struct SampleAt {
 impl SampleAt {
     /// The variate and distribution parameters of `sampler`'s next sampled choice.
     pub fn of(sampler: &Sampler) -> SampleAt {
-        let p = sampler.params();
+        SampleAt::at(sampler.params(), sampler.peek_uniform())
+    }
+
+    /// The distribution parameters of `p` with variate `u`.
+    pub fn at(p: &SamplingParams, u: f64) -> SampleAt {
         SampleAt {
             temperature: p.temperature,
             top_k: p.top_k.min(u32::MAX as usize) as u32,
             top_p: p.top_p,
             min_p: p.min_p,
-            u: sampler.peek_uniform(),
+            u,
         }
     }
 
@@ -289,6 +267,43 @@ impl SampleAt {
         };
         let max = filter(&p, logits, cand)?;
         Some(pick(cand, max, self.temperature, self.u))
+    }
+}
+
+/// Whether `p`'s penalties change anything.
+fn penalizes(p: &SamplingParams) -> bool {
+    p.penalty_last_n > 0
+        && (p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0)
+}
+
+/// Applies `p`'s penalties to `logits` in place, given the tokens so far (`counts`: scratch).
+fn apply_penalties(
+    p: &SamplingParams,
+    logits: &mut [f32],
+    history: &[u32],
+    counts: &mut Vec<(u32, u32)>,
+) {
+    if !penalizes(p) {
+        return;
+    }
+    let recent = &history[history.len().saturating_sub(p.penalty_last_n)..];
+    counts.clear();
+    for &t in recent {
+        match counts.iter_mut().find(|c| c.0 == t) {
+            Some(c) => c.1 += 1,
+            None => counts.push((t, 1)),
+        }
+    }
+    for &(t, c) in counts.iter() {
+        let Some(l) = logits.get_mut(t as usize) else {
+            continue;
+        };
+        if *l <= 0.0 {
+            *l *= p.repetition_penalty;
+        } else {
+            *l /= p.repetition_penalty;
+        }
+        *l -= c as f32 * p.frequency_penalty + p.presence_penalty;
     }
 }
 
@@ -401,16 +416,9 @@ impl ChooseAt {
             pre.clear();
             pre.extend_from_slice(scratch);
         }
-        let mut penalties = Sampler::new(self.params.clone())?;
-        penalties.apply_penalties(scratch, &self.recent);
-        let at = SampleAt {
-            temperature: self.params.temperature,
-            top_k: self.params.top_k.min(u32::MAX as usize) as u32,
-            top_p: self.params.top_p,
-            min_p: self.params.min_p,
-            u: self.u,
-        };
-        let token = at
+        self.params.validate()?;
+        apply_penalties(&self.params, scratch, &self.recent, &mut Vec::new());
+        let token = SampleAt::at(&self.params, self.u)
             .choose(scratch, cand)
             .unwrap_or(crate::pipeline::NO_TOKEN);
         Ok(Chosen {
