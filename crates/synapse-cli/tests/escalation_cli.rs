@@ -1,6 +1,7 @@
 //! `generate --escalation exact` through the command line on a tiny fixture: the same tokens
-//! and text as plain greedy decoding, the drafting statistics in `--json`, and the requests
-//! it cannot serve refused with a clear error before anything runs.
+//! and text as plain greedy decoding, the drafting statistics and the automatic draft choice's
+//! measures in `--json`, and the requests it cannot serve refused with a clear error before
+//! anything runs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -84,6 +85,30 @@ fn exact_escalation_prints_plain_greedy_output_and_its_drafting() {
         let e = &j["escalation"];
         assert_eq!(e["mode"], "exact");
         assert_ne!(e["draft_profile"], plain["profile"]);
+        if extra.len() == 2 {
+            // No draft flag: the draft is chosen by measurement, or none when none pays.
+            let a = &e["auto"];
+            let cands = a["candidates"].as_array().unwrap();
+            assert_eq!(cands.len(), 4, "{a}");
+            for c in cands {
+                let acc = c["acceptance"].as_f64().unwrap();
+                assert!((0.0..=1.0).contains(&acc), "{c}");
+                assert!(c["draft_step_ms"].as_f64().unwrap() > 0.0, "{c}");
+                assert!(c["expected_speedup"].as_f64().unwrap() >= 1.0 - 1e-9, "{c}");
+            }
+            assert!(a["source_step_ms"].as_f64().unwrap() > 0.0);
+            assert_eq!(a["continuation_tokens"], 24);
+            match a["chosen"].as_str() {
+                None => {
+                    assert!(e["draft_profile"].is_null(), "{e}");
+                    assert_eq!(e["drafted"], 0);
+                }
+                Some(spec) => {
+                    assert!(cands.iter().any(|c| c["profile"] == spec), "{a}");
+                    assert!(e["draft_profile"].is_string(), "{e}");
+                }
+            }
+        }
         let (drafted, accepted) = (
             e["drafted"].as_u64().unwrap(),
             e["accepted"].as_u64().unwrap(),
@@ -108,7 +133,16 @@ fn exact_escalation_prints_plain_greedy_output_and_its_drafting() {
     let sampled: Vec<&str> = base
         .iter()
         .copied()
-        .chain(["--escalation", "exact", "--temp", "0.9", "--seed", "5"])
+        .chain([
+            "--escalation",
+            "exact",
+            "--draft-profile",
+            "uniform:syn.q4.symmetric.g64.v1",
+            "--temp",
+            "0.9",
+            "--seed",
+            "5",
+        ])
         .collect();
     let a = json(&cli(dir.path(), &sampled));
     let b = json(&cli(dir.path(), &sampled));
@@ -122,6 +156,25 @@ fn exact_escalation_prints_plain_greedy_output_and_its_drafting() {
     );
     assert!(run(&["--escalation", "exact", "--draft-profile", "uniform:nope"]).contains("nope"));
     assert!(run(&["--escalation", "sometimes"]).contains("invalid value"));
+    assert!(
+        run(&["--escalation", "selective", "--draft-profile", "auto"])
+            .contains("auto is for --escalation exact")
+    );
+    // `auto` given explicitly is the default's choice.
+    let args: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["--escalation", "exact", "--draft-profile", "auto"])
+        .collect();
+    let j = json(&cli(dir.path(), &args));
+    assert_eq!(j["tokens"], plain["tokens"]);
+    assert_eq!(
+        j["escalation"]["auto"]["candidates"]
+            .as_array()
+            .unwrap()
+            .len(),
+        4
+    );
 
     // Selective escalation: an infinite margin is the model's own output, 0 the draft's.
     let q4 = "uniform:syn.q4.symmetric.g64.v1";

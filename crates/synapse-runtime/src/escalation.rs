@@ -258,22 +258,7 @@ impl CostModel {
             return 0;
         }
         let a = (self.acc + 0.5) / (self.acc + self.rej + 1.0);
-        let mut best = (0usize, 1.0 / t1);
-        for k in 1..=cap {
-            let Some(tv) = self.verify_time(k + 1) else {
-                continue;
-            };
-            // Expected tokens committed: 1 + a + … + a^k.
-            let e = if a < 1.0 {
-                (1.0 - a.powi(k as i32 + 1)) / (1.0 - a)
-            } else {
-                k as f64 + 1.0
-            };
-            let rate = e / (k as f64 * td + tv);
-            if rate > best.1 {
-                best = (k, rate);
-            }
-        }
+        let best = best_k(a, td, t1, cap, |rows| self.verify_time(rows));
         if best.0 == 0 {
             if std::mem::take(&mut self.probing) {
                 self.failed_probes = self.failed_probes.saturating_add(1).min(usize::MAX - 1);
@@ -297,6 +282,36 @@ impl CostModel {
         self.last_k = best.0;
         best.0
     }
+}
+
+/// The draft count with the most expected committed tokens per second, and that rate:
+/// `k = 0` (a plain step of `t1` seconds, one token) unless some `k ≤ cap` does better with
+/// per-token acceptance `a`, draft steps of `td` seconds and verify passes of
+/// `verify(rows)` seconds (`None`: not known, that `k` is skipped). A round of `k` drafts
+/// commits `1 + a + … + a^k` tokens in expectation and costs `k·td + verify(k + 1)`.
+pub fn best_k(
+    a: f64,
+    td: f64,
+    t1: f64,
+    cap: usize,
+    verify: impl Fn(usize) -> Option<f64>,
+) -> (usize, f64) {
+    let mut best = (0usize, 1.0 / t1);
+    for k in 1..=cap {
+        let Some(tv) = verify(k + 1) else {
+            continue;
+        };
+        let e = if a < 1.0 {
+            (1.0 - a.powi(k as i32 + 1)) / (1.0 - a)
+        } else {
+            k as f64 + 1.0
+        };
+        let rate = e / (k as f64 * td + tv);
+        if rate > best.1 {
+            best = (k, rate);
+        }
+    }
+    best
 }
 
 /// Generation of `prompt` at the source precision (`source`, slot `slot`) with drafts from

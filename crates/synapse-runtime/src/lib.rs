@@ -29,6 +29,7 @@
 pub mod ablation;
 mod attention;
 pub mod calib;
+pub mod draft_choice;
 pub mod engine;
 pub mod error;
 pub mod escalation;

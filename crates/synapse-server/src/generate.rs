@@ -103,7 +103,7 @@ async fn run(
         vocab: state.tokenizer().vocab_size().min(info.vocab.max(1)),
         ctx: info.ctx,
         default_max_tokens: state.config().default_max_tokens,
-        drafts: info.draft_profile.is_some(),
+        exact: info.exact_available(),
     };
     let p = validate(&req, api, lim)?;
     // Templates and tokenization of a body up to the limit: off the async workers.

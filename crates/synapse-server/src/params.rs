@@ -71,8 +71,9 @@ pub struct Limits {
     pub ctx: usize,
     /// `max_tokens` when a request gives none.
     pub default_max_tokens: Option<usize>,
-    /// Whether the server has a draft profile (requests may ask for exact escalation).
-    pub drafts: bool,
+    /// Whether requests may ask for exact escalation (the server drafts, or runs at the
+    /// source precision: [`synapse_runtime::engine::EngineInfo::exact_available`]).
+    pub exact: bool,
 }
 
 fn range_f(param: &'static str, v: Option<f64>, lo: f64, hi: f64, default: f64) -> Result<f32> {
@@ -259,12 +260,12 @@ pub fn validate(req: &GenerationRequest, api: Api, lim: Limits) -> Result<GenPar
             .unwrap_or(false);
     let escalation = match req.escalation.as_deref() {
         None | Some("off") => false,
-        Some("exact") if lim.drafts => true,
+        Some("exact") if lim.exact => true,
         Some("exact") => {
             return Err(ServerError::invalid(
                 "escalation",
-                "this server has no draft profile (start it with --draft-profile or \
-                 --draft-budget)"
+                "this server runs below the source precision without a draft profile (start \
+                 it with --draft-profile or --draft-budget)"
                     .to_string(),
             ));
         }
@@ -341,7 +342,7 @@ mod tests {
         vocab: 1000,
         ctx: 4096,
         default_max_tokens: None,
-        drafts: false,
+        exact: false,
     };
 
     fn check(api: Api, body: &str) -> Result<GenParams> {

@@ -38,20 +38,25 @@ async fn start_with(
     path: &std::path::Path,
     tok: Arc<Tokenizer>,
     ecfg: EngineConfig,
+    cfg: ServerConfig,
+) -> Srv {
+    start_model(path, Arc::new(Model::load(path).unwrap()), tok, ecfg, cfg).await
+}
+
+/// A server over `model` (loaded from `path`, maybe at another precision).
+async fn start_model(
+    path: &std::path::Path,
+    model: Arc<Model>,
+    tok: Arc<Tokenizer>,
+    ecfg: EngineConfig,
     mut cfg: ServerConfig,
 ) -> Srv {
-    let model = Model::load(path).unwrap();
     cfg.family = model.ir.family.name().to_string();
     if cfg.model_id == ServerConfig::default().model_id {
         cfg.model_id = "gemma3".into();
         cfg.model_aliases = vec![path.file_name().unwrap().to_string_lossy().into_owned()];
     }
-    let engine = Engine::start(
-        Arc::new(model),
-        Arc::new(TokenizerPieces(tok.clone())),
-        ecfg,
-    )
-    .unwrap();
+    let engine = Engine::start(model, Arc::new(TokenizerPieces(tok.clone())), ecfg).unwrap();
     let state = AppState::new(Arc::new(engine), tok, cfg).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -1190,7 +1195,8 @@ async fn chat_matches_llama_cpp_on_the_gemma_template() {
 
 /// `"escalation": "exact"`: a server with a draft profile drafts opted-in requests and gives
 /// the same text as without (non-streaming and streaming, beside a plain request); the draft
-/// is in `/v1/models` and `/metrics`; a server without a draft, and a bad value, are 400s.
+/// is in `/v1/models` and `/metrics`; a server at the source precision without a draft serves
+/// it by plain decoding; one below the source without a draft, and a bad value, are 400s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exact_escalation_is_a_request_field() {
     let Some(path) = model_path() else {
@@ -1256,17 +1262,28 @@ async fn exact_escalation_is_a_request_field() {
     assert_eq!(st, 400);
     assert_eq!(v["error"]["param"], "escalation");
 
+    // Without a draft at the source precision, plain decoding is the exact output: served.
     let Some(plain_srv) = start(small_engine(), ServerConfig::default()).await else {
         return;
     };
     let (st, v) = plain_srv.post("/v1/completions", &eb).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], plain["choices"][0]["text"]);
+    assert_eq!(plain_srv.drained().await.drafted, 0);
+    // Without a draft below the source precision it cannot be: a 400.
+    let tok = Arc::new(
+        Tokenizer::from_gguf(&synapse_formats::gguf::GgufFile::open(&path).unwrap()).unwrap(),
+    );
+    let low = start_model(&path, draft, tok, small_engine(), ServerConfig::default()).await;
+    let (st, v) = low.post("/v1/completions", &eb).await;
     assert_eq!(st, 400, "{v}");
     assert_eq!(v["error"]["param"], "escalation");
     assert!(
         v["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("no draft profile")
+            .contains("below the source precision without a draft profile"),
+        "{v}"
     );
 }
 

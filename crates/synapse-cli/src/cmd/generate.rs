@@ -172,22 +172,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .precision
         .apply(&source, args.model.as_deref(), args.store.as_deref())?;
     let model = prepared.applied.model.clone();
-    let draft = match args.escalation {
-        Escalation::Off => {
-            if args.draft.given() {
-                bail!("--draft-profile and --draft-budget need --escalation exact or selective");
-            }
-            None
-        }
-        Escalation::Exact | Escalation::Selective => Some(args.draft.apply(
+    if args.escalation == Escalation::Off && args.draft.given() {
+        bail!("--draft-profile and --draft-budget need --escalation exact or selective");
+    }
+    // Exact escalation without a draft flag chooses its draft by measurement (below, on the
+    // prompt); selective escalation takes the default draft.
+    let auto = args.escalation == Escalation::Exact && (!args.draft.given() || args.draft.auto());
+    if args.escalation == Escalation::Selective && args.draft.auto() {
+        bail!(
+            "--draft-profile auto is for --escalation exact (selective escalation's output depends on its draft)"
+        );
+    }
+    let mut draft = match args.escalation {
+        Escalation::Exact | Escalation::Selective if !auto => Some(args.draft.apply(
             &model,
             &args.precision,
             args.model.as_deref(),
             args.store.as_deref(),
             super::load::DEFAULT_DRAFT_PROFILE,
         )?),
+        _ => None,
     };
-    drop(source);
     let load_s = t_load.elapsed().as_secs_f64();
 
     let text = if args.chat {
@@ -217,10 +222,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("the prompt tokenizes to nothing");
     }
 
+    let mut exec = Executor::new(model.clone(), args.threads)?;
+    let mut auto_report = None;
+    if auto {
+        let a = args.draft.choose_auto(
+            &model,
+            &args.precision,
+            args.model.as_deref(),
+            args.store.as_deref(),
+            &mut exec,
+            kv_dtype,
+            &ids,
+        )?;
+        draft = a.chosen.map(|c| c.1);
+        auto_report = Some(a.report);
+    }
+    drop(source);
     let chunk = 512.min(args.ctx);
     let slots = if draft.is_some() { 2 } else { 1 };
     let mut kv = KvCache::new(&model, kv_dtype, slots, args.ctx, chunk)?;
-    let mut exec = Executor::new(model.clone(), args.threads)?;
     let ledger = match memory {
         Some(budget) => Some(budget_memory(
             budget,
@@ -386,6 +406,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "verify_s": st.verify_s,
             });
         }
+        if args.escalation == Escalation::Exact && esc.is_none() {
+            // `auto` found no draft that pays: plain decoding, which is the exact output.
+            j["escalation"] = serde_json::json!({
+                "mode": "exact",
+                "draft_profile": null,
+                "drafted": 0,
+                "accepted": 0,
+                "acceptance": 0.0,
+            });
+        }
+        if let Some(r) = auto_report {
+            j["escalation"]["auto"] = r;
+        }
         if let (Some(st), Some(d)) = (&sel, &draft) {
             j["escalation"] = serde_json::json!({
                 "mode": "selective",
@@ -415,6 +448,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.threads,
             exec.kernel_path().name(),
         );
+        if args.escalation == Escalation::Exact && esc.is_none() {
+            eprintln!("[exact escalation: no draft pays on this machine; decoded plainly]");
+        }
         if let Some(st) = &esc {
             eprintln!(
                 "[exact escalation: {} of {} drafts accepted ({:.0}%), {} rounds, {} without drafts]",

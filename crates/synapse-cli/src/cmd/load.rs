@@ -402,9 +402,15 @@ impl PrecisionArgs {
 /// The draft of exact escalation (`generate --escalation exact`, `serve`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct DraftArgs {
-    /// The draft's profile (`uniform:ENCODING`; `generate --escalation exact` defaults to
-    /// `uniform:syn.q4.symmetric.g64.v1`).
-    #[arg(long, conflicts_with = "draft_budget", value_name = "uniform:ENCODING")]
+    /// The draft's profile: `uniform:ENCODING`, or `auto` — each of
+    /// [`AUTO_DRAFT_CANDIDATES`] is measured on a probe (acceptance, draft step, verify
+    /// passes) and the one expected fastest is taken, or none when none beats plain decoding
+    /// (`generate --escalation exact` without a draft flag means `auto`).
+    #[arg(
+        long,
+        conflicts_with = "draft_budget",
+        value_name = "auto|uniform:ENCODING"
+    )]
     pub draft_profile: Option<String>,
     /// The draft's weight budget, selected from the importance map as `--budget` is.
     #[arg(long)]
@@ -418,13 +424,135 @@ pub struct DraftArgs {
     pub fixed_k: bool,
 }
 
-/// The draft's default profile.
+/// The draft's default profile (`--escalation selective`).
 pub const DEFAULT_DRAFT_PROFILE: &str = "uniform:syn.q4.symmetric.g64.v1";
+
+/// The profiles `--draft-profile auto` measures.
+pub const AUTO_DRAFT_CANDIDATES: &[&str] = &[
+    "uniform:syn.q8.symmetric.g64.v1",
+    "uniform:syn.q6.symmetric.g64.v1",
+    "uniform:syn.q5.symmetric.g64.v1",
+    "uniform:syn.q4.symmetric.g64.v1",
+];
+
+/// The probe `serve --draft-profile auto` measures drafts on (no request is known at start).
+pub const PROBE_TEXT: &str = "The library opened at nine. By ten the reading room was full: \
+students with laptops, an old man with a newspaper, two children looking for a book about \
+volcanoes. The librarian walked between the tables and answered questions in a low voice. \
+When the clock struck noon she";
+
+/// Most probe prompt tokens (a longer prompt is probed on its last ones).
+pub const PROBE_MAX_PROMPT: usize = 256;
+
+/// What `--draft-profile auto` measured and chose.
+pub struct AutoDraft {
+    /// The chosen draft and its profile spec, or `None` (plain decoding is fastest).
+    pub chosen: Option<(String, Prepared)>,
+    /// The `--json` report: the source's costs, each candidate's measures, the choice.
+    pub report: serde_json::Value,
+}
 
 impl DraftArgs {
     /// Whether a draft profile or budget was given.
     pub fn given(&self) -> bool {
         self.draft_profile.is_some() || self.draft_budget.is_some()
+    }
+
+    /// Whether the draft is to be chosen by measurement (`--draft-profile auto`).
+    pub fn auto(&self) -> bool {
+        self.draft_profile.as_deref() == Some("auto")
+    }
+
+    /// `--draft-profile auto`: measures the source on `probe` (its last
+    /// [`PROBE_MAX_PROMPT`] tokens) with `exec` (an executor of `model`), then each
+    /// candidate profile (prepared like `--draft-profile`, one at a time), and keeps the one
+    /// expected fastest — or none. Prints one line per candidate to stderr.
+    #[allow(clippy::too_many_arguments)]
+    pub fn choose_auto(
+        &self,
+        model: &std::sync::Arc<Model>,
+        precision: &PrecisionArgs,
+        model_arg: Option<&Path>,
+        store: Option<&Path>,
+        exec: &mut synapse_runtime::Executor,
+        kv_dtype: synapse_runtime::kv::KvDtype,
+        probe: &[u32],
+    ) -> anyhow::Result<AutoDraft> {
+        use synapse_runtime::draft_choice::{self, ProbeParams};
+        let t0 = std::time::Instant::now();
+        let probe = &probe[probe.len().saturating_sub(PROBE_MAX_PROMPT)..];
+        let pp = ProbeParams {
+            max_k: self.draft_k,
+            ..ProbeParams::default()
+        };
+        let cap = probe.len() + pp.steps + pp.max_k + 1;
+        let mut kv = synapse_runtime::KvCache::new(model, kv_dtype, 2, cap, 512.min(cap))?;
+        let src = draft_choice::probe_source(exec, &mut kv, 0, probe, &pp)
+            .context("probing the source for --draft-profile auto")?;
+        eprintln!(
+            "draft auto: source step {:.2} ms, verify of {} rows {:.2} ms ({} probe tokens, {} continued)",
+            src.step_s * 1e3,
+            src.max_k + 1,
+            src.verify_s[src.max_k + 1].unwrap_or(0.0) * 1e3,
+            probe.len(),
+            src.continuation.len()
+        );
+        let mut trials = Vec::new();
+        let mut rows = Vec::new();
+        let mut best: Option<(usize, Prepared)> = None;
+        for (i, spec) in AUTO_DRAFT_CANDIDATES.iter().enumerate() {
+            let one = DraftArgs {
+                draft_profile: Some(spec.to_string()),
+                draft_budget: None,
+                ..self.clone()
+            };
+            let prepared = one.apply(model, precision, model_arg, store, spec)?;
+            let mut dexec = synapse_runtime::Executor::new(prepared.applied.model.clone(), 1)?;
+            let t = draft_choice::try_draft(exec, &mut dexec, &mut kv, 1, &src, &pp)?;
+            drop(dexec);
+            eprintln!(
+                "draft auto: {spec}: acceptance {:.2}, step {:.2} ms, best k {}, expected {:.2}× plain",
+                t.acceptance,
+                t.step_s * 1e3,
+                t.k,
+                t.speedup
+            );
+            rows.push(serde_json::json!({
+                "profile": spec,
+                "acceptance": t.acceptance,
+                "draft_step_ms": t.step_s * 1e3,
+                "k": t.k,
+                "expected_speedup": t.speedup,
+            }));
+            trials.push(t);
+            // Keep only the best so far resident.
+            if draft_choice::pick(&trials) == Some(i) {
+                best = Some((i, prepared));
+            }
+        }
+        let chosen = match (draft_choice::pick(&trials), best) {
+            (Some(i), Some((j, p))) if i == j => Some((AUTO_DRAFT_CANDIDATES[i].to_string(), p)),
+            _ => None,
+        };
+        let seconds = t0.elapsed().as_secs_f64();
+        match &chosen {
+            Some((spec, _)) => eprintln!("draft auto: chose {spec} ({seconds:.1} s)"),
+            None => eprintln!(
+                "draft auto: no draft is expected to beat plain decoding by {:.2}×: decoding plainly ({seconds:.1} s)",
+                draft_choice::MIN_GAIN
+            ),
+        }
+        let report = serde_json::json!({
+            "source_step_ms": src.step_s * 1e3,
+            "verify_ms": src.verify_s.iter().map(|v| v.map(|s| s * 1e3)).collect::<Vec<_>>(),
+            "probe_tokens": probe.len(),
+            "continuation_tokens": src.continuation.len(),
+            "candidates": rows,
+            "chosen": chosen.as_ref().map(|c| c.0.clone()),
+            "min_gain": draft_choice::MIN_GAIN,
+            "seconds": seconds,
+        });
+        Ok(AutoDraft { chosen, report })
     }
 
     /// The draft model: `model` at the draft's profile or budget (`default_profile` when

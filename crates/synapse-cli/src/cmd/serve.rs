@@ -185,6 +185,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             kernel_path: "cluster".into(),
             profile: synapse_runtime::PrecisionProfile::source(ir).hash(),
             draft_profile: None,
+            source_profile: synapse_runtime::PrecisionProfile::source(ir).hash(),
         };
         let cfg = server_config(&args, &model_path, ir.family.name(), default_max_tokens);
         check_cluster_flags(&args, memory)?;
@@ -208,6 +209,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             kernel_path: "cluster".into(),
             profile: model.profile.hash(),
             draft_profile: None,
+            source_profile: synapse_runtime::PrecisionProfile::source(&model.ir).hash(),
         };
         // The front end only reads the tokenizer and these facts; the weights stay unmapped.
         drop(model);
@@ -245,7 +247,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .model
         }
     };
-    let draft = if args.draft.given() {
+    let draft = if args.draft.auto() {
+        // No request is known yet: the drafts are measured on a fixed probe text.
+        let probe = tok.encode(super::load::PROBE_TEXT, true, false)?;
+        let mut exec = synapse_runtime::Executor::new(model.clone(), args.threads)?;
+        let a = args.draft.choose_auto(
+            &model,
+            &args.precision,
+            Some(&model_path),
+            args.store.as_deref(),
+            &mut exec,
+            kv_dtype,
+            &probe,
+        )?;
+        a.chosen.map(|c| c.1.applied.model)
+    } else if args.draft.given() {
         let d = args.draft.apply(
             &model,
             &args.precision,

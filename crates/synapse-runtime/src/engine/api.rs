@@ -420,4 +420,16 @@ pub struct EngineInfo {
     pub profile: String,
     /// The draft profile's hash when requests may opt in to exact escalation.
     pub draft_profile: Option<String>,
+    /// The hash of the model's source profile (every weight in its source encoding): while
+    /// `profile` equals it, plain decoding is already the exact output, so a request for
+    /// exact escalation is served without a draft.
+    pub source_profile: String,
+}
+
+impl EngineInfo {
+    /// Whether a request may ask for exact escalation: the engine drafts, or it runs at the
+    /// source precision (plain decoding is then the exact output).
+    pub fn exact_available(&self) -> bool {
+        self.draft_profile.is_some() || self.profile == self.source_profile
+    }
 }

@@ -97,6 +97,7 @@ impl Engine {
             kernel_path: sched.executor().kernel_path().name().to_string(),
             profile: model.profile.hash().to_string(),
             draft_profile: cfg.draft.as_ref().map(|d| d.profile.hash()),
+            source_profile: crate::PrecisionProfile::source(&model.ir).hash(),
         };
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
