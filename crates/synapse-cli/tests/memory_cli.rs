@@ -2,10 +2,16 @@
 //! experts the routed experts page within what the rest leaves (the same tokens as without a
 //! budget, peak RSS above the process's start within the budget, the paging counters in
 //! `--json`); a budget too small to run the model is a clear error before generation; the
-//! default (dense) model runs within a budget that fits it.
+//! default (dense) model runs within a budget that fits it. `serve --memory` likewise: its
+//! peak RSS above its start stays within the budget while concurrent requests page experts,
+//! with the texts of an unbudgeted server.
+
+mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+
+use common::{Server, http};
 
 use serde_json::Value;
 use synapse_testdata::synthetic_moe::{MoeShape, write};
@@ -135,4 +141,144 @@ fn the_default_model_runs_within_a_budget_that_fits_it() {
     assert!(!o.status.success());
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("cannot run this model"), "{e}");
+}
+
+/// The number after `key` in `line` (`… key 123 B …`).
+fn after(line: &str, key: &str) -> u64 {
+    let rest = &line[line
+        .find(key)
+        .unwrap_or_else(|| panic!("{key:?} not in {line:?}"))
+        + key.len()..];
+    rest.split_whitespace()
+        .next()
+        .and_then(|v| v.trim_end_matches([',', ';', ')']).parse().ok())
+        .unwrap_or_else(|| panic!("no count after {key:?} in {line:?}"))
+}
+
+fn serve(model: &Path, memory: &str) -> std::process::Command {
+    let mut c = Command::new(BIN);
+    c.args([
+        "serve",
+        "--model",
+        model.to_str().unwrap(),
+        "--port",
+        "0",
+        "-np",
+        "4",
+        "-c",
+        "1024",
+        "--memory",
+        memory,
+    ])
+    .env("RUST_BACKTRACE", "0")
+    .env_remove("SYNAPSE_MODEL")
+    .stderr(Stdio::piped());
+    c
+}
+
+const PROMPTS: [&str; 4] = [
+    "The quick brown fox jumps over the lazy dog",
+    "Once upon a time",
+    "In the beginning",
+    "A B C D E F G",
+];
+
+/// Each prompt's greedy completion (24 tokens), all four requests at once.
+fn completions(addr: &str) -> Vec<String> {
+    let handles: Vec<_> = PROMPTS
+        .iter()
+        .map(|p| {
+            let addr = addr.to_string();
+            let body = serde_json::json!({
+                "prompt": p, "max_tokens": 24, "temperature": 0, "ignore_eos": true
+            })
+            .to_string();
+            std::thread::spawn(move || {
+                let (st, v) = http(&addr, "POST", "/v1/completions", &body);
+                assert_eq!(st, 200, "{v}");
+                assert_eq!(v["usage"]["completion_tokens"], 24, "{v}");
+                v["choices"][0]["text"].as_str().unwrap().to_string()
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+}
+
+#[test]
+fn a_server_pages_experts_within_its_budget_with_the_same_text() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shape = MoeShape::small();
+    let path = tmp.path().join(shape.file_name());
+    write(&shape, &path).unwrap();
+
+    // A budget everything fits in: the texts to match, and the ledger.
+    let (big, addr, log) = Server::started(serve(&path, "8G").spawn().unwrap());
+    let want = completions(&addr);
+    let line = |log: &[String], prefix: &str| {
+        log.iter()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} line in {log:?}"))
+            .clone()
+    };
+    let ledger = line(&log, "memory ledger:");
+    assert!(ledger.contains("everything fits"), "{ledger}");
+    let loaded = after(&line(&log, "memory: budget"), "loading left");
+    let (weights, experts) = (after(&ledger, "weights"), after(&ledger, "routed experts"));
+    let (kv, scratch) = (after(&ledger, "KV"), after(&ledger, "scratch"));
+    let (_, m) = http(&addr, "GET", "/metrics", "");
+    assert_eq!(
+        metric(m.as_str().unwrap(), "synapse_expert_misses_total"),
+        0.0
+    );
+    drop(big);
+
+    // Half the experts: they page, the texts are the same, and the process stays within.
+    let fixed = loaded + (weights - experts) + kv + scratch;
+    let budget = fixed + experts / 2;
+    let (srv, addr, log) = Server::started(serve(&path, &budget.to_string()).spawn().unwrap());
+    let baseline = after(&line(&log, "memory: budget"), "baseline RSS of");
+    let ledger = line(&log, "memory ledger:");
+    assert!(!ledger.contains("everything fits"), "{ledger}");
+    for round in 0..2 {
+        assert_eq!(completions(&addr), want, "round {round}");
+    }
+    let (_, m) = http(&addr, "GET", "/metrics", "");
+    let m = m.as_str().unwrap().to_string();
+    let misses = metric(&m, "synapse_expert_misses_total");
+    let evictions = metric(&m, "synapse_expert_evictions_total");
+    assert!(
+        misses > 0.0 && evictions > 0.0,
+        "{misses} misses, {evictions} evictions"
+    );
+    let peak = srv.status_bytes("VmHWM:");
+    assert!(metric(&m, "synapse_process_peak_resident_bytes") > 0.0);
+    let used = peak - baseline;
+    eprintln!(
+        "serve under {:.1} MB (experts {:.1} of {:.1} MB): peak RSS above start {:.1} MB, \
+         {misses} misses, {evictions} evictions",
+        budget as f64 / 1e6,
+        (budget - fixed) as f64 / 1e6,
+        experts as f64 / 1e6,
+        used as f64 / 1e6
+    );
+    assert!(
+        used <= budget,
+        "peak RSS rose {used} B over a {budget} B budget"
+    );
+    drop(srv);
+
+    // Too small to hold one expert beside the rest: refused before listening.
+    let o = serve(&path, &(fixed - scratch).to_string())
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("memory budget"), "{e}");
+    assert!(!e.contains("listening on"), "{e}");
 }

@@ -4,10 +4,12 @@
 //! impossible one is a 400 that changes nothing; `/v1/models` and `/metrics` follow the
 //! profile, and completions keep working across the changes.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
+use common::{Server, http};
 
 use serde_json::Value;
 
@@ -19,41 +21,6 @@ fn root() -> PathBuf {
         .and_then(Path::parent)
         .unwrap()
         .to_path_buf()
-}
-
-/// One HTTP/1.1 request on its own connection: (status, body as JSON or as a string).
-fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let status: u16 = raw[9..12].parse().unwrap();
-    let (_, rest) = raw.split_once("\r\n\r\n").unwrap();
-    // A JSON answer (chunked or not) lies between the first `{` and the last `}`; anything
-    // else (the Prometheus text) comes back as a string.
-    let json = raw
-        .to_ascii_lowercase()
-        .contains("content-type: application/json");
-    let body = match (json, rest.find('{'), rest.rfind('}')) {
-        (true, Some(a), Some(b)) => serde_json::from_str(&rest[a..=b]).unwrap_or(Value::Null),
-        _ => Value::String(rest.to_string()),
-    };
-    (status, body)
-}
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]
@@ -102,7 +69,7 @@ fn budgets_move_while_serving() {
     let source_profile = src["profile"].as_str().unwrap().to_string();
     let source_bytes = src["weight_bytes"].as_u64().unwrap();
 
-    let mut child = cmd(&[
+    let child = cmd(&[
         "serve",
         "-m",
         m,
@@ -120,17 +87,7 @@ fn budgets_move_while_serving() {
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let server = Server(child);
-    let mut addr = String::new();
-    for line in BufReader::new(stderr).lines() {
-        let line = line.unwrap();
-        if let Some(a) = line.strip_prefix("listening on http://") {
-            addr = a.trim().to_string();
-            break;
-        }
-    }
-    assert!(!addr.is_empty(), "the server did not start");
+    let (server, addr, _) = Server::started(child);
 
     let models = |addr: &str| http(addr, "GET", "/v1/models", "").1["data"][0]["meta"].clone();
     let m0 = models(&addr);

@@ -107,8 +107,9 @@ fn bad(reason: String) -> RuntimeError {
 }
 
 /// Measures the source on `prompt` in `slot` (see the module docs). The cache must hold
-/// `prompt.len() + steps + max_k + 1` positions and passes of `max_k + 1` rows. The slot is
-/// left empty.
+/// `prompt.len() + steps + max_k + 1` positions and passes of `max_k + 1` rows (a draft's
+/// timed steps run on past the continuation: `prompt.len() + 2·steps` positions time them
+/// all). The slot is left empty.
 pub fn probe_source(
     exec: &mut Executor,
     kv: &mut KvCache,
@@ -265,18 +266,13 @@ fn measure_draft(
     let acceptance = agree as f64 / cont.len() as f64;
     // Draft steps, one row each, continuing the continuation greedily.
     let steps = (probe.max_k * p.repeats).clamp(4, p.steps);
-    let mut pos = seq.len();
     let mut tok = cont[cont.len() - 1];
     let mut times = Vec::with_capacity(steps);
-    for _ in 0..steps {
-        if pos >= kv.capacity() {
-            break;
-        }
+    for pos in seq.len()..(seq.len() + steps).min(kv.capacity()) {
         let t = Instant::now();
         let out = draft.forward(kv, &[Row::decode(dslot, pos as u32, tok)])?;
         times.push(t.elapsed().as_secs_f64());
         tok = argmax(&out[..vocab]);
-        pos += 1;
     }
     kv.truncate(dslot, 0)?;
     let skip = 1.min(times.len());

@@ -692,7 +692,9 @@ fn a_new_profile_serves_new_sessions_while_running_ones_keep_theirs() {
         .unwrap()
         .slot_bytes()
         * tight.slots;
-    tight.memory = Some(variant.weight_bytes() as u64 + kv as u64);
+    let scratch =
+        model.pass_scratch_bytes(tight.step_tokens, tight.slots + 1, tight.ctx, tight.threads);
+    tight.memory = Some(variant.weight_bytes() as u64 + kv as u64 + scratch);
     let smaller = Engine::start(variant.clone(), pieces.clone(), tight).unwrap();
     assert!(smaller.install(model.clone()).is_err());
     assert_eq!(smaller.info().profile, variant.profile.hash());

@@ -114,7 +114,24 @@ pub fn render(stats: &EngineStats, info: &EngineInfo) -> String {
     counter!("synapse_expert_misses_total").absolute(stats.expert_misses);
     counter!("synapse_expert_evictions_total").absolute(stats.expert_evictions);
     counter!("synapse_expert_paged_in_bytes_total").absolute(stats.expert_bytes_in);
+    gauge!("synapse_process_resident_bytes").set(proc_status_bytes("VmRSS:") as f64);
+    gauge!("synapse_process_peak_resident_bytes").set(proc_status_bytes("VmHWM:") as f64);
     let h = handle();
     h.run_upkeep();
     h.render()
+}
+
+/// A byte count of this process's `/proc/self/status` (`VmRSS:`, `VmHWM:`, …); 0 where the
+/// file or the field is absent (not Linux).
+pub fn proc_status_bytes(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        * 1024
 }

@@ -114,16 +114,7 @@ pub struct Args {
 
 /// `kB` of a `/proc/self/status` field, in bytes (0 where there is none).
 fn status_bytes(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-        * 1024
+    synapse_server::metrics::proc_status_bytes(field)
 }
 
 /// Precision escalation modes.

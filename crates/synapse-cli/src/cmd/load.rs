@@ -485,7 +485,7 @@ impl DraftArgs {
             max_k: self.draft_k,
             ..ProbeParams::default()
         };
-        let cap = probe.len() + pp.steps + pp.max_k + 1;
+        let cap = probe.len() + 2 * pp.steps + pp.max_k + 1;
         let mut kv = synapse_runtime::KvCache::new(model, kv_dtype, 2, cap, 512.min(cap))?;
         let src = draft_choice::probe_source(exec, &mut kv, 0, probe, &pp)
             .context("probing the source for --draft-profile auto")?;

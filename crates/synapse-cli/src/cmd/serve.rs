@@ -53,7 +53,9 @@ pub struct Args {
     /// Requests that may wait for a slot (more are answered 503).
     #[arg(long, default_value_t = 64)]
     queue: usize,
-    /// Memory budget over resident weights and KV, e.g. `2G`, `512M`.
+    /// Memory budget over the process's growth from its start, e.g. `2G`, `512M`: what
+    /// loading leaves (tokenizer, metadata), resident weights, KV and compute scratch; a
+    /// mixture of experts that does not fit whole pages its routed experts within it.
     #[arg(long)]
     memory: Option<String>,
     /// Allow cross-origin requests from any origin.
@@ -138,6 +140,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         other => bail!("--kv must be f32 or f16, not {other:?}"),
     };
     let memory = args.memory.as_deref().map(parse_bytes).transpose()?;
+    // `--memory` bounds the process's growth from here: what loading leaves (tokenizer,
+    // metadata) is taken off the engine's share of it.
+    let baseline_rss = synapse_server::metrics::proc_status_bytes("VmRSS:");
     let ctx_total = args.ctx_size.unwrap_or(4096 * args.parallel);
     let ctx = ctx_total / args.parallel;
     if ctx < 2 {
@@ -186,6 +191,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             profile: synapse_runtime::PrecisionProfile::source(ir).hash(),
             draft_profile: None,
             source_profile: synapse_runtime::PrecisionProfile::source(ir).hash(),
+            memory: None,
         };
         let cfg = server_config(&args, &model_path, ir.family.name(), default_max_tokens);
         check_cluster_flags(&args, memory)?;
@@ -210,6 +216,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             profile: model.profile.hash(),
             draft_profile: None,
             source_profile: synapse_runtime::PrecisionProfile::source(&model.ir).hash(),
+            memory: None,
         };
         // The front end only reads the tokenizer and these facts; the weights stay unmapped.
         drop(model);
@@ -275,6 +282,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     drop(source);
     let tok = Arc::new(tok);
+    let memory = match memory {
+        Some(budget) => {
+            let loaded =
+                synapse_server::metrics::proc_status_bytes("VmRSS:").saturating_sub(baseline_rss);
+            if loaded >= budget {
+                bail!(
+                    "--memory {:.1} MB cannot run this model: loading alone left {:.1} MB",
+                    budget as f64 / 1e6,
+                    loaded as f64 / 1e6
+                );
+            }
+            eprintln!(
+                "memory: budget {budget} B over a baseline RSS of {baseline_rss} B; loading \
+                 left {loaded} B, the engine holds weights, KV and scratch within {} B",
+                budget - loaded
+            );
+            Some(budget - loaded)
+        }
+        None => None,
+    };
 
     let cfg = EngineConfig {
         slots: args.parallel,
@@ -292,6 +319,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Engine::start(model, Arc::new(TokenizerPieces(tok.clone())), cfg)
             .context("starting the engine")?,
     );
+    if let Some(l) = engine.info().memory {
+        eprintln!(
+            "memory ledger: weights {} B (routed experts {} B), KV {} B, scratch {} B; experts \
+             page within {}",
+            l.weights,
+            l.experts,
+            l.kv,
+            l.scratch,
+            l.experts_budget
+                .map_or("— (everything fits)".to_string(), |b| format!("{b} B"))
+        );
+    }
     let state = AppState::new(engine.clone(), tok, server_cfg)?;
     let state = match controller {
         Some(c) => state.with_precision(Arc::new(BudgetDriver::new(c, engine, cache)))?,

@@ -400,6 +400,24 @@ pub struct EngineStats {
     pub expert_bytes_in: u64,
 }
 
+/// How an engine divided its memory budget (`EngineConfig::memory`), in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryLedger {
+    /// The budget.
+    pub budget: u64,
+    /// Weights counted once (a draft's whole), routed experts included.
+    pub weights: u64,
+    /// Of which routed experts.
+    pub experts: u64,
+    /// The KV cache of every slot.
+    pub kv: u64,
+    /// An upper bound of one pass's compute scratch.
+    pub scratch: u64,
+    /// When the whole does not fit: what the routed experts page within (the rest of the
+    /// budget); `None` when everything fits.
+    pub experts_budget: Option<u64>,
+}
+
 /// Fixed facts about a running engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineInfo {
@@ -424,6 +442,8 @@ pub struct EngineInfo {
     /// `profile` equals it, plain decoding is already the exact output, so a request for
     /// exact escalation is served without a draft.
     pub source_profile: String,
+    /// How the memory budget was divided (`None` without one).
+    pub memory: Option<MemoryLedger>,
 }
 
 impl EngineInfo {

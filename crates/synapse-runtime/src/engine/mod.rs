@@ -27,7 +27,7 @@ use std::time::Instant;
 
 pub use api::{
     Canceller, Constraint, EngineConfig, EngineInfo, EngineStats, Event, FinishReason, Finished,
-    Logprob, Request, Session, SessionSink, SubmitError, TokenEvent, TokenPieces,
+    Logprob, MemoryLedger, Request, Session, SessionSink, SubmitError, TokenEvent, TokenPieces,
 };
 pub use scheduler::{MAX_TOP_LOGPROBS, PipelineHead, Scheduler, validate};
 
@@ -98,6 +98,7 @@ impl Engine {
             profile: model.profile.hash().to_string(),
             draft_profile: cfg.draft.as_ref().map(|d| d.profile.hash()),
             source_profile: crate::PrecisionProfile::source(&model.ir).hash(),
+            memory: sched.ledger(),
         };
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()

@@ -67,6 +67,8 @@ impl std::fmt::Debug for PipelineHead {
 /// The scheduler core: owns the executor, the KV cache and the sessions. [`super::Engine`]
 /// runs it on its own thread; tests may drive it step by step.
 pub struct Scheduler {
+    /// How the memory budget was divided.
+    ledger: Option<super::api::MemoryLedger>,
     /// One executor per precision profile still in use; new sessions run on `current`
     /// (a profile installed by [`Scheduler::install`]), running ones keep theirs to the end.
     execs: Vec<Option<Executor>>,
@@ -292,7 +294,9 @@ impl Scheduler {
             model.weight_bytes() as u64
         } + cfg.draft.as_ref().map_or(0, |d| d.weight_bytes() as u64);
         let kv_total = (kv.slot_bytes() * kv_slots) as u64;
-        let need = weights + kv_total;
+        let scratch =
+            model.pass_scratch_bytes(cfg.step_tokens, cfg.slots + 1, cfg.ctx, cfg.threads);
+        let need = weights + kv_total + scratch;
         // A mixture of experts that does not fit whole pages its routed experts within what
         // the weights outside them, the KV and the compute scratch leave.
         let experts = model.expert_bytes() as u64;
@@ -300,18 +304,16 @@ impl Scheduler {
         if let Some(budget) = cfg.memory
             && need > budget
         {
-            let scratch =
-                model.pass_scratch_bytes(cfg.step_tokens, cfg.slots + 1, cfg.ctx, cfg.threads);
             let fixed = weights - experts + kv_total + scratch;
             if experts > 0 && cfg.draft.is_none() && head.is_none() && budget > fixed {
                 expert_budget = Some(budget - fixed);
             } else {
                 let per = kv.slot_bytes() as u64;
-                let fit = budget.saturating_sub(weights) / per.max(1);
+                let fit = budget.saturating_sub(weights + scratch) / per.max(1);
                 return Err(invalid(format!(
-                    "memory budget {budget} B: weights take {weights} B and each of {} slots \
-                     {per} B of KV ({} positions); {fit} slots fit (lower --parallel or \
-                     --ctx-size)",
+                    "memory budget {budget} B: weights take {weights} B, compute scratch \
+                     {scratch} B and each of {} slots {per} B of KV ({} positions); {fit} slots \
+                     fit (lower --parallel or --ctx-size)",
                     cfg.slots, cfg.ctx
                 )));
             }
@@ -334,6 +336,14 @@ impl Scheduler {
                 ))
             })?;
         }
+        let ledger = cfg.memory.map(|budget| super::api::MemoryLedger {
+            budget,
+            weights,
+            experts,
+            kv: kv_total,
+            scratch,
+            experts_budget: expert_budget,
+        });
         let profile = exec.model().profile.hash();
         // The draft runs on the verifier's thread pool (lent for its passes).
         let draft = match &cfg.draft {
@@ -383,8 +393,14 @@ impl Scheduler {
             depth,
             flights: VecDeque::with_capacity(depth),
             max_decodes: usize::MAX,
+            ledger,
             cfg,
         })
+    }
+
+    /// How `EngineConfig::memory` was divided (`None` without a budget).
+    pub fn ledger(&self) -> Option<super::api::MemoryLedger> {
+        self.ledger
     }
 
     /// The configuration.
@@ -485,14 +501,15 @@ impl Scheduler {
             .draft
             .as_ref()
             .map_or(0, |d| d.model().weight_bytes() as u64);
+        let scratch = self.ledger.map_or(0, |l| l.scratch);
         if let Some(budget) = self.cfg.memory
-            && weights + draft + kv > budget
+            && weights + draft + kv + scratch > budget
         {
             return Err(RuntimeError::InvalidParam {
                 name: "install",
                 reason: format!(
                     "memory budget {budget} B: the profile's weights take {weights} B, a draft's \
-                     {draft} B and the KV {kv} B"
+                     {draft} B, the KV {kv} B and compute scratch {scratch} B"
                 ),
             });
         }
