@@ -5,7 +5,8 @@ Run by `cargo xtask tiny-models` (see fixtures/README.md); never by the tests.
 
 Usage: python tiny_models.py LLAMA_CPP_DIR OUT_DIR [FAMILY ...]
   LLAMA_CPP_DIR: the llama.cpp vendored in the llama-cpp-python sdist (convert_hf_to_gguf.py, gguf-py/)
-  FAMILY in: llama qwen2 gemma3 olmoe granitemoe qwen2moe mixtral bitnet (default: all)
+  FAMILY in: llama qwen2 gemma3 olmoe granitemoe qwen2moe mixtral bitnet bitnet-relu2
+  bitnet-w158a8 olmoe-clip (default: all)
 
 For each FAMILY writes OUT_DIR/<family>/:
   config.json, generation_config.json, model.safetensors    (transformers save_pretrained, fp32)
@@ -48,9 +49,10 @@ Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor i
 SENTENCE = "The quick brown fox runs CPU kernels, 42 times."
 
 FAMILIES = ["llama", "qwen2", "gemma3", "olmoe", "granitemoe", "qwen2moe", "mixtral", "bitnet",
-            "bitnet-relu2", "bitnet-w158a8"]
-# Families llama.cpp has no graph for: transformers is their only oracle (no GGUFs).
-HF_ONLY = {"bitnet-relu2", "bitnet-w158a8"}
+            "bitnet-relu2", "bitnet-w158a8", "olmoe-clip"]
+# Families llama.cpp has no graph for: transformers is their only oracle (no GGUFs). OLMoE with
+# clip_qkv: llama.cpp's converter drops the clamp and its OLMoE graph has none.
+HF_ONLY = {"bitnet-relu2", "bitnet-w158a8", "olmoe-clip"}
 # BitNet b1.58's W1.58A8 as transformers runs it over full-precision masters (AutoBitLinear,
 # online: weights ternarised per tensor, activations quantised per token to 8 bits).
 W158A8 = {"quant_method": "bitnet", "linear_class": "autobitlinear", "quantization_mode": "online"}
@@ -112,11 +114,15 @@ def make_config(family: str, vocab: int):
             **k, head_dim=H // NH, query_pre_attn_scalar=H // NH, sliding_window=4,
             tie_word_embeddings=True, rope_theta=1000000.0, rope_local_base_freq=10000.0,
             hidden_activation="gelu_pytorch_tanh")
-    if family == "olmoe":
-        # no GQA: llama.cpp's OLMoE expects attn_k_norm of size n_embd (real OLMoE has no GQA)
+    if family in ("olmoe", "olmoe-clip"):
+        # no GQA: llama.cpp's OLMoE expects attn_k_norm of size n_embd (real OLMoE has no GQA);
+        # olmoe-clip clamps q and k (after their norms) and v to [-1, 1], which cuts a good part
+        # of these random models' values (their q/k have unit RMS)
         k = dict(k, num_key_value_heads=NH, intermediate_size=FF_MOE)
+        clip = dict(clip_qkv=1.0) if family == "olmoe-clip" else {}
         return "OlmoeForCausalLM", transformers.OlmoeConfig(
-            **k, num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, tie_word_embeddings=False)
+            **k, num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, tie_word_embeddings=False,
+            **clip)
     if family == "granitemoe":
         k = dict(k, intermediate_size=FF_MOE)
         return "GraniteMoeForCausalLM", transformers.GraniteMoeConfig(
@@ -264,8 +270,11 @@ def main():
     seqs = sequences(sp)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    quiet_llama()
-    import llama_cpp as L
+    # llama-cpp-python only when a family has GGUFs (transformers-only runs need none)
+    L = None
+    if any(gguf_types(f) for f in fams):
+        quiet_llama()
+        import llama_cpp as L
     summary = []
     for fam in fams:
         d = os.path.join(out, fam)
@@ -319,7 +328,7 @@ def main():
             hf=dict(file="logits.hf.f32", greedy_after_seq0=hf_greedy,
                     attn_implementation="eager", dtype="float32"),
             versions=dict(transformers=transformers.__version__, torch=torch.__version__,
-                          llama_cpp_python=L.__version__),
+                          llama_cpp_python=L.__version__ if L else None),
             llama_cpp_settings=dict(type_k="f32", type_v="f32", flash_attn="disabled", n_threads=1,
                                     use_extra_bufts=False, n_ctx=128, kv_cleared_between_sequences=True),
             gguf={},

@@ -13,7 +13,7 @@ use std::ffi::OsStr;
 use std::path::PathBuf;
 
 /// The families the generator can make (folder names under `fixtures/tiny/`).
-pub const FAMILIES: [&str; 10] = [
+pub const FAMILIES: [&str; 11] = [
     "llama",
     "qwen2",
     "gemma3",
@@ -24,6 +24,7 @@ pub const FAMILIES: [&str; 10] = [
     "bitnet",
     "bitnet-relu2",
     "bitnet-w158a8",
+    "olmoe-clip",
 ];
 
 /// The families made when none are named: those whose fixtures are committed (all).

@@ -206,6 +206,10 @@ pub struct Attention {
     pub window: Option<u32>,
     /// Scale applied to `q·k`.
     pub scale: f32,
+    /// OLMoE's `clip_qkv`: queries and keys after their norms, and values, clamped to
+    /// `[-c, c]` before RoPE and the cache (transformers' order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_qkv: Option<f32>,
 }
 
 /// A checkpoint's declared numerics for its projections.

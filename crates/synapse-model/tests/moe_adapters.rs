@@ -151,8 +151,17 @@ fn malformed_moe_sources_are_typed_errors() {
             "{e}"
         );
     }
-    // OLMoE's q/k/v clamp is not implemented.
-    let e = build_ir(&hf_desc("olmoe", |c| c["clip_qkv"] = 8.0.into())).unwrap_err();
+    // OLMoE's q/k/v clamp is read (and must be positive); other families do not define it.
+    let ir = build_ir(&hf_desc("olmoe", |c| c["clip_qkv"] = 8.0.into())).unwrap();
+    assert!(ir.layers.iter().all(|l| l.attention.clip_qkv == Some(8.0)));
+    let ir = build_ir(&hf_desc("olmoe", |c| {
+        c["clip_qkv"] = serde_json::Value::Null
+    }))
+    .unwrap();
+    assert!(ir.layers.iter().all(|l| l.attention.clip_qkv.is_none()));
+    let e = build_ir(&hf_desc("olmoe", |c| c["clip_qkv"] = (-1.0).into())).unwrap_err();
+    assert!(matches!(e, ModelError::InvalidValue { .. }), "{e}");
+    let e = build_ir(&hf_desc("mixtral", |c| c["clip_qkv"] = 8.0.into())).unwrap_err();
     assert!(matches!(e, ModelError::UnsupportedFeature { .. }), "{e}");
     // A dense layer in Qwen2-MoE (`mlp_only_layers`) expects the dense MLP's tensors.
     let e = build_ir(&hf_desc("qwen2moe", |c| {

@@ -533,6 +533,12 @@ impl Executor {
                 ensure(&mut s.v, n * kvd),
                 &mut self.ctx,
             )?;
+            if let Some(c) = l.clip_qkv {
+                // (q and k are clamped after their norms, in `rope_row`.)
+                for x in &mut s.v[..n * kvd] {
+                    *x = x.clamp(-c, c);
+                }
+            }
             tap(&mut self.tap, Stage::Q, Some(il), n, &s.q[..n * qd]);
             tap(&mut self.tap, Stage::K, Some(il), n, &s.k[..n * kvd]);
             tap(&mut self.tap, Stage::V, Some(il), n, &s.v[..n * kvd]);
@@ -917,7 +923,8 @@ fn norm_rows(x: &[f32], hd: usize, n: &NormW, y: &mut [f32], ctx: &mut KernelCtx
     });
 }
 
-/// Row `pos`'s per-head q/k norms and RoPE (`cs`: scratch of `n_rot / 2` pairs).
+/// Row `pos`'s per-head q/k norms, clamp (`clip_qkv`) and RoPE (`cs`: scratch of `n_rot / 2`
+/// pairs).
 fn rope_row(
     l: &crate::load::LayerW,
     pos: u32,
@@ -934,6 +941,11 @@ fn rope_row(
     if let Some(nk) = &l.k_norm {
         for h in k.chunks_exact_mut(nk.w.len()) {
             ops::rms_norm_inplace(h, &nk.w, nk.eps);
+        }
+    }
+    if let Some(c) = l.clip_qkv {
+        for x in q.iter_mut().chain(k.iter_mut()) {
+            *x = x.clamp(-c, c);
         }
     }
     ops::rope_cache(

@@ -243,6 +243,8 @@ pub struct LayerW {
     pub window: Option<usize>,
     /// q·k scale.
     pub scale: f32,
+    /// q (after its norm), k (after its norm) and v clamped to `[-c, c]` (OLMoE's `clip_qkv`).
+    pub clip_qkv: Option<f32>,
     /// Pre-FFN norm.
     pub ffn_norm: NormW,
     /// The FFN: dense, or a mixture of experts.
@@ -643,6 +645,7 @@ impl Model {
                 rope: rope_w(&a.rope, freq_factors),
                 window: a.window.map(|w| w as usize),
                 scale: a.scale,
+                clip_qkv: a.clip_qkv,
                 ffn_norm: norm(ffn_norm)?,
                 ffn,
                 ffn_post_norm: ffn_post_norm.as_ref().map(norm).transpose()?,
@@ -915,6 +918,7 @@ fn absent_layer(l: &synapse_model::LayerRegion) -> Result<LayerW> {
         rope: rope_w(&a.rope, None),
         window: a.window.map(|w| w as usize),
         scale: a.scale,
+        clip_qkv: a.clip_qkv,
         ffn_norm: empty(l.ffn.norm()),
         ffn,
         ffn_post_norm: None,

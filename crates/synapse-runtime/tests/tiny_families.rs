@@ -228,6 +228,33 @@ fn tiny_bitnet() {
     check_family("bitnet", false);
 }
 
+/// OLMoE with `clip_qkv` (q and k after their norms, and v, clamped to [-1, 1]): transformers
+/// is the only oracle (llama.cpp's converter drops the clamp). The clamp bites: the same
+/// weights without it are far from transformers' logits.
+#[test]
+fn tiny_olmoe_clip_qkv() {
+    let dir = common::workspace_root().join("fixtures/tiny/olmoe-clip");
+    if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+        return;
+    }
+    check_cases(
+        "olmoe-clip",
+        vec![(
+            dir.clone(),
+            dir.join("logits.hf.f32"),
+            hf_tolerance("olmoe-clip"),
+        )],
+    );
+    let unclipped = fixture_copy(&dir, true, |c| c["clip_qkv"] = serde_json::Value::Null);
+    let seqs = common::tiny_sequences(&dir);
+    let (_, rel) = compare(
+        &run_all(unclipped.path(), &seqs),
+        &read_f32(&dir.join("logits.hf.f32")),
+    );
+    eprintln!("olmoe-clip without the clamp: rel {rel:.3e}");
+    assert!(rel > 1e-3, "the clamp changed nothing ({rel:.3e})");
+}
+
 /// BitNet b1.58 2B4T's graph (ReLU², untied head): transformers is the only oracle.
 #[test]
 fn tiny_bitnet_relu2() {

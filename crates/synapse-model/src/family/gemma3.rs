@@ -169,6 +169,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
             },
             window: if swa { window } else { None },
             scale,
+            clip_qkv: None,
         };
         let ffn = FfnRegion::Dense(Ffn {
             norm: b.norm(&n("ffn_norm", "pre_feedforward_layernorm"), h, eps, off)?,

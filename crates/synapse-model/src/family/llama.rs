@@ -158,10 +158,21 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
         if let Some(q) = b.src.get("quantization_config") {
             projection_quant = Some(bitnet_quant(&b, o.bitnet, q)?);
         }
-        if let Some(c) = b.src.get("clip_qkv") {
-            return Err(b.unsupported(format!("clip_qkv {c:?}")));
-        }
     }
+    // OLMoE's clip_qkv (transformers clamps q and k after their norms, and v). llama.cpp's
+    // converter drops it and its OLMoE graph never clamps, so a GGUF carries none.
+    let clip_qkv = if gguf {
+        None
+    } else {
+        match b.opt_f32("", "clip_qkv")? {
+            None => None,
+            Some(c) if o.family == Family::Olmoe && c > 0.0 => Some(c),
+            Some(c) if o.family == Family::Olmoe => {
+                return Err(b.invalid("clip_qkv", format!("{c} is not positive")));
+            }
+            Some(c) => return Err(b.unsupported(format!("clip_qkv {c}"))),
+        }
+    };
     // Granite's multipliers (1 = absent).
     let granite = |gguf_key: &str, hf_key: &str| -> Result<Option<f32>> {
         if !o.granite {
@@ -305,6 +316,7 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
             },
             window: None,
             scale: attention_scale.unwrap_or(1.0 / (head_dim as f32).sqrt()),
+            clip_qkv,
         };
         let norm = b.norm(
             &n("ffn_norm", "post_attention_layernorm", "weight"),
