@@ -1,5 +1,7 @@
-//! aarch64 NEON kernels (+ `sdot` when the CPU has `dotprod`). Written and compiled in CI with
-//! `cargo check --target aarch64-unknown-linux-gnu`; not run on this project's x86 machines.
+//! aarch64 NEON kernels (+ `sdot` when the CPU has `dotprod`), in ggml's x86 float order like
+//! every other path. No aarch64 machine here: CI builds the kernel and codec tests for
+//! `aarch64-unknown-linux-gnu` and runs them under `qemu-aarch64` (user-mode emulation), so the
+//! NEON paths are checked against the scalar path and ggml's fixtures, not timed.
 //!
 //! `vdotq_s32` is still unstable in `std::arch`, so the `dotprod` variant issues `sdot` through
 //! inline assembly inside a `#[target_feature(enable = "dotprod")]` function.
@@ -18,31 +20,30 @@ unsafe fn f16(p: *const u8) -> f32 {
     half::f16::from_bits(unsafe { rd(p.cast::<u16>()) }).to_f32()
 }
 
-/// Σ w·a over 32 signed bytes, widening multiplies (baseline NEON).
+/// The 8 i32 lanes of a 32-byte dot in ggml's x86 lane layout (lane `j` = elements
+/// `4j..4j+4`), as two vectors of 4 (widening multiplies, pairwise adds: baseline NEON).
 #[inline]
 #[target_feature(enable = "neon")]
-unsafe fn idot32(w: *const u8, a: *const u8) -> i32 {
+unsafe fn lanes32(w: *const u8, a: *const u8) -> [int32x4_t; 2] {
     unsafe {
-        let mut acc = vdupq_n_s32(0);
-        for h in 0..2 {
+        std::array::from_fn(|h| {
             let x = vld1q_s8(w.add(16 * h).cast());
             let y = vld1q_s8(a.add(16 * h).cast());
-            let lo = vmull_s8(vget_low_s8(x), vget_low_s8(y));
-            let hi = vmull_high_s8(x, y);
-            acc = vpadalq_s16(acc, lo);
-            acc = vpadalq_s16(acc, hi);
-        }
-        vaddvq_s32(acc)
+            // Pair sums of elements 0..8 and 8..16, then sums of adjacent pairs.
+            let lo = vpaddlq_s16(vmull_s8(vget_low_s8(x), vget_low_s8(y)));
+            let hi = vpaddlq_s16(vmull_high_s8(x, y));
+            vpaddq_s32(lo, hi)
+        })
     }
 }
 
-/// Σ w·a over 32 signed bytes with `sdot`.
+/// [`lanes32`] with `sdot`, whose i32 lane `j` is exactly elements `4j..4j+4`.
 #[inline]
 #[target_feature(enable = "neon,dotprod")]
-unsafe fn idot32_sdot(w: *const u8, a: *const u8) -> i32 {
+unsafe fn lanes32_sdot(w: *const u8, a: *const u8) -> [int32x4_t; 2] {
     unsafe {
-        let mut acc = vdupq_n_s32(0);
-        for h in 0..2 {
+        std::array::from_fn(|h| {
+            let mut acc = vdupq_n_s32(0);
             let x = vld1q_s8(w.add(16 * h).cast());
             let y = vld1q_s8(a.add(16 * h).cast());
             std::arch::asm!(
@@ -52,9 +53,27 @@ unsafe fn idot32_sdot(w: *const u8, a: *const u8) -> i32 {
                 y = in(vreg) y,
                 options(pure, nomem, nostack)
             );
-        }
-        vaddvq_s32(acc)
+            acc
+        })
     }
+}
+
+/// ggml's x86 fold of one block into its 8 f32 accumulators: `acc_j = fma(d, lane_j, acc_j)`.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn fma_lanes(acc: &mut [float32x4_t; 2], d: f32, l: [int32x4_t; 2]) {
+    let d = vdupq_n_f32(d);
+    for (a, l) in acc.iter_mut().zip(l) {
+        *a = vfmaq_f32(*a, vcvtq_f32_s32(l), d);
+    }
+}
+
+/// ggml's x86 horizontal sum of the 8 accumulators: `((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))`.
+#[inline]
+#[target_feature(enable = "neon")]
+unsafe fn hsum8(acc: [float32x4_t; 2]) -> f32 {
+    let t = vaddq_f32(acc[0], acc[1]);
+    (vgetq_lane_f32(t, 0) + vgetq_lane_f32(t, 2)) + (vgetq_lane_f32(t, 1) + vgetq_lane_f32(t, 3))
 }
 
 /// Q4_0 codes (0..15, low nibbles first) into 32 bytes at `out`.
@@ -69,25 +88,28 @@ unsafe fn nibbles32(qs: *const u8, out: &mut [u8; 32]) {
     }
 }
 
+// Q8_0 and Q4_0 in ggml's x86 float order (the scalar path's, so every path gives the same
+// bits): per block `d = d_w·d_a`, the 8 four-element lanes, `acc_j = fma(d, lane_j, acc_j)`,
+// then [`hsum8`].
 macro_rules! neon_q {
-    ($q8:ident, $q4:ident, $idot:ident, $features:literal) => {
+    ($q8:ident, $q4:ident, $lanes:ident, $features:literal) => {
         #[target_feature(enable = $features)]
         unsafe fn $q8(w: *const u8, a: *const u8, nb: usize) -> f32 {
             unsafe {
-                let mut acc = 0f32;
+                let mut acc = [vdupq_n_f32(0.0); 2];
                 for i in 0..nb {
                     let (wb, ab) = (w.add(i * 34), a.add(i * A32));
-                    let s = $idot(wb.add(2), ab.add(8));
-                    acc += f16(wb) * rd(ab.cast::<f32>()) * s as f32;
+                    let d = f16(wb) * rd(ab.cast::<f32>());
+                    fma_lanes(&mut acc, d, $lanes(wb.add(2), ab.add(8)));
                 }
-                acc
+                hsum8(acc)
             }
         }
 
         #[target_feature(enable = $features)]
         unsafe fn $q4(w: *const u8, a: *const u8, nb: usize) -> f32 {
             unsafe {
-                let mut acc = 0f32;
+                let mut acc = [vdupq_n_f32(0.0); 2];
                 let mut codes = [0u8; 32];
                 for i in 0..nb {
                     let (wb, ab) = (w.add(i * 18), a.add(i * A32));
@@ -95,17 +117,17 @@ macro_rules! neon_q {
                     for c in codes.iter_mut() {
                         *c = c.wrapping_sub(8);
                     }
-                    let s = $idot(codes.as_ptr(), ab.add(8));
-                    acc += f16(wb) * rd(ab.cast::<f32>()) * s as f32;
+                    let d = f16(wb) * rd(ab.cast::<f32>());
+                    fma_lanes(&mut acc, d, $lanes(codes.as_ptr(), ab.add(8)));
                 }
-                acc
+                hsum8(acc)
             }
         }
     };
 }
 
-neon_q!(dot_q8_0, dot_q4_0, idot32, "neon");
-neon_q!(dot_q8_0_sdot, dot_q4_0_sdot, idot32_sdot, "neon,dotprod");
+neon_q!(dot_q8_0, dot_q4_0, lanes32, "neon");
+neon_q!(dot_q8_0_sdot, dot_q4_0_sdot, lanes32_sdot, "neon,dotprod");
 
 #[target_feature(enable = "neon")]
 unsafe fn dot_f32(w: *const u8, a: *const u8, n: usize) -> f32 {
