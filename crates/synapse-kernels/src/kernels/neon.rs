@@ -129,6 +129,88 @@ macro_rules! neon_q {
 neon_q!(dot_q8_0, dot_q4_0, lanes32, "neon");
 neon_q!(dot_q8_0_sdot, dot_q4_0_sdot, lanes32_sdot, "neon,dotprod");
 
+// TQ1_0 / TQ2_0 against Q8_K in ggml's AVX2 order (the scalar path's `tq_lanes`): per block
+// the 8 lanes, lane `k` summing elements `4k..4k+4` of every 32-element vector of codes
+// `t + 1`, minus `bsums[2k] + bsums[2k+1]`; `acc_k = fma(lane_k, d_a·d_w, acc_k)`; `hsum8`.
+/// `BlockQ8K` = {d: f32, qs: [i8; 256], bsums: [i16; 16]} (292 bytes).
+const AK: usize = 292;
+
+macro_rules! neon_tq {
+    ($tq1:ident, $tq2:ident, $lanes:ident, $features:literal) => {
+        /// The lanes of one block of codes (256 bytes) against `ab`'s Q8_K block, ready to
+        /// scale.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn tq_block(codes: *const u8, ab: *const u8, acc: &mut [float32x4_t; 2], d: f32) {
+            unsafe {
+                let mut l = [vdupq_n_s32(0); 2];
+                for v in 0..8 {
+                    let x = $lanes(codes.add(32 * v), ab.add(4 + 32 * v));
+                    l[0] = vaddq_s32(l[0], x[0]);
+                    l[1] = vaddq_s32(l[1], x[1]);
+                }
+                // bsums pairs: lane k loses bsums[2k] + bsums[2k + 1].
+                let bs = vld1q_s16(ab.add(4 + 256).cast());
+                let bs2 = vld1q_s16(ab.add(4 + 256 + 16).cast());
+                l[0] = vsubq_s32(l[0], vpaddlq_s16(bs));
+                l[1] = vsubq_s32(l[1], vpaddlq_s16(bs2));
+                fma_lanes(acc, d, l);
+            }
+        }
+
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $tq2(w: *const u8, a: *const u8, nb: usize) -> f32 {
+            unsafe {
+                let mut acc = [vdupq_n_f32(0.0); 2];
+                let mut codes = [0u8; 256];
+                let three = vdupq_n_u8(3);
+                for i in 0..nb {
+                    let (wb, ab) = (w.add(i * 66), a.add(i * AK));
+                    // Codes in element order: bytes j..j+32 shifted by 2l, for j in {0, 32}.
+                    for (half, j) in [0usize, 32].into_iter().enumerate() {
+                        let b0 = vld1q_u8(wb.add(j));
+                        let b1 = vld1q_u8(wb.add(j + 16));
+                        for l in 0..4 {
+                            let sh = vdupq_n_s8(-2 * l as i8);
+                            let o = codes.as_mut_ptr().add(128 * half + 32 * l as usize);
+                            vst1q_u8(o, vandq_u8(vshlq_u8(b0, sh), three));
+                            vst1q_u8(o.add(16), vandq_u8(vshlq_u8(b1, sh), three));
+                        }
+                    }
+                    let d = rd(ab.cast::<f32>()) * f16(wb.add(64));
+                    tq_block(codes.as_ptr(), ab, &mut acc, d);
+                }
+                hsum8(acc)
+            }
+        }
+
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $tq1(w: *const u8, a: *const u8, nb: usize) -> f32 {
+            unsafe {
+                let mut acc = [vdupq_n_f32(0.0); 2];
+                for i in 0..nb {
+                    let (wb, ab) = (w.add(i * 54), a.add(i * AK));
+                    // Base-3 unpacking stays scalar (the multiply-and-shift per trit).
+                    let codes =
+                        crate::kernels::decode::tq1_codes(std::slice::from_raw_parts(wb, 54));
+                    let d = rd(ab.cast::<f32>()) * f16(wb.add(52));
+                    tq_block(codes.as_ptr(), ab, &mut acc, d);
+                }
+                hsum8(acc)
+            }
+        }
+    };
+}
+
+mod tq_neon {
+    use super::*;
+    neon_tq!(dot_tq1_0, dot_tq2_0, lanes32, "neon");
+}
+mod tq_sdot {
+    use super::*;
+    neon_tq!(dot_tq1_0, dot_tq2_0, lanes32_sdot, "neon,dotprod");
+}
+
 #[target_feature(enable = "neon")]
 unsafe fn dot_f32(w: *const u8, a: *const u8, n: usize) -> f32 {
     unsafe {
@@ -163,6 +245,10 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         GgmlType::Q8_0 => (ActKind::Q8x32, dot_q8_0),
         GgmlType::Q4_0 if sdot => (ActKind::Q8x32, dot_q4_0_sdot),
         GgmlType::Q4_0 => (ActKind::Q8x32, dot_q4_0),
+        GgmlType::TQ1_0 if sdot => (ActKind::Q8K, tq_sdot::dot_tq1_0),
+        GgmlType::TQ1_0 => (ActKind::Q8K, tq_neon::dot_tq1_0),
+        GgmlType::TQ2_0 if sdot => (ActKind::Q8K, tq_sdot::dot_tq2_0),
+        GgmlType::TQ2_0 => (ActKind::Q8K, tq_neon::dot_tq2_0),
         _ => return None,
     };
     Some(Kernel {
