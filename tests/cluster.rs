@@ -25,6 +25,9 @@
 //! Needs `etcd` (Debian `etcd-server`; `.ci/run` installs it) and SmolLM2-135M-Instruct in
 //! the model cache.
 
+#[path = "../crates/synapse-cli/tests/common/mod.rs"]
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -363,24 +366,7 @@ fn front_end(etcd: &str, model: &Path, cluster: &str) -> (Proc, String) {
 
 /// POST `body` to `path`: (status, JSON body).
 fn post(addr: &str, path: &str, body: &str) -> (u16, Value) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let status: u16 = raw[9..12].parse().unwrap();
-    let (_, rest) = raw.split_once("\r\n\r\n").unwrap();
-    let body = match (rest.find('{'), rest.rfind('}')) {
-        (Some(a), Some(b)) => serde_json::from_str(&rest[a..=b]).unwrap_or(Value::Null),
-        _ => Value::Null,
-    };
-    (status, body)
+    common::http(addr, "POST", path, body)
 }
 
 /// A streamed completion; `on_chunk(n)` is called after the `n`-th content chunk. Returns the

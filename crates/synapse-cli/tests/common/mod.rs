@@ -1,4 +1,5 @@
-//! Helpers of the command-line tests that drive `synapse-cli serve` over HTTP.
+//! Helpers of the command-line tests that drive `synapse-cli serve` over HTTP (also used by
+//! the top-level `tests/cluster.rs`).
 
 #![allow(dead_code)]
 
@@ -11,6 +12,8 @@ use serde_json::Value;
 /// One HTTP/1.1 request on its own connection: (status, body as JSON or as a string).
 pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
     let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(300)))
+        .unwrap();
     write!(
         s,
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
