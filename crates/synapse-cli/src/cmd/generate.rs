@@ -4,6 +4,7 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+use synapse_server::metrics::proc_status_bytes;
 
 use anyhow::{Context, bail};
 use clap::Args as ClapArgs;
@@ -112,11 +113,6 @@ pub struct Args {
     memory: Option<String>,
 }
 
-/// `kB` of a `/proc/self/status` field, in bytes (0 where there is none).
-fn status_bytes(field: &str) -> u64 {
-    synapse_server::metrics::proc_status_bytes(field)
-}
-
 /// Precision escalation modes.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Escalation {
@@ -154,7 +150,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--memory with --escalation is not supported yet (a draft's experts would page outside the budget)"
         );
     }
-    let baseline_rss = status_bytes("VmRSS:");
+    let baseline_rss = proc_status_bytes("VmRSS:");
     let t_load = Instant::now();
     let (model, tok) = load_model(args.model.as_deref(), args.store.as_deref())?;
     let source = Arc::new(model);
@@ -368,7 +364,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         "hit_rate": p.hit_rate(),
                     })),
                     "baseline_rss": baseline_rss,
-                    "peak_rss": status_bytes("VmHWM:"),
+                    "peak_rss": proc_status_bytes("VmHWM:"),
                 })
             }),
             "timings": {
@@ -523,7 +519,7 @@ fn budget_memory(
     threads: usize,
     exec: &mut Executor,
 ) -> anyhow::Result<Ledger> {
-    let loaded = status_bytes("VmRSS:").saturating_sub(baseline_rss);
+    let loaded = proc_status_bytes("VmRSS:").saturating_sub(baseline_rss);
     let experts_total = model.expert_bytes() as u64;
     let outside = model.weight_bytes() as u64 - experts_total;
     let scratch = model.pass_scratch_bytes(chunk, 1, ctx, threads);
