@@ -75,6 +75,10 @@ pub struct Args {
     /// Skip the 262144×640 LM head (178 MB of Q8_0 per copy).
     #[arg(long)]
     no_lm_head: bool,
+    /// Matrix shapes `ROWSxK` instead of Gemma 3 270M's (e.g. BitNet b1.58 2B4T's
+    /// `2560x2560,640x2560,6912x2560,2560x6912`); the LM head is then left out.
+    #[arg(long, value_delimiter = ',', value_parser = parse_shape)]
+    shapes: Vec<(usize, usize)>,
     /// Buffer for the bandwidth measurement (MiB).
     #[arg(long, default_value_t = 512)]
     membw_mib: usize,
@@ -95,6 +99,21 @@ const SHAPES: [(usize, usize); 5] = [
     (256, 640),
 ];
 const LM_HEAD: (usize, usize) = (262144, 640);
+
+/// `ROWSxK` → (rows, K).
+fn parse_shape(s: &str) -> Result<(usize, usize), String> {
+    let (r, k) = s
+        .trim()
+        .split_once('x')
+        .ok_or_else(|| format!("`{s}`: expected ROWSxK"))?;
+    let parse = |v: &str| {
+        v.parse::<usize>()
+            .ok()
+            .filter(|&v| v > 0)
+            .ok_or_else(|| format!("`{s}`: `{v}` is not a positive integer"))
+    };
+    Ok((parse(r)?, parse(k)?))
+}
 /// (type, rows, K) of the tensors of the default model (gemma-3-270m Q4_K_M).
 const MODEL: [(&str, usize, usize); 7] = [
     ("q5_0", 1024, 640),
@@ -439,8 +458,16 @@ pub fn run(args: Args) -> Result<()> {
 
     let base = target_dir().join("bench-kernels-vs-ggml");
     let mut cases = Vec::new();
-    let shapes = SHAPES.iter().chain((!args.no_lm_head).then_some(&LM_HEAD));
-    for &(rows, k) in shapes {
+    let shapes: Vec<(usize, usize)> = if args.shapes.is_empty() {
+        SHAPES
+            .iter()
+            .copied()
+            .chain((!args.no_lm_head).then_some(LM_HEAD))
+            .collect()
+    } else {
+        args.shapes.clone()
+    };
+    for &(rows, k) in &shapes {
         for ty in &args.types {
             if !k.is_multiple_of(block_size(ty)?) || ((rows, k) == LM_HEAD && ty != "q8_0") {
                 continue;

@@ -455,7 +455,9 @@ impl QuantMatrix {
         #[cfg(target_arch = "x86_64")]
         let tiled_order = order_rows >= kernels::MANY_ROWS;
         #[cfg(target_arch = "x86_64")]
-        if (n < kernels::gemvk::UNTIL || !tiled_order)
+        // TQ2_0 at every row count: ggml has one order for it, and the row-pair kernel
+        // measured 1.5–1.9× the per-row tiles at 32 and 128 rows (kbench, 2 threads).
+        if (n < kernels::gemvk::UNTIL || !tiled_order || ty == GgmlType::TQ2_0)
             && ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
             && kernels::gemvk::supports(ty)
         {
@@ -463,6 +465,9 @@ impl QuantMatrix {
             let arb = ActKind::Q8K.row_bytes(self.cols);
             act_scratch.set_len(n * arb);
             quantize_rows(ActKind::Q8K, x, self.cols, act_scratch.as_bytes_mut());
+            if ty == GgmlType::TQ2_0 {
+                kernels::gemvk::prepare_tq2(act_scratch.as_bytes_mut(), n * self.cols / 256);
+            }
             let a = act_scratch.as_bytes();
             let yp = SyncPtr(y.as_mut_ptr());
             let (w, rb, rows, nb) = (

@@ -1,4 +1,4 @@
-//! A few activation rows against a Q4_K or Q6_K matrix on AVX-512 VNNI: two weight rows per
+//! A few activation rows against a Q4_K or Q6_K matrix (and any number against TQ2_0) on AVX-512 VNNI: two weight rows per
 //! 512-bit register, one per 256-bit half, each pair unpacked once for up to [`max_n`]
 //! activation rows, in the float order of ggml's `vec_dot_q4_K_q8_K` (x86) per
 //! row: per super-block the 8 i32 lanes `Σ_c madd(maddubs(codes, q8), scale)`, `acc = fma(d_a·d,
@@ -7,6 +7,12 @@
 //! at `−32·madd(scales, bsums)` and add `madd(maddubs(codes, q8), scale)` per 32 elements —
 //! the same bits as the per-row kernels, with every instruction serving two rows (and the
 //! integer `madd` + add fused into one `vpdpwssd`: exact integers, same lane values).
+//!
+//! TQ2_0 (every activation-row count: ggml has no tiled order for it) in the order of
+//! `vec_dot_tq2_0_q8_K` (x86): one 64-byte block of codes per register against activations
+//! re-laid out once per call ([`prepare_tq2`]), the 2-bit codes extracted by GFNI affine maps
+//! where the CPU has them (shift and mask otherwise); row pairs for several activation rows,
+//! one row and two blocks per step for one (see [`tq2_dispatch`]).
 
 use std::arch::x86_64::*;
 
@@ -17,7 +23,7 @@ use synapse_formats::GgmlType;
 
 /// The types this kernel handles.
 pub(crate) fn supports(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::TQ2_0)
 }
 
 /// Bytes of a Q4_K block and of a Q8_K activation block (`d`, `qs[256]`, `bsums[16]`).
@@ -217,6 +223,16 @@ pub(crate) unsafe fn rows(
                         _ => unreachable!("1..=8 rows"),
                     }
                 };
+            }
+            if ty == GgmlType::TQ2_0 {
+                // ggml has no tiled order for TQ2_0: `vec_dot` at every row count.
+                if std::is_x86_feature_detected!("gfni") {
+                    go!(tq2_rows_gfni, false)
+                } else {
+                    go!(tq2_rows_shift, false)
+                }
+                t0 += k;
+                continue;
             }
             match (ty == GgmlType::Q6_K, tiled) {
                 (true, false) => go!(q6k_rows, false),
@@ -470,5 +486,382 @@ unsafe fn q6k_rows<const N: usize, const TILED: bool>(
             }
         }
         r += 2;
+    }
+}
+
+/// Bytes of a TQ2_0 block (`qs[64]`, f16 `d`).
+const TS2: usize = 66;
+
+/// [`rows`] for TQ2_0 with the 2-bit codes extracted by shift and mask.
+///
+/// # Safety
+/// As [`rows`], with `a` pointing at `N` activation rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tq2_rows_shift<const N: usize, const TILED: bool>(
+    w: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    a: *const u8,
+    y: *mut f32,
+    ystride: usize,
+    r0: usize,
+    r1: usize,
+) {
+    let m3 = _mm512_set1_epi8(3);
+    let codes = |q: __m512i| {
+        [
+            _mm512_and_si512(q, m3),
+            _mm512_and_si512(_mm512_srli_epi16(q, 2), m3),
+            _mm512_and_si512(_mm512_srli_epi16(q, 4), m3),
+            _mm512_and_si512(_mm512_srli_epi16(q, 6), m3),
+        ]
+    };
+    // SAFETY: forwarded contract.
+    unsafe { tq2_dispatch::<N>(w, row_bytes, nb, a, y, ystride, r0, r1, codes) }
+}
+
+/// [`rows`] for TQ2_0 with the 2-bit codes extracted by one GF(2) affine map each
+/// (`vgf2p8affineqb`: bits `2l, 2l+1` of every byte to bits 0, 1, the rest cleared).
+///
+/// # Safety
+/// As [`rows`], and the CPU has GFNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tq2_rows_gfni<const N: usize, const TILED: bool>(
+    w: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    a: *const u8,
+    y: *mut f32,
+    ystride: usize,
+    r0: usize,
+    r1: usize,
+) {
+    // Output bit i of a byte is the parity of (matrix byte 7 − i) & input: bit 0 ← input
+    // bit 2l (byte 7), bit 1 ← input bit 2l + 1 (byte 6).
+    let m =
+        |l: u32| _mm512_set1_epi64((((1u64 << (2 * l)) << 56) | ((2u64 << (2 * l)) << 48)) as i64);
+    let (m0, m1, m2, m3) = (m(0), m(1), m(2), m(3));
+    let codes = |q: __m512i| {
+        [
+            _mm512_gf2p8affine_epi64_epi8::<0>(q, m0),
+            _mm512_gf2p8affine_epi64_epi8::<0>(q, m1),
+            _mm512_gf2p8affine_epi64_epi8::<0>(q, m2),
+            _mm512_gf2p8affine_epi64_epi8::<0>(q, m3),
+        ]
+    };
+    // SAFETY: forwarded contract.
+    unsafe { tq2_dispatch::<N>(w, row_bytes, nb, a, y, ystride, r0, r1, codes) }
+}
+
+/// Re-lays out `nblocks` Q8_K activation blocks in place for [`rows`] on TQ2_0: each block's
+/// 32-byte quarters `v0..v8` become `[v0 v4 v1 v5 v2 v6 v3 v7]` (64-byte chunk `l` = the
+/// activations of code vector `l` of both 32-byte halves of a TQ2_0 block), and its 16 `i16`
+/// bsums become 8 `i32` lanes `−(bsums[2j] + bsums[2j+1])`. `d` stays.
+pub(crate) fn prepare_tq2(a: &mut [u8], nblocks: usize) {
+    for b in a[..nblocks * AK].chunks_exact_mut(AK) {
+        let mut qs = [0u8; 256];
+        for (l, ch) in qs.chunks_exact_mut(64).enumerate() {
+            ch[..32].copy_from_slice(&b[4 + 32 * l..4 + 32 * l + 32]);
+            ch[32..].copy_from_slice(&b[4 + 32 * (4 + l)..4 + 32 * (4 + l) + 32]);
+        }
+        b[4..260].copy_from_slice(&qs);
+        let bs: [i32; 16] =
+            std::array::from_fn(|k| i16::from_le_bytes([b[260 + 2 * k], b[261 + 2 * k]]) as i32);
+        for j in 0..8 {
+            let v = -(bs[2 * j] + bs[2 * j + 1]);
+            b[260 + 4 * j..264 + 4 * j].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
+/// Bytes ahead of the current block the one-row TQ2_0 kernel prefetches (the per-row x86
+/// kernels' distance; 768–12288 measured alike within this machine's noise, no prefetch
+/// worse).
+const TQ2_PREFETCH: usize = 1536;
+
+/// [`tq2_body`] and [`tq2_body1`] by activation-row count: with one activation row, one
+/// weight row at a time (one weight stream per thread: a row pair's two streams measured
+/// 10–20% slower from DRAM, kbench_ggml 2560×6912, 2 threads), otherwise row pairs (codes
+/// unpacked once for both rows and every activation row).
+///
+/// # Safety
+/// As [`tq2_body`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tq2_dispatch<const N: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    a: *const u8,
+    y: *mut f32,
+    ystride: usize,
+    r0: usize,
+    r1: usize,
+    codes: impl Fn(__m512i) -> [__m512i; 4],
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        if N == 1 {
+            tq2_body1::<N>(w, row_bytes, nb, a, y, ystride, r0, r1, codes)
+        } else {
+            tq2_body::<N>(w, row_bytes, nb, a, y, ystride, r0, r1, codes)
+        }
+    }
+}
+
+/// [`tq2_body`]'s order, one weight row at a time and two of its blocks per step: the two
+/// blocks' lanes in one register (`[block i | block i + 1]`), then `acc = fma(lanes, d, acc)`
+/// for block `i`, then for block `i + 1` (8 lanes each, as ggml).
+///
+/// # Safety
+/// As [`tq2_body`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tq2_body1<const N: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    a: *const u8,
+    y: *mut f32,
+    ystride: usize,
+    r0: usize,
+    r1: usize,
+    codes: impl Fn(__m512i) -> [__m512i; 4],
+) {
+    let astride = nb * AK;
+    /// One block's lanes, each half apart: code vectors `l` against [`prepare_tq2`]'s chunk
+    /// `l` in two chains (exact integers).
+    #[inline(always)]
+    unsafe fn lanes(c: &[__m512i; 4], ab: *const u8) -> __m512i {
+        unsafe {
+            let mut s = [_mm512_setzero_si512(); 2];
+            for l in 0..4 {
+                let av = _mm512_loadu_si512(ab.add(4 + 64 * l).cast());
+                s[l & 1] = _mm512_dpbusd_epi32(s[l & 1], c[l], av);
+            }
+            _mm512_add_epi32(s[0], s[1])
+        }
+    }
+    for r in r0..r1 {
+        // SAFETY: row r is inside `w`; blocks and activations sized by the caller.
+        unsafe {
+            let p = w[r * row_bytes..].as_ptr();
+            let mut acc = [_mm256_setzero_ps(); N];
+            let mut i = 0;
+            while i + 2 <= nb {
+                let (w0, w1) = (p.add(i * TS2), p.add((i + 1) * TS2));
+                _mm_prefetch::<_MM_HINT_T0>(w0.wrapping_add(TQ2_PREFETCH).cast());
+                _mm_prefetch::<_MM_HINT_T0>(w0.wrapping_add(TQ2_PREFETCH + 64).cast());
+                let c0 = codes(_mm512_loadu_si512(w0.cast()));
+                let c1 = codes(_mm512_loadu_si512(w1.cast()));
+                let dw = dpair(w0.add(64), w1.add(64));
+                let (dw0, dw1) = (_mm_cvtss_f32(dw), _mm_cvtss_f32(_mm_movehdup_ps(dw)));
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    let a0 = a.add(t * astride + i * AK);
+                    let a1 = a0.add(AK);
+                    let (s0, s1) = (lanes(&c0, a0), lanes(&c1, a1));
+                    let s = _mm512_add_epi32(
+                        _mm512_shuffle_i64x2::<0x44>(s0, s1),
+                        _mm512_shuffle_i64x2::<0xEE>(s0, s1),
+                    );
+                    let bs = _mm512_inserti64x4(
+                        _mm512_castsi256_si512(_mm256_loadu_si256(a0.add(260).cast())),
+                        _mm256_loadu_si256(a1.add(260).cast()),
+                        1,
+                    );
+                    let f = _mm512_cvtepi32_ps(_mm512_add_epi32(s, bs));
+                    let d0 = dw0 * std::ptr::read_unaligned(a0.cast::<f32>());
+                    let d1 = dw1 * std::ptr::read_unaligned(a1.cast::<f32>());
+                    *acc = _mm256_fmadd_ps(_mm512_castps512_ps256(f), _mm256_set1_ps(d0), *acc);
+                    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1));
+                    *acc = _mm256_fmadd_ps(hi, _mm256_set1_ps(d1), *acc);
+                }
+                i += 2;
+            }
+            if i < nb {
+                let w0 = p.add(i * TS2);
+                let c0 = codes(_mm512_loadu_si512(w0.cast()));
+                let dw0 = _mm_cvtss_f32(dpair(w0.add(64), w0.add(64)));
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    let a0 = a.add(t * astride + i * AK);
+                    let s0 = lanes(&c0, a0);
+                    let s = _mm256_add_epi32(
+                        _mm512_castsi512_si256(s0),
+                        _mm512_extracti64x4_epi64(s0, 1),
+                    );
+                    let s = _mm256_add_epi32(s, _mm256_loadu_si256(a0.add(260).cast()));
+                    let d0 = dw0 * std::ptr::read_unaligned(a0.cast::<f32>());
+                    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d0), *acc);
+                }
+            }
+            for (t, at) in acc.iter().enumerate() {
+                let (ya, _) = halves(_mm512_castps256_ps512(*at));
+                *y.add(t * ystride + r) = ya;
+            }
+        }
+    }
+}
+
+/// TQ2_0 rows in ggml's `vec_dot_tq2_0_q8_K` order (x86): per block the 8 i32 lanes
+/// `Σ_v Σ₄ code·q8 − pairwise bsums` (codes `t + 1` in 0..2; exact integers, any order),
+/// `acc = fma(lanes, d_a·d, acc)`, then `hsum_float_8(acc)`. One weight row's whole block per
+/// register (code vector `l` of both halves against [`prepare_tq2`]'s chunk `l`), the two
+/// halves of rows `a` and `b` folded into one register of both rows' lanes.
+/// `codes(q)` gives the four code vectors `l = 0..4` (bits `2l` of every byte).
+///
+/// # Safety
+/// As [`rows`], with `a` pointing at `N` activation rows laid out by [`prepare_tq2`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tq2_body<const N: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    a: *const u8,
+    y: *mut f32,
+    ystride: usize,
+    r0: usize,
+    r1: usize,
+    codes: impl Fn(__m512i) -> [__m512i; 4],
+) {
+    let astride = nb * AK;
+    let dist = prefetch_dist(row_bytes);
+    let mut r = r0;
+    while r < r1 {
+        let (rb, pa, pb) = row_pair(w, row_bytes, r, r1);
+        // SAFETY: rows r and rb are inside `w`; blocks and activations sized by the caller.
+        unsafe {
+            let mut acc = [_mm512_setzero_ps(); N];
+            for i in 0..nb {
+                let (wa, wb, ai) = (pa.add(i * TS2), pb.add(i * TS2), a.add(i * AK));
+                _mm_prefetch::<_MM_HINT_T1>(wa.wrapping_add(dist).cast());
+                _mm_prefetch::<_MM_HINT_T1>(wb.wrapping_add(dist).cast());
+                let ca = codes(_mm512_loadu_si512(wa.cast()));
+                let cb = codes(_mm512_loadu_si512(wb.cast()));
+                let dw = dpair(wa.add(64), wb.add(64));
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    let ab = ai.add(t * astride);
+                    // Two chains per row (exact integers: any grouping gives the lanes).
+                    let mut sa = [_mm512_setzero_si512(); 2];
+                    let mut sb = [_mm512_setzero_si512(); 2];
+                    for l in 0..4 {
+                        let av = _mm512_loadu_si512(ab.add(4 + 64 * l).cast());
+                        sa[l & 1] = _mm512_dpbusd_epi32(sa[l & 1], ca[l], av);
+                        sb[l & 1] = _mm512_dpbusd_epi32(sb[l & 1], cb[l], av);
+                    }
+                    let (sa, sb) = (
+                        _mm512_add_epi32(sa[0], sa[1]),
+                        _mm512_add_epi32(sb[0], sb[1]),
+                    );
+                    // [a's lanes | b's lanes]: each row's two halves added.
+                    let s = _mm512_add_epi32(
+                        _mm512_shuffle_i64x2::<0x44>(sa, sb),
+                        _mm512_shuffle_i64x2::<0xEE>(sa, sb),
+                    );
+                    let s = _mm512_add_epi32(
+                        s,
+                        _mm512_broadcast_i64x4(_mm256_loadu_si256(ab.add(260).cast())),
+                    );
+                    let da = std::ptr::read_unaligned(ab.cast::<f32>());
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), spread(dw, da), *acc);
+                }
+            }
+            for (t, at) in acc.iter().enumerate() {
+                let (ya, yb) = halves(*at);
+                *y.add(t * ystride + r) = ya;
+                if rb != r {
+                    *y.add(t * ystride + rb) = yb;
+                }
+            }
+        }
+        r += 2;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::act::{ActKind, quantize_rows};
+    use rand::{Rng, SeedableRng};
+
+    /// Both TQ2_0 code extractions (shift-and-mask and GFNI) give the per-row kernel's bits
+    /// (ggml's `vec_dot_tq2_0_q8_K` order, checked against ggml by `tests/ggml_oracle.rs`) for
+    /// 1..=8 activation rows, an odd row count and several block counts.
+    #[test]
+    fn tq2_pairs_equal_the_per_row_kernel() {
+        if !crate::dispatch::KernelPath::Avx512Vnni.is_supported() {
+            eprintln!("no AVX-512 VNNI here: nothing to compare");
+            return;
+        }
+        let gfni = std::is_x86_feature_detected!("gfni");
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        for nb in [1usize, 3, 10] {
+            let (rows, k) = (7usize, 256 * nb);
+            let mut w = vec![0u8; rows * nb * TS2];
+            rng.fill(&mut w[..]);
+            for b in w.chunks_exact_mut(TS2) {
+                let d = half::f16::from_f32(rng.random_range(0.001f32..0.1));
+                b[64..66].copy_from_slice(&d.to_le_bytes());
+            }
+            for n in 1..=8usize {
+                let x: Vec<f32> = (0..n * k).map(|_| rng.random_range(-3f32..3.0)).collect();
+                let mut a = vec![0u8; n * nb * AK];
+                quantize_rows(ActKind::Q8K, &x, k, &mut a);
+                let mut want = vec![0f32; n * rows];
+                for t in 0..n {
+                    for r in 0..rows {
+                        // SAFETY: AVX-512 VNNI checked above; whole blocks on both sides.
+                        want[t * rows + r] = unsafe {
+                            crate::kernels::x86::avx512vnni::dot_tq2_0(
+                                w[r * nb * TS2..].as_ptr(),
+                                a[t * nb * AK..].as_ptr(),
+                                nb,
+                            )
+                        };
+                    }
+                }
+                let mut prepared = a.clone();
+                prepare_tq2(&mut prepared, n * nb);
+                for variant in ["shift", "gfni"] {
+                    if variant == "gfni" && !gfni {
+                        continue;
+                    }
+                    let mut got = vec![f32::NAN; n * rows];
+                    let y = got.as_mut_ptr();
+                    let (wr, rb, ap) = (&w[..], nb * TS2, prepared.as_ptr());
+                    macro_rules! run {
+                        ($f:ident) => {
+                            match n {
+                                1 => $f::<1, false>(wr, rb, nb, ap, y, rows, 0, rows),
+                                2 => $f::<2, false>(wr, rb, nb, ap, y, rows, 0, rows),
+                                3 => $f::<3, false>(wr, rb, nb, ap, y, rows, 0, rows),
+                                4 => $f::<4, false>(wr, rb, nb, ap, y, rows, 0, rows),
+                                5 => $f::<5, false>(wr, rb, nb, ap, y, rows, 0, rows),
+                                6 => $f::<6, false>(wr, rb, nb, ap, y, rows, 0, rows),
+                                7 => $f::<7, false>(wr, rb, nb, ap, y, rows, 0, rows),
+                                _ => $f::<8, false>(wr, rb, nb, ap, y, rows, 0, rows),
+                            }
+                        };
+                    }
+                    // SAFETY: the CPU features are checked above; sizes match.
+                    unsafe {
+                        if variant == "gfni" {
+                            run!(tq2_rows_gfni)
+                        } else {
+                            run!(tq2_rows_shift)
+                        }
+                    }
+                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            e.to_bits(),
+                            "{variant}: nb {nb}, n {n}, output {i}: {g} vs {e}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
