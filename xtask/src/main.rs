@@ -19,6 +19,7 @@ mod oracle_fixtures;
 mod parity_fixtures;
 mod perplexity_fixtures;
 mod quant_models;
+mod synthetic_bitnet;
 mod synthetic_moe;
 mod test;
 mod text_corpus;
@@ -91,6 +92,9 @@ enum Command {
     /// Write a mixture-of-experts GGUF of realistic size with random weights (a Mixtral-layout
     /// `llama` file both engines run), for paging and speed benchmarks.
     SyntheticMoe(synthetic_moe::Args),
+    /// Write a BitNet b1.58 GGUF of the 2B4T shape with random ternary weights (llama.cpp's
+    /// `bitnet` layout, TQ2_0), for end-to-end speed benchmarks beside llama.cpp.
+    SyntheticBitnet(synthetic_bitnet::Args),
     /// Regenerate fixtures/perplexity: llama.cpp's perplexity of the held-out text.
     PerplexityFixtures(perplexity_fixtures::Args),
     /// Fetch the calibration / held-out evaluation text (Debian's python3.11-doc), split by
@@ -129,5 +133,6 @@ fn main() -> anyhow::Result<()> {
         Command::BenchMoePaging(a) => bench_moe_paging::run(a),
         Command::BenchCluster(a) => bench_cluster::run(a),
         Command::SyntheticMoe(a) => synthetic_moe::run(a).map(|_| ()),
+        Command::SyntheticBitnet(a) => synthetic_bitnet::run(a).map(|_| ()),
     }
 }

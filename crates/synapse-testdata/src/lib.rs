@@ -18,6 +18,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod synthetic_bitnet;
 pub mod synthetic_moe;
 
 use std::path::{Path, PathBuf};

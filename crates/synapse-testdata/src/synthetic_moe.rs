@@ -80,10 +80,10 @@ impl MoeShape {
 }
 
 /// SplitMix64.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -91,7 +91,7 @@ impl Rng {
         z ^ (z >> 31)
     }
     /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
+    pub(crate) fn unit(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
 }
@@ -127,7 +127,7 @@ fn random_blocks(rng: &mut Rng, ty: GgmlType, rows: u64, cols: u64, std: f32) ->
     out
 }
 
-fn f32_bytes(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
+pub(crate) fn f32_bytes(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
     v.into_iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
