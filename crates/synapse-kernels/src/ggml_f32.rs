@@ -179,20 +179,46 @@ fn gemm_dot_f16_body(x: &[u16], y: &[u16]) -> f32 {
     reduce16(&acc)
 }
 
-fma_dispatch! {
-    /// `ggml_vec_dot_f16` (AVX-512 build without AVX512-FP16): both operands f16 (the
-    /// activations rounded to f16 first, as ggml's `vec_dot_type` conversion does), widened
-    /// to f32, four 16-lane FMA accumulators over 64-element steps, folded and reduced into a
-    /// double, the tail's f32 products added in double, the sum rounded to f32.
-    pub fn dot_f16(x: &[u16], y: &[u16]) -> f32 => dot_f16_body
+#[cfg(target_arch = "x86_64")]
+fn has_f16c() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F.get_or_init(|| has_fma() && std::arch::is_x86_feature_detected!("f16c"))
 }
 
 fma_dispatch! {
-    /// One output of llamafile's `tinyBLAS` F16 GEMM (AVX-512 build, two or more activation
-    /// rows, both operands f16 widened to f32): a 16-lane FMA accumulator over the whole row,
-    /// then `_mm512_reduce_add_ps`. `x.len()` must be a multiple of 16 (tinyBLAS declines
-    /// other shapes; ggml then uses [`dot_f16`]).
-    pub fn dot_f16_gemm(x: &[u16], y: &[u16]) -> f32 => gemm_dot_f16_body
+    /// The portable `dot_f16` (and the reference of the F16C path).
+    fn dot_f16_portable(x: &[u16], y: &[u16]) -> f32 => dot_f16_body
+}
+
+fma_dispatch! {
+    /// The portable `dot_f16_gemm` (and the reference of the F16C path).
+    fn dot_f16_gemm_portable(x: &[u16], y: &[u16]) -> f32 => gemm_dot_f16_body
+}
+
+/// `ggml_vec_dot_f16` (AVX-512 build without AVX512-FP16): both operands f16 (the
+/// activations rounded to f16 first, as ggml's `vec_dot_type` conversion does), widened
+/// to f32, four 16-lane FMA accumulators over 64-element steps, folded and reduced into a
+/// double, the tail's f32 products added in double, the sum rounded to f32.
+pub fn dot_f16(x: &[u16], y: &[u16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_f16c() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked at run time).
+        return unsafe { simd::dot_f16(x, y) };
+    }
+    dot_f16_portable(x, y)
+}
+
+/// One output of llamafile's `tinyBLAS` F16 GEMM (AVX-512 build, two or more activation
+/// rows, both operands f16 widened to f32): a 16-lane FMA accumulator over the whole row,
+/// then `_mm512_reduce_add_ps`. `x.len()` must be a multiple of 16 (tinyBLAS declines
+/// other shapes; ggml then uses [`dot_f16`]).
+pub fn dot_f16_gemm(x: &[u16], y: &[u16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_f16c() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked at run time).
+        return unsafe { simd::gemm_dot_f16(x, y) };
+    }
+    dot_f16_gemm_portable(x, y)
 }
 
 #[inline(always)]
@@ -390,6 +416,71 @@ mod simd {
             sumf += x[k] * y[k];
         }
         sumf
+    }
+
+    /// 8 f16 at `p` widened to f32 (exact).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn ld8h(p: *const u16) -> __m256 {
+        // SAFETY: 8 halves at `p` (caller).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+
+    /// `dot_f16_body` with the widening in hardware (F16C) and each 16-lane accumulator as
+    /// two 8-lane halves: the same products, sums and order.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_f16(x: &[u16], y: &[u16]) -> f32 {
+        let n = x.len().min(y.len());
+        let np = n & !63;
+        let (xp, yp) = (x.as_ptr(), y.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut i = 0;
+        while i < np {
+            for (k, a) in acc.iter_mut().enumerate() {
+                // SAFETY: i + 8k + 8 <= np <= n for both slices.
+                unsafe {
+                    *a = _mm256_fmadd_ps(ld8h(xp.add(i + 8 * k)), ld8h(yp.add(i + 8 * k)), *a);
+                }
+            }
+            i += 64;
+        }
+        let mut s = [[0f32; 16]; 4];
+        for (j, sj) in s.iter_mut().enumerate() {
+            // SAFETY: each half is 8 floats of the 16-float array.
+            unsafe {
+                _mm256_storeu_ps(sj.as_mut_ptr(), acc[2 * j]);
+                _mm256_storeu_ps(sj.as_mut_ptr().add(8), acc[2 * j + 1]);
+            }
+        }
+        let mut sumf = reduce16(&fold4(&s)) as f64;
+        for k in np..n {
+            sumf += (super::h(x[k]) * super::h(y[k])) as f64;
+        }
+        sumf as f32
+    }
+
+    /// `gemm_dot_f16_body` with F16C widening (see [`dot_f16`]).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn gemm_dot_f16(x: &[u16], y: &[u16]) -> f32 {
+        let n = x.len().min(y.len()) & !15;
+        let (xp, yp) = (x.as_ptr(), y.as_ptr());
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i < n {
+            // SAFETY: i + 16 <= n for both slices.
+            unsafe {
+                lo = _mm256_fmadd_ps(ld8h(xp.add(i)), ld8h(yp.add(i)), lo);
+                hi = _mm256_fmadd_ps(ld8h(xp.add(i + 8)), ld8h(yp.add(i + 8)), hi);
+            }
+            i += 16;
+        }
+        let mut v = [0f32; 16];
+        // SAFETY: two 8-float halves of a 16-float array.
+        unsafe {
+            _mm256_storeu_ps(v.as_mut_ptr(), lo);
+            _mm256_storeu_ps(v.as_mut_ptr().add(8), hi);
+        }
+        reduce16(&v)
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -819,6 +910,33 @@ mod avx512 {
 
 #[cfg(test)]
 mod tests {
+
+    /// The F16C dots give the portable bodies' bits (lengths with and without a tail, values
+    /// of mixed sign and magnitude).
+    #[test]
+    fn f16_dots_equal_the_portable_bodies() {
+        let mut state = 0x1234_5678u32;
+        let mut half = || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            let v = ((state >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 8.0;
+            half::f16::from_f32(v).to_bits()
+        };
+        for n in [0usize, 5, 16, 63, 64, 100, 640, 2560, 2567] {
+            let x: Vec<u16> = (0..n).map(|_| half()).collect();
+            let y: Vec<u16> = (0..n).map(|_| half()).collect();
+            assert_eq!(
+                dot_f16(&x, &y).to_bits(),
+                dot_f16_portable(&x, &y).to_bits(),
+                "n {n}"
+            );
+            let m = n & !15;
+            assert_eq!(
+                dot_f16_gemm(&x[..m], &y[..m]).to_bits(),
+                dot_f16_gemm_portable(&x[..m], &y[..m]).to_bits(),
+                "gemm n {m}"
+            );
+        }
+    }
     use super::*;
 
     #[test]
