@@ -139,6 +139,15 @@ fn main() {
                 k,
                 QuantMatrix::from_codec(id, &bytes, rows, k).expect("m"),
             ));
+            // The per-tensor ternary codec also as BitNet's W1.58A8 integer path.
+            if id == "syn.ternary.absmean.tensor.v1" {
+                mats.push((
+                    "w158a8".into(),
+                    rows,
+                    k,
+                    QuantMatrix::from_ternary_a8(&bytes, rows, k).expect("m"),
+                ));
+            }
         }
     }
     let types = if codecs.is_empty() { types } else { Vec::new() };

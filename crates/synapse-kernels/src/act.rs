@@ -42,6 +42,10 @@ pub(crate) enum ActKind {
     Q8x32,
     /// [`BlockQ8K`] blocks.
     Q8K,
+    /// [`BlockQ8K`] blocks with one scale for the whole row: BitNet's 8-bit absmax
+    /// activations (transformers' `ActQuant`: `a = 127 / max(max|x|, 1e-5)`,
+    /// `q = clamp(round_half_even(x·a), −128, 127)`, every block's `d = 1/a`).
+    Q8KRow,
 }
 
 impl ActKind {
@@ -51,7 +55,7 @@ impl ActKind {
             ActKind::F32 => cols * 4,
             ActKind::F16 => cols * 2,
             ActKind::Q8x32 => cols / 32 * std::mem::size_of::<BlockQ8x32>(),
-            ActKind::Q8K => cols / 256 * std::mem::size_of::<BlockQ8K>(),
+            ActKind::Q8K | ActKind::Q8KRow => cols / 256 * std::mem::size_of::<BlockQ8K>(),
         }
     }
 }
@@ -127,6 +131,23 @@ fn quantize_rows_body(kind: ActKind, x: &[f32], cols: usize, out: &mut [u8]) {
             }
             ActKind::Q8x32 => quantize_q8x32(xr, bytemuck::cast_slice_mut(or)),
             ActKind::Q8K => quantize_q8k(xr, bytemuck::cast_slice_mut(or)),
+            ActKind::Q8KRow => quantize_q8k_row(xr, bytemuck::cast_slice_mut(or)),
+        }
+    }
+}
+
+/// [`ActKind::Q8KRow`]: one row (a whole number of 256-blocks).
+fn quantize_q8k_row(x: &[f32], out: &mut [BlockQ8K]) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let a = 127.0 / amax.max(1e-5);
+    let d = 1.0 / a;
+    for (b, xb) in out.iter_mut().zip(x.chunks_exact(256)) {
+        b.d = d;
+        for (o, v) in b.qs.iter_mut().zip(xb) {
+            *o = (v * a).round_ties_even().clamp(-128.0, 127.0) as i8;
+        }
+        for (g, s) in b.bsums.iter_mut().enumerate() {
+            *s = b.qs[g * 16..g * 16 + 16].iter().map(|&v| v as i16).sum();
         }
     }
 }
@@ -155,7 +176,9 @@ pub(crate) fn quantize_rows(kind: ActKind, x: &[f32], cols: usize, out: &mut [u8
                     match kind {
                         ActKind::Q8x32 => avx512::q8x32(xr, bytemuck::cast_slice_mut(or)),
                         ActKind::Q8K => avx512::q8k(xr, bytemuck::cast_slice_mut(or)),
-                        ActKind::F32 | ActKind::F16 => unreachable!("not a block format"),
+                        ActKind::F32 | ActKind::F16 | ActKind::Q8KRow => {
+                            unreachable!("not taken here")
+                        }
                     }
                 }
             }

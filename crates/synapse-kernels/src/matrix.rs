@@ -22,6 +22,13 @@ pub enum Encoding {
 #[derive(Clone)]
 enum Store {
     Ggml(GgmlType),
+    /// BitNet b1.58's W1.58A8 (a `syn.ternary.absmean.tensor.v1` matrix run as trained):
+    /// the trits as TQ2_0 blocks of scale 1 (so every ternary kernel serves it), inputs
+    /// quantised per row to 8 bits by absmax with one scale for the whole row, the outputs
+    /// times the tensor's `gamma`.
+    TernaryA8 {
+        gamma: f32,
+    },
     /// Rows are encoded independently (`row_separable`) except for per-tensor codecs.
     Codec {
         id: EncodingId,
@@ -221,6 +228,59 @@ impl QuantMatrix {
         ))
     }
 
+    /// A `syn.ternary.absmean.tensor.v1` matrix (`bytes` in that codec's layout, validated as
+    /// [`QuantMatrix::from_codec`] does) run as BitNet b1.58's W1.58A8: each input row
+    /// quantised to 8 bits by absmax as transformers' `ActQuant` (`a = 127 / max(max|x|,
+    /// 1e-5)`, `q = clamp(round_half_even(x·a), −128, 127)`), the exact integer sums of the
+    /// trits against `q` taken by the TQ2_0 kernels (per 256-block `fma(lanes, 1/a, acc)`), the
+    /// outputs times the tensor's scale. Where `cols` is not a multiple of 256 the codec's own
+    /// path runs (inputs as given). [`QuantMatrix::encoding`] stays the codec; the bytes held
+    /// are the TQ2_0 blocks ([`QuantMatrix::raw_bytes`]).
+    pub fn from_ternary_a8(bytes: &[u8], rows: usize, cols: usize) -> Result<Self> {
+        let id = EncodingId::TernaryTensor.to_string();
+        let (store, _) = Self::check_codec(&id, bytes, rows, cols)?;
+        if !cols.is_multiple_of(256) {
+            return Self::from_codec(&id, bytes, rows, cols);
+        }
+        let Store::Codec { codec, .. } = &store else {
+            unreachable!("check_codec returns a codec store")
+        };
+        let w = codec.decode_matrix(bytes, rows, cols)?;
+        let gamma = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        let nb = cols / 256;
+        let one = half::f16::from_f32(1.0).to_le_bytes();
+        let mut out = vec![0u8; rows * nb * 66];
+        for (wb, ob) in w.chunks_exact(256).zip(out.chunks_exact_mut(66)) {
+            // The trit of element 128h + 32l + m in bits 2l of qs[32h + m] (TQ2_0's layout),
+            // as the code `t + 1`; gamma is the codec's scale, so `w / gamma` is exact.
+            for h in 0..2 {
+                for m in 0..32 {
+                    let mut q = 0u8;
+                    for l in 0..4 {
+                        let v = wb[128 * h + 32 * l + m];
+                        let t = if v == 0.0 {
+                            1
+                        } else if v > 0.0 {
+                            2
+                        } else {
+                            0
+                        };
+                        q |= t << (2 * l);
+                    }
+                    ob[32 * h + m] = q;
+                }
+            }
+            ob[64..66].copy_from_slice(&one);
+        }
+        Ok(Self {
+            store: Store::TernaryA8 { gamma },
+            rows,
+            cols,
+            row_bytes: nb * 66,
+            data: Data::Owned(AlignedBuf::from_bytes(&out)),
+        })
+    }
+
     /// Builds an f32 matrix from values (row-major `rows × cols`).
     pub fn from_f32(values: &[f32], rows: usize, cols: usize) -> Result<Self> {
         Self::from_ggml(GgmlType::F32, bytemuck::cast_slice(values), rows, cols)
@@ -231,6 +291,7 @@ impl QuantMatrix {
         match &self.store {
             Store::Ggml(t) => Encoding::Ggml(*t),
             Store::Codec { id, .. } => Encoding::Codec(*id),
+            Store::TernaryA8 { .. } => Encoding::Codec(EncodingId::TernaryTensor),
         }
     }
 
@@ -238,8 +299,14 @@ impl QuantMatrix {
     pub fn ggml_type(&self) -> Option<GgmlType> {
         match &self.store {
             Store::Ggml(t) => Some(*t),
-            Store::Codec { .. } => None,
+            Store::Codec { .. } | Store::TernaryA8 { .. } => None,
         }
+    }
+
+    /// Whether the matrix quantises its inputs itself (BitNet's W1.58A8 through
+    /// [`QuantMatrix::from_ternary_a8`]).
+    pub fn quantizes_inputs(&self) -> bool {
+        matches!(self.store, Store::TernaryA8 { .. })
     }
 
     /// Output features (rows).
@@ -295,8 +362,9 @@ impl QuantMatrix {
                 got: r,
             });
         }
-        let ty = match &self.store {
-            Store::Ggml(t) => *t,
+        let (ty, gamma) = match &self.store {
+            Store::Ggml(t) => (*t, None),
+            Store::TernaryA8 { gamma } => (GgmlType::TQ2_0, Some(*gamma)),
             Store::Codec {
                 codec,
                 row_separable: true,
@@ -323,6 +391,11 @@ impl QuantMatrix {
             got: r,
         })?;
         if kernels::decode::decode_row(ty, row, out) {
+            if let Some(g) = gamma {
+                for v in out.iter_mut() {
+                    *v *= g;
+                }
+            }
             Ok(())
         } else {
             Err(KernelError::UnsupportedEncoding(ty.name().to_string()))
@@ -379,7 +452,7 @@ impl QuantMatrix {
     fn order_key(&self, class: OrderClass) -> usize {
         let ty = match &self.store {
             Store::Ggml(t) => *t,
-            Store::Codec { .. } => return 0,
+            Store::Codec { .. } | Store::TernaryA8 { .. } => return 0,
         };
         match ty {
             GgmlType::F32 | GgmlType::F16 | GgmlType::IQ4_NL => (class != OrderClass::One) as usize,
@@ -412,8 +485,23 @@ impl QuantMatrix {
         if n == 0 || self.rows == 0 {
             return Ok(());
         }
-        let ty = match &self.store {
-            Store::Ggml(t) => *t,
+        let (ty, act) = match &self.store {
+            Store::Ggml(t) => (*t, None),
+            Store::TernaryA8 { gamma } => {
+                self.matmul_ggml(
+                    GgmlType::TQ2_0,
+                    Some(ActKind::Q8KRow),
+                    x,
+                    n,
+                    y,
+                    order_rows,
+                    ctx,
+                )?;
+                for v in y.iter_mut() {
+                    *v *= gamma;
+                }
+                return Ok(());
+            }
             Store::Codec {
                 id: EncodingId::Symmetric { bits, group: 64 },
                 ..
@@ -433,8 +521,27 @@ impl QuantMatrix {
                 ..
             } => return self.codec_matmul(&**codec, *row_separable, x, n, y, ctx),
         };
+        self.matmul_ggml(ty, act, x, n, y, order_rows, ctx)
+    }
+
+    /// The ggml-type part of [`Self::matmul_as`]: `ty`'s kernels, the activations quantised as
+    /// `act` when given (otherwise as the kernel's own format).
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_ggml(
+        &self,
+        ty: GgmlType,
+        act: Option<ActKind>,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+        order_rows: usize,
+        ctx: &mut KernelCtx,
+    ) -> Result<()> {
         let mut k = kernels::select(ty, ctx.path())
             .ok_or_else(|| KernelError::UnsupportedEncoding(ty.name().to_string()))?;
+        if let Some(a) = act {
+            k.act = a;
+        }
         // llamafile's f32 GEMM takes only weights whose row count is a multiple of 4
         // (`tinyBLAS::matmul`); ggml runs the others (a one-row gate such as Qwen2-MoE's
         // shared-expert gate) through `vec_dot` whatever the number of activation rows.
@@ -462,9 +569,9 @@ impl QuantMatrix {
             && kernels::gemvk::supports(ty)
         {
             let (act_scratch, pool) = ctx.parts();
-            let arb = ActKind::Q8K.row_bytes(self.cols);
+            let arb = k.act.row_bytes(self.cols);
             act_scratch.set_len(n * arb);
-            quantize_rows(ActKind::Q8K, x, self.cols, act_scratch.as_bytes_mut());
+            quantize_rows(k.act, x, self.cols, act_scratch.as_bytes_mut());
             if ty == GgmlType::TQ2_0 {
                 kernels::gemvk::prepare_tq2(act_scratch.as_bytes_mut(), n * self.cols / 256);
             }

@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use synapse_codecs::{EncodingId, TernaryTensor};
+use synapse_codecs::TernaryTensor;
 use synapse_formats::GgmlType;
 use synapse_formats::gguf::GgufFile;
 use synapse_formats::safetensors::SafetensorsModel;
@@ -533,9 +533,11 @@ impl Model {
                 }
                 let bytes = TernaryTensor::encode_bitnet_weight_quant(&w)
                     .map_err(synapse_kernels::KernelError::from)?;
-                let id = EncodingId::TernaryTensor.to_string();
-                lw.m = Arc::new(QuantMatrix::from_codec(&id, &bytes, rows, cols)?);
-                lw.act_a8 = true;
+                // The integer path (inputs quantised inside the matrix) where the rows are
+                // whole 256-blocks; otherwise the codec's with the inputs quantised here.
+                let m = QuantMatrix::from_ternary_a8(&bytes, rows, cols)?;
+                lw.act_a8 = !m.quantizes_inputs();
+                lw.m = Arc::new(m);
             }
             Ok(lw)
         };
