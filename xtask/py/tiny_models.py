@@ -6,7 +6,7 @@ Run by `cargo xtask tiny-models` (see fixtures/README.md); never by the tests.
 Usage: python tiny_models.py LLAMA_CPP_DIR OUT_DIR [FAMILY ...]
   LLAMA_CPP_DIR: the llama.cpp vendored in the llama-cpp-python sdist (convert_hf_to_gguf.py, gguf-py/)
   FAMILY in: llama qwen2 gemma3 olmoe granitemoe qwen2moe mixtral bitnet bitnet-relu2
-  bitnet-w158a8 olmoe-clip (default: all)
+  bitnet-w158a8 olmoe-clip bitnet-packed (default: all)
 
 For each FAMILY writes OUT_DIR/<family>/:
   config.json, generation_config.json, model.safetensors    (transformers save_pretrained, fp32)
@@ -49,13 +49,17 @@ Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor i
 SENTENCE = "The quick brown fox runs CPU kernels, 42 times."
 
 FAMILIES = ["llama", "qwen2", "gemma3", "olmoe", "granitemoe", "qwen2moe", "mixtral", "bitnet",
-            "bitnet-relu2", "bitnet-w158a8", "olmoe-clip"]
+            "bitnet-relu2", "bitnet-w158a8", "olmoe-clip", "bitnet-packed"]
 # Families llama.cpp has no graph for: transformers is their only oracle (no GGUFs). OLMoE with
 # clip_qkv: llama.cpp's converter drops the clamp and its OLMoE graph has none.
-HF_ONLY = {"bitnet-relu2", "bitnet-w158a8", "olmoe-clip"}
+HF_ONLY = {"bitnet-relu2", "bitnet-w158a8", "olmoe-clip", "bitnet-packed"}
 # BitNet b1.58's W1.58A8 as transformers runs it over full-precision masters (AutoBitLinear,
 # online: weights ternarised per tensor, activations quantised per token to 8 bits).
 W158A8 = {"quant_method": "bitnet", "linear_class": "autobitlinear", "quantization_mode": "online"}
+# The same numerics over weights stored already ternary, as microsoft/bitnet-b1.58-2B-4T ships
+# them (transformers' BitLinear, offline: uint8 packed four rows a byte, a BF16 weight_scale).
+W158A8_PACKED = {"quant_method": "bitnet", "linear_class": "bitlinear", "quantization_mode": "offline"}
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # BitNet: 256-wide (TQ1_0/TQ2_0 blocks hold 256 weights of a row), weights stored as BF16 as the
 # published masters are (every value is BF16-exact, so transformers' fp32 run sees the same numbers).
 BITNET_DIMS = dict(hidden_size=256, intermediate_size=512)
@@ -148,7 +152,7 @@ def make_config(family: str, vocab: int):
         return "BitNetForCausalLM", transformers.BitNetConfig(
             **dict(k, **BITNET_DIMS), hidden_act="silu", tie_word_embeddings=True,
             rope_theta=500000.0)
-    if family in ("bitnet-relu2", "bitnet-w158a8"):
+    if family in ("bitnet-relu2", "bitnet-w158a8", "bitnet-packed"):
         # microsoft/bitnet-b1.58-2B-4T's graph: transformers' defaults (relu2, untied head)
         return "BitNetForCausalLM", transformers.BitNetConfig(
             **dict(k, **BITNET_DIMS), rope_theta=500000.0)
@@ -175,6 +179,34 @@ def randomize(model, family: str, g: torch.Generator):
                                                             "gate_proj", "up_proj", "down_proj")):
                     s = float(p.abs().mean().to(torch.bfloat16).float())
                     p.copy_(torch.where(p >= 0, s, -s))
+
+
+def write_packed(model, d: str):
+    """Rewrites the checkpoint in `d` as BitNet's offline release does: every projection
+    ternarised as transformers' WeightQuant (s = 1 / mean|W|, t = clamp(round(W·s), -1, 1)),
+    packed by transformers' own pack_weights, with s as a BF16 `weight_scale`; the rest BF16."""
+    from safetensors.torch import save_file
+    from transformers.integrations.bitnet import pack_weights
+    sd = {}
+    for name, p in model.state_dict().items():
+        if p.ndim == 2 and any(f".{x}." in name for x in PROJECTIONS):
+            w = p.float()
+            s = 1.0 / w.abs().mean().clamp(min=1e-5)
+            t = (w * s).round().clamp(-1, 1)
+            sd[name] = pack_weights(t.clone()).contiguous()
+            sd[name.replace(".weight", ".weight_scale")] = s.reshape(1).to(torch.bfloat16)
+        else:
+            sd[name] = p.to(torch.bfloat16).contiguous()
+    for f in os.listdir(d):
+        if f.endswith(".safetensors"):
+            os.remove(os.path.join(d, f))
+    save_file(sd, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(d, "config.json")) as f:
+        c = json.load(f)
+    c["quantization_config"] = W158A8_PACKED
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(c, f, indent=2, sort_keys=True)
+        f.write("\n")
 
 
 def sequences(sp) -> list[list[int]]:
@@ -292,6 +324,8 @@ def main():
             # and the oracle is the saved file read back in fp32 (casting the module back would
             # leave its RoPE inv_freq buffer rounded to BF16)
             model.to(torch.bfloat16).save_pretrained(d, safe_serialization=True)
+            if fam == "bitnet-packed":
+                write_packed(model, d)
             if fam == "bitnet-w158a8":
                 # the masters with the quantization config: transformers then swaps every
                 # projection for AutoBitLinear when it loads them
@@ -306,6 +340,9 @@ def main():
             if fam == "bitnet-w158a8":
                 q = model.model.layers[0].self_attn.q_proj
                 assert type(q).__name__ == "AutoBitLinear" and q.online_quant, type(q)
+            if fam == "bitnet-packed":
+                q = model.model.layers[0].self_attn.q_proj
+                assert type(q).__name__ == "BitLinear", type(q)
             model.eval()
         else:
             model.save_pretrained(d, safe_serialization=True)

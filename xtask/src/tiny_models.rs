@@ -1,8 +1,8 @@
 //! `cargo xtask tiny-models`: tiny random-weight models of every family (transformers →
 //! safetensors → GGUF F32/Q8_0, BitNet's F32/TQ1_0/TQ2_0, via llama.cpp's
-//! `convert_hf_to_gguf.py`; `bitnet-relu2` and `bitnet-w158a8` have no llama.cpp graph, so no GGUF) with transformers' and
-//! llama.cpp's logits for fixed token sequences. Regenerates `fixtures/tiny/` (format:
-//! `fixtures/README.md`).
+//! `convert_hf_to_gguf.py`; `bitnet-relu2`, `bitnet-w158a8` and `bitnet-packed` have no
+//! llama.cpp graph, so no GGUF) with transformers' and llama.cpp's logits for fixed token
+//! sequences. Regenerates `fixtures/tiny/` (format: `fixtures/README.md`).
 //!
 //! The work is done by `xtask/py/tiny_models.py` in the oracle venv (needs torch, transformers,
 //! safetensors, sentencepiece and llama-cpp-python there).
@@ -13,7 +13,7 @@ use std::ffi::OsStr;
 use std::path::PathBuf;
 
 /// The families the generator can make (folder names under `fixtures/tiny/`).
-pub const FAMILIES: [&str; 11] = [
+pub const FAMILIES: [&str; 12] = [
     "llama",
     "qwen2",
     "gemma3",
@@ -25,6 +25,7 @@ pub const FAMILIES: [&str; 11] = [
     "bitnet-relu2",
     "bitnet-w158a8",
     "olmoe-clip",
+    "bitnet-packed",
 ];
 
 /// The families made when none are named: those whose fixtures are committed (all).
@@ -112,7 +113,12 @@ mod tests {
     #[test]
     fn committed_families_are_consistent() {
         // The families llama.cpp has no graph for (transformers is their only oracle: no GGUFs).
-        const HF_ONLY: &[&str] = &["bitnet-relu2", "bitnet-w158a8", "olmoe-clip"];
+        const HF_ONLY: &[&str] = &[
+            "bitnet-relu2",
+            "bitnet-w158a8",
+            "olmoe-clip",
+            "bitnet-packed",
+        ];
         for fam in COMMITTED {
             let dir = repo_root().join("fixtures/tiny").join(fam);
             let o: Value = serde_json::from_slice(

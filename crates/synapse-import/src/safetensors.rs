@@ -147,15 +147,21 @@ pub fn import_safetensors(
 
     let tensor_bytes: u64 = m.tensors().map(|t| t.bytes.len() as u64).sum();
     progress.start("storing", tensor_bytes, m.len() as u64);
+    // Each tensor's encoding as the description gave it (the one rule: BitNet's offline packed
+    // `uint8` projections are `I8` bytes there).
+    let encodings: std::collections::HashMap<&str, synapse_formats::GgmlType> = desc
+        .tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t.encoding))
+        .collect();
     for t in m.tensors() {
-        let ty = t
-            .dtype
-            .ggml()
-            .ok_or_else(|| synapse_model::ModelError::UnsupportedEncoding {
+        let ty = encodings.get(t.name).copied().ok_or_else(|| {
+            synapse_model::ModelError::UnsupportedEncoding {
                 name: t.name.to_string(),
                 encoding: t.dtype.as_str().to_string(),
                 role: "any tensor".into(),
-            })?;
+            }
+        })?;
         let dims: Vec<u64> = t.shape.iter().rev().copied().collect();
         b.add_tensor(&session, t.name, &encoding_id(ty), &dims, t.bytes)?;
         progress.advance(t.bytes.len() as u64, 1);

@@ -32,7 +32,7 @@ fn every_tiny_fixture_imports_and_round_trips() {
             // Mixtral is the llama family with experts (its GGUFs say `llama`).
             let want_family = match family {
                 "mixtral" => "llama",
-                "bitnet-relu2" | "bitnet-w158a8" => "bitnet",
+                "bitnet-relu2" | "bitnet-w158a8" | "bitnet-packed" => "bitnet",
                 f => f,
             };
             assert_eq!(a.family, want_family);
@@ -63,6 +63,6 @@ fn every_tiny_fixture_imports_and_round_trips() {
         }
     }
     // 7 families × (F32, Q8_0, safetensors) + bitnet × (F32, TQ1_0, TQ2_0, safetensors) +
-    // bitnet-relu2 and bitnet-w158a8 × safetensors.
-    assert_eq!(n, 27);
+    // bitnet-relu2, bitnet-w158a8 and bitnet-packed × safetensors.
+    assert_eq!(n, 28);
 }

@@ -132,6 +132,10 @@ pub struct Linear {
     pub in_features: u32,
     /// Output width.
     pub out_features: u32,
+    /// A per-tensor scale stored beside a packed weight (BitNet's offline `weight_scale`,
+    /// under [`ProjectionQuant::BitnetW158A8Packed`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<WeightId>,
 }
 
 /// How RoPE pairs dimensions.
@@ -221,6 +225,12 @@ pub enum ProjectionQuant {
     /// `W' = clamp(round(W·s), −1, 1) / s`) and its input quantised per token to 8 bits by
     /// absmax (`a = 127 / max(max|x|, 1e-5)`, `x' = clamp(round(x·a), −128, 127) / a`).
     BitnetW158A8,
+    /// The same W1.58A8 over weights stored already ternary (transformers' offline
+    /// `BitLinear`, microsoft/bitnet-b1.58-2B-4T's release): each projection's weight is
+    /// `uint8 [⌈out/4⌉, in]` as transformers' `pack_weights` writes it (output row `i·R + r`,
+    /// `R = ⌈out/4⌉`, in bits `2i` of packed row `r`, as the code `t + 1`), with a one-element
+    /// `weight_scale` `s`: the weights are `t / s`.
+    BitnetW158A8Packed,
 }
 
 /// FFN activation.
@@ -427,9 +437,9 @@ impl LayerRegion {
     }
 }
 
-/// A linear's weight and bias.
+/// A linear's weight, bias and scale.
 fn linear_ids(l: &Linear) -> impl Iterator<Item = WeightId> {
-    std::iter::once(l.weight).chain(l.bias)
+    std::iter::once(l.weight).chain(l.bias).chain(l.scale)
 }
 
 /// Token embedding lookup.

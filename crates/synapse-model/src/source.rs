@@ -278,17 +278,35 @@ impl SourceDesc {
         config_json: &str,
         m: &synapse_formats::safetensors::SafetensorsModel,
     ) -> Result<Self> {
+        // BitNet's offline checkpoints store their projections as packed `uint8`: those bytes
+        // are described as `I8` (ggml has no unsigned byte type) and only the bitnet adapter's
+        // packed projections accept them; every other checkpoint refuses `U8`.
+        let packed_bitnet = serde_json::from_str::<serde_json::Value>(config_json)
+            .ok()
+            .and_then(|v| v.get("quantization_config").cloned())
+            .is_some_and(|q| {
+                let f = |k: &str, d: &str| {
+                    q.get(k)
+                        .and_then(|v| v.as_str())
+                        .map(str::to_string)
+                        .unwrap_or_else(|| d.to_string())
+                };
+                q.get("quant_method").and_then(|v| v.as_str()) == Some("bitnet")
+                    && f("linear_class", "bitlinear") == "bitlinear"
+                    && f("quantization_mode", "offline") == "offline"
+            });
         let mut tensors = Vec::with_capacity(m.len());
         for (k, shard) in m.shards().iter().enumerate() {
             for e in shard.entries() {
-                let encoding = e
-                    .dtype
-                    .ggml()
-                    .ok_or_else(|| ModelError::UnsupportedEncoding {
-                        name: e.name.clone(),
-                        encoding: e.dtype.as_str().to_string(),
-                        role: "any tensor".into(),
-                    })?;
+                let encoding = match e.dtype {
+                    synapse_formats::safetensors::Dtype::U8 if packed_bitnet => Some(GgmlType::I8),
+                    d => d.ggml(),
+                };
+                let encoding = encoding.ok_or_else(|| ModelError::UnsupportedEncoding {
+                    name: e.name.clone(),
+                    encoding: e.dtype.as_str().to_string(),
+                    role: "any tensor".into(),
+                })?;
                 tensors.push(SourceTensor {
                     name: e.name.clone(),
                     shape: e.shape.clone(),

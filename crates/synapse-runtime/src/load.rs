@@ -524,6 +524,28 @@ impl Model {
         // master, inputs quantised per token at run time).
         let w158a8 = ir.projection_quant == Some(ProjectionQuant::BitnetW158A8);
         let proj = |l: &Linear| -> Result<LinearW> {
+            if let Some(scale) = l.scale {
+                let w = ir.weight(l.weight);
+                check_profile(&profile, &w.name, w.encoding)?;
+                let s = vector(src, &ir, scale)?;
+                let bytes = unpack_bitnet(
+                    src.bytes(&ir, l.weight)?,
+                    s[0],
+                    l.out_features as usize,
+                    l.in_features as usize,
+                )
+                .map_err(|reason| RuntimeError::WeightData {
+                    name: w.name.clone(),
+                    reason,
+                })?;
+                let (rows, cols) = (l.out_features as usize, l.in_features as usize);
+                let m = QuantMatrix::from_ternary_a8(&bytes, rows, cols)?;
+                return Ok(LinearW {
+                    act_a8: !m.quantizes_inputs(),
+                    m: Arc::new(m),
+                    bias: None,
+                });
+            }
             let mut lw = linear(l)?;
             if w158a8 {
                 let (rows, cols) = (lw.m.rows(), lw.m.cols());
@@ -959,6 +981,54 @@ fn vector(src: &Source, ir: &ModelIr, id: WeightId) -> Result<Vec<f32>> {
     })
 }
 
+/// BitNet's offline packed projection (transformers' `pack_weights`: `packed` is
+/// `[⌈rows/4⌉, cols]` bytes, output row `i·R + r` in bits `2i` of packed row `r` as the code
+/// `t + 1`; the weights are `t / weight_scale`) in the layout of
+/// `syn.ternary.absmean.tensor.v1` (`γ = 1 / weight_scale`, codes `t + 2` four a byte from
+/// the low bits, row-major). A code 3 or a scale that is not finite and positive is refused.
+fn unpack_bitnet(
+    packed: &[u8],
+    weight_scale: f32,
+    rows: usize,
+    cols: usize,
+) -> std::result::Result<Vec<u8>, String> {
+    let r4 = rows.div_ceil(4);
+    if packed.len() != r4 * cols {
+        return Err(format!(
+            "{} bytes for {rows}×{cols} packed four rows a byte",
+            packed.len()
+        ));
+    }
+    if !(weight_scale.is_finite() && weight_scale > 0.0) {
+        return Err(format!(
+            "weight_scale {weight_scale} is not finite and positive"
+        ));
+    }
+    let gamma = 1.0 / weight_scale;
+    let n = rows * cols;
+    let mut out = vec![0u8; 4 + n.div_ceil(4)];
+    out[..4].copy_from_slice(&gamma.to_le_bytes());
+    for r in 0..rows {
+        let (i, pr) = (r / r4, r % r4);
+        let src = &packed[pr * cols..(pr + 1) * cols];
+        for (c, &b) in src.iter().enumerate() {
+            let code = (b >> (2 * i)) & 3;
+            if code == 3 {
+                return Err(format!(
+                    "row {r}, column {c}: code 3 is not a ternary value"
+                ));
+            }
+            let k = r * cols + c;
+            out[4 + k / 4] |= (code + 1) << (2 * (k % 4));
+        }
+    }
+    // The zero code for the padding of the last byte.
+    for k in n..(out.len() - 4) * 4 {
+        out[4 + k / 4] |= 2 << (2 * (k % 4));
+    }
+    Ok(out)
+}
+
 /// Opens a model path and describes it.
 fn open_source(path: &Path) -> Result<(Source<'static>, SourceDesc)> {
     let not_model = |reason: String| RuntimeError::NotAModel {
@@ -991,4 +1061,45 @@ fn open_source(path: &Path) -> Result<(Source<'static>, SourceDesc)> {
     let m = SafetensorsModel::open(path)?;
     let desc = SourceDesc::from_safetensors(&cfg, &m)?;
     Ok((Source::Safetensors(m), desc))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unpack_bitnet;
+
+    /// transformers' `pack_weights` layout unpacked into the codec's: a 6-row matrix (packed
+    /// rows 2: rows 0–1 in bits 0, 2–3 in bits 2, 4–5 in bits 4), and the refusals.
+    #[test]
+    fn packed_bitnet_weights_unpack_to_the_codec_layout() {
+        let (rows, cols) = (6usize, 3usize);
+        // t[r][c] in {−1, 0, 1}.
+        let t: Vec<i8> = (0..rows * cols).map(|k| ((k * 7) % 3) as i8 - 1).collect();
+        let r4 = rows.div_ceil(4);
+        let mut packed = vec![0u8; r4 * cols];
+        for r in 0..rows {
+            for c in 0..cols {
+                packed[(r % r4) * cols + c] |= ((t[r * cols + c] + 1) as u8) << (2 * (r / r4));
+            }
+        }
+        let out = unpack_bitnet(&packed, 4.0, rows, cols).unwrap();
+        assert_eq!(f32::from_le_bytes(out[..4].try_into().unwrap()), 0.25);
+        assert_eq!(out.len(), 4 + (rows * cols).div_ceil(4));
+        for (k, &v) in t.iter().enumerate() {
+            let code = (out[4 + k / 4] >> (2 * (k % 4))) & 3;
+            assert_eq!(code as i8 - 2, v, "element {k}");
+        }
+        // The last byte's padding holds the zero code.
+        assert_eq!(out[4 + 4] >> 4, 0b1010);
+        let mut bad = packed.clone();
+        bad[0] |= 3;
+        assert!(
+            unpack_bitnet(&bad, 4.0, rows, cols)
+                .unwrap_err()
+                .contains("code 3")
+        );
+        for s in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            assert!(unpack_bitnet(&packed, s, rows, cols).is_err(), "scale {s}");
+        }
+        assert!(unpack_bitnet(&packed[1..], 4.0, rows, cols).is_err());
+    }
 }

@@ -69,7 +69,7 @@ fn packages_load_as_their_sources() {
             assert_eq!(logits(from_pm, &seqs), want, "{}", src.display());
         }
     }
-    assert_eq!(checked, 27);
+    assert_eq!(checked, 28);
 }
 
 #[test]

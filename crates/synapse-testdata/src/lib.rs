@@ -38,12 +38,15 @@ pub const TINY_MOE_FAMILIES: [&str; 4] = ["olmoe", "granitemoe", "qwen2moe", "mi
 /// GGUFs in F32, TQ1_0 and TQ2_0) and `bitnet-relu2` (microsoft/bitnet-b1.58-2B-4T's graph:
 /// ReLU², untied; transformers only, so no GGUF) and `bitnet-w158a8` (that graph with its
 /// `quantization_config`: W1.58A8 over the masters, as transformers' `AutoBitLinear` runs it;
-/// transformers only). All store BF16 safetensors.
-pub const TINY_BITNET_FAMILIES: [&str; 3] = ["bitnet", "bitnet-relu2", "bitnet-w158a8"];
+/// transformers only) and `bitnet-packed` (the same numerics over the projections stored packed
+/// as microsoft/bitnet-b1.58-2B-4T ships them: transformers' offline `BitLinear`, `uint8` four
+/// rows a byte with a BF16 `weight_scale`). All store BF16 safetensors (but the packed bytes).
+pub const TINY_BITNET_FAMILIES: [&str; 4] =
+    ["bitnet", "bitnet-relu2", "bitnet-w158a8", "bitnet-packed"];
 
 /// Every committed tiny-model fixture family: the dense ones, then [`TINY_MOE_FAMILIES`],
 /// then [`TINY_BITNET_FAMILIES`].
-pub const TINY_FAMILIES: [&str; 10] = [
+pub const TINY_FAMILIES: [&str; 11] = [
     "llama",
     "qwen2",
     "gemma3",
@@ -54,14 +57,16 @@ pub const TINY_FAMILIES: [&str; 10] = [
     TINY_BITNET_FAMILIES[0],
     TINY_BITNET_FAMILIES[1],
     TINY_BITNET_FAMILIES[2],
+    TINY_BITNET_FAMILIES[3],
 ];
 
 /// The GGUF files of tiny fixture `family` (`model.<type>.gguf` in its folder), the F32 one
-/// first: F32 and Q8_0, BitNet's F32, TQ1_0 and TQ2_0, none for `bitnet-relu2` and `bitnet-w158a8`.
+/// first: F32 and Q8_0, BitNet's F32, TQ1_0 and TQ2_0, none for `bitnet-relu2`, `bitnet-w158a8`
+/// and `bitnet-packed`.
 pub fn tiny_ggufs(family: &str) -> &'static [&'static str] {
     match family {
         "bitnet" => &["model.f32.gguf", "model.tq1_0.gguf", "model.tq2_0.gguf"],
-        "bitnet-relu2" | "bitnet-w158a8" => &[],
+        "bitnet-relu2" | "bitnet-w158a8" | "bitnet-packed" => &[],
         _ => &["model.f32.gguf", "model.q8_0.gguf"],
     }
 }

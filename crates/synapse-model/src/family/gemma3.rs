@@ -211,6 +211,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
             bias: None,
             in_features: hidden,
             out_features: vocab as u32,
+            scale: None,
         },
         tied,
         softcap,

@@ -77,10 +77,10 @@ pub fn build_mixtral(src: &SourceDesc) -> Result<ModelIr> {
     )
 }
 
-/// A `quantization_config` this engine runs: BitNet's online W1.58A8 (transformers'
-/// `AutoBitLinear` over full-precision masters). Everything else is refused: the offline
-/// mode's packed `uint8` weights with `weight_scale`, `use_rms_norm`, and any other method
-/// (GPTQ/AWQ packings change what the stored tensors mean).
+/// A `quantization_config` this engine runs: BitNet's W1.58A8, online (transformers'
+/// `AutoBitLinear` over full-precision masters) or offline (its `BitLinear` over packed
+/// `uint8` weights with `weight_scale`). Everything else is refused: `use_rms_norm`, and any
+/// other method (GPTQ/AWQ packings change what the stored tensors mean).
 fn bitnet_quant(b: &Builder<'_>, bitnet: bool, q: &MetaValue) -> Result<ProjectionQuant> {
     let json = match q {
         MetaValue::Json(j) => Some(j),
@@ -88,18 +88,20 @@ fn bitnet_quant(b: &Builder<'_>, bitnet: bool, q: &MetaValue) -> Result<Projecti
     };
     let get = |k: &str| json.and_then(|j| j.get(k));
     let field = |k: &str| get(k).and_then(|v| v.as_str());
-    let ok = bitnet
+    let bitnet = bitnet
         && field("quant_method") == Some("bitnet")
-        && field("linear_class").unwrap_or("bitlinear") == "autobitlinear"
-        && field("quantization_mode") == Some("online")
         && get("use_rms_norm").and_then(|v| v.as_bool()) != Some(true);
-    if ok {
-        Ok(ProjectionQuant::BitnetW158A8)
-    } else {
-        Err(b.unsupported(format!(
-            "quantization_config {q:?} (supported: BitNet's quant_method bitnet, linear_class \
-             autobitlinear, quantization_mode online, over BF16/F32 masters)"
-        )))
+    // transformers' defaults: linear_class bitlinear, quantization_mode offline.
+    let class = field("linear_class").unwrap_or("bitlinear");
+    let mode = field("quantization_mode").unwrap_or("offline");
+    match (bitnet, class, mode) {
+        (true, "autobitlinear", "online") => Ok(ProjectionQuant::BitnetW158A8),
+        (true, "bitlinear", "offline") => Ok(ProjectionQuant::BitnetW158A8Packed),
+        _ => Err(b.unsupported(format!(
+            "quantization_config {q:?} (supported: BitNet's quant_method bitnet with \
+             linear_class autobitlinear, quantization_mode online over BF16/F32 masters, or \
+             linear_class bitlinear, quantization_mode offline over packed uint8 weights)"
+        ))),
     }
 }
 
@@ -246,9 +248,20 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
                 format!("model.layers.{il}.{hf}.{suffix}")
             }
         };
+        let packed = projection_quant == Some(ProjectionQuant::BitnetW158A8Packed);
         let lin = |b: &mut Builder<'_>, g: &str, hf: &str, i: u32, out: u32| {
             let bias = n(g, hf, "bias");
-            b.linear(&n(g, hf, "weight"), Some(&bias), i, out)
+            if packed {
+                b.packed_linear(
+                    &n(g, hf, "weight"),
+                    &n(g, hf, "weight_scale"),
+                    &bias,
+                    i,
+                    out,
+                )
+            } else {
+                b.linear(&n(g, hf, "weight"), Some(&bias), i, out)
+            }
         };
         let q = lin(&mut b, "attn_q", "self_attn.q_proj", hidden, q_out)?;
         let k = lin(&mut b, "attn_k", "self_attn.k_proj", hidden, kv_out)?;
@@ -400,6 +413,7 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
                 bias: None,
                 in_features: hidden,
                 out_features: vocab as u32,
+                scale: None,
             },
             tied,
             softcap: None,

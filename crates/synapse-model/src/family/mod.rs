@@ -294,6 +294,45 @@ impl<'a> Builder<'a> {
             bias: b,
             in_features,
             out_features,
+            scale: None,
+        })
+    }
+
+    /// A projection stored as BitNet's offline packed weights
+    /// ([`ProjectionQuant::BitnetW158A8Packed`](crate::ProjectionQuant)): `weight` bytes
+    /// `[⌈out/4⌉, in]` (safetensors `U8`, read as `I8` bytes) and a one-element float
+    /// `scale`; no bias (transformers' `BitLinear` of these checkpoints has none).
+    pub fn packed_linear(
+        &mut self,
+        weight: &str,
+        scale: &str,
+        bias: &str,
+        in_features: u32,
+        out_features: u32,
+    ) -> Result<Linear> {
+        let w = self.weight(
+            weight,
+            &[out_features.div_ceil(4) as u64, in_features as u64],
+        )?;
+        if self.weights[w.0 as usize].encoding != GgmlType::I8 {
+            let e = &self.weights[w.0 as usize];
+            return Err(ModelError::UnsupportedEncoding {
+                name: e.name.clone(),
+                encoding: e.encoding.name().to_string(),
+                role: "a packed ternary projection (uint8)".into(),
+            });
+        }
+        let s = self.weight(scale, &[1])?;
+        self.require_float(s, "a weight scale")?;
+        if self.src.tensor(bias).is_some() {
+            return Err(self.unsupported(format!("{bias} beside packed ternary weights")));
+        }
+        Ok(Linear {
+            weight: w,
+            bias: None,
+            in_features,
+            out_features,
+            scale: Some(s),
         })
     }
 
