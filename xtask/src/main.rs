@@ -11,6 +11,7 @@ mod bench_server;
 mod bench_vs_llama;
 mod ggml_kernel_fixtures;
 mod hf_tokenizer_fixtures;
+mod i2s_fixture;
 mod import;
 mod iq_tables;
 mod membw;
@@ -95,6 +96,9 @@ enum Command {
     /// Write a BitNet b1.58 GGUF of the 2B4T shape with random ternary weights (llama.cpp's
     /// `bitnet` layout, TQ2_0), for end-to-end speed benchmarks beside llama.cpp.
     SyntheticBitnet(synthetic_bitnet::Args),
+    /// Regenerate fixtures/tiny/bitnet-packed/model.i2_s.gguf: the packed tiny BitNet as
+    /// bitnet.cpp's I2_S GGUF, packed by bitnet.cpp's own converter function.
+    I2sFixture(i2s_fixture::Args),
     /// Regenerate fixtures/perplexity: llama.cpp's perplexity of the held-out text.
     PerplexityFixtures(perplexity_fixtures::Args),
     /// Fetch the calibration / held-out evaluation text (Debian's python3.11-doc), split by
@@ -134,5 +138,6 @@ fn main() -> anyhow::Result<()> {
         Command::BenchCluster(a) => bench_cluster::run(a),
         Command::SyntheticMoe(a) => synthetic_moe::run(a).map(|_| ()),
         Command::SyntheticBitnet(a) => synthetic_bitnet::run(a).map(|_| ()),
+        Command::I2sFixture(a) => i2s_fixture::run(a),
     }
 }

@@ -231,6 +231,11 @@ pub enum ProjectionQuant {
     /// `R = ⌈out/4⌉`, in bits `2i` of packed row `r`, as the code `t + 1`), with a one-element
     /// `weight_scale` `s`: the weights are `t / s`.
     BitnetW158A8Packed,
+    /// The same W1.58A8 over bitnet.cpp's I2_S tensors (GGUF, its fork's type 36, x86
+    /// layout): per 128 elements of the row-major `[out, in]` tensor 32 bytes, byte `m`
+    /// holding element `32·g + m` in bits `6 − 2g` as the code `t + 1`; after the `out·in/4`
+    /// code bytes one f32 scale `s`: the weights are `t · s`.
+    BitnetI2S,
 }
 
 /// FFN activation.

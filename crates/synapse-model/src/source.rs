@@ -242,12 +242,33 @@ impl SourceDesc {
             .iter()
             .filter_map(|(k, v)| meta_from_gguf(v).map(|m| (k.clone(), m)))
             .collect();
+        // bitnet.cpp's I2_S (its fork's type 36, only in `bitnet*` files): described as its
+        // bytes, `I8` of shape `[bytes]` (2-bit codes, then the f32 scale and padding; the
+        // bitnet adapter's `i2s_linear` reads them). A genuine ggml `I8` tensor in such a file
+        // would be indistinguishable, so it is refused there.
+        let bitnet_file = arch.to_ascii_lowercase().starts_with("bitnet");
         let mut tensors = Vec::with_capacity(f.tensors().len());
         for t in f.tensors() {
+            let (shape, encoding) = match t.ty {
+                synapse_formats::gguf::TensorType::Bitnet(
+                    synapse_formats::gguf::BitnetType::I2_S,
+                ) => (vec![t.n_bytes], GgmlType::I8),
+                ty => {
+                    let g = ty.ggml()?;
+                    if bitnet_file && g == GgmlType::I8 {
+                        return Err(ModelError::UnsupportedEncoding {
+                            name: t.name.clone(),
+                            encoding: "i8".into(),
+                            role: "a tensor of a BitNet GGUF (read as I2_S bytes there)".into(),
+                        });
+                    }
+                    (t.shape_row_major(), g)
+                }
+            };
             tensors.push(SourceTensor {
                 name: t.name.clone(),
-                shape: t.shape_row_major(),
-                encoding: t.ty.ggml()?,
+                shape,
+                encoding,
                 file: 0,
                 offset: t.offset,
                 n_bytes: t.n_bytes,

@@ -523,7 +523,26 @@ impl Model {
         // A projection: as stored, or BitNet's W1.58A8 (weights ternarised here from the
         // master, inputs quantised per token at run time).
         let w158a8 = ir.projection_quant == Some(ProjectionQuant::BitnetW158A8);
+        let i2s = ir.projection_quant == Some(ProjectionQuant::BitnetI2S);
         let proj = |l: &Linear| -> Result<LinearW> {
+            if i2s {
+                let w = ir.weight(l.weight);
+                check_profile(&profile, &w.name, w.encoding)?;
+                let (rows, cols) = (l.out_features as usize, l.in_features as usize);
+                let bytes =
+                    unpack_i2s(src.bytes(&ir, l.weight)?, rows, cols).map_err(|reason| {
+                        RuntimeError::WeightData {
+                            name: w.name.clone(),
+                            reason,
+                        }
+                    })?;
+                let m = QuantMatrix::from_ternary_a8(&bytes, rows, cols)?;
+                return Ok(LinearW {
+                    act_a8: !m.quantizes_inputs(),
+                    m: Arc::new(m),
+                    bias: None,
+                });
+            }
             if let Some(scale) = l.scale {
                 let w = ir.weight(l.weight);
                 check_profile(&profile, &w.name, w.encoding)?;
@@ -1029,6 +1048,50 @@ fn unpack_bitnet(
     Ok(out)
 }
 
+/// bitnet.cpp's I2_S tensor (x86 layout: per 128 row-major elements 32 bytes, byte `m` holding
+/// element `32·g + m` in bits `6 − 2g` as the code `t + 1`; after the `rows·cols/4` code bytes
+/// the f32 scale `s`, the weights `t · s`) in the layout of `syn.ternary.absmean.tensor.v1`
+/// (`γ = s`). A code 3, a scale that is not finite and non-negative, or too few bytes is
+/// refused.
+fn unpack_i2s(bytes: &[u8], rows: usize, cols: usize) -> std::result::Result<Vec<u8>, String> {
+    let n = rows * cols;
+    if !n.is_multiple_of(128) || bytes.len() < n / 4 + 4 {
+        return Err(format!(
+            "{} bytes for {rows}×{cols} I2_S (needs {} code bytes and a 4-byte scale, whole \
+             128-element blocks)",
+            bytes.len(),
+            n / 4
+        ));
+    }
+    let s = f32::from_le_bytes([
+        bytes[n / 4],
+        bytes[n / 4 + 1],
+        bytes[n / 4 + 2],
+        bytes[n / 4 + 3],
+    ]);
+    if !(s.is_finite() && s >= 0.0) {
+        return Err(format!("scale {s} is not finite and non-negative"));
+    }
+    let mut out = vec![0u8; 4 + n / 4];
+    out[..4].copy_from_slice(&s.to_le_bytes());
+    for (b, block) in bytes[..n / 4].chunks_exact(32).enumerate() {
+        for (m, &byte) in block.iter().enumerate() {
+            for g in 0..4 {
+                let code = (byte >> (6 - 2 * g)) & 3;
+                if code == 3 {
+                    return Err(format!(
+                        "element {}: code 3 is not a ternary value",
+                        128 * b + 32 * g + m
+                    ));
+                }
+                let k = 128 * b + 32 * g + m;
+                out[4 + k / 4] |= (code + 1) << (2 * (k % 4));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Opens a model path and describes it.
 fn open_source(path: &Path) -> Result<(Source<'static>, SourceDesc)> {
     let not_model = |reason: String| RuntimeError::NotAModel {
@@ -1065,7 +1128,37 @@ fn open_source(path: &Path) -> Result<(Source<'static>, SourceDesc)> {
 
 #[cfg(test)]
 mod tests {
-    use super::unpack_bitnet;
+    use super::{unpack_bitnet, unpack_i2s};
+
+    /// bitnet.cpp's I2_S layout (its `quantize_i2_s`, x86: 128-element blocks of 32 bytes,
+    /// element `32·g + m` in bits `6 − 2g` of byte `m`, the f32 scale after the codes and 32
+    /// bytes of tail) unpacked into the codec's, and the refusals.
+    #[test]
+    fn i2s_unpacks_to_the_codec_layout() {
+        let (rows, cols) = (2usize, 128usize);
+        let n = rows * cols;
+        let t: Vec<i8> = (0..n).map(|k| ((k * 5 + 1) % 3) as i8 - 1).collect();
+        let mut bytes = vec![0u8; n / 4 + 32];
+        for (k, &v) in t.iter().enumerate() {
+            let (b, j) = (k / 128, k % 128);
+            bytes[32 * b + j % 32] |= ((v + 1) as u8) << (6 - 2 * (j / 32));
+        }
+        bytes[n / 4..n / 4 + 4].copy_from_slice(&0.75f32.to_le_bytes());
+        let out = unpack_i2s(&bytes, rows, cols).unwrap();
+        assert_eq!(f32::from_le_bytes(out[..4].try_into().unwrap()), 0.75);
+        for (k, &v) in t.iter().enumerate() {
+            let code = (out[4 + k / 4] >> (2 * (k % 4))) & 3;
+            assert_eq!(code as i8 - 2, v, "element {k}");
+        }
+        let mut bad = bytes.clone();
+        bad[5] |= 0b1100_0000;
+        assert!(unpack_i2s(&bad, rows, cols).unwrap_err().contains("code 3"));
+        let mut bad = bytes.clone();
+        bad[n / 4..n / 4 + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+        assert!(unpack_i2s(&bad, rows, cols).is_err());
+        assert!(unpack_i2s(&bytes[..n / 4 + 3], rows, cols).is_err());
+        assert!(unpack_i2s(&bytes, rows, 100).is_err());
+    }
 
     /// transformers' `pack_weights` layout unpacked into the codec's: a 6-row matrix (packed
     /// rows 2: rows 0–1 in bits 0, 2–3 in bits 2, 4–5 in bits 4), and the refusals.

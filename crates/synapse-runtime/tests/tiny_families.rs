@@ -396,6 +396,63 @@ fn tiny_bitnet_packed() {
     assert!(Model::load(tmp.path()).is_err());
 }
 
+/// The same checkpoint as bitnet.cpp's `bitnet-b1.58` GGUF with I2_S projections
+/// (`model.i2_s.gguf` beside it: the I2_S bytes made by bitnet.cpp's own `quantize_to_i2_s`,
+/// `xtask/py/i2s_fixture.py`, each scale `1 / weight_scale`; F32 embedding and head: F16 ones,
+/// as its converter writes, would put the head ~2e-4 off), against transformers' logits of the packed checkpoint: the same bar
+/// as `tiny_bitnet_packed`. Codes read in the wrong bit order put none within it (0 of 41,
+/// measured by reversing the group shift in the loader).
+#[test]
+fn tiny_bitnet_i2s_gguf() {
+    let dir = common::workspace_root().join("fixtures/tiny/bitnet-packed");
+    let gguf = dir.join("model.i2_s.gguf");
+    if !common::require(&gguf, "tiny-model fixture") {
+        return;
+    }
+    let model = Model::load(&gguf).unwrap();
+    assert_eq!(
+        model.ir.projection_quant,
+        Some(synapse_model::ProjectionQuant::BitnetI2S)
+    );
+    assert!(!model.ir.lm_head.tied, "the file's own output.weight");
+    assert!(
+        model.layers[1]
+            .linears()
+            .iter()
+            .all(|l| l.m.quantizes_inputs())
+    );
+    let seqs = common::tiny_sequences(&dir);
+    let reference = read_f32(&dir.join("logits.hf.f32"));
+    let vocab = 512;
+    let ours = run_all(&gguf, &seqs);
+    let positions = reference.len() / vocab;
+    let n = ours
+        .chunks_exact(vocab)
+        .zip(reference.chunks_exact(vocab))
+        .filter(|(a, b)| compare(a, b).1 <= 1e-5)
+        .count();
+    eprintln!(
+        "bitnet I2_S GGUF: {n} of {positions} positions within 1e-5 relative of transformers"
+    );
+    assert!(
+        2 * n >= positions,
+        "{n} of {positions} positions within 1e-5"
+    );
+    let mut at = 0;
+    for s in &seqs {
+        let (a, b) = (
+            &ours[at * vocab..(at + 1) * vocab],
+            &reference[at * vocab..(at + 1) * vocab],
+        );
+        assert!(
+            compare(a, b).1 <= 1e-5,
+            "first position: {:?}",
+            compare(a, b)
+        );
+        at += s.len();
+    }
+}
+
 /// The same weights under 1bitLLM's names (`inner_attn_ln`, `ffn_layernorm`, a `config.json`
 /// saying `model_type: llama`, `architectures: [BitnetForCausalLM]`) load as the same model:
 /// the same logits, bit for bit.

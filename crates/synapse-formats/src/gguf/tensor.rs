@@ -71,17 +71,23 @@ impl TensorType {
         }
     }
 
-    /// The upstream ggml type, or a typed [`FormatError::Unsupported`] for the fork types,
-    /// which Synapse does not decode yet.
+    /// The upstream ggml type, or a typed [`FormatError::Unsupported`] for the fork types:
+    /// they are no ggml type. (The model layer reads I2_S projections of a `bitnet-b1.58`
+    /// file itself; I8_S, TL1 and TL2 are not read, and packages hold ggml types only.)
     pub fn ggml(self) -> Result<GgmlType> {
         match self {
             TensorType::Ggml(t) => Ok(t),
             TensorType::Bitnet(t) => Err(FormatError::Unsupported {
                 name: t.name().to_string(),
-                reason: format!(
-                    "bitnet.cpp fork type (id {}) has no decoder yet; it arrives with BitNet support",
-                    t as u32
-                ),
+                reason: match t {
+                    BitnetType::I2_S => format!(
+                        "bitnet.cpp fork type (id {}) is no ggml type: a Synapse package cannot \
+                         hold it (load the GGUF itself: its bitnet-b1.58 projections run as \
+                         W1.58A8)",
+                        t as u32
+                    ),
+                    _ => format!("bitnet.cpp fork type (id {}) is not read", t as u32),
+                },
             }),
         }
     }

@@ -25,6 +25,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
             qk_norm: false,
             granite: true,
             bitnet: false,
+            b158: false,
             moe: Some(MoeSpec {
                 hf: HfExperts::Granite,
                 gguf_renormalize: true,

@@ -32,6 +32,9 @@ pub(crate) struct LlamaLike {
     /// `silu` from `config.json`; SiLU in GGUF, as llama.cpp's graph hard-codes it) and a
     /// GGUF head that is always the embedding.
     pub bitnet: bool,
+    /// bitnet.cpp's `bitnet-b1.58` GGUF (microsoft/bitnet-b1.58-2B-4T): ReLU², its own head
+    /// when it stores `output.weight`, projections in I2_S (W1.58A8).
+    pub b158: bool,
     /// The family's mixture-of-experts blocks (a GGUF `llama` is Mixtral exactly when it
     /// stores experts, so it needs none).
     pub moe: Option<MoeSpec>,
@@ -50,6 +53,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
             qk_norm: false,
             granite: false,
             bitnet: false,
+            b158: false,
             moe: None,
         },
     )
@@ -68,6 +72,7 @@ pub fn build_mixtral(src: &SourceDesc) -> Result<ModelIr> {
             qk_norm: false,
             granite: false,
             bitnet: false,
+            b158: false,
             moe: Some(MoeSpec {
                 hf: HfExperts::Mixtral,
                 gguf_renormalize: true,
@@ -138,6 +143,11 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
     }
     let mut activation = Activation::Silu;
     let mut projection_quant = None;
+    if gguf && o.b158 {
+        // bitnet.cpp's `build_bitnet_158`: ReLU² (microsoft/bitnet-b1.58-2B-4T), I2_S weights.
+        activation = Activation::Relu2;
+        projection_quant = Some(ProjectionQuant::BitnetI2S);
+    }
     if !gguf {
         match b.opt("", "hidden_act").and_then(|v| v.as_str()) {
             // transformers' BitNetConfig defaults to relu2.
@@ -249,6 +259,7 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
             }
         };
         let packed = projection_quant == Some(ProjectionQuant::BitnetW158A8Packed);
+        let i2s = projection_quant == Some(ProjectionQuant::BitnetI2S);
         let lin = |b: &mut Builder<'_>, g: &str, hf: &str, i: u32, out: u32| {
             let bias = n(g, hf, "bias");
             if packed {
@@ -259,6 +270,8 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
                     i,
                     out,
                 )
+            } else if i2s {
+                b.i2s_linear(&n(g, hf, "weight"), &bias, i, out)
             } else {
                 b.linear(&n(g, hf, "weight"), Some(&bias), i, out)
             }
@@ -363,8 +376,9 @@ pub(crate) fn build_llama_like(src: &SourceDesc, o: LlamaLike) -> Result<ModelIr
     }
     let final_norm = b.norm(final_norm_name, h, eps, 0.0)?;
     let tie = if gguf {
-        // llama.cpp's bitnet graph always multiplies by `token_embd`.
-        o.bitnet
+        // llama.cpp's bitnet graph always multiplies by `token_embd`; bitnet.cpp's
+        // `bitnet-b1.58` one by `output` when the file has it.
+        o.bitnet && !o.b158
     } else {
         b.src
             .get("tie_word_embeddings")

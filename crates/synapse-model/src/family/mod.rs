@@ -29,6 +29,7 @@ type Adapter = fn(&SourceDesc) -> Result<ModelIr>;
 /// and the adapter that builds them.
 const ADAPTERS: &[(&str, Family, Adapter)] = &[
     ("bitnet", Family::Bitnet, bitnet::build),
+    ("bitnet-b1.58", Family::Bitnet, bitnet::build_b158),
     ("gemma3", Family::Gemma3, gemma3::build),
     ("gemma3_text", Family::Gemma3, gemma3::build),
     ("granitemoe", Family::Granitemoe, granitemoe::build),
@@ -43,6 +44,7 @@ const ADAPTERS: &[(&str, Family, Adapter)] = &[
 /// Architecture names each family accepts (GGUF `general.architecture` and HF `model_type`).
 pub const SUPPORTED: &[(&str, Family)] = &[
     ("bitnet", Family::Bitnet),
+    ("bitnet-b1.58", Family::Bitnet),
     ("gemma3", Family::Gemma3),
     ("gemma3_text", Family::Gemma3),
     ("granitemoe", Family::Granitemoe),
@@ -292,6 +294,49 @@ impl<'a> Builder<'a> {
         Ok(Linear {
             weight: w,
             bias: b,
+            in_features,
+            out_features,
+            scale: None,
+        })
+    }
+
+    /// A projection stored as bitnet.cpp's I2_S
+    /// ([`ProjectionQuant::BitnetI2S`](crate::ProjectionQuant)): the tensor's bytes, `I8` of
+    /// shape `[bytes]` as the source description gives them, at least the `out·in/4` code
+    /// bytes and the f32 scale after them (`in` a multiple of 128); no bias.
+    pub fn i2s_linear(
+        &mut self,
+        weight: &str,
+        bias: &str,
+        in_features: u32,
+        out_features: u32,
+    ) -> Result<Linear> {
+        let Some(t) = self.src.tensor(weight) else {
+            return Err(ModelError::MissingTensor {
+                family: self.family,
+                name: weight.to_string(),
+            });
+        };
+        let codes = out_features as u64 * in_features as u64 / 4;
+        if t.encoding != GgmlType::I8
+            || t.shape.len() != 1
+            || t.n_bytes < codes + 4
+            || !in_features.is_multiple_of(128)
+        {
+            return Err(ModelError::ShapeMismatch {
+                name: weight.to_string(),
+                found: t.shape.clone(),
+                expected: vec![codes + 32],
+            });
+        }
+        let shape = t.shape.clone();
+        let w = self.weight(weight, &shape)?;
+        if self.src.tensor(bias).is_some() {
+            return Err(self.unsupported(format!("{bias} beside I2_S weights")));
+        }
+        Ok(Linear {
+            weight: w,
+            bias: None,
             in_features,
             out_features,
             scale: None,

@@ -22,6 +22,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
             qk_norm: true,
             granite: false,
             bitnet: false,
+            b158: false,
             moe: Some(MoeSpec {
                 hf: HfExperts::Mlp,
                 gguf_renormalize: false,

@@ -19,6 +19,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
             qk_norm: false,
             granite: false,
             bitnet: false,
+            b158: false,
             moe: None,
         },
     )

@@ -23,6 +23,7 @@ pub fn build(src: &SourceDesc) -> Result<ModelIr> {
             qk_norm: false,
             granite: false,
             bitnet: false,
+            b158: false,
             moe: Some(MoeSpec {
                 hf: HfExperts::Mlp,
                 gguf_renormalize: false,
