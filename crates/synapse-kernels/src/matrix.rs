@@ -23,9 +23,9 @@ pub enum Encoding {
 enum Store {
     Ggml(GgmlType),
     /// BitNet b1.58's W1.58A8 (a `syn.ternary.absmean.tensor.v1` matrix run as trained):
-    /// the trits as TQ2_0 blocks of scale 1 (so every ternary kernel serves it), inputs
-    /// quantised per row to 8 bits by absmax with one scale for the whole row, the outputs
-    /// times the tensor's `gamma`.
+    /// the trits in TQ2_0's code layout without its scales (64 bytes per 256), inputs
+    /// quantised per row to 8 bits by absmax with one scale for the whole row, each output
+    /// an exact integer sum times `d_a · gamma` (`kernels::ternary_i8`).
     TernaryA8 {
         gamma: f32,
     },
@@ -231,11 +231,11 @@ impl QuantMatrix {
     /// A `syn.ternary.absmean.tensor.v1` matrix (`bytes` in that codec's layout, validated as
     /// [`QuantMatrix::from_codec`] does) run as BitNet b1.58's W1.58A8: each input row
     /// quantised to 8 bits by absmax as transformers' `ActQuant` (`a = 127 / max(max|x|,
-    /// 1e-5)`, `q = clamp(round_half_even(x·a), −128, 127)`), the exact integer sums of the
-    /// trits against `q` taken by the TQ2_0 kernels (per 256-block `fma(lanes, 1/a, acc)`), the
-    /// outputs times the tensor's scale. Where `cols` is not a multiple of 256 the codec's own
-    /// path runs (inputs as given). [`QuantMatrix::encoding`] stays the codec; the bytes held
-    /// are the TQ2_0 blocks ([`QuantMatrix::raw_bytes`]).
+    /// 1e-5)`, `q = clamp(round_half_even(x·a), −128, 127)`), each output the exact integer
+    /// `Σ t·q` times `(1/a) · γ` — the same bits on every kernel path. Where `cols` is not a
+    /// multiple of 256 the codec's own path runs (inputs as given). [`QuantMatrix::encoding`]
+    /// stays the codec; the bytes held are the codes in TQ2_0's layout without scales, 64
+    /// per 256 weights ([`QuantMatrix::raw_bytes`]).
     pub fn from_ternary_a8(bytes: &[u8], rows: usize, cols: usize) -> Result<Self> {
         let id = EncodingId::TernaryTensor.to_string();
         let (store, _) = Self::check_codec(&id, bytes, rows, cols)?;
@@ -248,9 +248,9 @@ impl QuantMatrix {
         let w = codec.decode_matrix(bytes, rows, cols)?;
         let gamma = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
         let nb = cols / 256;
-        let one = half::f16::from_f32(1.0).to_le_bytes();
-        let mut out = vec![0u8; rows * nb * 66];
-        for (wb, ob) in w.chunks_exact(256).zip(out.chunks_exact_mut(66)) {
+        let wbb = kernels::ternary_i8::WB;
+        let mut out = vec![0u8; rows * nb * wbb];
+        for (wb, ob) in w.chunks_exact(256).zip(out.chunks_exact_mut(wbb)) {
             // The trit of element 128h + 32l + m in bits 2l of qs[32h + m] (TQ2_0's layout),
             // as the code `t + 1`; gamma is the codec's scale, so `w / gamma` is exact.
             for h in 0..2 {
@@ -270,13 +270,12 @@ impl QuantMatrix {
                     ob[32 * h + m] = q;
                 }
             }
-            ob[64..66].copy_from_slice(&one);
         }
         Ok(Self {
             store: Store::TernaryA8 { gamma },
             rows,
             cols,
-            row_bytes: nb * 66,
+            row_bytes: nb * wbb,
             data: Data::Owned(AlignedBuf::from_bytes(&out)),
         })
     }
@@ -362,9 +361,20 @@ impl QuantMatrix {
                 got: r,
             });
         }
-        let (ty, gamma) = match &self.store {
-            Store::Ggml(t) => (*t, None),
-            Store::TernaryA8 { gamma } => (GgmlType::TQ2_0, Some(*gamma)),
+        let ty = match &self.store {
+            Store::Ggml(t) => *t,
+            Store::TernaryA8 { gamma } => {
+                let row = &self.data.as_bytes()[r * self.row_bytes..(r + 1) * self.row_bytes];
+                for (b, ob) in row.chunks_exact(64).zip(out.chunks_exact_mut(256)) {
+                    for (j, &byte) in b.iter().enumerate() {
+                        for l in 0..4 {
+                            let t = ((byte >> (2 * l)) & 3) as i32 - 1;
+                            ob[128 * (j / 32) + 32 * l + j % 32] = t as f32 * gamma;
+                        }
+                    }
+                }
+                return Ok(());
+            }
             Store::Codec {
                 codec,
                 row_separable: true,
@@ -391,11 +401,6 @@ impl QuantMatrix {
             got: r,
         })?;
         if kernels::decode::decode_row(ty, row, out) {
-            if let Some(g) = gamma {
-                for v in out.iter_mut() {
-                    *v *= g;
-                }
-            }
             Ok(())
         } else {
             Err(KernelError::UnsupportedEncoding(ty.name().to_string()))
@@ -487,21 +492,7 @@ impl QuantMatrix {
         }
         let (ty, act) = match &self.store {
             Store::Ggml(t) => (*t, None),
-            Store::TernaryA8 { gamma } => {
-                self.matmul_ggml(
-                    GgmlType::TQ2_0,
-                    Some(ActKind::Q8KRow),
-                    x,
-                    n,
-                    y,
-                    order_rows,
-                    ctx,
-                )?;
-                for v in y.iter_mut() {
-                    *v *= gamma;
-                }
-                return Ok(());
-            }
+            Store::TernaryA8 { gamma } => return self.ternary_a8(*gamma, x, n, y, ctx),
             Store::Codec {
                 id: EncodingId::Symmetric { bits, group: 64 },
                 ..
@@ -522,6 +513,34 @@ impl QuantMatrix {
             } => return self.codec_matmul(&**codec, *row_separable, x, n, y, ctx),
         };
         self.matmul_ggml(ty, act, x, n, y, order_rows, ctx)
+    }
+
+    /// BitNet's W1.58A8 ([`Self::from_ternary_a8`]): the rows quantised to 8 bits with one
+    /// scale each, re-laid out once, then `kernels::ternary_i8` over chunks of weight rows.
+    fn ternary_a8(
+        &self,
+        gamma: f32,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+        ctx: &mut KernelCtx,
+    ) -> Result<()> {
+        let path = ctx.path();
+        let (act_scratch, pool) = ctx.parts();
+        let nb = self.cols / 256;
+        act_scratch.set_len(n * ActKind::Q8KRow.row_bytes(self.cols));
+        quantize_rows(ActKind::Q8KRow, x, self.cols, act_scratch.as_bytes_mut());
+        kernels::prepare_tq2(act_scratch.as_bytes_mut(), n * nb);
+        let a = act_scratch.as_bytes();
+        let w = self.data.as_bytes();
+        let yp = SyncPtr(y.as_mut_ptr());
+        let rows = self.rows;
+        pool.run_rows(rows, 8, 2 * rows * self.cols * n, &|r0, r1| {
+            // SAFETY: `path` is the context's, which it holds only when the CPU supports it;
+            // `a` holds n·nb prepared blocks, `w` the rows; chunks write disjoint outputs.
+            unsafe { kernels::ternary_i8::rows(path, w, nb, a, n, gamma, yp.get(), rows, r0, r1) };
+        });
+        Ok(())
     }
 
     /// The ggml-type part of [`Self::matmul_as`]: `ty`'s kernels, the activations quantised as
@@ -573,7 +592,7 @@ impl QuantMatrix {
             act_scratch.set_len(n * arb);
             quantize_rows(k.act, x, self.cols, act_scratch.as_bytes_mut());
             if ty == GgmlType::TQ2_0 {
-                kernels::gemvk::prepare_tq2(act_scratch.as_bytes_mut(), n * self.cols / 256);
+                kernels::prepare_tq2(act_scratch.as_bytes_mut(), n * self.cols / 256);
             }
             let a = act_scratch.as_bytes();
             let yp = SyncPtr(y.as_mut_ptr());

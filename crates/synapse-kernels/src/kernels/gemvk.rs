@@ -10,13 +10,15 @@
 //!
 //! TQ2_0 (every activation-row count: ggml has no tiled order for it) in the order of
 //! `vec_dot_tq2_0_q8_K` (x86): one 64-byte block of codes per register against activations
-//! re-laid out once per call ([`prepare_tq2`]), the 2-bit codes extracted by GFNI affine maps
+//! re-laid out once per call ([`super::prepare_tq2`]), the 2-bit codes extracted by GFNI affine maps
 //! where the CPU has them (shift and mask otherwise); row pairs for several activation rows,
 //! one row and two blocks per step for one (see [`tq2_dispatch`]).
 
 use std::arch::x86_64::*;
 
 use super::gemv32::{dpair, halves, prefetch_dist, row_pair, spread};
+#[cfg(test)]
+use super::prepare_tq2;
 use super::x86::avx512vnni::k4_scales;
 use crate::blocks::{Q4K_QS, Q4K_SCALES, Q6K_D, Q6K_QH, Q6K_SCALES};
 use synapse_formats::GgmlType;
@@ -555,27 +557,6 @@ unsafe fn tq2_rows_gfni<const N: usize, const TILED: bool>(
     unsafe { tq2_dispatch::<N>(w, row_bytes, nb, a, y, ystride, r0, r1, codes) }
 }
 
-/// Re-lays out `nblocks` Q8_K activation blocks in place for [`rows`] on TQ2_0: each block's
-/// 32-byte quarters `v0..v8` become `[v0 v4 v1 v5 v2 v6 v3 v7]` (64-byte chunk `l` = the
-/// activations of code vector `l` of both 32-byte halves of a TQ2_0 block), and its 16 `i16`
-/// bsums become 8 `i32` lanes `−(bsums[2j] + bsums[2j+1])`. `d` stays.
-pub(crate) fn prepare_tq2(a: &mut [u8], nblocks: usize) {
-    for b in a[..nblocks * AK].chunks_exact_mut(AK) {
-        let mut qs = [0u8; 256];
-        for (l, ch) in qs.chunks_exact_mut(64).enumerate() {
-            ch[..32].copy_from_slice(&b[4 + 32 * l..4 + 32 * l + 32]);
-            ch[32..].copy_from_slice(&b[4 + 32 * (4 + l)..4 + 32 * (4 + l) + 32]);
-        }
-        b[4..260].copy_from_slice(&qs);
-        let bs: [i32; 16] =
-            std::array::from_fn(|k| i16::from_le_bytes([b[260 + 2 * k], b[261 + 2 * k]]) as i32);
-        for j in 0..8 {
-            let v = -(bs[2 * j] + bs[2 * j + 1]);
-            b[260 + 4 * j..264 + 4 * j].copy_from_slice(&v.to_le_bytes());
-        }
-    }
-}
-
 /// Bytes ahead of the current block the one-row TQ2_0 kernel prefetches (the per-row x86
 /// kernels' distance; 768–12288 measured alike within this machine's noise, no prefetch
 /// worse).
@@ -631,7 +612,7 @@ unsafe fn tq2_body1<const N: usize>(
     codes: impl Fn(__m512i) -> [__m512i; 4],
 ) {
     let astride = nb * AK;
-    /// One block's lanes, each half apart: code vectors `l` against [`prepare_tq2`]'s chunk
+    /// One block's lanes, each half apart: code vectors `l` against [`super::prepare_tq2`]'s chunk
     /// `l` in two chains (exact integers).
     #[inline(always)]
     unsafe fn lanes(c: &[__m512i; 4], ab: *const u8) -> __m512i {
@@ -707,12 +688,12 @@ unsafe fn tq2_body1<const N: usize>(
 /// TQ2_0 rows in ggml's `vec_dot_tq2_0_q8_K` order (x86): per block the 8 i32 lanes
 /// `Σ_v Σ₄ code·q8 − pairwise bsums` (codes `t + 1` in 0..2; exact integers, any order),
 /// `acc = fma(lanes, d_a·d, acc)`, then `hsum_float_8(acc)`. One weight row's whole block per
-/// register (code vector `l` of both halves against [`prepare_tq2`]'s chunk `l`), the two
+/// register (code vector `l` of both halves against [`super::prepare_tq2`]'s chunk `l`), the two
 /// halves of rows `a` and `b` folded into one register of both rows' lanes.
 /// `codes(q)` gives the four code vectors `l = 0..4` (bits `2l` of every byte).
 ///
 /// # Safety
-/// As [`rows`], with `a` pointing at `N` activation rows laid out by [`prepare_tq2`].
+/// As [`rows`], with `a` pointing at `N` activation rows laid out by [`super::prepare_tq2`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tq2_body<const N: usize>(

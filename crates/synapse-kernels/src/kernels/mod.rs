@@ -13,6 +13,7 @@ pub(crate) mod gemvk;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;
 pub(crate) mod scalar;
+pub(crate) mod ternary_i8;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod tiled;
 #[cfg(target_arch = "x86_64")]
@@ -163,4 +164,28 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
     }
     let _ = path;
     scalar::select(ty)
+}
+
+/// Bytes of a Q8_K activation block (`d`, `qs[256]`, `bsums[16]`).
+const AK: usize = std::mem::size_of::<crate::act::BlockQ8K>();
+
+/// Re-lays out `nblocks` Q8_K activation blocks in place for [`rows`] on TQ2_0: each block's
+/// 32-byte quarters `v0..v8` become `[v0 v4 v1 v5 v2 v6 v3 v7]` (64-byte chunk `l` = the
+/// activations of code vector `l` of both 32-byte halves of a TQ2_0 block), and its 16 `i16`
+/// bsums become 8 `i32` lanes `−(bsums[2j] + bsums[2j+1])`. `d` stays.
+pub(crate) fn prepare_tq2(a: &mut [u8], nblocks: usize) {
+    for b in a[..nblocks * AK].chunks_exact_mut(AK) {
+        let mut qs = [0u8; 256];
+        for (l, ch) in qs.chunks_exact_mut(64).enumerate() {
+            ch[..32].copy_from_slice(&b[4 + 32 * l..4 + 32 * l + 32]);
+            ch[32..].copy_from_slice(&b[4 + 32 * (4 + l)..4 + 32 * (4 + l) + 32]);
+        }
+        b[4..260].copy_from_slice(&qs);
+        let bs: [i32; 16] =
+            std::array::from_fn(|k| i16::from_le_bytes([b[260 + 2 * k], b[261 + 2 * k]]) as i32);
+        for j in 0..8 {
+            let v = -(bs[2 * j] + bs[2 * j + 1]);
+            b[260 + 4 * j..264 + 4 * j].copy_from_slice(&v.to_le_bytes());
+        }
+    }
 }

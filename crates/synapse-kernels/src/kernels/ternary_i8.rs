@@ -1,0 +1,212 @@
+//! BitNet's W1.58A8 GEMV/GEMM (`QuantMatrix::from_ternary_a8`): ternary weights with one scale
+//! for the tensor against 8-bit activations with one scale per row, summed as exact integers.
+//!
+//! Weights: per row, per 256 elements 64 bytes in TQ2_0's code layout without its scale
+//! (element `128h + 32l + m` in bits `2l` of byte `32h + m`, as the code `t + 1`).
+//! Activations: [`ActKind::Q8KRow`](crate::act::ActKind) blocks re-laid out by
+//! [`super::prepare_tq2`] (each block's quarters interleaved so 64 bytes serve code
+//! vector `l` of both halves; the bsums as negated pair sums). Each output is
+//! `Σ code·q − Σ q` (an exact integer: |Σ| ≤ 256·K) times `d_a · γ` — one product after one
+//! exact integer sum, so every path (scalar, AVX2, AVX-512) gives the same bits.
+
+use crate::act::BlockQ8K;
+
+/// Bytes of one 256-element weight block.
+pub(crate) const WB: usize = 64;
+/// Bytes of one activation block ([`BlockQ8K`]).
+const AK: usize = std::mem::size_of::<BlockQ8K>();
+
+/// `Σ q` of one prepared activation row (`nb` blocks): minus the sum of its bsum lanes.
+fn row_sum(a: &[u8], nb: usize) -> i32 {
+    let mut s = 0i32;
+    for b in a[..nb * AK].chunks_exact(AK) {
+        for j in 0..8 {
+            s -= i32::from_le_bytes([
+                b[260 + 4 * j],
+                b[261 + 4 * j],
+                b[262 + 4 * j],
+                b[263 + 4 * j],
+            ]);
+        }
+    }
+    s
+}
+
+/// `Σ code·q` of weight row `w` (`nb` blocks) against prepared activation row `a`, scalar.
+fn dot_scalar(w: &[u8], a: &[u8], nb: usize) -> i32 {
+    let mut s = 0i32;
+    for i in 0..nb {
+        let (wb, ab) = (&w[i * WB..(i + 1) * WB], &a[i * AK + 4..i * AK + 260]);
+        // Chunk l of the prepared block: [v_l | v_{4+l}] = codes l of bytes 0..32, then of
+        // bytes 32..64.
+        for l in 0..4 {
+            for (j, &byte) in wb.iter().enumerate() {
+                let code = ((byte >> (2 * l)) & 3) as i32;
+                s += code * ab[64 * l + j] as i8 as i32;
+            }
+        }
+    }
+    s
+}
+
+/// Outputs `y[t·ystride + r] = (Σ t·q) · (d_a · γ)` for weight rows `r0..r1` and `n` prepared
+/// activation rows (`d_a` read from each row's first block).
+///
+/// # Safety
+/// `w` holds the rows (`nb · 64` bytes each), `a` holds `n · nb` prepared blocks, `y` is valid
+/// for the writes, and the CPU supports `path`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn rows(
+    path: crate::dispatch::KernelPath,
+    w: &[u8],
+    nb: usize,
+    a: &[u8],
+    n: usize,
+    gamma: f32,
+    y: *mut f32,
+    ystride: usize,
+    r0: usize,
+    r1: usize,
+) {
+    let rb = nb * WB;
+    let mut sums = [0i32; 8];
+    for t0 in (0..n).step_by(8) {
+        let k = (n - t0).min(8);
+        let bias: [i32; 8] = std::array::from_fn(|t| {
+            if t < k {
+                row_sum(&a[(t0 + t) * nb * AK..], nb)
+            } else {
+                0
+            }
+        });
+        let scale: [f32; 8] = std::array::from_fn(|t| {
+            if t < k {
+                let b = (t0 + t) * nb * AK;
+                f32::from_le_bytes([a[b], a[b + 1], a[b + 2], a[b + 3]]) * gamma
+            } else {
+                0.0
+            }
+        });
+        for r in r0..r1 {
+            let wr = &w[r * rb..(r + 1) * rb];
+            for (t, s) in sums.iter_mut().enumerate().take(k) {
+                let ar = &a[(t0 + t) * nb * AK..(t0 + t + 1) * nb * AK];
+                // SAFETY: the caller's contract (CPU features for `path`; whole blocks).
+                *s = unsafe { dot(path, wr, ar, nb) };
+            }
+            for t in 0..k {
+                let v = (sums[t] - bias[t]) as f32 * scale[t];
+                // SAFETY: the caller's contract.
+                unsafe { *y.add((t0 + t) * ystride + r) = v };
+            }
+        }
+    }
+}
+
+/// `Σ code·q` on the best code `path` has.
+///
+/// # Safety
+/// The CPU supports `path`; `w` and `a` hold `nb` blocks.
+#[inline]
+unsafe fn dot(path: crate::dispatch::KernelPath, w: &[u8], a: &[u8], nb: usize) -> i32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::dispatch::KernelPath as P;
+        match path {
+            // SAFETY: the path is supported (caller).
+            P::Avx512Vnni => return unsafe { x86::dot512(w.as_ptr(), a.as_ptr(), nb) },
+            P::Avx2 | P::AvxVnni => return unsafe { x86::dot256(w.as_ptr(), a.as_ptr(), nb) },
+            _ => {}
+        }
+    }
+    let _ = path;
+    dot_scalar(w, a, nb)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{AK, WB};
+    use std::arch::x86_64::*;
+
+    /// Bytes ahead of the current block prefetched into L2 (kbench_a8 2560×6912 from DRAM, one
+    /// thread: no prefetch or 1.5 KB into L1 11–12 GB/s, 4 KB into L2 17.7, 6–16 KB 20–21; two
+    /// threads 6 KB 28 GB/s — the one-row GEMVs' distance, `gemv32::PREFETCH`).
+    const PREFETCH: usize = 6144;
+
+    /// AVX-512 VNNI: one 64-byte block of codes per register, four `vpdpbusd` against the
+    /// prepared chunks; eight accumulators (two blocks × four code vectors), so no chain of
+    /// dependent `vpdpbusd` limits the loop.
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn dot512(w: *const u8, a: *const u8, nb: usize) -> i32 {
+        let m3 = _mm512_set1_epi8(3);
+        let mut acc = [_mm512_setzero_si512(); 8];
+        // SAFETY (both loops): whole blocks (caller).
+        let block = |acc: &mut [__m512i], i: usize| unsafe {
+            let q = _mm512_loadu_si512(w.add(i * WB).cast());
+            _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(i * WB + PREFETCH).cast());
+            let ab = a.add(i * AK + 4);
+            let codes = [
+                _mm512_and_si512(q, m3),
+                _mm512_and_si512(_mm512_srli_epi16(q, 2), m3),
+                _mm512_and_si512(_mm512_srli_epi16(q, 4), m3),
+                _mm512_and_si512(_mm512_srli_epi16(q, 6), m3),
+            ];
+            for (l, c) in codes.into_iter().enumerate() {
+                acc[l] = _mm512_dpbusd_epi32(acc[l], c, _mm512_loadu_si512(ab.add(64 * l).cast()));
+            }
+        };
+        let mut i = 0;
+        while i + 2 <= nb {
+            let (lo, hi) = acc.split_at_mut(4);
+            block(lo, i);
+            block(hi, i + 1);
+            i += 2;
+        }
+        if i < nb {
+            block(&mut acc[..4], i);
+        }
+        let s = |x: usize, y: usize| _mm512_add_epi32(acc[x], acc[y]);
+        let t = _mm512_add_epi32(
+            _mm512_add_epi32(s(0, 4), s(1, 5)),
+            _mm512_add_epi32(s(2, 6), s(3, 7)),
+        );
+        _mm512_reduce_add_epi32(t)
+    }
+
+    /// AVX2: each block as two 32-byte halves, `maddubs` (codes ≤ 2, so the i16 pair sums
+    /// never saturate) then `madd` to i32 lanes.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dot256(w: *const u8, a: *const u8, nb: usize) -> i32 {
+        let m3 = _mm256_set1_epi8(3);
+        let one = _mm256_set1_epi16(1);
+        let mut acc = _mm256_setzero_si256();
+        for i in 0..nb {
+            // SAFETY: whole blocks (caller).
+            unsafe {
+                let ab = a.add(i * AK + 4);
+                let mut s16 = _mm256_setzero_si256();
+                for h in 0..2 {
+                    let q = _mm256_loadu_si256(w.add(i * WB + 32 * h).cast());
+                    let codes = [
+                        _mm256_and_si256(q, m3),
+                        _mm256_and_si256(_mm256_srli_epi16(q, 2), m3),
+                        _mm256_and_si256(_mm256_srli_epi16(q, 4), m3),
+                        _mm256_and_si256(_mm256_srli_epi16(q, 6), m3),
+                    ];
+                    for (l, c) in codes.into_iter().enumerate() {
+                        let av = _mm256_loadu_si256(ab.add(64 * l + 32 * h).cast());
+                        // Per block at most 8 pair sums of ≤ 2·2·128 per i16 lane: no overflow.
+                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(c, av));
+                    }
+                }
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s16, one));
+            }
+        }
+        let s = _mm_add_epi32(
+            _mm256_castsi256_si128(acc),
+            _mm256_extracti128_si256(acc, 1),
+        );
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)))
+    }
+}
