@@ -79,18 +79,11 @@ fn run(ex: &mut Executor, prompt: &[u32], steps: usize, file: &Path) -> (Vec<Vec
     let m = ex.model().clone();
     let mut kv = KvCache::new(&m, KvDtype::F32, 1, 128, 64).unwrap();
     kv.open(0).unwrap();
-    let rows: Vec<Row> = prompt
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| Row {
-            slot: 0,
-            pos: i as u32,
-            token: t,
-            logits: i + 1 == prompt.len(),
-            order: synapse_runtime::prompt_order(i, prompt.len(), 64),
-        })
-        .collect();
-    let mut out = vec![ex.forward(&mut kv, &rows).unwrap().to_vec()];
+    let mut out = vec![
+        ex.forward(&mut kv, &common::prompt_rows(prompt))
+            .unwrap()
+            .to_vec(),
+    ];
     let mut peak = mapped_rss(file);
     for s in 0..steps {
         let next = argmax(out.last().unwrap());

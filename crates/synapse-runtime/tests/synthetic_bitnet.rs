@@ -3,6 +3,8 @@
 //! adapter: its TQ2_0 and TQ1_0 files (the same trits) give the same greedy tokens and logits
 //! bit for bit (both dots sum the same lanes).
 
+mod common;
+
 use std::sync::Arc;
 
 use synapse_formats::GgmlType;
@@ -14,18 +16,11 @@ fn run(m: Arc<Model>, prompt: &[u32], steps: usize) -> Vec<Vec<f32>> {
     let mut ex = Executor::new(m.clone(), 2).unwrap();
     let mut kv = KvCache::new(&m, KvDtype::F32, 1, 128, 64).unwrap();
     kv.open(0).unwrap();
-    let rows: Vec<Row> = prompt
-        .iter()
-        .enumerate()
-        .map(|(i, &t)| Row {
-            slot: 0,
-            pos: i as u32,
-            token: t,
-            logits: i + 1 == prompt.len(),
-            order: synapse_runtime::prompt_order(i, prompt.len(), 64),
-        })
-        .collect();
-    let mut out = vec![ex.forward(&mut kv, &rows).unwrap().to_vec()];
+    let mut out = vec![
+        ex.forward(&mut kv, &common::prompt_rows(prompt))
+            .unwrap()
+            .to_vec(),
+    ];
     for s in 0..steps {
         let next = argmax(out.last().unwrap());
         let row = Row::decode(0, (prompt.len() + s) as u32, next);

@@ -284,6 +284,37 @@ fn tiny_bitnet_relu2() {
 /// position on (≤ 0.19), sequence 1 at one position. Without the activation quantisation, or
 /// with the plain masters, no position comes within 1e-5 (0 of 41; checked below), so the
 /// count separates a correct W1.58A8 from a wrong one.
+/// The W1.58A8 fixtures' bar against transformers (see `tiny_bitnet_w158a8`): at least half
+/// of the positions within 1e-5 relative, and the first position of every sequence — it sees
+/// no other token, so no flipped activation code can reach it from an earlier one.
+fn w158a8_bar(what: &str, ours: &[f32], reference: &[f32], seqs: &[Vec<u32>]) {
+    let vocab = 512;
+    let positions = reference.len() / vocab;
+    let n = ours
+        .chunks_exact(vocab)
+        .zip(reference.chunks_exact(vocab))
+        .filter(|(a, b)| compare(a, b).1 <= 1e-5)
+        .count();
+    eprintln!("{what}: {n} of {positions} positions within 1e-5 relative of transformers");
+    assert!(
+        2 * n >= positions,
+        "{what}: {n} of {positions} positions within 1e-5"
+    );
+    let mut at = 0;
+    for s in seqs {
+        let (a, b) = (
+            &ours[at * vocab..(at + 1) * vocab],
+            &reference[at * vocab..(at + 1) * vocab],
+        );
+        assert!(
+            compare(a, b).1 <= 1e-5,
+            "{what}, first position: {:?}",
+            compare(a, b)
+        );
+        at += s.len();
+    }
+}
+
 #[test]
 fn tiny_bitnet_w158a8() {
     let dir = common::workspace_root().join("fixtures/tiny/bitnet-w158a8");
@@ -299,29 +330,7 @@ fn tiny_bitnet_w158a8() {
             .filter(|(a, b)| compare(a, b).1 <= 1e-5)
             .count()
     };
-    let ours = run_all(&dir, &seqs);
-    let positions = reference.len() / vocab;
-    let n = close(&ours);
-    eprintln!("bitnet-w158a8: {n} of {positions} positions within 1e-5 relative of transformers");
-    assert!(
-        2 * n >= positions,
-        "{n} of {positions} positions within 1e-5"
-    );
-    // The first position of every sequence sees no other token: no flip can reach it from
-    // an earlier one, and it must be close.
-    let mut at = 0;
-    for s in &seqs {
-        let (a, b) = (
-            &ours[at * vocab..(at + 1) * vocab],
-            &reference[at * vocab..(at + 1) * vocab],
-        );
-        assert!(
-            compare(a, b).1 <= 1e-5,
-            "first position of a sequence: {:?}",
-            compare(a, b)
-        );
-        at += s.len();
-    }
+    w158a8_bar("bitnet-w158a8", &run_all(&dir, &seqs), &reference, &seqs);
     // The same masters without the config are another model: the quantisation is applied.
     let tmp = fixture_copy(&dir, true, |cfg| {
         cfg.as_object_mut().unwrap().remove("quantization_config");
@@ -350,13 +359,6 @@ fn tiny_bitnet_packed() {
     }
     let seqs = common::tiny_sequences(&dir);
     let reference = read_f32(&dir.join("logits.hf.f32"));
-    let vocab = 512;
-    let close = |ours: &[f32]| -> usize {
-        ours.chunks_exact(vocab)
-            .zip(reference.chunks_exact(vocab))
-            .filter(|(a, b)| compare(a, b).1 <= 1e-5)
-            .count()
-    };
     let model = Model::load(&dir).unwrap();
     assert_eq!(
         model.ir.projection_quant,
@@ -368,27 +370,7 @@ fn tiny_bitnet_packed() {
             .iter()
             .all(|l| l.m.quantizes_inputs())
     );
-    let ours = run_all(&dir, &seqs);
-    let positions = reference.len() / vocab;
-    let n = close(&ours);
-    eprintln!("bitnet-packed: {n} of {positions} positions within 1e-5 relative of transformers");
-    assert!(
-        2 * n >= positions,
-        "{n} of {positions} positions within 1e-5"
-    );
-    let mut at = 0;
-    for s in &seqs {
-        let (a, b) = (
-            &ours[at * vocab..(at + 1) * vocab],
-            &reference[at * vocab..(at + 1) * vocab],
-        );
-        assert!(
-            compare(a, b).1 <= 1e-5,
-            "first position: {:?}",
-            compare(a, b)
-        );
-        at += s.len();
-    }
+    w158a8_bar("bitnet-packed", &run_all(&dir, &seqs), &reference, &seqs);
     // Without its quantization_config the uint8 weights are refused, not read as numbers.
     let tmp = fixture_copy(&dir, true, |cfg| {
         cfg.as_object_mut().unwrap().remove("quantization_config");
@@ -423,34 +405,12 @@ fn tiny_bitnet_i2s_gguf() {
     );
     let seqs = common::tiny_sequences(&dir);
     let reference = read_f32(&dir.join("logits.hf.f32"));
-    let vocab = 512;
-    let ours = run_all(&gguf, &seqs);
-    let positions = reference.len() / vocab;
-    let n = ours
-        .chunks_exact(vocab)
-        .zip(reference.chunks_exact(vocab))
-        .filter(|(a, b)| compare(a, b).1 <= 1e-5)
-        .count();
-    eprintln!(
-        "bitnet I2_S GGUF: {n} of {positions} positions within 1e-5 relative of transformers"
+    w158a8_bar(
+        "bitnet I2_S GGUF",
+        &run_all(&gguf, &seqs),
+        &reference,
+        &seqs,
     );
-    assert!(
-        2 * n >= positions,
-        "{n} of {positions} positions within 1e-5"
-    );
-    let mut at = 0;
-    for s in &seqs {
-        let (a, b) = (
-            &ours[at * vocab..(at + 1) * vocab],
-            &reference[at * vocab..(at + 1) * vocab],
-        );
-        assert!(
-            compare(a, b).1 <= 1e-5,
-            "first position: {:?}",
-            compare(a, b)
-        );
-        at += s.len();
-    }
 }
 
 /// The same weights under 1bitLLM's names (`inner_attn_ln`, `ffn_layernorm`, a `config.json`

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use synapse_formats::GgmlType;
 use synapse_formats::gguf::{GgufArray, GgufFile, GgufStrings, GgufValue, GgufWriter};
 
-use crate::synthetic_moe::{Rng, f32_bytes};
+use crate::synthetic_moe::{Rng, f32_bytes, write_atomically};
 
 /// The shape of a synthetic BitNet model.
 #[derive(Debug, Clone, PartialEq)]
@@ -354,10 +354,5 @@ pub fn write(shape: &BitnetShape, out: &Path) -> Result<(), String> {
     }
     w.add_tensor("output_norm.weight", &[h], GgmlType::F32, ones(h))
         .map_err(e_)?;
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    }
-    let tmp = out.with_extension("gguf.partial");
-    w.write_file(&tmp).map_err(e_)?;
-    std::fs::rename(&tmp, out).map_err(|e| e.to_string())
+    write_atomically(&w, out)
 }

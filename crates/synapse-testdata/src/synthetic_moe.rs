@@ -274,10 +274,15 @@ pub fn write(shape: &MoeShape, out: &Path) -> Result<(), String> {
         random_blocks(&mut rng, ty, vocab, h, proj_std(h)),
     )
     .map_err(e_)?;
+    write_atomically(&w, out)
+}
+
+/// Writes `w` to `out` through a temp file beside it and a rename (the directory created).
+pub(crate) fn write_atomically(w: &GgufWriter, out: &Path) -> Result<(), String> {
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     }
     let tmp = out.with_extension("gguf.partial");
-    w.write_file(&tmp).map_err(e_)?;
+    w.write_file(&tmp).map_err(|e| e.to_string())?;
     std::fs::rename(&tmp, out).map_err(|e| e.to_string())
 }

@@ -15,42 +15,31 @@ use crate::family::llama::{LlamaLike, build_llama_like};
 use crate::ir::*;
 use crate::source::SourceDesc;
 
+/// The adapter's options: llama.cpp's `bitnet` graph (`b158: false`) or bitnet.cpp's
+/// `bitnet-b1.58` one.
+fn options(name: &'static str, b158: bool) -> LlamaLike {
+    LlamaLike {
+        family: Family::Bitnet,
+        name,
+        qkv_bias_required: false,
+        gguf_rope: RopeStyle::Neox,
+        hf_tie_default: false,
+        qk_norm: false,
+        granite: false,
+        bitnet: true,
+        b158,
+        moe: None,
+    }
+}
+
 /// Builds the IR of a BitNet b1.58 model.
 pub fn build(src: &SourceDesc) -> Result<ModelIr> {
-    build_llama_like(
-        src,
-        LlamaLike {
-            family: Family::Bitnet,
-            name: "bitnet",
-            qkv_bias_required: false,
-            gguf_rope: RopeStyle::Neox,
-            hf_tie_default: false,
-            qk_norm: false,
-            granite: false,
-            bitnet: true,
-            b158: false,
-            moe: None,
-        },
-    )
+    build_llama_like(src, options("bitnet", false))
 }
 
 /// Builds the IR of a bitnet.cpp `bitnet-b1.58` GGUF (its conversion of
 /// microsoft/bitnet-b1.58-2B-4T): the 2B4T graph (sub-norms, ReLU², NeoX RoPE), projections in
 /// I2_S run as W1.58A8, the head `output.weight` when present (else the embedding).
 pub fn build_b158(src: &SourceDesc) -> Result<ModelIr> {
-    build_llama_like(
-        src,
-        LlamaLike {
-            family: Family::Bitnet,
-            name: "bitnet-b1.58",
-            qkv_bias_required: false,
-            gguf_rope: RopeStyle::Neox,
-            hf_tie_default: false,
-            qk_norm: false,
-            granite: false,
-            bitnet: true,
-            b158: true,
-            moe: None,
-        },
-    )
+    build_llama_like(src, options("bitnet-b1.58", true))
 }

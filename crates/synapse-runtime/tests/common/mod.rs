@@ -35,6 +35,23 @@ pub fn all_logit_rows(seq: &[u32]) -> Vec<synapse_runtime::Row> {
         .collect()
 }
 
+/// One prefill pass over `prompt` in slot 0 from position 0, logits for the last row only,
+/// in 64-row ubatches' orders.
+#[allow(dead_code)]
+pub fn prompt_rows(prompt: &[u32]) -> Vec<synapse_runtime::Row> {
+    prompt
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| synapse_runtime::Row {
+            slot: 0,
+            pos: i as u32,
+            token: t,
+            logits: i + 1 == prompt.len(),
+            order: synapse_runtime::prompt_order(i, prompt.len(), 64),
+        })
+        .collect()
+}
+
 /// Logits of every position of `seq`, run alone in slot 0 of a fresh 64-position cache in one
 /// pass.
 pub fn alone_logits(model: &std::sync::Arc<synapse_runtime::Model>, seq: &[u32]) -> Vec<f32> {
