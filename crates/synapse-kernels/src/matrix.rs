@@ -490,8 +490,8 @@ impl QuantMatrix {
         if n == 0 || self.rows == 0 {
             return Ok(());
         }
-        let (ty, act) = match &self.store {
-            Store::Ggml(t) => (*t, None),
+        let ty = match &self.store {
+            Store::Ggml(t) => *t,
             Store::TernaryA8 { gamma } => return self.ternary_a8(*gamma, x, n, y, ctx),
             Store::Codec {
                 id: EncodingId::Symmetric { bits, group: 64 },
@@ -512,7 +512,7 @@ impl QuantMatrix {
                 ..
             } => return self.codec_matmul(&**codec, *row_separable, x, n, y, ctx),
         };
-        self.matmul_ggml(ty, act, x, n, y, order_rows, ctx)
+        self.matmul_ggml(ty, x, n, y, order_rows, ctx)
     }
 
     /// BitNet's W1.58A8 ([`Self::from_ternary_a8`]): the rows quantised to 8 bits with one
@@ -543,13 +543,10 @@ impl QuantMatrix {
         Ok(())
     }
 
-    /// The ggml-type part of [`Self::matmul_as`]: `ty`'s kernels, the activations quantised as
-    /// `act` when given (otherwise as the kernel's own format).
-    #[allow(clippy::too_many_arguments)]
+    /// The ggml-type part of [`Self::matmul_as`]: `ty`'s kernels.
     fn matmul_ggml(
         &self,
         ty: GgmlType,
-        act: Option<ActKind>,
         x: &[f32],
         n: usize,
         y: &mut [f32],
@@ -558,9 +555,6 @@ impl QuantMatrix {
     ) -> Result<()> {
         let mut k = kernels::select(ty, ctx.path())
             .ok_or_else(|| KernelError::UnsupportedEncoding(ty.name().to_string()))?;
-        if let Some(a) = act {
-            k.act = a;
-        }
         // llamafile's f32 GEMM takes only weights whose row count is a multiple of 4
         // (`tinyBLAS::matmul`); ggml runs the others (a one-row gate such as Qwen2-MoE's
         // shared-expert gate) through `vec_dot` whatever the number of activation rows.
