@@ -5,7 +5,8 @@
 //! (element `128h + 32l + m` in bits `2l` of byte `32h + m`, as the code `t + 1`).
 //! Activations: [`ActKind::Q8KRow`](crate::act::ActKind) blocks re-laid out by
 //! [`super::prepare_tq2`] (each block's quarters interleaved so 64 bytes serve code
-//! vector `l` of both halves; the bsums as negated pair sums). Each output is
+//! vector `l` of both halves; the bsums as negated pair sums). Paths: scalar, AVX2, AVX-512 VNNI,
+//! NEON. Each output is
 //! `Σ code·q − Σ q` (an exact integer: |Σ| ≤ 256·K) times `d_a · γ` — one product after one
 //! exact integer sum, so every path (scalar, AVX2, AVX-512) gives the same bits.
 
@@ -119,8 +120,53 @@ unsafe fn dot(path: crate::dispatch::KernelPath, w: &[u8], a: &[u8], nb: usize) 
             _ => {}
         }
     }
+    #[cfg(target_arch = "aarch64")]
+    if path == crate::dispatch::KernelPath::Neon {
+        // SAFETY: the path is supported (caller); whole blocks.
+        return unsafe { neon::dot(w.as_ptr(), a.as_ptr(), nb) };
+    }
     let _ = path;
     dot_scalar(w, a, nb)
+}
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use super::{AK, WB};
+    use std::arch::aarch64::*;
+
+    /// Baseline NEON: 16 code bytes at a time, the four code vectors by shift and mask, signed
+    /// widening products (codes ≤ 2 read as signed bytes) pairwise-added into i32 lanes.
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn dot(w: *const u8, a: *const u8, nb: usize) -> i32 {
+        let m3 = vdupq_n_u8(3);
+        let mut acc = [vdupq_n_s32(0); 4];
+        for i in 0..nb {
+            // SAFETY: whole blocks (caller).
+            unsafe {
+                let ab = a.add(i * AK + 4);
+                for p in 0..4 {
+                    let q = vld1q_u8(w.add(i * WB + 16 * p));
+                    let codes = [
+                        vandq_u8(q, m3),
+                        vandq_u8(vshrq_n_u8::<2>(q), m3),
+                        vandq_u8(vshrq_n_u8::<4>(q), m3),
+                        vshrq_n_u8::<6>(q),
+                    ];
+                    for (l, c) in codes.into_iter().enumerate() {
+                        let c = vreinterpretq_s8_u8(c);
+                        let x = vld1q_s8(ab.add(64 * l + 16 * p).cast());
+                        let lo = vmull_s8(vget_low_s8(c), vget_low_s8(x));
+                        let hi = vmull_high_s8(c, x);
+                        acc[l] = vpadalq_s16(vpadalq_s16(acc[l], lo), hi);
+                    }
+                }
+            }
+        }
+        vaddvq_s32(vaddq_s32(
+            vaddq_s32(acc[0], acc[1]),
+            vaddq_s32(acc[2], acc[3]),
+        ))
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
