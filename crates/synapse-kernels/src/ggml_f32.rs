@@ -383,34 +383,71 @@ mod simd {
     use super::{fold4, reduce16};
     use std::arch::x86_64::*;
 
+    /// `ggml_vec_dot`'s four 16-lane accumulators over the first `np` (a multiple of 64)
+    /// elements, each 16-lane accumulator as two 8-lane halves; `ld(i)` loads elements
+    /// `i..i + 8` of both operands as f32.
+    ///
+    /// # Safety
+    /// Inlined only into functions compiled with AVX2 and FMA, on a CPU that has them.
+    #[inline(always)]
+    unsafe fn lanes64(np: usize, ld: impl Fn(usize) -> (__m256, __m256)) -> [[f32; 16]; 4] {
+        // SAFETY: AVX2 and FMA (caller).
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            let mut i = 0;
+            while i < np {
+                for (k, a) in acc.iter_mut().enumerate() {
+                    let (x, y) = ld(i + 8 * k);
+                    *a = _mm256_fmadd_ps(x, y, *a);
+                }
+                i += 64;
+            }
+            let mut s = [[0f32; 16]; 4];
+            for (j, sj) in s.iter_mut().enumerate() {
+                // Each half is 8 floats of the 16-float array.
+                _mm256_storeu_ps(sj.as_mut_ptr(), acc[2 * j]);
+                _mm256_storeu_ps(sj.as_mut_ptr().add(8), acc[2 * j + 1]);
+            }
+            s
+        }
+    }
+
+    /// tinyBLAS's one 16-lane accumulator over the first `n` (a multiple of 16) elements,
+    /// reduced; `ld` as for [`lanes64`].
+    ///
+    /// # Safety
+    /// As [`lanes64`].
+    #[inline(always)]
+    unsafe fn lanes16(n: usize, ld: impl Fn(usize) -> (__m256, __m256)) -> f32 {
+        // SAFETY: AVX2 and FMA (caller).
+        unsafe {
+            let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut i = 0;
+            while i < n {
+                let ((x0, y0), (x1, y1)) = (ld(i), ld(i + 8));
+                lo = _mm256_fmadd_ps(x0, y0, lo);
+                hi = _mm256_fmadd_ps(x1, y1, hi);
+                i += 16;
+            }
+            let mut v = [0f32; 16];
+            // Two 8-float halves of a 16-float array.
+            _mm256_storeu_ps(v.as_mut_ptr(), lo);
+            _mm256_storeu_ps(v.as_mut_ptr().add(8), hi);
+            reduce16(&v)
+        }
+    }
+
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot(x: &[f32], y: &[f32]) -> f32 {
         let n = x.len().min(y.len());
         let np = n & !63;
         let (xp, yp) = (x.as_ptr(), y.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); 8];
-        let mut i = 0;
-        while i < np {
-            for (k, a) in acc.iter_mut().enumerate() {
-                // SAFETY: i + 8k + 8 <= np <= n for both slices.
-                unsafe {
-                    *a = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(xp.add(i + 8 * k)),
-                        _mm256_loadu_ps(yp.add(i + 8 * k)),
-                        *a,
-                    );
-                }
-            }
-            i += 64;
-        }
-        let mut s = [[0f32; 16]; 4];
-        for (j, sj) in s.iter_mut().enumerate() {
-            // SAFETY: each half is 8 floats of the 16-float array.
-            unsafe {
-                _mm256_storeu_ps(sj.as_mut_ptr(), acc[2 * j]);
-                _mm256_storeu_ps(sj.as_mut_ptr().add(8), acc[2 * j + 1]);
-            }
-        }
+        // SAFETY: AVX2/FMA here; `lanes64` loads below `np <= n` for both slices.
+        let s = unsafe {
+            lanes64(np, |i| {
+                (_mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i)))
+            })
+        };
         let mut sumf = reduce16(&fold4(&s));
         for k in np..n {
             sumf += x[k] * y[k];
@@ -433,25 +470,8 @@ mod simd {
         let n = x.len().min(y.len());
         let np = n & !63;
         let (xp, yp) = (x.as_ptr(), y.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); 8];
-        let mut i = 0;
-        while i < np {
-            for (k, a) in acc.iter_mut().enumerate() {
-                // SAFETY: i + 8k + 8 <= np <= n for both slices.
-                unsafe {
-                    *a = _mm256_fmadd_ps(ld8h(xp.add(i + 8 * k)), ld8h(yp.add(i + 8 * k)), *a);
-                }
-            }
-            i += 64;
-        }
-        let mut s = [[0f32; 16]; 4];
-        for (j, sj) in s.iter_mut().enumerate() {
-            // SAFETY: each half is 8 floats of the 16-float array.
-            unsafe {
-                _mm256_storeu_ps(sj.as_mut_ptr(), acc[2 * j]);
-                _mm256_storeu_ps(sj.as_mut_ptr().add(8), acc[2 * j + 1]);
-            }
-        }
+        // SAFETY: AVX2/FMA/F16C here; `lanes64` loads below `np <= n` for both slices.
+        let s = unsafe { lanes64(np, |i| (ld8h(xp.add(i)), ld8h(yp.add(i)))) };
         let mut sumf = reduce16(&fold4(&s)) as f64;
         for k in np..n {
             sumf += (super::h(x[k]) * super::h(y[k])) as f64;
@@ -464,50 +484,20 @@ mod simd {
     pub(super) unsafe fn gemm_dot_f16(x: &[u16], y: &[u16]) -> f32 {
         let n = x.len().min(y.len()) & !15;
         let (xp, yp) = (x.as_ptr(), y.as_ptr());
-        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let mut i = 0;
-        while i < n {
-            // SAFETY: i + 16 <= n for both slices.
-            unsafe {
-                lo = _mm256_fmadd_ps(ld8h(xp.add(i)), ld8h(yp.add(i)), lo);
-                hi = _mm256_fmadd_ps(ld8h(xp.add(i + 8)), ld8h(yp.add(i + 8)), hi);
-            }
-            i += 16;
-        }
-        let mut v = [0f32; 16];
-        // SAFETY: two 8-float halves of a 16-float array.
-        unsafe {
-            _mm256_storeu_ps(v.as_mut_ptr(), lo);
-            _mm256_storeu_ps(v.as_mut_ptr().add(8), hi);
-        }
-        reduce16(&v)
+        // SAFETY: AVX2/FMA/F16C here; `lanes16` loads below `n` for both slices.
+        unsafe { lanes16(n, |i| (ld8h(xp.add(i)), ld8h(yp.add(i)))) }
     }
 
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn gemm_dot(x: &[f32], y: &[f32]) -> f32 {
         let n = x.len().min(y.len()) & !15;
         let (xp, yp) = (x.as_ptr(), y.as_ptr());
-        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let mut i = 0;
-        while i < n {
-            // SAFETY: i + 16 <= n for both slices.
-            unsafe {
-                lo = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i)), lo);
-                hi = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(xp.add(i + 8)),
-                    _mm256_loadu_ps(yp.add(i + 8)),
-                    hi,
-                );
-            }
-            i += 16;
-        }
-        let mut v = [0f32; 16];
-        // SAFETY: two 8-float halves of a 16-float array.
+        // SAFETY: AVX2/FMA here; `lanes16` loads below `n` for both slices.
         unsafe {
-            _mm256_storeu_ps(v.as_mut_ptr(), lo);
-            _mm256_storeu_ps(v.as_mut_ptr().add(8), hi);
+            lanes16(n, |i| {
+                (_mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i)))
+            })
         }
-        reduce16(&v)
     }
 
     #[target_feature(enable = "avx2,fma")]

@@ -238,34 +238,27 @@ impl QuantMatrix {
     /// per 256 weights ([`QuantMatrix::raw_bytes`]).
     pub fn from_ternary_a8(bytes: &[u8], rows: usize, cols: usize) -> Result<Self> {
         let id = EncodingId::TernaryTensor.to_string();
-        let (store, _) = Self::check_codec(&id, bytes, rows, cols)?;
         if !cols.is_multiple_of(256) {
             return Self::from_codec(&id, bytes, rows, cols);
         }
-        let Store::Codec { codec, .. } = &store else {
-            unreachable!("check_codec returns a codec store")
-        };
-        let w = codec.decode_matrix(bytes, rows, cols)?;
+        // `check_codec` decodes every code (none may be the reserved 0), so the codes are then
+        // read straight from the codec's layout: element `k` in bits `2(k mod 4)` of byte
+        // `4 + k/4` as `t + 2`.
+        Self::check_codec(&id, bytes, rows, cols)?;
         let gamma = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        let code = |k: usize| (bytes[4 + k / 4] >> (2 * (k % 4))) & 3;
         let nb = cols / 256;
         let wbb = kernels::ternary_i8::WB;
         let mut out = vec![0u8; rows * nb * wbb];
-        for (wb, ob) in w.chunks_exact(256).zip(out.chunks_exact_mut(wbb)) {
-            // The trit of element 128h + 32l + m in bits 2l of qs[32h + m] (TQ2_0's layout),
-            // as the code `t + 1`; gamma is the codec's scale, so `w / gamma` is exact.
+        for (blk, ob) in out.chunks_exact_mut(wbb).enumerate() {
+            // The trit of element 128h + 32l + m in bits 2l of byte 32h + m (TQ2_0's layout)
+            // as the code `t + 1`.
+            let base = blk * 256;
             for h in 0..2 {
                 for m in 0..32 {
                     let mut q = 0u8;
                     for l in 0..4 {
-                        let v = wb[128 * h + 32 * l + m];
-                        let t = if v == 0.0 {
-                            1
-                        } else if v > 0.0 {
-                            2
-                        } else {
-                            0
-                        };
-                        q |= t << (2 * l);
+                        q |= (code(base + 128 * h + 32 * l + m) - 1) << (2 * l);
                     }
                     ob[32 * h + m] = q;
                 }
@@ -512,47 +505,6 @@ impl QuantMatrix {
                 ..
             } => return self.codec_matmul(&**codec, *row_separable, x, n, y, ctx),
         };
-        self.matmul_ggml(ty, x, n, y, order_rows, ctx)
-    }
-
-    /// BitNet's W1.58A8 ([`Self::from_ternary_a8`]): the rows quantised to 8 bits with one
-    /// scale each, re-laid out once, then `kernels::ternary_i8` over chunks of weight rows.
-    fn ternary_a8(
-        &self,
-        gamma: f32,
-        x: &[f32],
-        n: usize,
-        y: &mut [f32],
-        ctx: &mut KernelCtx,
-    ) -> Result<()> {
-        let path = ctx.path();
-        let (act_scratch, pool) = ctx.parts();
-        let nb = self.cols / 256;
-        act_scratch.set_len(n * ActKind::Q8KRow.row_bytes(self.cols));
-        quantize_rows(ActKind::Q8KRow, x, self.cols, act_scratch.as_bytes_mut());
-        kernels::prepare_tq2(act_scratch.as_bytes_mut(), n * nb);
-        let a = act_scratch.as_bytes();
-        let w = self.data.as_bytes();
-        let yp = SyncPtr(y.as_mut_ptr());
-        let rows = self.rows;
-        pool.run_rows(rows, 8, 2 * rows * self.cols * n, &|r0, r1| {
-            // SAFETY: `path` is the context's, which it holds only when the CPU supports it;
-            // `a` holds n·nb prepared blocks, `w` the rows; chunks write disjoint outputs.
-            unsafe { kernels::ternary_i8::rows(path, w, nb, a, n, gamma, yp.get(), rows, r0, r1) };
-        });
-        Ok(())
-    }
-
-    /// The ggml-type part of [`Self::matmul_as`]: `ty`'s kernels.
-    fn matmul_ggml(
-        &self,
-        ty: GgmlType,
-        x: &[f32],
-        n: usize,
-        y: &mut [f32],
-        order_rows: usize,
-        ctx: &mut KernelCtx,
-    ) -> Result<()> {
         let mut k = kernels::select(ty, ctx.path())
             .ok_or_else(|| KernelError::UnsupportedEncoding(ty.name().to_string()))?;
         // llamafile's f32 GEMM takes only weights whose row count is a multiple of 4
@@ -582,9 +534,9 @@ impl QuantMatrix {
             && kernels::gemvk::supports(ty)
         {
             let (act_scratch, pool) = ctx.parts();
-            let arb = k.act.row_bytes(self.cols);
+            let arb = ActKind::Q8K.row_bytes(self.cols);
             act_scratch.set_len(n * arb);
-            quantize_rows(k.act, x, self.cols, act_scratch.as_bytes_mut());
+            quantize_rows(ActKind::Q8K, x, self.cols, act_scratch.as_bytes_mut());
             if ty == GgmlType::TQ2_0 {
                 kernels::prepare_tq2(act_scratch.as_bytes_mut(), n * self.cols / 256);
             }
@@ -636,6 +588,34 @@ impl QuantMatrix {
         };
         let flops = 2 * self.rows * self.cols * n;
         pool.run_rows(self.rows, 8, flops, &|r0, r1| job.rows(r0, r1));
+        Ok(())
+    }
+
+    /// BitNet's W1.58A8 ([`Self::from_ternary_a8`]): the rows quantised to 8 bits with one
+    /// scale each, re-laid out once, then `kernels::ternary_i8` over chunks of weight rows.
+    fn ternary_a8(
+        &self,
+        gamma: f32,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+        ctx: &mut KernelCtx,
+    ) -> Result<()> {
+        let path = ctx.path();
+        let (act_scratch, pool) = ctx.parts();
+        let nb = self.cols / 256;
+        act_scratch.set_len(n * ActKind::Q8KRow.row_bytes(self.cols));
+        quantize_rows(ActKind::Q8KRow, x, self.cols, act_scratch.as_bytes_mut());
+        kernels::prepare_tq2(act_scratch.as_bytes_mut(), n * nb);
+        let a = act_scratch.as_bytes();
+        let w = self.data.as_bytes();
+        let yp = SyncPtr(y.as_mut_ptr());
+        let rows = self.rows;
+        pool.run_rows(rows, 8, 2 * rows * self.cols * n, &|r0, r1| {
+            // SAFETY: `path` is the context's, which it holds only when the CPU supports it;
+            // `a` holds n·nb prepared blocks, `w` the rows; chunks write disjoint outputs.
+            unsafe { kernels::ternary_i8::rows(path, w, nb, a, n, gamma, yp.get(), rows, r0, r1) };
+        });
         Ok(())
     }
 }

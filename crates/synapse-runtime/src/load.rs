@@ -525,39 +525,21 @@ impl Model {
         let w158a8 = ir.projection_quant == Some(ProjectionQuant::BitnetW158A8);
         let i2s = ir.projection_quant == Some(ProjectionQuant::BitnetI2S);
         let proj = |l: &Linear| -> Result<LinearW> {
-            if i2s {
+            // Weights stored already ternary (bitnet.cpp's I2_S, transformers' packed uint8
+            // with `weight_scale`): unpacked into the codec's layout, run as W1.58A8.
+            if i2s || l.scale.is_some() {
                 let w = ir.weight(l.weight);
                 check_profile(&profile, &w.name, w.encoding)?;
                 let (rows, cols) = (l.out_features as usize, l.in_features as usize);
-                let bytes =
-                    unpack_i2s(src.bytes(&ir, l.weight)?, rows, cols).map_err(|reason| {
-                        RuntimeError::WeightData {
-                            name: w.name.clone(),
-                            reason,
-                        }
-                    })?;
-                let m = QuantMatrix::from_ternary_a8(&bytes, rows, cols)?;
-                return Ok(LinearW {
-                    act_a8: !m.quantizes_inputs(),
-                    m: Arc::new(m),
-                    bias: None,
-                });
-            }
-            if let Some(scale) = l.scale {
-                let w = ir.weight(l.weight);
-                check_profile(&profile, &w.name, w.encoding)?;
-                let s = vector(src, &ir, scale)?;
-                let bytes = unpack_bitnet(
-                    src.bytes(&ir, l.weight)?,
-                    s[0],
-                    l.out_features as usize,
-                    l.in_features as usize,
-                )
+                let stored = src.bytes(&ir, l.weight)?;
+                let bytes = match l.scale {
+                    Some(scale) => unpack_bitnet(stored, vector(src, &ir, scale)?[0], rows, cols),
+                    None => unpack_i2s(stored, rows, cols),
+                }
                 .map_err(|reason| RuntimeError::WeightData {
                     name: w.name.clone(),
                     reason,
                 })?;
-                let (rows, cols) = (l.out_features as usize, l.in_features as usize);
                 let m = QuantMatrix::from_ternary_a8(&bytes, rows, cols)?;
                 return Ok(LinearW {
                     act_a8: !m.quantizes_inputs(),
