@@ -2,7 +2,7 @@
 //!
 //! A package is a manifest (`manifest.toml`, see docs/formats.md) naming every object it needs:
 //! one object per tensor in its source encoding (tied weights once, the other names as
-//! aliases), the serialized model graph, the source metadata, the tokenizer, and optional
+//! aliases; a transcoded tensor — BitNet projections stored ternary — carries its source form), the serialized model graph, the source metadata, the tokenizer, and optional
 //! slots for later stages (an importance map with its calibration provenance, cached precision
 //! variants). The package hash is the blake3 of the manifest's bytes; since the manifest names
 //! every object by its blake3, the package hash covers every byte of the package.
@@ -156,18 +156,36 @@ pub struct Blob {
     pub media_type: String,
 }
 
-/// One tensor, stored in its source encoding.
+/// One tensor, stored in its source encoding — or transcoded, with its source form beside it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorEntry {
     /// The tensor's name in the source (GGUF names for GGUF sources, HF names for safetensors).
     pub name: String,
-    /// Its encoding: `ggml.<type>` (e.g. `ggml.q4_k`, `ggml.bf16`); byte layout as in ggml.
+    /// Its stored encoding: `ggml.<type>` (e.g. `ggml.q4_k`, `ggml.bf16`; byte layout as in
+    /// ggml), the source's own — or, for a transcoded tensor, a Synapse encoding
+    /// (`syn.ternary.absmean.tensor.v1`: BitNet projections stored ternary).
     pub encoding: String,
-    /// Dimensions in ggml order: `dims[0]` is the contiguous (innermost) one.
+    /// Dimensions in ggml order: `dims[0]` is the contiguous (innermost) one. For a transcoded
+    /// tensor the logical matrix (`[in, out]`).
     pub dims: Vec<u64>,
     /// The object holding its bytes.
     pub object: ObjectId,
     /// Its size in bytes.
+    pub size: u64,
+    /// For a transcoded tensor: what the source held (the model's description is rebuilt
+    /// from it, so the family adapter sees the source's tensor table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceForm>,
+}
+
+/// A transcoded tensor's form in the source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceForm {
+    /// The source encoding (`ggml.<type>`).
+    pub encoding: String,
+    /// The source dims, ggml order.
+    pub dims: Vec<u64>,
+    /// The source size in bytes.
     pub size: u64,
 }
 
@@ -504,6 +522,37 @@ impl PackageBuilder {
         dims: &[u64],
         bytes: &[u8],
     ) -> Result<PutOutcome> {
+        self.put_tensor(session, name, encoding, dims, bytes, None)
+    }
+
+    /// Stores one tensor transcoded: `bytes` in `encoding` (logical `dims`), with the form
+    /// the source held it in.
+    pub fn add_transcoded_tensor(
+        &mut self,
+        session: &WriteSession<'_>,
+        name: &str,
+        encoding: &str,
+        dims: &[u64],
+        bytes: &[u8],
+        source: SourceForm,
+    ) -> Result<PutOutcome> {
+        if source.encoding == encoding {
+            return Err(CasError::InvalidPackage(format!(
+                "tensor `{name}`: transcoded into its own source encoding {encoding}"
+            )));
+        }
+        self.put_tensor(session, name, encoding, dims, bytes, Some(source))
+    }
+
+    fn put_tensor(
+        &mut self,
+        session: &WriteSession<'_>,
+        name: &str,
+        encoding: &str,
+        dims: &[u64],
+        bytes: &[u8],
+        source: Option<SourceForm>,
+    ) -> Result<PutOutcome> {
         if self.tensors.iter().any(|t| t.name == name)
             || self.aliases.iter().any(|a| a.name == name)
         {
@@ -520,6 +569,7 @@ impl PackageBuilder {
             dims: dims.to_vec(),
             object: out.id,
             size: out.size,
+            source,
         });
         Ok(out)
     }
@@ -590,6 +640,9 @@ impl PackageBuilder {
             tokenizer: &'a Option<TokenizerInfo>,
             tensors: Vec<(&'a str, &'a str, &'a [u64], ObjectId)>,
             aliases: &'a [Alias],
+            // Absent when nothing is transcoded, so those fingerprints are what they were.
+            #[serde(skip_serializing_if = "Vec::is_empty")]
+            transcoded: Vec<(&'a str, &'a SourceForm)>,
         }
         let fingerprint = canonical_hash(&FingerprintInput {
             family: &self.family,
@@ -610,6 +663,11 @@ impl PackageBuilder {
                 })
                 .collect(),
             aliases: &self.aliases,
+            transcoded: self
+                .tensors
+                .iter()
+                .filter_map(|t| Some((t.name.as_str(), t.source.as_ref()?)))
+                .collect(),
         })?;
 
         let manifest = Manifest {

@@ -229,6 +229,95 @@ impl TernaryTensor {
         }))
     }
 
+    /// BitNet's offline packed projection (transformers' `pack_weights`, the layout of
+    /// microsoft/bitnet-b1.58-2B-4T's release) in this codec's layout: `packed` is
+    /// `[⌈rows/4⌉, cols]` bytes, output row `i·R + r` (`R = ⌈rows/4⌉`) in bits `2i` of packed
+    /// row `r` as the code `t + 1`, and the weights are `t / weight_scale`; so `γ = 1 /
+    /// weight_scale`. A code 3 is [`CodecError::ReservedCode`] (at its row-major element), a
+    /// scale that is not finite and positive [`CodecError::InvalidScale`].
+    pub fn from_bitnet_packed(
+        packed: &[u8],
+        weight_scale: f32,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<u8>> {
+        let n = elements(rows, cols)?;
+        let r4 = rows.div_ceil(4);
+        check_len("packed bytes, four rows a byte", r4 * cols, packed.len())?;
+        if !(weight_scale.is_finite() && weight_scale > 0.0) {
+            return Err(CodecError::InvalidScale { group: 0 });
+        }
+        let mut out = vec![0u8; 4 + n.div_ceil(4)];
+        out[..4].copy_from_slice(&(1.0 / weight_scale).to_le_bytes());
+        for r in 0..rows {
+            let (i, pr) = (r / r4, r % r4);
+            for (c, &b) in packed[pr * cols..(pr + 1) * cols].iter().enumerate() {
+                let code = (b >> (2 * i)) & 3;
+                let k = r * cols + c;
+                if code == 3 {
+                    return Err(CodecError::ReservedCode { index: k });
+                }
+                out[4 + k / 4] |= (code + 1) << (2 * (k % 4));
+            }
+        }
+        Self::pad_zero(&mut out, n);
+        Ok(out)
+    }
+
+    /// bitnet.cpp's I2_S tensor (its x86 layout: per 128 row-major elements 32 bytes, byte
+    /// `m` holding element `32·g + m` in bits `6 − 2g` as the code `t + 1`; after the
+    /// `rows·cols/4` code bytes the f32 scale `s`, the weights `t · s`; bytes after the scale
+    /// are ignored) in this codec's layout (`γ = s`). Too few bytes or an element count that
+    /// is not a multiple of 128 is [`CodecError::LengthMismatch`], a code 3
+    /// [`CodecError::ReservedCode`], a scale that is not finite and non-negative
+    /// [`CodecError::InvalidScale`].
+    pub fn from_i2s(bytes: &[u8], rows: usize, cols: usize) -> Result<Vec<u8>> {
+        let n = elements(rows, cols)?;
+        check_len(
+            "I2_S elements (whole 128-element blocks)",
+            n.next_multiple_of(128),
+            n,
+        )?;
+        if bytes.len() < n / 4 + 4 {
+            return Err(CodecError::LengthMismatch {
+                what: "I2_S bytes (codes and a 4-byte scale)",
+                expected: n / 4 + 4,
+                actual: bytes.len(),
+            });
+        }
+        let s = f32::from_le_bytes([
+            bytes[n / 4],
+            bytes[n / 4 + 1],
+            bytes[n / 4 + 2],
+            bytes[n / 4 + 3],
+        ]);
+        if !(s.is_finite() && s >= 0.0) {
+            return Err(CodecError::InvalidScale { group: 0 });
+        }
+        let mut out = vec![0u8; 4 + n / 4];
+        out[..4].copy_from_slice(&s.to_le_bytes());
+        for (b, block) in bytes[..n / 4].chunks_exact(32).enumerate() {
+            for (m, &byte) in block.iter().enumerate() {
+                for g in 0..4 {
+                    let code = (byte >> (6 - 2 * g)) & 3;
+                    let k = 128 * b + 32 * g + m;
+                    if code == 3 {
+                        return Err(CodecError::ReservedCode { index: k });
+                    }
+                    out[4 + k / 4] |= (code + 1) << (2 * (k % 4));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The zero code in the padding after element `n` of the last byte.
+    fn pad_zero(out: &mut [u8], n: usize) {
+        for k in n..(out.len() - 4) * 4 {
+            out[4 + k / 4] |= ZERO_CODE << (2 * (k % 4));
+        }
+    }
+
     /// The layout: `gamma` (f32 LE), then the codes `code(x)` four a byte, LSB first, the
     /// last byte padded with the zero code.
     fn pack(gamma: f32, w: &[f32], code: impl Fn(f32) -> u8) -> Vec<u8> {

@@ -34,6 +34,29 @@ pub enum ImportError {
     /// The object store or package layer failed.
     #[error(transparent)]
     Cas(#[from] synapse_cas::CasError),
+    /// A tensor could not be transcoded into its package encoding (e.g. a BitNet projection
+    /// with a code that is not ternary). Raised before anything is written.
+    #[error("tensor `{tensor}` cannot be stored as {encoding}: {reason}")]
+    Transcode {
+        /// The tensor.
+        tensor: String,
+        /// The package encoding.
+        encoding: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// A tensor is stored transcoded, where its source bytes were asked for.
+    #[error(
+        "tensor `{tensor}` is stored as {encoding}, not in its source encoding {source_encoding}"
+    )]
+    Transcoded {
+        /// The tensor.
+        tensor: String,
+        /// Its stored encoding.
+        encoding: String,
+        /// The encoding the source held it in.
+        source_encoding: String,
+    },
     /// A package does not hold what a model needs (e.g. a GGUF package without its metadata).
     #[error("package {package}: {reason}")]
     BadPackage {

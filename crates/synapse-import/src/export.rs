@@ -30,6 +30,13 @@ pub fn export_gguf(package: &Package) -> Result<Vec<u8>> {
         }
     }
     for t in &m.tensors {
+        if let Some(f) = &t.source {
+            return Err(bad(format!(
+                "tensor `{}` is stored as {} (its source held {}): the package cannot give \
+                 back its source file",
+                t.name, t.encoding, f.encoding
+            )));
+        }
         let ty = ggml_type_of(&t.encoding)
             .ok_or_else(|| bad(format!("tensor `{}` has encoding {}", t.name, t.encoding)))?;
         let data = package.store().get(&t.object)?;

@@ -50,6 +50,9 @@ pub fn import_gguf(
         reason: format!("serializing the IR: {e}"),
     })?;
     let metadata = metadata_gguf(&f)?;
+    // BitNet projections (bitnet.cpp's I2_S) are stored ternary: transcoded before any write.
+    let ternary =
+        crate::ternary::ternary_projections(&ir, |n| f.tensor(n).map(|t| f.tensor_data(t)))?;
     let validate_s = clock.lap();
 
     // 2. Hash the source.
@@ -69,6 +72,9 @@ pub fn import_gguf(
         CONVERTER_VERSION,
     );
     b.option("tensors", "source-encoding");
+    if !ternary.is_empty() {
+        b.option("bitnet-projections", crate::ternary::TERNARY_ENCODING);
+    }
     b.source(file_name(path), "gguf", digest);
     if let Some(name) = f.get("general.name").and_then(|v| v.as_str()) {
         b.name(name);
@@ -104,15 +110,34 @@ pub fn import_gguf(
     b.graph(&session, &graph, GRAPH_MEDIA_TYPE)?;
     let tensor_bytes: u64 = f.tensors().iter().map(|t| t.n_bytes).sum();
     progress.start("storing", tensor_bytes, f.tensors().len() as u64);
+    // Each tensor's encoding as the description gave it (bitnet.cpp's I2_S is `I8` bytes there,
+    // and transcoded).
+    let encodings: std::collections::HashMap<&str, synapse_formats::GgmlType> = desc
+        .tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t.encoding))
+        .collect();
     for t in f.tensors() {
-        let ty = t.ty.ggml()?;
-        b.add_tensor(
-            &session,
-            &t.name,
-            &encoding_id(ty),
-            &t.dims,
-            f.tensor_data(t),
-        )?;
+        let ty = match encodings.get(t.name.as_str()) {
+            Some(&ty) => ty,
+            None => t.ty.ggml()?,
+        };
+        let data = f.tensor_data(t);
+        if ternary.contains_key(&t.name) {
+            // Its source form as described: I2_S bytes, `I8` of shape `[bytes]`.
+            let dims = [data.len() as u64];
+            crate::ternary::add_tensor(
+                &mut b,
+                &session,
+                &ternary,
+                &t.name,
+                &encoding_id(ty),
+                &dims,
+                data,
+            )?;
+        } else {
+            b.add_tensor(&session, &t.name, &encoding_id(ty), &t.dims, data)?;
+        }
         progress.advance(t.n_bytes, 1);
     }
     progress.finish();

@@ -20,6 +20,7 @@ pub mod import;
 pub mod package_model;
 pub mod progress;
 pub mod safetensors;
+pub mod ternary;
 
 pub use error::{ImportError, Result};
 pub use export::export_gguf;
@@ -27,3 +28,4 @@ pub use import::{
     CONVERTER, CONVERTER_VERSION, Destination, ImportReport, SourceFormat, detect, import, summary,
 };
 pub use package_model::{PackageModel, is_package_dir};
+pub use ternary::TERNARY_ENCODING;

@@ -4,11 +4,14 @@
 //! safetensors checkpoint: a [`SourceDesc`] (metadata in the source's own key naming, and the
 //! tensor table: name, row-major shape, encoding, byte length), the [`ModelIr`] the family
 //! adapter built at import, and each tensor's bytes as a memory map of its verified object.
-//! Byte offsets refer to the objects (always 0), not to the source file.
+//! Byte offsets refer to the objects (always 0), not to the source file. A tensor stored
+//! transcoded (BitNet projections, [`crate::ternary`]) is described in its source form and
+//! read through [`PackageModel::transcoded`].
 
 use crate::error::{ImportError, Result};
 use crate::gguf::GGUF_METADATA_MEDIA_TYPE;
 use crate::import::ggml_type_of;
+use crate::ternary::TERNARY_ENCODING;
 use std::collections::HashMap;
 use std::path::Path;
 use synapse_cas::{Object, Package};
@@ -113,15 +116,29 @@ impl PackageModel {
         let meta = package.blob(meta_blob)?;
         let mut tensors = Vec::with_capacity(m.tensors.len());
         for t in &m.tensors {
-            let encoding = ggml_type_of(&t.encoding)
-                .ok_or_else(|| bad(format!("tensor `{}` has encoding {}", t.name, t.encoding)))?;
+            // A transcoded tensor is described in its source form (the family adapter sees the
+            // source's tensor table); its stored encoding must be one this build reads.
+            let (encoding, dims, size) = match &t.source {
+                Some(f) => {
+                    if t.encoding != TERNARY_ENCODING {
+                        return Err(bad(format!(
+                            "tensor `{}` is stored as {}, which this build cannot read",
+                            t.name, t.encoding
+                        )));
+                    }
+                    (&f.encoding, &f.dims, f.size)
+                }
+                None => (&t.encoding, &t.dims, t.size),
+            };
+            let encoding = ggml_type_of(encoding)
+                .ok_or_else(|| bad(format!("tensor `{}` has encoding {encoding}", t.name)))?;
             tensors.push(SourceTensor {
                 name: t.name.clone(),
-                shape: t.dims.iter().rev().copied().collect(),
+                shape: dims.iter().rev().copied().collect(),
                 encoding,
                 file: 0,
                 offset: 0,
-                n_bytes: t.size,
+                n_bytes: size,
             });
         }
         let (desc, gguf_metadata) = if meta_blob.media_type == GGUF_METADATA_MEDIA_TYPE {
@@ -202,9 +219,35 @@ impl PackageModel {
         &self.ir
     }
 
-    /// A tensor's bytes by name (aliases resolve to their target), memory-mapped.
+    /// A tensor's bytes in its source encoding by name (aliases resolve to their target),
+    /// memory-mapped. A tensor stored transcoded is [`ImportError::Transcoded`]: its bytes
+    /// are [`PackageModel::transcoded`]'s.
     pub fn tensor_bytes(&self, name: &str) -> Result<&[u8]> {
-        let stored = &self.package.tensor(name)?.name;
+        let t = self.package.tensor(name)?;
+        if let Some(f) = &t.source {
+            return Err(ImportError::Transcoded {
+                tensor: name.to_string(),
+                encoding: t.encoding.clone(),
+                source_encoding: f.encoding.clone(),
+            });
+        }
+        self.stored_bytes(name, &t.name)
+    }
+
+    /// A tensor stored transcoded: its stored encoding ([`TERNARY_ENCODING`]) and bytes,
+    /// memory-mapped; `None` for a tensor stored in its source encoding.
+    pub fn transcoded(&self, name: &str) -> Result<Option<(&str, &[u8])>> {
+        let t = self.package.tensor(name)?;
+        if t.source.is_none() {
+            return Ok(None);
+        }
+        Ok(Some((
+            t.encoding.as_str(),
+            self.stored_bytes(name, &t.name)?,
+        )))
+    }
+
+    fn stored_bytes(&self, name: &str, stored: &str) -> Result<&[u8]> {
         self.objects
             .get(stored)
             .map(|o| &o[..])

@@ -50,6 +50,8 @@ pub fn import_safetensors(
         path: dir.to_path_buf(),
         reason: format!("serializing the IR: {e}"),
     })?;
+    // BitNet projections are stored ternary: transcoded (so validated) before any write.
+    let ternary = crate::ternary::ternary_projections(&ir, |n| m.tensor(n).map(|t| t.bytes))?;
     let validate_s = clock.lap();
 
     // 2. Hash every source file: shards in model order, then the side files.
@@ -88,6 +90,9 @@ pub fn import_safetensors(
         CONVERTER_VERSION,
     );
     b.option("tensors", "source-encoding");
+    if !ternary.is_empty() {
+        b.option("bitnet-projections", crate::ternary::TERNARY_ENCODING);
+    }
     for (name, role, d) in digests {
         b.source(name, role, d);
     }
@@ -163,7 +168,15 @@ pub fn import_safetensors(
             }
         })?;
         let dims: Vec<u64> = t.shape.iter().rev().copied().collect();
-        b.add_tensor(&session, t.name, &encoding_id(ty), &dims, t.bytes)?;
+        crate::ternary::add_tensor(
+            &mut b,
+            &session,
+            &ternary,
+            t.name,
+            &encoding_id(ty),
+            &dims,
+            t.bytes,
+        )?;
         progress.advance(t.bytes.len() as u64, 1);
     }
     progress.finish();

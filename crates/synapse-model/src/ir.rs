@@ -540,6 +540,21 @@ impl ModelIr {
         blake3::hash(&json).to_hex().to_string()
     }
 
+    /// The projections a [`ProjectionQuant`] governs, block by block: attention `q`, `k`,
+    /// `v`, `o`, then a dense FFN's `gate`, `up`, `down` (a mixture's experts are not
+    /// projections here).
+    pub fn projections(&self) -> Vec<&Linear> {
+        let mut out = Vec::with_capacity(self.layers.len() * 7);
+        for l in &self.layers {
+            let a = &l.attention;
+            out.extend([&a.q, &a.k, &a.v, &a.o]);
+            if let FfnRegion::Dense(f) = &l.ffn {
+                out.extend([&f.gate, &f.up, &f.down]);
+            }
+        }
+        out
+    }
+
     /// The weights a pipeline stage running blocks `layers` reads: those blocks' weights,
     /// the token embedding when they start at block 0, the final norm and the LM head (with
     /// its bias) when they end at the last block. Sorted, each once.

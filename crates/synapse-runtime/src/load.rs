@@ -152,6 +152,24 @@ impl Source<'_> {
         self.matrix_of(ir, e.weight, Some(range), rows, cols)
     }
 
+    /// A projection a package stores ternary (`syn.ternary.absmean.tensor.v1`: BitNet's,
+    /// ternarised or repacked at import): its codec bytes. `None` for every other source and
+    /// tensor.
+    fn stored_ternary(&self, ir: &ModelIr, id: WeightId) -> Result<Option<&[u8]>> {
+        let Source::Package(p) = self else {
+            return Ok(None);
+        };
+        let w = ir.weight(id);
+        match p.transcoded(&w.name)? {
+            None => Ok(None),
+            Some((synapse_import::TERNARY_ENCODING, bytes)) => Ok(Some(bytes)),
+            Some((other, _)) => Err(RuntimeError::WeightData {
+                name: w.name.clone(),
+                reason: format!("stored as {other}, which this build does not run"),
+            }),
+        }
+    }
+
     fn bytes(&self, ir: &ModelIr, id: WeightId) -> Result<&[u8]> {
         let w = ir.weight(id);
         let data = match self {
@@ -525,44 +543,60 @@ impl Model {
         let w158a8 = ir.projection_quant == Some(ProjectionQuant::BitnetW158A8);
         let i2s = ir.projection_quant == Some(ProjectionQuant::BitnetI2S);
         let proj = |l: &Linear| -> Result<LinearW> {
-            // Weights stored already ternary (bitnet.cpp's I2_S, transformers' packed uint8
-            // with `weight_scale`): unpacked into the codec's layout, run as W1.58A8.
-            if i2s || l.scale.is_some() {
-                let w = ir.weight(l.weight);
-                check_profile(&profile, &w.name, w.encoding)?;
-                let (rows, cols) = (l.out_features as usize, l.in_features as usize);
-                let stored = src.bytes(&ir, l.weight)?;
-                let bytes = match l.scale {
-                    Some(scale) => unpack_bitnet(stored, vector(src, &ir, scale)?[0], rows, cols),
-                    None => unpack_i2s(stored, rows, cols),
-                }
-                .map_err(|reason| RuntimeError::WeightData {
-                    name: w.name.clone(),
-                    reason,
-                })?;
-                let m = QuantMatrix::from_ternary_a8(&bytes, rows, cols)?;
-                return Ok(LinearW {
+            let w = ir.weight(l.weight);
+            let (rows, cols) = (l.out_features as usize, l.in_features as usize);
+            let ternary = |bytes: &[u8]| -> Result<LinearW> {
+                let m = QuantMatrix::from_ternary_a8(bytes, rows, cols)?;
+                Ok(LinearW {
                     act_a8: !m.quantizes_inputs(),
                     m: Arc::new(m),
-                    bias: None,
-                });
+                    bias: match l.bias {
+                        Some(b) => Some(vector(src, &ir, b)?),
+                        None => None,
+                    },
+                })
+            };
+            // Stored ternary by a package (any of the forms below, transcoded at import).
+            if (w158a8 || i2s || l.scale.is_some())
+                && let Some(bytes) = src.stored_ternary(&ir, l.weight)?
+            {
+                check_profile(&profile, &w.name, w.encoding)?;
+                return ternary(bytes);
             }
-            let mut lw = linear(l)?;
-            if w158a8 {
-                let (rows, cols) = (lw.m.rows(), lw.m.cols());
-                let mut w = vec![0f32; rows * cols];
-                for (r, out) in w.chunks_exact_mut(cols).enumerate() {
-                    lw.m.dequantize_row(r, out)?;
+            // Weights stored already ternary (bitnet.cpp's I2_S, transformers' packed uint8
+            // with `weight_scale`): repacked into the codec's layout, run as W1.58A8.
+            if i2s || l.scale.is_some() {
+                check_profile(&profile, &w.name, w.encoding)?;
+                let stored = src.bytes(&ir, l.weight)?;
+                let bytes = match l.scale {
+                    Some(scale) => TernaryTensor::from_bitnet_packed(
+                        stored,
+                        vector(src, &ir, scale)?[0],
+                        rows,
+                        cols,
+                    ),
+                    None => TernaryTensor::from_i2s(stored, rows, cols),
                 }
-                let bytes = TernaryTensor::encode_bitnet_weight_quant(&w)
-                    .map_err(synapse_kernels::KernelError::from)?;
-                // The integer path (inputs quantised inside the matrix) where the rows are
-                // whole 256-blocks; otherwise the codec's with the inputs quantised here.
-                let m = QuantMatrix::from_ternary_a8(&bytes, rows, cols)?;
-                lw.act_a8 = !m.quantizes_inputs();
-                lw.m = Arc::new(m);
+                .map_err(|e| RuntimeError::WeightData {
+                    name: w.name.clone(),
+                    reason: e.to_string(),
+                })?;
+                return ternary(&bytes);
             }
-            Ok(lw)
+            let lw = linear(l)?;
+            if !w158a8 {
+                return Ok(lw);
+            }
+            // Masters ternarised here (a package stores them ternarised by this function).
+            let mut v = vec![0f32; rows * cols];
+            for (r, out) in v.chunks_exact_mut(cols).enumerate() {
+                lw.m.dequantize_row(r, out)?;
+            }
+            let bytes = TernaryTensor::encode_bitnet_weight_quant(&v)
+                .map_err(synapse_kernels::KernelError::from)?;
+            // The integer path (inputs quantised inside the matrix) where the rows are whole
+            // 256-blocks; otherwise the codec's with the inputs quantised by the executor.
+            ternary(&bytes)
         };
         let norm = |n: &RmsNorm| -> Result<NormW> {
             let mut w = vector(src, &ir, n.weight)?;
@@ -982,98 +1016,6 @@ fn vector(src: &Source, ir: &ModelIr, id: WeightId) -> Result<Vec<f32>> {
     })
 }
 
-/// BitNet's offline packed projection (transformers' `pack_weights`: `packed` is
-/// `[⌈rows/4⌉, cols]` bytes, output row `i·R + r` in bits `2i` of packed row `r` as the code
-/// `t + 1`; the weights are `t / weight_scale`) in the layout of
-/// `syn.ternary.absmean.tensor.v1` (`γ = 1 / weight_scale`, codes `t + 2` four a byte from
-/// the low bits, row-major). A code 3 or a scale that is not finite and positive is refused.
-fn unpack_bitnet(
-    packed: &[u8],
-    weight_scale: f32,
-    rows: usize,
-    cols: usize,
-) -> std::result::Result<Vec<u8>, String> {
-    let r4 = rows.div_ceil(4);
-    if packed.len() != r4 * cols {
-        return Err(format!(
-            "{} bytes for {rows}×{cols} packed four rows a byte",
-            packed.len()
-        ));
-    }
-    if !(weight_scale.is_finite() && weight_scale > 0.0) {
-        return Err(format!(
-            "weight_scale {weight_scale} is not finite and positive"
-        ));
-    }
-    let gamma = 1.0 / weight_scale;
-    let n = rows * cols;
-    let mut out = vec![0u8; 4 + n.div_ceil(4)];
-    out[..4].copy_from_slice(&gamma.to_le_bytes());
-    for r in 0..rows {
-        let (i, pr) = (r / r4, r % r4);
-        let src = &packed[pr * cols..(pr + 1) * cols];
-        for (c, &b) in src.iter().enumerate() {
-            let code = (b >> (2 * i)) & 3;
-            if code == 3 {
-                return Err(format!(
-                    "row {r}, column {c}: code 3 is not a ternary value"
-                ));
-            }
-            let k = r * cols + c;
-            out[4 + k / 4] |= (code + 1) << (2 * (k % 4));
-        }
-    }
-    // The zero code for the padding of the last byte.
-    for k in n..(out.len() - 4) * 4 {
-        out[4 + k / 4] |= 2 << (2 * (k % 4));
-    }
-    Ok(out)
-}
-
-/// bitnet.cpp's I2_S tensor (x86 layout: per 128 row-major elements 32 bytes, byte `m` holding
-/// element `32·g + m` in bits `6 − 2g` as the code `t + 1`; after the `rows·cols/4` code bytes
-/// the f32 scale `s`, the weights `t · s`) in the layout of `syn.ternary.absmean.tensor.v1`
-/// (`γ = s`). A code 3, a scale that is not finite and non-negative, or too few bytes is
-/// refused.
-fn unpack_i2s(bytes: &[u8], rows: usize, cols: usize) -> std::result::Result<Vec<u8>, String> {
-    let n = rows * cols;
-    if !n.is_multiple_of(128) || bytes.len() < n / 4 + 4 {
-        return Err(format!(
-            "{} bytes for {rows}×{cols} I2_S (needs {} code bytes and a 4-byte scale, whole \
-             128-element blocks)",
-            bytes.len(),
-            n / 4
-        ));
-    }
-    let s = f32::from_le_bytes([
-        bytes[n / 4],
-        bytes[n / 4 + 1],
-        bytes[n / 4 + 2],
-        bytes[n / 4 + 3],
-    ]);
-    if !(s.is_finite() && s >= 0.0) {
-        return Err(format!("scale {s} is not finite and non-negative"));
-    }
-    let mut out = vec![0u8; 4 + n / 4];
-    out[..4].copy_from_slice(&s.to_le_bytes());
-    for (b, block) in bytes[..n / 4].chunks_exact(32).enumerate() {
-        for (m, &byte) in block.iter().enumerate() {
-            for g in 0..4 {
-                let code = (byte >> (6 - 2 * g)) & 3;
-                if code == 3 {
-                    return Err(format!(
-                        "element {}: code 3 is not a ternary value",
-                        128 * b + 32 * g + m
-                    ));
-                }
-                let k = 128 * b + 32 * g + m;
-                out[4 + k / 4] |= (code + 1) << (2 * (k % 4));
-            }
-        }
-    }
-    Ok(out)
-}
-
 /// Opens a model path and describes it.
 fn open_source(path: &Path) -> Result<(Source<'static>, SourceDesc)> {
     let not_model = |reason: String| RuntimeError::NotAModel {
@@ -1106,75 +1048,4 @@ fn open_source(path: &Path) -> Result<(Source<'static>, SourceDesc)> {
     let m = SafetensorsModel::open(path)?;
     let desc = SourceDesc::from_safetensors(&cfg, &m)?;
     Ok((Source::Safetensors(m), desc))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{unpack_bitnet, unpack_i2s};
-
-    /// bitnet.cpp's I2_S layout (its `quantize_i2_s`, x86: 128-element blocks of 32 bytes,
-    /// element `32·g + m` in bits `6 − 2g` of byte `m`, the f32 scale after the codes and 32
-    /// bytes of tail) unpacked into the codec's, and the refusals.
-    #[test]
-    fn i2s_unpacks_to_the_codec_layout() {
-        let (rows, cols) = (2usize, 128usize);
-        let n = rows * cols;
-        let t: Vec<i8> = (0..n).map(|k| ((k * 5 + 1) % 3) as i8 - 1).collect();
-        let mut bytes = vec![0u8; n / 4 + 32];
-        for (k, &v) in t.iter().enumerate() {
-            let (b, j) = (k / 128, k % 128);
-            bytes[32 * b + j % 32] |= ((v + 1) as u8) << (6 - 2 * (j / 32));
-        }
-        bytes[n / 4..n / 4 + 4].copy_from_slice(&0.75f32.to_le_bytes());
-        let out = unpack_i2s(&bytes, rows, cols).unwrap();
-        assert_eq!(f32::from_le_bytes(out[..4].try_into().unwrap()), 0.75);
-        for (k, &v) in t.iter().enumerate() {
-            let code = (out[4 + k / 4] >> (2 * (k % 4))) & 3;
-            assert_eq!(code as i8 - 2, v, "element {k}");
-        }
-        let mut bad = bytes.clone();
-        bad[5] |= 0b1100_0000;
-        assert!(unpack_i2s(&bad, rows, cols).unwrap_err().contains("code 3"));
-        let mut bad = bytes.clone();
-        bad[n / 4..n / 4 + 4].copy_from_slice(&f32::NAN.to_le_bytes());
-        assert!(unpack_i2s(&bad, rows, cols).is_err());
-        assert!(unpack_i2s(&bytes[..n / 4 + 3], rows, cols).is_err());
-        assert!(unpack_i2s(&bytes, rows, 100).is_err());
-    }
-
-    /// transformers' `pack_weights` layout unpacked into the codec's: a 6-row matrix (packed
-    /// rows 2: rows 0–1 in bits 0, 2–3 in bits 2, 4–5 in bits 4), and the refusals.
-    #[test]
-    fn packed_bitnet_weights_unpack_to_the_codec_layout() {
-        let (rows, cols) = (6usize, 3usize);
-        // t[r][c] in {−1, 0, 1}.
-        let t: Vec<i8> = (0..rows * cols).map(|k| ((k * 7) % 3) as i8 - 1).collect();
-        let r4 = rows.div_ceil(4);
-        let mut packed = vec![0u8; r4 * cols];
-        for r in 0..rows {
-            for c in 0..cols {
-                packed[(r % r4) * cols + c] |= ((t[r * cols + c] + 1) as u8) << (2 * (r / r4));
-            }
-        }
-        let out = unpack_bitnet(&packed, 4.0, rows, cols).unwrap();
-        assert_eq!(f32::from_le_bytes(out[..4].try_into().unwrap()), 0.25);
-        assert_eq!(out.len(), 4 + (rows * cols).div_ceil(4));
-        for (k, &v) in t.iter().enumerate() {
-            let code = (out[4 + k / 4] >> (2 * (k % 4))) & 3;
-            assert_eq!(code as i8 - 2, v, "element {k}");
-        }
-        // The last byte's padding holds the zero code.
-        assert_eq!(out[4 + 4] >> 4, 0b1010);
-        let mut bad = packed.clone();
-        bad[0] |= 3;
-        assert!(
-            unpack_bitnet(&bad, 4.0, rows, cols)
-                .unwrap_err()
-                .contains("code 3")
-        );
-        for s in [0.0, -1.0, f32::NAN, f32::INFINITY] {
-            assert!(unpack_bitnet(&packed, s, rows, cols).is_err(), "scale {s}");
-        }
-        assert!(unpack_bitnet(&packed[1..], 4.0, rows, cols).is_err());
-    }
 }

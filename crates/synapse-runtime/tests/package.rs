@@ -69,7 +69,7 @@ fn packages_load_as_their_sources() {
             assert_eq!(logits(from_pm, &seqs), want, "{}", src.display());
         }
     }
-    assert_eq!(checked, 28);
+    assert_eq!(checked, 29);
 }
 
 #[test]
@@ -107,4 +107,52 @@ fn a_corrupt_package_object_fails_to_load() {
     std::fs::write(&biggest.1, bytes).unwrap();
     let err = Model::load(&out).unwrap_err().to_string();
     assert!(err.contains("corrupt"), "{err}");
+}
+
+/// A package's BitNet projections are stored ternary (`syn.ternary.absmean.tensor.v1`): a
+/// stored object whose codes are not ternary (the reserved code 0, under a valid hash: a
+/// package written wrong, not corrupted on disk) and a stored encoding this build does not
+/// run are typed errors at load, never numbers.
+#[test]
+fn a_package_with_bad_ternary_projections_fails_to_load() {
+    let dir = common::workspace_root().join("fixtures/tiny/bitnet-w158a8");
+    if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("pkg");
+    import(&dir, &Destination::Directory(out.clone()), &Silent).unwrap();
+    let manifest_path = out.join("manifest.toml");
+    let text = std::fs::read_to_string(&manifest_path).unwrap();
+    let good = synapse_cas::Manifest::parse(&text, &manifest_path).unwrap();
+    let i = good
+        .tensors
+        .iter()
+        .position(|t| t.source.is_some())
+        .expect("a ternary projection");
+    assert_eq!(good.tensors[i].encoding, synapse_import::TERNARY_ENCODING);
+    let store = synapse_cas::Store::open(&out).unwrap();
+    let mut bytes = store.get(&good.tensors[i].object).unwrap().to_vec();
+    bytes[4] &= !0b11; // element 0: code 0
+    let session = store.session().unwrap();
+    let bad_object = session.put(&bytes).unwrap().id;
+    drop(session);
+    let write = |m: &synapse_cas::Manifest| {
+        std::fs::write(&manifest_path, m.to_toml().unwrap()).unwrap();
+    };
+
+    let mut m = good.clone();
+    m.tensors[i].object = bad_object;
+    write(&m);
+    let err = Model::load(&out).unwrap_err().to_string();
+    assert!(err.contains("reserved code"), "{err}");
+
+    let mut m = good.clone();
+    m.tensors[i].encoding = "syn.q4.symmetric.g64.v1".into();
+    write(&m);
+    let err = Model::load(&out).unwrap_err().to_string();
+    assert!(err.contains("which this build cannot read"), "{err}");
+
+    write(&good);
+    Model::load(&out).unwrap();
 }

@@ -61,12 +61,14 @@ pub const TINY_FAMILIES: [&str; 11] = [
 ];
 
 /// The GGUF files of tiny fixture `family` (`model.<type>.gguf` in its folder), the F32 one
-/// first: F32 and Q8_0, BitNet's F32, TQ1_0 and TQ2_0, none for `bitnet-relu2`, `bitnet-w158a8`
-/// and `bitnet-packed`.
+/// first: F32 and Q8_0, BitNet's F32, TQ1_0 and TQ2_0, bitnet.cpp's I2_S conversion of
+/// `bitnet-packed`'s checkpoint (its `bitnet-b1.58` architecture; F32 embedding and head), none
+/// for `bitnet-relu2` and `bitnet-w158a8`.
 pub fn tiny_ggufs(family: &str) -> &'static [&'static str] {
     match family {
         "bitnet" => &["model.f32.gguf", "model.tq1_0.gguf", "model.tq2_0.gguf"],
-        "bitnet-relu2" | "bitnet-w158a8" | "bitnet-packed" => &[],
+        "bitnet-packed" => &["model.i2_s.gguf"],
+        "bitnet-relu2" | "bitnet-w158a8" => &[],
         _ => &["model.f32.gguf", "model.q8_0.gguf"],
     }
 }
