@@ -14,9 +14,9 @@
 //! run through the front end; aggregate tokens/s = tokens / wall time. The two placements
 //! alternate run by run; medians over `--runs`; a run during which other processes used more
 //! than `--foreign-limit` CPU-seconds is redone. Prints each plan's stages and the ratio.
-//! Needs `etcd` and `etcdctl` (Debian `etcd-server`, `etcd-client`).
+//! Needs `etcd` (Debian `etcd-server`); the plan is read through etcd's JSON gateway.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -142,19 +142,62 @@ struct Run {
     foreign_s: f64,
 }
 
+/// The published plan, read through etcd's JSON gateway (`POST /v3/kv/range`: no `etcdctl`,
+/// which Debian ships apart from the server). HTTP/1.0, so the reply is never chunked.
 fn plan_json(etcd: &str) -> Option<serde_json::Value> {
-    let out = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args([
-            "--endpoints",
-            etcd,
-            "get",
-            "/synapse/bench/plan",
-            "--print-value-only",
-        ])
-        .output()
-        .ok()?;
-    serde_json::from_slice(&out.stdout).ok()
+    let addr = etcd.strip_prefix("http://")?;
+    let body = serde_json::json!({ "key": base64(b"/synapse/bench/plan") }).to_string();
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "POST /v3/kv/range HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply).ok()?;
+    let at = reply.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let v: serde_json::Value = serde_json::from_slice(&reply[at + 4..]).ok()?;
+    serde_json::from_slice(&unbase64(v["kvs"][0]["value"].as_str()?)?).ok()
+}
+
+const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Standard base64 with padding (what etcd's gateway takes for keys).
+fn base64(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for c in bytes.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(B64[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Standard base64 decoded (`None` on a character outside the alphabet).
+fn unbase64(text: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    let (mut acc, mut bits) = (0u32, 0);
+    for ch in text.bytes().filter(|&b| b != b'=') {
+        let v = B64.iter().position(|&b| b == ch)? as u32;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Some(out)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -438,4 +481,21 @@ pub fn run(a: Args) -> Result<()> {
         s / m
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{base64, unbase64};
+
+    #[test]
+    fn base64_round_trips() {
+        assert_eq!(base64(b"/synapse/bench/plan"), "L3N5bmFwc2UvYmVuY2gvcGxhbg==");
+        assert_eq!(base64(b"ab"), "YWI=");
+        assert_eq!(base64(b"abc"), "YWJj");
+        for n in 0..10 {
+            let v: Vec<u8> = (0..n).map(|i| (i * 37 + 5) as u8).collect();
+            assert_eq!(unbase64(&base64(&v)).unwrap(), v);
+        }
+        assert!(unbase64("YW*j").is_none());
+    }
 }
