@@ -489,7 +489,10 @@ mod tests {
 
     #[test]
     fn base64_round_trips() {
-        assert_eq!(base64(b"/synapse/bench/plan"), "L3N5bmFwc2UvYmVuY2gvcGxhbg==");
+        assert_eq!(
+            base64(b"/synapse/bench/plan"),
+            "L3N5bmFwc2UvYmVuY2gvcGxhbg=="
+        );
         assert_eq!(base64(b"ab"), "YWI=");
         assert_eq!(base64(b"abc"), "YWJj");
         for n in 0..10 {

@@ -33,7 +33,7 @@ use crate::kv::{KvCache, SlotId};
 use crate::sampling::{Sampler, draw, position_uniform};
 
 /// Draw purposes of [`position_uniform`] (one independent variate per position each).
-const DRAW_DRAFT: u64 = 1;
+pub(crate) const DRAW_DRAFT: u64 = 1;
 const DRAW_ACCEPT: u64 = 2;
 const DRAW_RESIDUAL: u64 = 3;
 
@@ -41,11 +41,12 @@ const DRAW_RESIDUAL: u64 = 3;
 type Dists = Vec<Vec<(u32, f64)>>;
 
 /// Speculative sampling's working state: the draft distributions of a round and scratch.
-struct Speculative {
+/// (The engine keeps one for all its sessions and each session's draft distributions.)
+pub(crate) struct Speculative {
     /// The draft's distribution at each draft position of the round.
     qs: Dists,
     /// The source's distribution at the position being decided, and a draft distribution.
-    p: Vec<(u32, f64)>,
+    pub(crate) p: Vec<(u32, f64)>,
     q: Vec<(u32, f64)>,
     /// A dense copy of q (zero outside its support between calls).
     qd: Vec<f64>,
@@ -53,7 +54,7 @@ struct Speculative {
 }
 
 impl Speculative {
-    fn new(vocab: usize) -> Self {
+    pub(crate) fn new(vocab: usize) -> Self {
         Speculative {
             qs: Vec::new(),
             p: Vec::new(),
@@ -66,7 +67,7 @@ impl Speculative {
     /// The token at position `at`, given the source's distribution `self.p`, the draft's
     /// `q` and its draw `x ~ q`: `x` with probability `min(1, p(x)/q(x))`, else a draw from
     /// the normalised `(p − q)⁺` (never `x` then). Marginally, exactly `p`.
-    fn choose(&mut self, q: &[(u32, f64)], x: u32, seed: u64, at: u64) -> u32 {
+    pub(crate) fn choose(&mut self, q: &[(u32, f64)], x: u32, seed: u64, at: u64) -> u32 {
         let px = self.p.iter().find(|e| e.0 == x).map_or(0.0, |e| e.1);
         let qx = q.iter().find(|e| e.0 == x).map_or(0.0, |e| e.1);
         if qx > 0.0 && position_uniform(seed, at, DRAW_ACCEPT) * qx < px {
@@ -365,18 +366,17 @@ pub fn generate_exact(
     let mut stats = EscalationStats::default();
     let mut logits = vec![0.0f32; vocab];
 
-    // Prefill: the source as plain generation does it; the draft slot takes the prompt too
-    // (its own working copy, reused across turns like the source's).
+    // Prefill: the source as plain generation does it. The draft slot (its own working
+    // copy, reused across turns like the source's) takes the prompt in the first round's
+    // catch-up, in chunks of the cache's `max_chunk` with the pending token — as the engine's
+    // draft does, so a sampled session's draft distributions, and so its tokens, are the
+    // same bits here and there.
     let t0 = Instant::now();
     let reused = prefill(source, kv, slot, prompt, chunk, Some(&mut logits))?;
     if !kv.is_open(draft_slot) {
         kv.open(draft_slot)?;
     }
     kv.set_profile(draft_slot, &draft_profile)?;
-    source.swap_kernels(draft);
-    let dpre = prefill(draft, kv, draft_slot, prompt, chunk, None);
-    source.swap_kernels(draft);
-    dpre?;
     timings.prefill_tokens = prompt.len() - reused;
     timings.prefill_s = t0.elapsed().as_secs_f64();
 

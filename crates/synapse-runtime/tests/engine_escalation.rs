@@ -1,8 +1,9 @@
 //! Exact escalation inside the continuous-batching engine: opted-in sessions draft with the
 //! engine's draft profile and are verified in the same step's pass as plain decodes and
-//! prompt chunks. Their tokens (and log-probabilities) equal plain decoding's alone, at 6–16
-//! slots, with cancellations and replacements; sampled and constrained sessions run plainly
-//! beside them; a draft of another model is refused.
+//! prompt chunks. Greedy ones' tokens (and log-probabilities) equal plain decoding's alone, at
+//! 6–16 slots, with cancellations and replacements, plain sampled and constrained sessions
+//! beside them; sampled ones' tokens equal `generate_exact`'s speculative sampling for their
+//! seed; a draft of another model is refused.
 
 mod common;
 
@@ -52,7 +53,9 @@ fn request(prompt: Vec<u32>, n: usize, i: usize) -> Request {
     r.logprobs = Some(2);
     r.escalation = i % 4 != 3;
     if i % 5 == 4 {
-        // Sampled: runs plainly even though it asks (its output is the same either way).
+        // Sampled, plainly (a sampled session that escalates draws by speculative sampling:
+        // `sampled_drafted_sessions_in_the_engine_equal_generate_exact`).
+        r.escalation = false;
         r.sampling.temperature = 0.8;
         r.sampling.top_k = 20;
         r.sampling.seed = i as u64;
@@ -290,4 +293,130 @@ fn a_drafted_session_leaves_a_prefix_a_second_turn_reuses_exactly() {
     fresh.logprobs = None;
     assert_eq!(tokens(&ev).0, solo(&model, &cfg, fresh));
     assert!(s.stats().drafted > 0);
+}
+
+/// `generate_exact`'s sampled output for `req` (its seed, its sampling parameters), with the
+/// engine's draft and chunking: the reference of a sampled escalating engine session.
+fn exact_sampled(
+    model: &Arc<Model>,
+    draft: &Arc<Model>,
+    cfg: &EngineConfig,
+    req: &Request,
+) -> Vec<u32> {
+    use synapse_runtime::escalation::{DraftParams, generate_exact};
+    let mut kv =
+        synapse_runtime::KvCache::new(model, synapse_runtime::KvDtype::F32, 2, cfg.ctx, cfg.ubatch)
+            .unwrap();
+    let mut src = synapse_runtime::Executor::new(model.clone(), 1).unwrap();
+    let mut dra = synapse_runtime::Executor::new(draft.clone(), 1).unwrap();
+    let params = synapse_runtime::GenerateParams {
+        max_tokens: req.max_tokens,
+        sampling: req.sampling.clone(),
+        stop: Vec::new(),
+        prefill_chunk: cfg.ubatch,
+        stop_at_eog: req.stop_at_eog,
+    };
+    let dp = DraftParams {
+        max_k: 3,
+        adaptive: false,
+    };
+    let (g, _) = generate_exact(
+        &mut src,
+        &mut dra,
+        &mut kv,
+        0,
+        1,
+        &req.prompt,
+        &params,
+        &dp,
+        &mut |_| String::new(),
+        &mut |_| {},
+    )
+    .unwrap();
+    g.tokens
+}
+
+/// Sampled sessions escalate too (speculative sampling: a draft token accepted with
+/// probability `min(1, p/q)`, else drawn from `(p − q)⁺`, every draw tied to its position and
+/// the seed): beside greedy drafted, plain sampled and plain greedy sessions, with fixed or
+/// adaptive `k` (rounds without drafts included), each one's tokens are exactly
+/// `generate_exact`'s for its seed — a function of the seed alone, however the engine cut its
+/// rounds or whatever shared its passes — and not plain sampling's stream.
+#[test]
+fn sampled_drafted_sessions_in_the_engine_equal_generate_exact() {
+    for (family, slots, adaptive) in [("llama", 6, false), ("qwen2", 8, true), ("gemma3", 5, true)]
+    {
+        let Some((model, toks)) = common::tiny_q8_model(family) else {
+            return;
+        };
+        let draft = variant(&model, "uniform:syn.q4.symmetric.g64.v1");
+        let cfg = EngineConfig {
+            slots,
+            ctx: 128,
+            ubatch: 16,
+            step_tokens: 16 * slots + 17,
+            draft: Some(draft.clone()),
+            draft_k: 4,
+            draft_adaptive: adaptive,
+            ..EngineConfig::default()
+        };
+        let n_req = 2 * slots + 1;
+        let reqs: Vec<Request> = prompts(&toks, n_req)
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let mut r = Request::greedy(p, 24 + i % 5);
+                r.stop_at_eog = false;
+                r.escalation = i % 4 != 3;
+                if i % 3 != 1 {
+                    r.sampling.temperature = 0.7 + 0.1 * (i % 4) as f32;
+                    r.sampling.top_k = if i % 2 == 0 { 40 } else { 0 };
+                    r.sampling.top_p = 0.95;
+                    r.sampling.repetition_penalty = if i % 5 == 0 { 1.1 } else { 1.0 };
+                    r.sampling.seed = 1000 + i as u64;
+                }
+                r
+            })
+            .collect();
+        let want: Vec<Vec<u32>> = reqs
+            .iter()
+            .map(|r| {
+                if r.escalation && r.sampling.temperature > 0.0 {
+                    exact_sampled(&model, &draft, &cfg, r)
+                } else {
+                    let mut c = Request::greedy(r.prompt.clone(), r.max_tokens);
+                    c.stop_at_eog = false;
+                    c.sampling = r.sampling.clone();
+                    solo(&model, &cfg, c).into_iter().map(|t| t.0).collect()
+                }
+            })
+            .collect();
+        let copies: Vec<Request> = reqs
+            .iter()
+            .map(|r| {
+                let mut c = Request::greedy(r.prompt.clone(), r.max_tokens);
+                c.stop_at_eog = false;
+                c.sampling = r.sampling.clone();
+                c.escalation = r.escalation;
+                c
+            })
+            .collect();
+        let got = run(&model, &cfg, copies, &[]);
+        let mut differs_from_plain = 0;
+        for (i, ev) in got.iter().enumerate() {
+            let (t, done) = tokens(ev);
+            assert!(done, "{family} session {i} did not finish");
+            let t: Vec<u32> = t.into_iter().map(|x| x.0).collect();
+            assert_eq!(t, want[i], "{family} session {i}");
+            if reqs[i].escalation && reqs[i].sampling.temperature > 0.0 {
+                let mut plain = Request::greedy(reqs[i].prompt.clone(), reqs[i].max_tokens);
+                plain.stop_at_eog = false;
+                plain.sampling = reqs[i].sampling.clone();
+                let p: Vec<u32> = solo(&model, &cfg, plain).into_iter().map(|x| x.0).collect();
+                differs_from_plain += usize::from(p != t);
+            }
+        }
+        // Speculative sampling draws other variates than plain sampling's one stream.
+        assert!(differs_from_plain > 0, "{family}");
+    }
 }

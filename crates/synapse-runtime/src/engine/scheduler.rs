@@ -105,6 +105,9 @@ pub struct Scheduler {
     draft_profile: String,
     dcost: CostModel,
     step_k: usize,
+    /// Speculative sampling's scratch (the source's distribution, the residual), for the
+    /// sampled escalating sessions.
+    spec: Option<crate::escalation::Speculative>,
     drows: Vec<Row>,
     downers: Vec<usize>,
     /// Whether the pass being run holds prompt rows (its time then says nothing of drafting).
@@ -385,6 +388,7 @@ impl Scheduler {
             draft,
             draft_profile,
             step_k: 0,
+            spec: None,
             drows: Vec::with_capacity(cfg.slots * chunk),
             downers: Vec::with_capacity(cfg.slots),
             pass_has_prompt: false,
@@ -750,7 +754,7 @@ impl Scheduler {
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
         for &(i, n) in &self.ran {
             let a = &mut self.active[i];
-            if a.drafts.is_empty() {
+            if !a.verifying() {
                 a.pos += n;
             } else {
                 // A verifying session's position moves row by row as its rows are taken.
@@ -765,7 +769,7 @@ impl Scheduler {
         for (j, &i) in self.owners.iter().enumerate() {
             let row = &out[j * vocab..(j + 1) * vocab];
             let a = &mut self.active[i];
-            let verifying = !a.drafts.is_empty();
+            let verifying = a.verifying();
             if verifying {
                 // Rows after the first disagreement (or the end) are discarded.
                 if a.vdone {
@@ -777,7 +781,23 @@ impl Scheduler {
             let before = a.generated;
             a.lp_given = logprobs.get(j).cloned().flatten();
             // Logits that choosing does not change are read where the executor left them.
-            let after = if a.modifies_logits() {
+            // (A sampled round whose draft fell short of this row's distribution takes it
+            // plainly.)
+            let r = a.vseen.saturating_sub(1);
+            let after = if verifying
+                && r < a.spec_len
+                && let Some(spec) = self.spec.as_mut()
+            {
+                a.take_speculative(
+                    row,
+                    &mut self.logits,
+                    spec,
+                    r,
+                    &self.eog,
+                    &*self.pieces,
+                    ctx,
+                )
+            } else if a.modifies_logits() {
                 self.logits.copy_from_slice(row);
                 a.take_logits(&mut self.logits, &self.eog, &*self.pieces, ctx)
             } else {
@@ -809,13 +829,16 @@ impl Scheduler {
         let mut drafted = 0u64;
         for &(i, _) in &self.ran {
             let a = &mut self.active[i];
-            if a.drafts.is_empty() {
+            if !a.verifying() {
                 continue;
             }
             let k = a.drafts.len();
             let acc = a.vseen.saturating_sub(1).min(k);
             drafted += k as u64;
-            self.dcost.observe_round(k, acc);
+            if k > 0 {
+                self.dcost.observe_round(k, acc);
+            }
+            a.spec_len = 0;
             if let Err(err) = self.kv.truncate(a.slot, a.pos) {
                 let _ = a.tx.send(Event::Error(format!("engine error: {err}")));
                 self.done.push((i, FinishReason::Stop));
@@ -852,8 +875,17 @@ impl Scheduler {
         } else {
             self.cfg.draft_k
         };
-        if k == 0 {
+        // A sampled session drafts at every position, even in a round without drafts (its
+        // tokens are then a function of its seed alone, not of how rounds were cut).
+        let sampled = self
+            .active
+            .iter()
+            .any(|a| a.escalate && a.phase == Phase::Decode && a.sampled());
+        if k == 0 && !sampled {
             return;
+        }
+        if sampled && self.spec.is_none() {
+            self.spec = Some(crate::escalation::Speculative::new(self.vocab));
         }
         let t0 = Instant::now();
         let n = self.cfg.slots as SlotId;
@@ -862,9 +894,16 @@ impl Scheduler {
         // Each draft slot cut back to what it shares with its session.
         for a in self.active.iter_mut() {
             a.drafts.clear();
+            a.spec_len = 0;
             if !a.escalate || a.phase != Phase::Decode {
                 continue;
             }
+            // Drafts no more than the tokens still allowed after the pending one's successor,
+            // and the context holds.
+            let room = (a.max_tokens - a.generated)
+                .saturating_sub(1)
+                .min(ctx.saturating_sub(1 + a.pos));
+            a.draft_want = k.min(room);
             let ds = n + a.slot;
             if !self.kv.is_open(ds) && self.kv.open(ds).is_err() {
                 continue;
@@ -897,11 +936,14 @@ impl Scheduler {
                 if !a.escalate || a.phase != Phase::Decode {
                     continue;
                 }
-                let room = (a.max_tokens - a.generated)
-                    .saturating_sub(1)
-                    .min(ctx.saturating_sub(1 + a.pos));
-                let want = k.min(room);
-                if a.drafts.len() >= want {
+                // Drafts wanted; a sampled session also takes the draft's distribution at
+                // the position after its last draft.
+                let (have, need) = if a.sampled() {
+                    (a.spec_len, a.draft_want + 1)
+                } else {
+                    (a.drafts.len(), a.draft_want)
+                };
+                if have >= need {
                     continue;
                 }
                 let ds = n + a.slot;
@@ -953,6 +995,7 @@ impl Scheduler {
                     tracing::warn!(error = %err, "draft pass failed; drafting stops");
                     for a in self.active.iter_mut() {
                         a.drafts.clear();
+                        a.spec_len = 0;
                         a.escalate = false;
                     }
                     break;
@@ -961,8 +1004,17 @@ impl Scheduler {
             let vocab = self.vocab;
             for (j, &i) in self.downers.iter().enumerate() {
                 let a = &mut self.active[i];
-                let d = a.draft_choice(&out[j * vocab..(j + 1) * vocab], &mut self.logits);
-                a.drafts.push(d);
+                let row = &out[j * vocab..(j + 1) * vocab];
+                if a.sampled() {
+                    let at = (a.pos + 1 + a.spec_len) as u64;
+                    let d = a.draft_sample(row, &mut self.logits, at);
+                    if a.drafts.len() < a.draft_want {
+                        a.drafts.push(d);
+                    }
+                } else {
+                    let d = a.draft_choice(row, &mut self.logits);
+                    a.drafts.push(d);
+                }
             }
         }
         cur.swap_kernels(dexec);

@@ -63,6 +63,13 @@ pub(crate) struct Active {
     pub drafts: Vec<u32>,
     pub vseen: usize,
     pub vdone: bool,
+    /// A sampled escalating session's speculative sampling this round: the draft's
+    /// distribution at each drafted position and, after them, at the position after the
+    /// last draft (the first `spec_len` entries; the vectors are reused), and how many drafts
+    /// the round wants.
+    pub spec_qs: Vec<Vec<(u32, f64)>>,
+    pub spec_len: usize,
+    pub draft_want: usize,
     /// Its rows are in a pass sent down a pipeline whose logits have not come back yet
     /// (it takes no part in another pass and is not retired meanwhile).
     pub in_flight: bool,
@@ -101,8 +108,7 @@ impl Active {
         sampler: Sampler,
     ) -> Self {
         let req = w.req;
-        let escalate =
-            req.escalation && sampler.params().temperature <= 0.0 && req.constraint.is_none();
+        let escalate = req.escalation && req.constraint.is_none();
         let mut history = Vec::with_capacity(req.prompt.len() + req.max_tokens.min(1 << 16));
         history.extend_from_slice(&req.prompt);
         Active {
@@ -131,6 +137,9 @@ impl Active {
             }),
             vseen: 0,
             vdone: false,
+            spec_qs: Vec::new(),
+            spec_len: 0,
+            draft_want: 0,
             in_flight: false,
             forced: req.forced,
             stops: StopStrings::new(&req.stop),
@@ -167,6 +176,99 @@ impl Active {
         self.sampler.apply_penalties(scratch, &self.history);
         self.history.truncate(base);
         crate::sampling::argmax(scratch)
+    }
+
+    /// Whether this session samples (temperature > 0): escalating, it drafts and verifies by
+    /// speculative sampling ([`crate::escalation`]'s rule and draws, so its tokens are
+    /// `generate_exact`'s for its seed).
+    pub fn sampled(&self) -> bool {
+        self.sampler.params().temperature > 0.0
+    }
+
+    /// Whether this session's rows in the step's pass are a round to verify (drafts, or a
+    /// sampled session's one row decided by speculative sampling).
+    pub fn verifying(&self) -> bool {
+        !self.drafts.is_empty() || self.spec_len > 0
+    }
+
+    /// A sampled escalating session's draft at position `at` from the draft's `logits`: the
+    /// draft's distribution there (this session's bias, then its penalties over its history
+    /// plus the drafts so far) is kept, and its token drawn by the position's variate.
+    /// `scratch` holds the modified copy.
+    pub fn draft_sample(&mut self, logits: &[f32], scratch: &mut [f32], at: u64) -> u32 {
+        scratch.copy_from_slice(logits);
+        for &(t, b) in &self.logit_bias {
+            if let Some(l) = scratch.get_mut(t as usize) {
+                *l += b;
+            }
+        }
+        let base = self.history.len();
+        self.history.extend_from_slice(&self.drafts);
+        self.sampler.apply_penalties(scratch, &self.history);
+        self.history.truncate(base);
+        if self.spec_qs.len() <= self.spec_len {
+            self.spec_qs.push(Vec::new());
+        }
+        let q = &mut self.spec_qs[self.spec_len];
+        self.sampler.distribution(scratch, q);
+        self.spec_len += 1;
+        let seed = self.sampler.params().seed;
+        crate::sampling::draw(
+            q,
+            crate::sampling::position_uniform(seed, at, crate::escalation::DRAW_DRAFT),
+        )
+    }
+
+    /// Takes row `r` of a sampled session's verify round from the source's `logits`: the
+    /// source's distribution `p` (bias, penalties over the history) against the draft's
+    /// `q` at this position — its draft accepted with probability `min(1, p/q)`, else a
+    /// token drawn from `(p − q)⁺` — so the token is distributed exactly as `p` and tied to
+    /// its position and the seed. `scratch` holds the modified copy.
+    #[allow(clippy::too_many_arguments)]
+    pub fn take_speculative(
+        &mut self,
+        logits: &[f32],
+        scratch: &mut [f32],
+        spec: &mut crate::escalation::Speculative,
+        r: usize,
+        eog: &[u32],
+        pieces: &dyn TokenPieces,
+        ctx: usize,
+    ) -> After {
+        scratch.copy_from_slice(logits);
+        for &(t, b) in &self.logit_bias {
+            if let Some(l) = scratch.get_mut(t as usize) {
+                *l += b;
+            }
+        }
+        self.lp_pending = self
+            .logprobs
+            .map(|k| crate::sampling::log_softmax_top(scratch, k));
+        if self.lp_pending.is_some() {
+            self.lp_buf.clear();
+            self.lp_buf.extend_from_slice(scratch);
+        }
+        self.sampler.apply_penalties(scratch, &self.history);
+        self.sampler.distribution(scratch, &mut spec.p);
+        let seed = self.sampler.params().seed;
+        // The token's position (the row's successor): `pos` has moved past the row.
+        let at = self.pos as u64;
+        let q = &self.spec_qs[r];
+        let x = match self.drafts.get(r) {
+            Some(&d) => d,
+            None => crate::sampling::draw(
+                q,
+                crate::sampling::position_uniform(seed, at, crate::escalation::DRAW_DRAFT),
+            ),
+        };
+        let tok = spec.choose(q, x, seed, at);
+        if let Some((lse, _)) = &self.lp_pending {
+            self.lp_chosen = crate::sampling::logits_at(&self.lp_buf, tok, *lse);
+        }
+        if !self.resumes_as(tok) {
+            return After::Failed;
+        }
+        self.commit(tok, eog, pieces, ctx)
     }
 
     /// Whether choosing this session's next token reads nothing of its logits row but the
