@@ -106,6 +106,7 @@ async fn run(
         exact: info.exact_available(),
     };
     let p = validate(&req, api, lim)?;
+    check_precision(req.precision.as_deref(), &info)?;
     // Templates and tokenization of a body up to the limit: off the async workers.
     let st = state.clone();
     let (req, prompts) = tokio::task::spawn_blocking(move || {
@@ -201,6 +202,7 @@ async fn run(
                 info.fingerprint.chars().take(12).collect::<String>()
             ),
             n: p.n,
+            profile: info.profile.clone(),
         },
         route: if api == Api::Chat {
             "chat"
@@ -362,4 +364,31 @@ fn stream_response(
         }
     };
     Sse::new(s)
+}
+
+/// A request's `precision` field against the profile new sessions run on: `"source"` is served
+/// only at the source profile, a profile hash only when it is the one in effect; otherwise a
+/// 400 naming what this server runs.
+fn check_precision(want: Option<&str>, info: &synapse_runtime::engine::EngineInfo) -> Result<()> {
+    let Some(want) = want else {
+        return Ok(());
+    };
+    let at_source = info.profile == info.source_profile;
+    let ok = match want {
+        "source" => at_source,
+        p => p == info.profile || (at_source && p == info.source_profile),
+    };
+    if ok {
+        return Ok(());
+    }
+    Err(ServerError::invalid(
+        "precision",
+        format!(
+            "this server runs profile {}{}; a request can ask for it{} only (a profile is \
+             chosen at start: serve --profile / --budget)",
+            info.profile,
+            if at_source { " (the source)" } else { "" },
+            if at_source { " or \"source\"" } else { "" },
+        ),
+    ))
 }

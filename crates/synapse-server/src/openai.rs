@@ -70,6 +70,12 @@ pub struct GenerationRequest {
     /// Synapse: `"exact"` — tokens drafted by the server's draft profile and verified by the
     /// served precision (the same output as without, possibly sooner); `"off"` (default).
     pub escalation: Option<String>,
+    /// Synapse: the precision the request accepts — `"source"` (every weight in its source
+    /// encoding) or a profile hash as `/v1/models` lists it (`meta.profile`). A server running
+    /// another profile answers 400 instead of serving it at that one (profiles are not
+    /// resident side by side under a budget). Every response names the profile it ran
+    /// (`precision_profile`).
+    pub precision: Option<String>,
 }
 
 /// `stream_options`.

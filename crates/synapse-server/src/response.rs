@@ -35,6 +35,10 @@ pub struct ResponseCtx {
     pub fingerprint: String,
     /// Choices per prompt.
     pub n: usize,
+    /// The precision profile (hash) new sessions ran on when the request was accepted
+    /// (`precision_profile`; a profile installed by `POST /v1/precision` before the request's
+    /// admission would serve it instead).
+    pub profile: String,
 }
 
 impl ResponseCtx {
@@ -54,6 +58,7 @@ impl ResponseCtx {
             "created": self.created,
             "model": self.model,
             "system_fingerprint": self.fingerprint,
+            "precision_profile": self.profile,
             "choices": choices,
         })
     }
@@ -390,6 +395,7 @@ mod tests {
             created: 1,
             model: "m".into(),
             fingerprint: "f".into(),
+            profile: "p".into(),
             n,
         }
     }

@@ -1287,6 +1287,80 @@ async fn exact_escalation_is_a_request_field() {
     );
 }
 
+/// The per-request `precision` field: a source-precision server serves `"source"` and its own
+/// profile hash, and refuses another profile with a 400 naming what it runs; a server at a
+/// lower profile refuses `"source"` (it never serves a request that asked for the source at an
+/// approximate profile) and serves its own hash. Every response, streamed chunks included,
+/// names the profile it ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn precision_is_a_request_field() {
+    let Some(path) = model_path() else {
+        return;
+    };
+    let Some(src) = start(small_engine(), ServerConfig::default()).await else {
+        return;
+    };
+    let source = Arc::new(Model::load(&path).unwrap());
+    let source_hash = source.profile.hash();
+    let body = json!({"prompt": PROMPT, "max_tokens": 8, "temperature": 0});
+    let (st, plain) = src.post("/v1/completions", &body).await;
+    assert_eq!(st, 200, "{plain}");
+    assert_eq!(plain["precision_profile"], source_hash);
+    for want in [json!("source"), json!(source_hash)] {
+        let mut b = body.clone();
+        b["precision"] = want;
+        let (st, v) = src.post("/v1/completions", &b).await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["choices"][0]["text"], plain["choices"][0]["text"]);
+    }
+    let spec =
+        synapse_runtime::precision::Precision::parse_profile("uniform:syn.q8.symmetric.g64.v1")
+            .unwrap();
+    let q8 = synapse_runtime::precision::apply(&source, &spec, None)
+        .unwrap()
+        .model;
+    let q8_hash = q8.profile.hash();
+    assert_ne!(q8_hash, source_hash);
+    let mut other = body.clone();
+    other["precision"] = json!(q8_hash);
+    let (st, v) = src.post("/v1/completions", &other).await;
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "precision");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("runs profile {source_hash} (the source)")),
+        "{v}"
+    );
+
+    let tok = Arc::new(
+        Tokenizer::from_gguf(&synapse_formats::gguf::GgufFile::open(&path).unwrap()).unwrap(),
+    );
+    let low = start_model(&path, q8, tok, small_engine(), ServerConfig::default()).await;
+    let mut b = body.clone();
+    b["precision"] = json!("source");
+    let (st, v) = low.post("/v1/completions", &b).await;
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(v["error"]["param"], "precision");
+    let (st, v) = low.post("/v1/completions", &other).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["precision_profile"], q8_hash);
+    let mut sb = other.clone();
+    sb["stream"] = json!(true);
+    let ev = low.stream("/v1/completions", &sb).await;
+    let chunks: Vec<Value> = ev
+        .iter()
+        .filter(|(_, d)| d != "[DONE]")
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(!chunks.is_empty());
+    assert!(
+        chunks.iter().all(|c| c["precision_profile"] == q8_hash),
+        "{chunks:?}"
+    );
+}
+
 /// A counter's value in a Prometheus text exposition.
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
