@@ -157,7 +157,6 @@ impl Active {
         self.cancel.load(Ordering::Relaxed)
     }
 
-    /// Whether choosing a token changes the logits first (bias, constraint, penalties).
     /// The next draft token from the draft's `logits` (greedy, with this session's bias and
     /// penalties over its history plus the drafts so far); `scratch` holds a copy when they
     /// change the logits.
@@ -165,6 +164,13 @@ impl Active {
         if self.logit_bias.is_empty() && !self.sampler.penalizes() {
             return crate::sampling::argmax(logits);
         }
+        self.draft_logits(logits, scratch);
+        crate::sampling::argmax(scratch)
+    }
+
+    /// The draft's `logits` as this session reads them, into `scratch`: its bias, then its
+    /// penalties over its history plus the drafts so far.
+    fn draft_logits(&mut self, logits: &[f32], scratch: &mut [f32]) {
         scratch.copy_from_slice(logits);
         for &(t, b) in &self.logit_bias {
             if let Some(l) = scratch.get_mut(t as usize) {
@@ -175,7 +181,6 @@ impl Active {
         self.history.extend_from_slice(&self.drafts);
         self.sampler.apply_penalties(scratch, &self.history);
         self.history.truncate(base);
-        crate::sampling::argmax(scratch)
     }
 
     /// Whether this session samples (temperature > 0): escalating, it drafts and verifies by
@@ -196,16 +201,7 @@ impl Active {
     /// plus the drafts so far) is kept, and its token drawn by the position's variate.
     /// `scratch` holds the modified copy.
     pub fn draft_sample(&mut self, logits: &[f32], scratch: &mut [f32], at: u64) -> u32 {
-        scratch.copy_from_slice(logits);
-        for &(t, b) in &self.logit_bias {
-            if let Some(l) = scratch.get_mut(t as usize) {
-                *l += b;
-            }
-        }
-        let base = self.history.len();
-        self.history.extend_from_slice(&self.drafts);
-        self.sampler.apply_penalties(scratch, &self.history);
-        self.history.truncate(base);
+        self.draft_logits(logits, scratch);
         if self.spec_qs.len() <= self.spec_len {
             self.spec_qs.push(Vec::new());
         }
@@ -327,6 +323,7 @@ impl Active {
         }
     }
 
+    /// Whether choosing a token changes the logits first (bias, constraint, penalties).
     pub fn modifies_logits(&self) -> bool {
         !self.logit_bias.is_empty() || self.constraint.is_some() || self.sampler.penalizes()
     }
