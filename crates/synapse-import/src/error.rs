@@ -34,9 +34,10 @@ pub enum ImportError {
     /// The object store or package layer failed.
     #[error(transparent)]
     Cas(#[from] synapse_cas::CasError),
-    /// A tensor could not be transcoded into its package encoding (e.g. a BitNet projection
-    /// with a code that is not ternary). Raised before anything is written.
-    #[error("tensor `{tensor}` cannot be stored as {encoding}: {reason}")]
+    /// A tensor could not be transcoded into the encoding its model runs (e.g. a BitNet
+    /// projection with a code that is not ternary): at import, before anything is written, or
+    /// loading a source file.
+    #[error("tensor `{tensor}` cannot be made {encoding}: {reason}")]
     Transcode {
         /// The tensor.
         tensor: String,

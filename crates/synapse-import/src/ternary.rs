@@ -19,7 +19,7 @@ use crate::error::{ImportError, Result};
 use std::collections::BTreeMap;
 use synapse_codecs::TernaryTensor;
 use synapse_formats::GgmlType;
-use synapse_model::{ModelIr, ProjectionQuant};
+use synapse_model::{Linear, ModelIr, ProjectionQuant};
 
 /// The encoding of BitNet projections in packages.
 pub const TERNARY_ENCODING: &str = "syn.ternary.absmean.tensor.v1";
@@ -39,58 +39,79 @@ pub(crate) fn ternary_projections<'a>(
     bytes: impl Fn(&str) -> Option<&'a [u8]>,
 ) -> Result<BTreeMap<String, Ternary>> {
     let mut out = BTreeMap::new();
-    let Some(quant) = ir.projection_quant else {
+    if ir.projection_quant.is_none() {
         return Ok(out);
-    };
+    }
     for l in ir.projections() {
-        let w = ir.weight(l.weight);
-        let fail = |reason: String| ImportError::Transcode {
-            tensor: w.name.clone(),
+        let name = &ir.weight(l.weight).name;
+        let missing = |n: &str| ImportError::Transcode {
+            tensor: name.clone(),
             encoding: TERNARY_ENCODING,
-            reason,
+            reason: format!("no `{n}` in the source"),
         };
-        let codec = |e: synapse_codecs::CodecError| fail(e.to_string());
-        let src = bytes(&w.name).ok_or_else(|| fail("not in the source".into()))?;
-        let (rows, cols) = (l.out_features as usize, l.in_features as usize);
-        let t = match (quant, l.scale) {
-            (ProjectionQuant::BitnetW158A8Packed, Some(scale)) => {
-                let s = ir.weight(scale);
-                let sb = bytes(&s.name).ok_or_else(|| fail(format!("no `{}`", s.name)))?;
-                let scale = widen(s.encoding, sb).map_err(&fail)?;
-                let [scale] = scale[..] else {
-                    return Err(fail(format!("`{}` has {} elements", s.name, scale.len())));
-                };
-                TernaryTensor::from_bitnet_packed(src, scale, rows, cols).map_err(codec)?
+        let weight = bytes(name).ok_or_else(|| missing(name))?;
+        let scale = match l.scale {
+            Some(s) => {
+                let n = &ir.weight(s).name;
+                Some(bytes(n).ok_or_else(|| missing(n))?)
             }
-            (ProjectionQuant::BitnetI2S, None) => {
-                TernaryTensor::from_i2s(src, rows, cols).map_err(codec)?
-            }
-            (ProjectionQuant::BitnetW158A8, None) => {
-                let v = widen(w.encoding, src).map_err(&fail)?;
-                if v.len() != rows * cols {
-                    return Err(fail(format!("{} elements for {rows}×{cols}", v.len())));
-                }
-                TernaryTensor::encode_bitnet_weight_quant(&v).map_err(codec)?
-            }
-            (q, s) => {
-                return Err(fail(format!(
-                    "{q:?} with{} a weight scale",
-                    if s.is_some() { "" } else { "out" }
-                )));
-            }
+            None => None,
         };
         out.insert(
-            w.name.clone(),
+            name.clone(),
             Ternary {
-                bytes: t,
-                dims: [cols as u64, rows as u64],
+                bytes: ternary_projection(ir, l, weight, scale)?,
+                dims: [u64::from(l.in_features), u64::from(l.out_features)],
             },
         );
     }
     Ok(out)
 }
 
-/// A float tensor's values as f32 (exact for F32, F16 and BF16).
+/// Projection `l` of `ir` (under its [`ProjectionQuant`]) in [`TERNARY_ENCODING`], from its
+/// weight's source bytes and, in the packed form, its `weight_scale`'s: the one conversion a
+/// package stores and the runtime runs on a source file.
+pub fn ternary_projection(
+    ir: &ModelIr,
+    l: &Linear,
+    weight: &[u8],
+    scale: Option<&[u8]>,
+) -> Result<Vec<u8>> {
+    let w = ir.weight(l.weight);
+    let fail = |reason: String| ImportError::Transcode {
+        tensor: w.name.clone(),
+        encoding: TERNARY_ENCODING,
+        reason,
+    };
+    let codec = |e: synapse_codecs::CodecError| fail(e.to_string());
+    let (rows, cols) = (l.out_features as usize, l.in_features as usize);
+    match (ir.projection_quant, l.scale.zip(scale)) {
+        (Some(ProjectionQuant::BitnetW158A8Packed), Some((s, sb))) => {
+            let s = ir.weight(s);
+            let scale = widen(s.encoding, sb).map_err(&fail)?;
+            let [scale] = scale[..] else {
+                return Err(fail(format!("`{}` has {} elements", s.name, scale.len())));
+            };
+            TernaryTensor::from_bitnet_packed(weight, scale, rows, cols).map_err(codec)
+        }
+        (Some(ProjectionQuant::BitnetI2S), None) => {
+            TernaryTensor::from_i2s(weight, rows, cols).map_err(codec)
+        }
+        (Some(ProjectionQuant::BitnetW158A8), None) => {
+            let v = widen(w.encoding, weight).map_err(&fail)?;
+            if v.len() != rows * cols {
+                return Err(fail(format!("{} elements for {rows}×{cols}", v.len())));
+            }
+            TernaryTensor::encode_bitnet_weight_quant(&v).map_err(codec)
+        }
+        (q, s) => Err(fail(format!(
+            "{q:?} with{} a weight scale",
+            if s.is_some() { "" } else { "out" }
+        ))),
+    }
+}
+
+/// A float tensor's values as f32 (exact for F32, F16 and BF16; F64 rounded).
 fn widen(encoding: GgmlType, b: &[u8]) -> std::result::Result<Vec<f32>, String> {
     let bad = || format!("{} bytes of {}", b.len(), encoding.name());
     match encoding {
@@ -106,9 +127,13 @@ fn widen(encoding: GgmlType, b: &[u8]) -> std::result::Result<Vec<f32>, String> 
             .chunks_exact(2)
             .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect()),
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => Err(bad()),
+        GgmlType::F64 if b.len().is_multiple_of(8) => Ok(b
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
+            .collect()),
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::F64 => Err(bad()),
         other => Err(format!(
-            "stored as {}: a BitNet master is F32, F16 or BF16",
+            "stored as {}: a BitNet master is F64, F32, F16 or BF16",
             other.name()
         )),
     }

@@ -8,15 +8,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use synapse_codecs::TernaryTensor;
 use synapse_formats::GgmlType;
 use synapse_formats::gguf::GgufFile;
 use synapse_formats::safetensors::SafetensorsModel;
 use synapse_import::PackageModel;
 use synapse_kernels::{QuantMatrix, RopeStyle};
 use synapse_model::{
-    Activation, ExpertLinear, FfnRegion, FreqFactors, Linear, ModelIr, ProjectionQuant, RmsNorm,
-    Routing, SourceDesc, SourceKind, WeightId,
+    Activation, ExpertLinear, FfnRegion, FreqFactors, Linear, ModelIr, RmsNorm, Routing,
+    SourceDesc, SourceKind, WeightId,
 };
 
 use crate::error::{Result, RuntimeError};
@@ -540,63 +539,44 @@ impl Model {
         };
         // A projection: as stored, or BitNet's W1.58A8 (weights ternarised here from the
         // master, inputs quantised per token at run time).
-        let w158a8 = ir.projection_quant == Some(ProjectionQuant::BitnetW158A8);
-        let i2s = ir.projection_quant == Some(ProjectionQuant::BitnetI2S);
+        // A projection: as stored, or BitNet's W1.58A8 (weights ternary, inputs quantised per
+        // token at run time): from a package already ternary, else made ternary here from the
+        // source's masters, packed bytes or I2_S by the importer's own conversion.
         let proj = |l: &Linear| -> Result<LinearW> {
+            if ir.projection_quant.is_none() {
+                return linear(l);
+            }
             let w = ir.weight(l.weight);
-            let (rows, cols) = (l.out_features as usize, l.in_features as usize);
-            let ternary = |bytes: &[u8]| -> Result<LinearW> {
-                let m = QuantMatrix::from_ternary_a8(bytes, rows, cols)?;
-                Ok(LinearW {
-                    act_a8: !m.quantizes_inputs(),
-                    m: Arc::new(m),
-                    bias: match l.bias {
-                        Some(b) => Some(vector(src, &ir, b)?),
-                        None => None,
-                    },
-                })
-            };
-            // Stored ternary by a package (any of the forms below, transcoded at import).
-            if (w158a8 || i2s || l.scale.is_some())
-                && let Some(bytes) = src.stored_ternary(&ir, l.weight)?
-            {
-                check_profile(&profile, &w.name, w.encoding)?;
-                return ternary(bytes);
-            }
-            // Weights stored already ternary (bitnet.cpp's I2_S, transformers' packed uint8
-            // with `weight_scale`): repacked into the codec's layout, run as W1.58A8.
-            if i2s || l.scale.is_some() {
-                check_profile(&profile, &w.name, w.encoding)?;
-                let stored = src.bytes(&ir, l.weight)?;
-                let bytes = match l.scale {
-                    Some(scale) => TernaryTensor::from_bitnet_packed(
-                        stored,
-                        vector(src, &ir, scale)?[0],
-                        rows,
-                        cols,
-                    ),
-                    None => TernaryTensor::from_i2s(stored, rows, cols),
+            check_profile(&profile, &w.name, w.encoding)?;
+            let made;
+            let bytes = match src.stored_ternary(&ir, l.weight)? {
+                Some(b) => b,
+                None => {
+                    let scale = l.scale.map(|s| src.bytes(&ir, s)).transpose()?;
+                    made = synapse_import::ternary::ternary_projection(
+                        &ir,
+                        l,
+                        src.bytes(&ir, l.weight)?,
+                        scale,
+                    )?;
+                    &made
                 }
-                .map_err(|e| RuntimeError::WeightData {
-                    name: w.name.clone(),
-                    reason: e.to_string(),
-                })?;
-                return ternary(&bytes);
-            }
-            let lw = linear(l)?;
-            if !w158a8 {
-                return Ok(lw);
-            }
-            // Masters ternarised here (a package stores them ternarised by this function).
-            let mut v = vec![0f32; rows * cols];
-            for (r, out) in v.chunks_exact_mut(cols).enumerate() {
-                lw.m.dequantize_row(r, out)?;
-            }
-            let bytes = TernaryTensor::encode_bitnet_weight_quant(&v)
-                .map_err(synapse_kernels::KernelError::from)?;
+            };
             // The integer path (inputs quantised inside the matrix) where the rows are whole
             // 256-blocks; otherwise the codec's with the inputs quantised by the executor.
-            ternary(&bytes)
+            let m = QuantMatrix::from_ternary_a8(
+                bytes,
+                l.out_features as usize,
+                l.in_features as usize,
+            )?;
+            Ok(LinearW {
+                act_a8: !m.quantizes_inputs(),
+                m: Arc::new(m),
+                bias: match l.bias {
+                    Some(b) => Some(vector(src, &ir, b)?),
+                    None => None,
+                },
+            })
         };
         let norm = |n: &RmsNorm| -> Result<NormW> {
             let mut w = vector(src, &ir, n.weight)?;
