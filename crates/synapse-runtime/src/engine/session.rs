@@ -172,11 +172,7 @@ impl Active {
     /// penalties over its history plus the drafts so far.
     fn draft_logits(&mut self, logits: &[f32], scratch: &mut [f32]) {
         scratch.copy_from_slice(logits);
-        for &(t, b) in &self.logit_bias {
-            if let Some(l) = scratch.get_mut(t as usize) {
-                *l += b;
-            }
-        }
+        self.add_bias(scratch);
         let base = self.history.len();
         self.history.extend_from_slice(&self.drafts);
         self.sampler.apply_penalties(scratch, &self.history);
@@ -232,11 +228,7 @@ impl Active {
         ctx: usize,
     ) -> After {
         scratch.copy_from_slice(logits);
-        for &(t, b) in &self.logit_bias {
-            if let Some(l) = scratch.get_mut(t as usize) {
-                *l += b;
-            }
-        }
+        self.add_bias(scratch);
         self.lp_pending = self
             .logprobs
             .map(|k| crate::sampling::log_softmax_top(scratch, k));
@@ -323,6 +315,15 @@ impl Active {
         }
     }
 
+    /// This session's logit bias added to `logits`.
+    fn add_bias(&self, logits: &mut [f32]) {
+        for &(t, b) in &self.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += b;
+            }
+        }
+    }
+
     /// Whether choosing a token changes the logits first (bias, constraint, penalties).
     pub fn modifies_logits(&self) -> bool {
         !self.logit_bias.is_empty() || self.constraint.is_some() || self.sampler.penalizes()
@@ -397,11 +398,7 @@ impl Active {
     }
 
     fn choose(&mut self, logits: &mut [f32]) -> Result<u32, String> {
-        for &(t, b) in &self.logit_bias {
-            if let Some(l) = logits.get_mut(t as usize) {
-                *l += b;
-            }
-        }
+        self.add_bias(logits);
         if let Some(c) = self.constraint.as_mut() {
             c.mask(logits)?;
         }
