@@ -343,6 +343,43 @@ impl QuantMatrix {
             .then(|| &self.data.as_bytes()[r * self.row_bytes..(r + 1) * self.row_bytes])
     }
 
+    /// A matrix of the rows `which` of this one, in that order (copied; an index may repeat),
+    /// in the same encoding: row `i` of the result gives, in any float order, the bits row
+    /// `which[i]` gives here (a row's dot product never depends on the rows beside it). For
+    /// encodings whose rows are stored separately (every ggml type, row-separable codecs,
+    /// W1.58A8); others are refused.
+    pub fn gather_rows(&self, which: &[u32]) -> Result<Self> {
+        if self.row_bytes == 0 {
+            return Err(KernelError::BadArgument {
+                op: "gather_rows",
+                msg: format!("{:?} does not store its rows separately", self.encoding()),
+            });
+        }
+        if which.is_empty() {
+            return Err(KernelError::BadArgument {
+                op: "gather_rows",
+                msg: "no rows".into(),
+            });
+        }
+        let mut out = Vec::with_capacity(which.len() * self.row_bytes);
+        for &r in which {
+            let row = self.row_bytes(r as usize).ok_or(KernelError::Shape {
+                op: "gather_rows",
+                what: "row index",
+                expected: self.rows,
+                got: r as usize,
+            })?;
+            out.extend_from_slice(row);
+        }
+        Ok(Self {
+            store: self.store.clone(),
+            rows: which.len(),
+            cols: self.cols,
+            row_bytes: self.row_bytes,
+            data: Data::Owned(AlignedBuf::from_bytes(&out)),
+        })
+    }
+
     /// Decodes row `r` to f32 (an embedding lookup). `out.len()` must be `cols`.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<()> {
         check_len("dequantize_row", "out", self.cols, out.len())?;

@@ -409,6 +409,56 @@ fn matmul_as_keeps_the_requested_order_for_any_row_count() {
     }
 }
 
+/// `gather_rows` (a vocabulary shortlist of an LM head): each gathered row gives the bits its
+/// source row gives, in every order class, on every path, whatever rows sit beside it (odd
+/// and even counts, repeats, reversed order); an empty or out-of-range selection is refused.
+#[test]
+fn gathered_rows_give_their_source_rows_bits() {
+    use GgmlType as T;
+    use synapse_kernels::OrderClass;
+    let tys = [T::F32, T::F16, T::Q8_0, T::Q4_1, T::Q5_0, T::Q4_K, T::Q6_K];
+    for path in KernelPath::supported() {
+        for (i, ty) in tys.into_iter().enumerate() {
+            let (rows, cols) = (37, 512);
+            let w = random_weights(ty, rows, cols, 40 + i as u64);
+            let m = QuantMatrix::from_ggml(ty, &w, rows, cols).unwrap();
+            for which in [
+                vec![5u32],
+                vec![36, 0, 7],
+                vec![3, 3, 9, 1, 20, 30, 2, 11, 8],
+            ] {
+                let g = m.gather_rows(&which).unwrap();
+                assert_eq!(g.rows(), which.len());
+                for class in [OrderClass::One, OrderClass::Few, OrderClass::Many] {
+                    for n in [1usize, 2, 5] {
+                        let x: Vec<f32> = (0..n)
+                            .flat_map(|t| generate_data(0.7 + t as f32, cols, 2.0))
+                            .collect();
+                        let mut ctx = KernelCtx::with_path_and_threads(path, 2).unwrap();
+                        let mut full = vec![f32::NAN; n * rows];
+                        m.matmul_as(&x, n, &mut full, class.rows(), &mut ctx)
+                            .unwrap();
+                        let mut got = vec![f32::NAN; n * which.len()];
+                        g.matmul_as(&x, n, &mut got, class.rows(), &mut ctx)
+                            .unwrap();
+                        let want: Vec<f32> = (0..n)
+                            .flat_map(|t| which.iter().map(move |&r| (t, r)))
+                            .map(|(t, r)| full[t * rows + r as usize])
+                            .collect();
+                        assert_same_bits(
+                            &got,
+                            &want,
+                            &format!("{path} {ty} {class:?} n={n} rows {which:?}"),
+                        );
+                    }
+                }
+            }
+            assert!(m.gather_rows(&[]).is_err());
+            assert!(m.gather_rows(&[rows as u32]).is_err());
+        }
+    }
+}
+
 /// The order classes change where the kernels' orders do (a mutation of either shows here).
 #[test]
 fn order_classes_separate_orders_that_differ() {

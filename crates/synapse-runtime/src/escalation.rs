@@ -44,7 +44,7 @@ type Dists = Vec<Vec<(u32, f64)>>;
 /// (The engine keeps one for all its sessions and each session's draft distributions.)
 pub(crate) struct Speculative {
     /// The draft's distribution at each draft position of the round.
-    qs: Dists,
+    pub(crate) qs: Dists,
     /// The source's distribution at the position being decided, and a draft distribution.
     pub(crate) p: Vec<(u32, f64)>,
     q: Vec<(u32, f64)>,
@@ -212,7 +212,7 @@ impl CostModel {
 
     /// Estimated seconds of a verify pass of `rows` rows: the measured value, else a line
     /// through the two nearest measured row counts (or proportional to one).
-    fn verify_time(&self, rows: usize) -> Option<f64> {
+    pub(crate) fn verify_time(&self, rows: usize) -> Option<f64> {
         if let Some(t) = self.verify[rows] {
             return Some(t);
         }
@@ -234,6 +234,11 @@ impl CostModel {
                 Some((my + b * (rows as f64 - mx)).max(1e-6))
             }
         }
+    }
+
+    /// The per-token acceptance rate the decayed counts estimate (½ before any round).
+    pub(crate) fn acceptance_estimate(&self) -> f64 {
+        (self.acc + 0.5) / (self.acc + self.rej + 1.0)
     }
 
     /// The next round's draft count (≤ `cap`).
@@ -258,7 +263,7 @@ impl CostModel {
             self.failed_probes = usize::MAX;
             return 0;
         }
-        let a = (self.acc + 0.5) / (self.acc + self.rej + 1.0);
+        let a = self.acceptance_estimate();
         let best = best_k(a, td, t1, cap, |rows| self.verify_time(rows));
         if best.0 == 0 {
             if std::mem::take(&mut self.probing) {

@@ -129,6 +129,8 @@ pub struct Executor {
     in_flight: std::collections::VecDeque<usize>,
     /// Set while [`Executor::forward_send`] runs a pass.
     defer: bool,
+    /// Set while [`Executor::forward_normed`] runs a pass: it ends before the LM head.
+    stop_at_norm: bool,
 }
 
 /// Checks that a downstream answered `nl` rows of `vocab` logits; their length.
@@ -212,6 +214,7 @@ impl Executor {
             row_logprobs: Vec::new(),
             in_flight: Default::default(),
             defer: false,
+            stop_at_norm: false,
         })
     }
 
@@ -823,19 +826,13 @@ impl Executor {
             nl,
             &s.sel[..nl * hd],
         );
+        if self.stop_at_norm {
+            return Ok(StageOut::Hidden(&self.s.sel[..nl * hd]));
+        }
         let vocab = m.vocab();
         let logits = ensure(&mut s.logits, nl * vocab);
         linear(&m.head, &s.sel[..nl * hd], &s.runs, logits, &mut self.ctx)?;
-        if let Some(c) = m.softcap {
-            for v in logits.iter_mut() {
-                *v = c * (*v / c).tanh();
-            }
-        }
-        if let Some(ls) = m.logit_scale {
-            for v in logits.iter_mut() {
-                *v *= ls;
-            }
-        }
+        finish_logits(&m, logits);
         tap(
             &mut self.tap,
             Stage::ResultOutput,
@@ -844,6 +841,84 @@ impl Executor {
             &s.logits[..nl * vocab],
         );
         Ok(StageOut::Logits(&self.s.logits[..nl * vocab]))
+    }
+
+    /// Runs one pass as [`Executor::forward`] does (every row's K/V appended), but stops
+    /// before the LM head: returns the final-normed hidden states of the rows with `logits =
+    /// true`, `hidden` values each, in row order — the LM head's inputs, for
+    /// [`Executor::head_logits`] or a vocabulary shortlist ([`Executor::shortlist_logits`]).
+    /// Only an executor that runs the model's last layer and has no downstream.
+    pub fn forward_normed(&mut self, kv: &mut KvCache, rows: &[Row]) -> Result<&[f32]> {
+        if self.span.end < self.model.layers.len() || self.downstream.is_some() {
+            return Err(RuntimeError::InvalidParam {
+                name: "forward_normed",
+                reason: "only the executor of the model's last layers computes the head inputs"
+                    .into(),
+            });
+        }
+        self.stop_at_norm = true;
+        let r = self.forward_stage(kv, rows, None).map(|o| match o {
+            StageOut::Hidden(h) => h.len(),
+            // No row wanted logits.
+            StageOut::Logits(_) => 0,
+        });
+        self.stop_at_norm = false;
+        Ok(&self.s.sel[..r?])
+    }
+
+    /// The full LM head over `normed` (rows of [`Executor::forward_normed`]'s output), every
+    /// row in the one-row float order: row `i`'s logits are, bit for bit, those a decode step
+    /// ([`Row::decode`]) of that position returns from [`Executor::forward`].
+    pub fn head_logits(&mut self, normed: &[f32]) -> Result<&[f32]> {
+        let m = self.model.clone();
+        let hd = m.hidden();
+        if normed.is_empty() || !normed.len().is_multiple_of(hd) {
+            return Err(RuntimeError::InvalidParam {
+                name: "head_logits",
+                reason: format!("{} values are not whole rows of {hd}", normed.len()),
+            });
+        }
+        let n = normed.len() / hd;
+        let vocab = m.vocab();
+        let logits = ensure(&mut self.s.logits, n * vocab);
+        linear(
+            &m.head,
+            normed,
+            &[(n, OrderClass::One)],
+            logits,
+            &mut self.ctx,
+        )?;
+        finish_logits(&m, logits);
+        Ok(&self.s.logits[..n * vocab])
+    }
+
+    /// The logits of the vocabulary entries of `head` (rows of this model's LM head, as
+    /// [`QuantMatrix::gather_rows`] and its bias gathered make them) for one normed row, in
+    /// the one-row order: `out[i]` is bit for bit [`Executor::head_logits`]'s value for the
+    /// `i`-th gathered token.
+    pub fn shortlist_logits(
+        &mut self,
+        head: &LinearW,
+        normed: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let m = self.model.clone();
+        if normed.len() != m.hidden() || out.len() != head.m.rows() || head.m.cols() != m.hidden() {
+            return Err(RuntimeError::InvalidParam {
+                name: "shortlist_logits",
+                reason: format!(
+                    "a {}×{} shortlist over {} inputs into {} outputs (hidden {})",
+                    head.m.rows(),
+                    head.m.cols(),
+                    normed.len(),
+                    out.len(),
+                    m.hidden()
+                ),
+            });
+        }
+        linear(head, normed, &[(1, OrderClass::One)], out, &mut self.ctx)?;
+        finish_logits(&m, out);
+        Ok(())
     }
 
     fn validate(&mut self, kv: &KvCache, rows: &[Row]) -> Result<()> {
@@ -981,6 +1056,20 @@ fn act_quant_absmax8(x: &[f32], out: &mut [f32]) {
     let a = 127.0 / amax.max(1e-5);
     for (o, &v) in out.iter_mut().zip(x) {
         *o = (v * a).round_ties_even().clamp(-128.0, 127.0) / a;
+    }
+}
+
+/// The head's elementwise tail: soft-capping, then the logit scale.
+fn finish_logits(m: &Model, logits: &mut [f32]) {
+    if let Some(c) = m.softcap {
+        for v in logits.iter_mut() {
+            *v = c * (*v / c).tanh();
+        }
+    }
+    if let Some(ls) = m.logit_scale {
+        for v in logits.iter_mut() {
+            *v *= ls;
+        }
     }
 }
 

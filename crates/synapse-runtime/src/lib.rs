@@ -35,6 +35,7 @@ pub mod error;
 pub mod escalation;
 pub mod executor;
 pub mod generate;
+pub mod head_draft;
 pub mod importance;
 pub mod kv;
 pub mod load;

@@ -1,0 +1,426 @@
+//! Head-only drafting: exact escalation whose draft differs from the source only in the LM
+//! head, so the draft's K/V *is* the verifier's and verification is one pass of the source
+//! head over the drafted positions' stored hidden states — no second body pass.
+//!
+//! The draft head is a vocabulary shortlist: the rows of the source head for a set of token
+//! ids ([`Shortlist`]), gathered in the source encoding, so a shortlisted token's draft logit
+//! is bit for bit its source logit ([`Executor::shortlist_logits`]). A round of `k` drafts
+//! runs `k` one-row body passes ([`Executor::forward_normed`]; each appends its position's
+//! K/V in the one-row order, as a plain decode step does), proposing after each the
+//! shortlist's choice, then the full head over the `k` hidden states in one call
+//! ([`Executor::head_logits`], every row in the one-row order, so row `i` holds the bits of
+//! the `i`-th plain decode step's logits). The source's choices are taken in order while they
+//! equal the drafts; the first that differs ends the round, and the positions after it are
+//! truncated away, so the slot holds exactly what plain decoding would. A greedy draft is
+//! accepted exactly when the source's argmax is on the shortlist; a token the source chose
+//! off the list joins it ([`Shortlist::add`]), so the list learns the text's vocabulary.
+//!
+//! Sampled generation (temperature > 0) is speculative sampling as in
+//! [`crate::escalation::generate_exact`]: the draft distribution is the sampler's over the
+//! shortlist's logits, every draw tied to its position and the seed, so the output is a
+//! function of the seed alone and each token is distributed exactly as the source's.
+//!
+//! Cost: a plain step is a body pass plus the full head over one row. A round of `k` drafts
+//! costs `k` body passes, `k` shortlist heads and one full head over `k` rows — which on a
+//! compute-bound head costs far less than `k` one-row heads (a 262144-row head: 4 rows ≈ 1.3×
+//! one row on AVX-512) — and commits `1 + a + … + a^(k−1)` tokens for a per-token
+//! acceptance `a`. `k` follows that model with this run's measured times and acceptance.
+//!
+//! Architecture invariant: the committed tokens never depend on `k`, the shortlist, or
+//! timing — only the speed does.
+
+use std::time::Instant;
+
+use crate::error::{Result, RuntimeError};
+use crate::escalation::{CostModel, DRAW_DRAFT, EscalationStats, MAX_DRAFT, Speculative, ewma};
+use crate::executor::{Executor, Row};
+use crate::generate::{Commit, GenerateParams, Generated, StopReason, Timings, prefill};
+use crate::kv::{KvCache, SlotId};
+use crate::load::{LinearW, Model};
+use crate::sampling::{Sampler, argmax, draw, position_uniform};
+
+/// Gathered tokens are merged into the main list once this many wait in the extra part.
+const EXTRA_MAX: usize = 256;
+
+/// A vocabulary shortlist of a model's LM head: the head's rows for a set of tokens, in the
+/// head's own encoding (so each token's logit is its full-head logit, bit for bit).
+pub struct Shortlist {
+    fingerprint: String,
+    profile: String,
+    vocab: usize,
+    member: Vec<bool>,
+    /// The main part: tokens and their rows.
+    tokens: Vec<u32>,
+    head: LinearW,
+    /// Tokens added since the main part was built, and their rows.
+    extra_tokens: Vec<u32>,
+    extra: Option<LinearW>,
+    /// Scratch: one logit per shortlisted token.
+    out: Vec<f32>,
+}
+
+impl std::fmt::Debug for Shortlist {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shortlist")
+            .field("len", &self.len())
+            .field("vocab", &self.vocab)
+            .finish()
+    }
+}
+
+fn gather(head: &LinearW, tokens: &[u32]) -> Result<LinearW> {
+    Ok(LinearW {
+        m: std::sync::Arc::new(head.m.gather_rows(tokens)?),
+        bias: head
+            .bias
+            .as_ref()
+            .map(|b| tokens.iter().map(|&t| b[t as usize]).collect()),
+        act_a8: head.act_a8,
+    })
+}
+
+impl Shortlist {
+    /// The shortlist of `tokens` (deduplicated; each must be a vocabulary id) for `model`'s
+    /// head. Errors: an empty list, an id outside the vocabulary, or a head whose encoding
+    /// does not store rows separately.
+    pub fn new(model: &Model, tokens: impl IntoIterator<Item = u32>) -> Result<Self> {
+        let vocab = model.vocab();
+        let mut member = vec![false; vocab];
+        let mut list = Vec::new();
+        for t in tokens {
+            let Some(m) = member.get_mut(t as usize) else {
+                return Err(RuntimeError::InvalidParam {
+                    name: "shortlist",
+                    reason: format!("token {t} is outside the vocabulary of {vocab}"),
+                });
+            };
+            if !*m {
+                *m = true;
+                list.push(t);
+            }
+        }
+        if list.is_empty() {
+            return Err(RuntimeError::InvalidParam {
+                name: "shortlist",
+                reason: "no tokens".into(),
+            });
+        }
+        list.sort_unstable();
+        let head = gather(&model.head, &list)?;
+        Ok(Shortlist {
+            fingerprint: model.ir.fingerprint.clone(),
+            profile: model.profile.hash(),
+            vocab,
+            member,
+            out: vec![0.0; list.len()],
+            tokens: list,
+            head,
+            extra_tokens: Vec::new(),
+            extra: None,
+        })
+    }
+
+    /// The `size` lowest token ids (BPE and SentencePiece vocabularies put their most common
+    /// pieces first) and the tokens of `also` (a prompt, so text it quotes can be drafted).
+    pub fn lowest_ids(model: &Model, size: usize, also: &[u32]) -> Result<Self> {
+        let n = size.min(model.vocab()) as u32;
+        Self::new(model, (0..n).chain(also.iter().copied()))
+    }
+
+    /// Tokens on the list.
+    pub fn len(&self) -> usize {
+        self.tokens.len() + self.extra_tokens.len()
+    }
+
+    /// Whether the list is empty (never, once built).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether `token` is on the list.
+    pub fn contains(&self, token: u32) -> bool {
+        self.member.get(token as usize).copied().unwrap_or(false)
+    }
+
+    /// Puts `token` on the list (nothing if it is there already or not a vocabulary id).
+    pub fn add(&mut self, model: &Model, token: u32) -> Result<()> {
+        if (token as usize) >= self.vocab || self.contains(token) {
+            return Ok(());
+        }
+        self.member[token as usize] = true;
+        self.extra_tokens.push(token);
+        if self.extra_tokens.len() >= EXTRA_MAX {
+            self.tokens.append(&mut self.extra_tokens);
+            self.tokens.sort_unstable();
+            self.head = gather(&model.head, &self.tokens)?;
+            self.extra = None;
+        } else {
+            self.extra = Some(gather(&model.head, &self.extra_tokens)?);
+        }
+        self.out.resize(self.len(), 0.0);
+        Ok(())
+    }
+
+    fn check(&self, model: &Model) -> Result<()> {
+        if model.ir.fingerprint != self.fingerprint || model.profile.hash() != self.profile {
+            return Err(RuntimeError::InvalidParam {
+                name: "shortlist",
+                reason: "the shortlist was gathered from another model or precision profile".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes the shortlisted tokens' logits for one final-normed row
+    /// ([`Executor::forward_normed`]) into `full` (vocabulary sized; the other entries are
+    /// left as they are): each the full head's value, bit for bit.
+    pub fn scatter_logits(
+        &mut self,
+        exec: &mut Executor,
+        normed: &[f32],
+        full: &mut [f32],
+    ) -> Result<()> {
+        self.check(exec.model())?;
+        if full.len() != self.vocab {
+            return Err(RuntimeError::InvalidParam {
+                name: "shortlist",
+                reason: format!("{} logits for a vocabulary of {}", full.len(), self.vocab),
+            });
+        }
+        let n = self.tokens.len();
+        exec.shortlist_logits(&self.head, normed, &mut self.out[..n])?;
+        if let Some(x) = &self.extra {
+            exec.shortlist_logits(x, normed, &mut self.out[n..])?;
+        }
+        for (&t, &v) in self.tokens.iter().chain(&self.extra_tokens).zip(&self.out) {
+            full[t as usize] = v;
+        }
+        Ok(())
+    }
+}
+
+/// What a head-drafted generation did: [`EscalationStats`] (`draft_s` the body passes and
+/// shortlist heads, `verify_s` the full-head calls) and the shortlist's growth.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HeadDraftStats {
+    /// Rounds, drafts, acceptance and times.
+    pub escalation: EscalationStats,
+    /// Tokens the source chose off the shortlist (each then joined it).
+    pub misses: usize,
+    /// The shortlist's length at the end.
+    pub shortlist: usize,
+}
+
+/// Generation of `prompt` with `exec` (slot `slot`), drafted by `shortlist` and verified by
+/// the full head: the same tokens, stop and K/V as [`crate::generate`] (greedy), or
+/// speculative sampling's seed-tied output (sampled; see the module docs). `dp.max_k` bounds
+/// the drafts of a round; `dp.adaptive` picks `k` from the measured costs and acceptance
+/// (else always `max_k`).
+///
+/// Errors (before anything runs): an empty prompt, a zero prefill chunk, `max_k` outside
+/// `1..=`[`MAX_DRAFT`], a shortlist of another model or profile.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_head_draft(
+    exec: &mut Executor,
+    kv: &mut KvCache,
+    slot: SlotId,
+    prompt: &[u32],
+    params: &GenerateParams,
+    dp: &crate::escalation::DraftParams,
+    shortlist: &mut Shortlist,
+    piece: &mut dyn FnMut(u32) -> String,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<(Generated, HeadDraftStats)> {
+    let bad = |name: &'static str, reason: String| RuntimeError::InvalidParam { name, reason };
+    if prompt.is_empty() {
+        return Err(bad("prompt", "empty prompt".into()));
+    }
+    if params.prefill_chunk == 0 {
+        return Err(bad("prefill_chunk", "must be positive".into()));
+    }
+    if !(1..=MAX_DRAFT).contains(&dp.max_k) {
+        return Err(bad(
+            "draft k",
+            format!("{} is outside 1..={MAX_DRAFT}", dp.max_k),
+        ));
+    }
+    let model = exec.model().clone();
+    shortlist.check(&model)?;
+    let mut sampler = Sampler::new(params.sampling.clone())?;
+    let mut dsampler = Sampler::new(params.sampling.clone())?;
+    let eog = model.ir.special.eos.clone();
+    let vocab = model.vocab();
+    let hd = model.hidden();
+    let chunk = params.prefill_chunk.min(kv.max_chunk());
+    let mut timings = Timings::default();
+    let mut stats = HeadDraftStats::default();
+    let mut logits = vec![0.0f32; vocab];
+
+    let t0 = Instant::now();
+    let reused = prefill(exec, kv, slot, prompt, chunk, Some(&mut logits))?;
+    timings.prefill_tokens = prompt.len() - reused;
+    timings.prefill_s = t0.elapsed().as_secs_f64();
+
+    let t1 = Instant::now();
+    let mut c = Commit::new(params, eog, prompt);
+    let finish = |c: &mut Commit<'_>,
+                  stop: StopReason,
+                  mut timings: Timings,
+                  on_text: &mut dyn FnMut(&str)| {
+        c.finish(stop, on_text);
+        timings.decode_s = t1.elapsed().as_secs_f64();
+        Generated {
+            tokens: std::mem::take(&mut c.out),
+            reused_prefix: reused,
+            stop,
+            timings,
+        }
+    };
+    let mut model_cost = CostModel::new(dp.max_k, false);
+    // The shortlist's logits scattered over the vocabulary (−∞ off the list).
+    let mut dfull = vec![f32::NEG_INFINITY; vocab];
+    let mut hidden = vec![0.0f32; MAX_DRAFT * hd];
+    let mut drafts: Vec<u32> = Vec::with_capacity(MAX_DRAFT);
+    let seed = params.sampling.seed;
+    let mut spec = (params.sampling.temperature > 0.0).then(|| Speculative::new(vocab));
+    let mut pos = prompt.len();
+    if c.out.len() >= params.max_tokens {
+        return Ok((
+            finish(&mut c, StopReason::MaxTokens, timings, on_text),
+            stats,
+        ));
+    }
+    let first = sampler.sample(&mut logits, &c.history);
+    if let Some(r) = c.take(first, piece, on_text) {
+        return Ok((finish(&mut c, r, timings, on_text), stats));
+    }
+    let mut pending = first;
+    let stop = loop {
+        if pos >= kv.capacity() {
+            break StopReason::ContextFull;
+        }
+        // Tokens this round may commit: the budget left and the context's room.
+        let room = (params.max_tokens - c.out.len()).min(kv.capacity() - pos);
+        let k = if dp.adaptive {
+            choose_k(&model_cost, dp.max_k.min(room))
+        } else {
+            dp.max_k.min(room)
+        };
+
+        // Draft: k body passes (committed K/V, one-row order), a shortlist choice after each.
+        let td = Instant::now();
+        drafts.clear();
+        let base = c.history.len();
+        let mut tok = pending;
+        for i in 0..k {
+            let h = exec.forward_normed(kv, &[Row::decode(slot, (pos + i) as u32, tok)])?;
+            hidden[i * hd..(i + 1) * hd].copy_from_slice(&h[..hd]);
+            shortlist.scatter_logits(exec, &hidden[i * hd..(i + 1) * hd], &mut dfull)?;
+            dsampler.apply_penalties(&mut dfull, &c.history);
+            let d = match spec.as_mut() {
+                None => argmax(&dfull),
+                Some(sp) => {
+                    if sp.qs.len() <= i {
+                        sp.qs.push(Vec::new());
+                    }
+                    dsampler.distribution(&dfull, &mut sp.qs[i]);
+                    let at = (pos + 1 + i) as u64;
+                    draw(&sp.qs[i], position_uniform(seed, at, DRAW_DRAFT))
+                }
+            };
+            drafts.push(d);
+            c.history.push(d);
+            tok = d;
+        }
+        c.history.truncate(base);
+        let dt = td.elapsed().as_secs_f64();
+        stats.escalation.draft_s += dt;
+        ewma(&mut model_cost.draft, dt / k as f64);
+
+        // Verify: the full head over the k hidden states, each row in the one-row order.
+        let tv = Instant::now();
+        let mut ended = None;
+        let mut used = 0;
+        let mut accepted = 0;
+        {
+            let out = exec.head_logits(&hidden[..k * hd])?;
+            let dt = tv.elapsed().as_secs_f64();
+            stats.escalation.verify_s += dt;
+            ewma(&mut model_cost.verify[k], dt);
+            for i in 0..k {
+                used = i + 1;
+                let l = &mut logits[..];
+                l.copy_from_slice(&out[i * vocab..(i + 1) * vocab]);
+                sampler.apply_penalties(l, &c.history);
+                let t = match spec.as_mut() {
+                    None => sampler.choose(l),
+                    Some(sp) => {
+                        sampler.distribution(l, &mut sp.p);
+                        let q = std::mem::take(&mut sp.qs[i]);
+                        let t = sp.choose(&q, drafts[i], seed, (pos + 1 + i) as u64);
+                        sp.qs[i] = q;
+                        t
+                    }
+                };
+                timings.decode_tokens += 1;
+                let hit = drafts[i] == t;
+                if hit {
+                    accepted += 1;
+                } else if !shortlist.contains(t) {
+                    stats.misses += 1;
+                }
+                if let Some(r) = c.take(t, piece, on_text) {
+                    ended = Some(r);
+                    break;
+                }
+                pending = t;
+                if !hit {
+                    break;
+                }
+            }
+        }
+        if !shortlist.contains(pending) {
+            shortlist.add(&model, pending)?;
+        }
+        stats.escalation.rounds += 1;
+        stats.escalation.drafted += k;
+        stats.escalation.accepted += accepted;
+        model_cost.observe_round(k, accepted);
+        // Positions pos..pos+used hold the pending token and the accepted drafts — what
+        // plain decoding feeds; the rest go.
+        kv.truncate(slot, pos + used)?;
+        pos += used;
+        if let Some(r) = ended {
+            break r;
+        }
+    };
+    stats.shortlist = shortlist.len();
+    Ok((finish(&mut c, stop, timings, on_text), stats))
+}
+
+/// The draft count with the most expected committed tokens per second: a round of `k`
+/// commits `1 + a + … + a^(k−1)` tokens and costs `k` draft steps plus the full head over `k`
+/// rows. Before a draft step is measured, a middle `k` measures one.
+fn choose_k(m: &CostModel, cap: usize) -> usize {
+    let cap = cap.max(1);
+    let Some(td) = m.draft else {
+        return cap.min(4);
+    };
+    let a = m.acceptance_estimate();
+    let mut best = (1usize, 0.0f64);
+    for k in 1..=cap {
+        let Some(th) = m.verify_time(k) else {
+            continue;
+        };
+        let e = if a < 1.0 {
+            (1.0 - a.powi(k as i32)) / (1.0 - a)
+        } else {
+            k as f64
+        };
+        let rate = e / (k as f64 * td + th);
+        if rate > best.1 {
+            best = (k, rate);
+        }
+    }
+    best.0
+}
