@@ -96,9 +96,7 @@ fn split_head_and_shortlist_give_the_forward_pass_bits() {
         kv.open(0).unwrap();
         let mut want = Vec::new();
         for (p, &t) in seq.iter().enumerate() {
-            want.extend_from_slice(
-                ex.forward(&mut kv, &[Row::decode(0, p as u32, t)]).unwrap(),
-            );
+            want.extend_from_slice(ex.forward(&mut kv, &[Row::decode(0, p as u32, t)]).unwrap());
         }
         let mut kv = KvCache::new(&model, KvDtype::F32, 1, 64, 16).unwrap();
         kv.open(0).unwrap();
@@ -487,9 +485,8 @@ fn head_draft_sampling_preserves_the_source_distribution() {
         let mut ex = Executor::new(model.clone(), 1).unwrap();
         let mut out = Vec::new();
         let mut rows: Vec<Row> = common::prompt_rows(prompt);
-        let mut pos = prompt.len() as u32;
         let mut history = prompt.to_vec();
-        for _ in 0..3 {
+        for pos in prompt.len() as u32..prompt.len() as u32 + 3 {
             let l = ex.forward(&mut kv, &rows).unwrap();
             let mut last = l[l.len() - model.vocab()..].to_vec();
             for v in &mut last[size..] {
@@ -499,7 +496,6 @@ fn head_draft_sampling_preserves_the_source_distribution() {
             out.push(t);
             history.push(t);
             rows = vec![Row::decode(0, pos, t)];
-            pos += 1;
         }
         out
     });
