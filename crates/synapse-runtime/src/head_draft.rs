@@ -121,10 +121,13 @@ impl Shortlist {
     }
 
     /// The `size` lowest token ids (BPE and SentencePiece vocabularies put their most common
-    /// pieces first) and the tokens of `also` (a prompt, so text it quotes can be drafted).
+    /// pieces first), the model's end-of-generation tokens, and the tokens of `also` (a
+    /// prompt, so text it quotes can be drafted; the vocabulary's short pieces, which some
+    /// vocabularies put last).
     pub fn lowest_ids(model: &Model, size: usize, also: &[u32]) -> Result<Self> {
         let n = size.min(model.vocab()) as u32;
-        Self::new(model, (0..n).chain(also.iter().copied()))
+        let eog = model.ir.special.eos.clone();
+        Self::new(model, (0..n).chain(eog).chain(also.iter().copied()))
     }
 
     /// Tokens on the list.

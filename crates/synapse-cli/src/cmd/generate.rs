@@ -9,6 +9,7 @@ use synapse_server::metrics::proc_status_bytes;
 use anyhow::{Context, bail};
 use clap::Args as ClapArgs;
 use synapse_runtime::escalation::{DraftParams, generate_exact};
+use synapse_runtime::head_draft::{Shortlist, generate_head_draft};
 use synapse_runtime::selective::{SelectiveParams, generate_selective};
 use synapse_runtime::{Executor, GenerateParams, KvCache, KvDtype, SamplingParams, generate};
 use synapse_tokenizer::{ChatTemplate, Message};
@@ -162,22 +163,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.escalation == Escalation::Off && args.draft.given() {
         bail!("--draft-profile and --draft-budget need --escalation exact or selective");
     }
+    let head = args.draft.head_shortlist()?;
+    if head.is_some() && args.escalation != Escalation::Exact {
+        bail!("a head-only draft (--draft-profile head:N) is for --escalation exact");
+    }
     // Exact escalation without a draft flag chooses its draft by measurement (below, on the
     // prompt); selective escalation takes the default draft.
-    let auto = args.escalation == Escalation::Exact && (!args.draft.given() || args.draft.auto());
+    let auto = args.escalation == Escalation::Exact
+        && head.is_none()
+        && (!args.draft.given() || args.draft.auto());
     if args.escalation == Escalation::Selective && args.draft.auto() {
         bail!(
             "--draft-profile auto is for --escalation exact (selective escalation's output depends on its draft)"
         );
     }
     let mut draft = match args.escalation {
-        Escalation::Exact | Escalation::Selective if !auto => Some(args.draft.apply(
-            &model,
-            &args.precision,
-            args.model.as_deref(),
-            args.store.as_deref(),
-            super::load::DEFAULT_DRAFT_PROFILE,
-        )?),
+        Escalation::Exact | Escalation::Selective if !auto && head.is_none() => {
+            Some(args.draft.apply(
+                &model,
+                &args.precision,
+                args.model.as_deref(),
+                args.store.as_deref(),
+                super::load::DEFAULT_DRAFT_PROFILE,
+            )?)
+        }
         _ => None,
     };
     let load_s = t_load.elapsed().as_secs_f64();
@@ -275,7 +284,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let mut sel = None;
+    let mut head_stats = None;
     let (out, esc) = match &draft {
+        None if head.is_some() => {
+            let size = head.unwrap_or_default();
+            let extra = super::load::shortlist_extra(&tok, &ids);
+            let mut shortlist = Shortlist::lowest_ids(&model, size, &extra)?;
+            let dp = DraftParams {
+                max_k: args.draft.draft_k,
+                adaptive: !args.draft.fixed_k,
+            };
+            let (g, st) = generate_head_draft(
+                &mut exec,
+                &mut kv,
+                0,
+                &ids,
+                &params,
+                &dp,
+                &mut shortlist,
+                &mut piece,
+                &mut on_text,
+            )?;
+            head_stats = Some((size, st));
+            (g, Some(st.escalation))
+        }
         None => (
             generate(
                 &mut exec,
@@ -376,6 +408,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             },
         });
         let mut j = j;
+        if let Some((size, hs)) = &head_stats {
+            let st = &hs.escalation;
+            j["escalation"] = serde_json::json!({
+                "mode": "exact",
+                "draft_profile": format!("head:{size}"),
+                "shortlist_initial": size,
+                "shortlist": hs.shortlist,
+                "off_shortlist": hs.misses,
+                "max_k": args.draft.draft_k,
+                "adaptive": !args.draft.fixed_k,
+                "drafted": st.drafted,
+                "accepted": st.accepted,
+                "acceptance": st.acceptance(),
+                "rounds": st.rounds,
+                "plain_rounds": st.plain_rounds,
+                "draft_s": st.draft_s,
+                "verify_s": st.verify_s,
+            });
+        }
         if let (Some(st), Some(d)) = (&esc, &draft) {
             j["escalation"] = serde_json::json!({
                 "mode": "exact",
@@ -393,7 +444,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "verify_s": st.verify_s,
             });
         }
-        if args.escalation == Escalation::Exact && esc.is_none() {
+        if args.escalation == Escalation::Exact && esc.is_none() && head.is_none() {
             // `auto` found no draft that pays: plain decoding, which is the exact output.
             j["escalation"] = serde_json::json!({
                 "mode": "exact",

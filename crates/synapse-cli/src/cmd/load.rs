@@ -402,14 +402,17 @@ impl PrecisionArgs {
 /// The draft of exact escalation (`generate --escalation exact`, `serve`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct DraftArgs {
-    /// The draft's profile: `uniform:ENCODING`, or `auto` — each of
+    /// The draft's profile: `uniform:ENCODING`; `head:N` — a head-only draft: the model
+    /// itself with its LM head cut to a vocabulary shortlist (the `N` lowest token ids, the
+    /// prompt's tokens, and every token the model chooses off the list), so the body runs
+    /// once per position and only the head verifies; or `auto` — each of
     /// [`AUTO_DRAFT_CANDIDATES`] is measured on a probe (acceptance, draft step, verify
     /// passes) and the one expected fastest is taken, or none when none beats plain decoding
     /// (`generate --escalation exact` without a draft flag means `auto`).
     #[arg(
         long,
         conflicts_with = "draft_budget",
-        value_name = "auto|uniform:ENCODING"
+        value_name = "auto|uniform:ENCODING|head:N"
     )]
     pub draft_profile: Option<String>,
     /// The draft's weight budget, selected from the importance map as `--budget` is.
@@ -422,6 +425,23 @@ pub struct DraftArgs {
     /// Always draft `--draft-k` tokens (no cost model).
     #[arg(long)]
     pub fixed_k: bool,
+}
+
+/// The tokens a head-only draft's shortlist starts with besides its lowest ids: the prompt's,
+/// and every piece of at most two ASCII bytes (digits, punctuation, single letters — which
+/// some vocabularies, Gemma's among them, put at the end).
+pub fn shortlist_extra(tok: &synapse_tokenizer::Tokenizer, prompt: &[u32]) -> Vec<u32> {
+    let mut out = prompt.to_vec();
+    for id in 0..tok.vocab_size() as u32 {
+        if let Ok(p) = tok.token_to_piece(id, false)
+            && !p.is_empty()
+            && p.len() <= 2
+            && p.is_ascii()
+        {
+            out.push(id);
+        }
+    }
+    out
 }
 
 /// The draft's default profile (`--escalation selective`).
@@ -456,6 +476,24 @@ impl DraftArgs {
     /// Whether a draft profile or budget was given.
     pub fn given(&self) -> bool {
         self.draft_profile.is_some() || self.draft_budget.is_some()
+    }
+
+    /// The shortlist size of a head-only draft (`--draft-profile head:N`), if that is the
+    /// draft; a malformed size is an error.
+    pub fn head_shortlist(&self) -> anyhow::Result<Option<usize>> {
+        let Some(n) = self
+            .draft_profile
+            .as_deref()
+            .and_then(|p| p.strip_prefix("head:"))
+        else {
+            return Ok(None);
+        };
+        match n.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => anyhow::bail!(
+                "--draft-profile head:N takes a positive shortlist size (such as head:32768), not {n:?}"
+            ),
+        }
     }
 
     /// Whether the draft is to be chosen by measurement (`--draft-profile auto`).
