@@ -204,3 +204,78 @@ fn exact_escalation_prints_plain_greedy_output_and_its_drafting() {
     }
     assert!(run(&["--escalation", "selective", "--margin", "-1"]).contains("must be ≥ 0"));
 }
+
+/// `--draft-profile head:N`: the model's own body with a shortlist head drafts; the output is
+/// plain greedy decoding's, `--json` reports the shortlist (it grows by the tokens chosen off
+/// it), and malformed sizes or other modes are refused.
+#[test]
+fn a_head_only_draft_prints_plain_greedy_output() {
+    let llama = root().join("fixtures/tiny/llama/model.q8_0.gguf");
+    if !synapse_testdata::require(&llama, "tiny-model fixture") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let m = llama.to_str().unwrap();
+    let base = [
+        "generate",
+        "once upon a time",
+        "-m",
+        m,
+        "-n",
+        "40",
+        "--ignore-eos",
+        "--json",
+    ];
+    let plain = json(&cli(dir.path(), &base));
+    for extra in [
+        &["--escalation", "exact", "--draft-profile", "head:16"][..],
+        &[
+            "--escalation",
+            "exact",
+            "--draft-profile",
+            "head:100000",
+            "--draft-k",
+            "4",
+            "--fixed-k",
+        ],
+    ] {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        let j = json(&cli(dir.path(), &args));
+        assert_eq!(j["tokens"], plain["tokens"], "{extra:?}");
+        assert_eq!(j["text"], plain["text"]);
+        let e = &j["escalation"];
+        assert_eq!(e["mode"], "exact");
+        assert_eq!(e["draft_profile"], extra[3]);
+        let (drafted, accepted) = (
+            e["drafted"].as_u64().unwrap(),
+            e["accepted"].as_u64().unwrap(),
+        );
+        assert!(drafted > 0 && accepted <= drafted, "{e}");
+        let (start, end) = (
+            e["shortlist_initial"].as_u64().unwrap(),
+            e["shortlist"].as_u64().unwrap(),
+        );
+        if start == 16 {
+            // 16 lowest ids plus the short pieces: the model chose tokens off the list, and
+            // each joined it.
+            let off = e["off_shortlist"].as_u64().unwrap();
+            assert!(off > 0, "{e}");
+            assert!(end >= 16 + off, "{e}");
+        } else {
+            // The whole vocabulary: every draft is the model's own choice, and every token
+            // after the first (the prompt's) was a draft.
+            assert_eq!(e["off_shortlist"], 0, "{e}");
+            assert_eq!((drafted, accepted), (39, 39), "{e}");
+        }
+    }
+    let run = |extra: &[&str]| {
+        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+        err(&cli(dir.path(), &args))
+    };
+    assert!(run(&["--escalation", "exact", "--draft-profile", "head:0"]).contains("positive"));
+    assert!(run(&["--escalation", "exact", "--draft-profile", "head:x"]).contains("positive"));
+    assert!(
+        run(&["--escalation", "selective", "--draft-profile", "head:64"])
+            .contains("--escalation exact")
+    );
+}
