@@ -32,7 +32,7 @@
 use std::time::Instant;
 
 use crate::error::{Result, RuntimeError};
-use crate::escalation::{CostModel, DRAW_DRAFT, EscalationStats, MAX_DRAFT, Speculative, ewma};
+use crate::escalation::{CostModel, DRAW_DRAFT, EscalationStats, MAX_DRAFT, Speculative};
 use crate::executor::{Executor, Row};
 use crate::generate::{Commit, GenerateParams, Generated, StopReason, Timings, prefill};
 use crate::kv::{KvCache, SlotId};
@@ -287,6 +287,7 @@ pub fn generate_head_draft(
     let seed = params.sampling.seed;
     let mut spec = (params.sampling.temperature > 0.0).then(|| Speculative::new(vocab));
     let mut pos = prompt.len();
+    let mut round_no = 0usize;
     if c.out.len() >= params.max_tokens {
         return Ok((
             finish(&mut c, StopReason::MaxTokens, timings, on_text),
@@ -305,11 +306,18 @@ pub fn generate_head_draft(
         // Tokens this round may commit: the budget left and the context's room.
         let room = (params.max_tokens - c.out.len()).min(kv.capacity() - pos);
         let k = if dp.adaptive {
-            choose_k(&model_cost, dp.max_k.min(room))
+            round_no += 1;
+            let best = choose_k(&model_cost, dp.max_k.min(room));
+            // Now and then one more draft than the model's best, so the head's time at the
+            // next row count is measured (and an unlucky sample there does not stick).
+            if round_no.is_multiple_of(EXPLORE) && best < dp.max_k.min(room) {
+                best + 1
+            } else {
+                best
+            }
         } else {
             dp.max_k.min(room)
         };
-
         // Draft: k body passes (committed K/V, one-row order), a shortlist choice after each.
         let td = Instant::now();
         drafts.clear();
@@ -338,7 +346,7 @@ pub fn generate_head_draft(
         c.history.truncate(base);
         let dt = td.elapsed().as_secs_f64();
         stats.escalation.draft_s += dt;
-        ewma(&mut model_cost.draft, dt / k as f64);
+        settle(&mut model_cost.draft, dt / k as f64);
 
         // Verify: the full head over the k hidden states, each row in the one-row order.
         let tv = Instant::now();
@@ -349,7 +357,7 @@ pub fn generate_head_draft(
             let out = exec.head_logits(&hidden[..k * hd])?;
             let dt = tv.elapsed().as_secs_f64();
             stats.escalation.verify_s += dt;
-            ewma(&mut model_cost.verify[k], dt);
+            settle(&mut model_cost.verify[k], dt);
             for i in 0..k {
                 used = i + 1;
                 let l = &mut logits[..];
@@ -399,6 +407,19 @@ pub fn generate_head_draft(
     };
     stats.shortlist = shortlist.len();
     Ok((finish(&mut c, stop, timings, on_text), stats))
+}
+
+/// Every this many adaptive rounds, one round drafts one more than the cost model's best.
+const EXPLORE: usize = 6;
+
+/// A time estimate that follows a faster sample at once and a slower one slowly: on a shared
+/// machine a slow sample is mostly another process's doing, not the work's cost.
+fn settle(v: &mut Option<f64>, x: f64) {
+    *v = Some(match *v {
+        Some(o) if x < o => x,
+        Some(o) => o + 0.1 * (x - o),
+        None => x,
+    });
 }
 
 /// The draft count with the most expected committed tokens per second: a round of `k`
