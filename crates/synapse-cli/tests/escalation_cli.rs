@@ -89,7 +89,7 @@ fn exact_escalation_prints_plain_greedy_output_and_its_drafting() {
             // No draft flag: the draft is chosen by measurement, or none when none pays.
             let a = &e["auto"];
             let cands = a["candidates"].as_array().unwrap();
-            assert_eq!(cands.len(), 4, "{a}");
+            assert_eq!(cands.len(), 5, "{a}");
             for c in cands {
                 let acc = c["acceptance"].as_f64().unwrap();
                 assert!((0.0..=1.0).contains(&acc), "{c}");
@@ -173,7 +173,7 @@ fn exact_escalation_prints_plain_greedy_output_and_its_drafting() {
             .as_array()
             .unwrap()
             .len(),
-        4
+        5
     );
 
     // Selective escalation: an infinite margin is the model's own output, 0 the draft's.

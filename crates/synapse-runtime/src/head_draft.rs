@@ -31,6 +31,7 @@
 
 use std::time::Instant;
 
+use crate::draft_choice::median;
 use crate::error::{Result, RuntimeError};
 use crate::escalation::{CostModel, DRAW_DRAFT, EscalationStats, MAX_DRAFT, Speculative};
 use crate::executor::{Executor, Row};
@@ -422,18 +423,29 @@ fn settle(v: &mut Option<f64>, x: f64) {
     });
 }
 
-/// The draft count with the most expected committed tokens per second: a round of `k`
-/// commits `1 + a + … + a^(k−1)` tokens and costs `k` draft steps plus the full head over `k`
-/// rows. Before a draft step is measured, a middle `k` measures one.
+/// The draft count with the most expected committed tokens per second from the cost
+/// model's measurements. Before a draft step is measured, a middle `k` measures one.
 fn choose_k(m: &CostModel, cap: usize) -> usize {
     let cap = cap.max(1);
     let Some(td) = m.draft else {
         return cap.min(4);
     };
-    let a = m.acceptance_estimate();
+    best_head_k(m.acceptance_estimate(), td, cap, |k| m.verify_time(k)).0
+}
+
+/// The draft count `k ≤ cap` with the most expected committed tokens per second, and that
+/// rate: a round of `k` commits `1 + a + … + a^(k−1)` tokens for a per-token acceptance `a`
+/// and costs `k` draft steps of `td` seconds (a body pass and the shortlist) plus the full
+/// head over `k` rows (`head(k)` seconds; `None`: not known, that `k` is skipped).
+pub fn best_head_k(
+    a: f64,
+    td: f64,
+    cap: usize,
+    head: impl Fn(usize) -> Option<f64>,
+) -> (usize, f64) {
     let mut best = (1usize, 0.0f64);
-    for k in 1..=cap {
-        let Some(th) = m.verify_time(k) else {
+    for k in 1..=cap.max(1) {
+        let Some(th) = head(k) else {
             continue;
         };
         let e = if a < 1.0 {
@@ -446,5 +458,82 @@ fn choose_k(m: &CostModel, cap: usize) -> usize {
             best = (k, rate);
         }
     }
-    best.0
+    best
+}
+
+/// Measures a head-only draft with `shortlist` against the source's probe
+/// ([`crate::draft_choice::probe_source`]) for `--draft-profile auto`: the acceptance is the
+/// share of the source's greedy continuation on the list (a greedy shortlist draft is the
+/// source's choice exactly then), a draft step is timed as one-row body passes and the
+/// shortlist in `slot` (left empty), the full head over `1..=max_k` stored rows as measured.
+/// `k = 0` (and plain decoding's rate) when no draft count beats plain decoding.
+pub fn try_head_draft(
+    exec: &mut Executor,
+    kv: &mut KvCache,
+    slot: SlotId,
+    probe: &crate::draft_choice::SourceProbe,
+    shortlist: &mut Shortlist,
+    p: &crate::draft_choice::ProbeParams,
+) -> Result<crate::draft_choice::DraftTrial> {
+    let model = exec.model().clone();
+    shortlist.check(&model)?;
+    let cont = &probe.continuation;
+    if cont.is_empty() || p.repeats == 0 {
+        return Err(RuntimeError::InvalidParam {
+            name: "draft probe",
+            reason: "no continuation to measure on".into(),
+        });
+    }
+    let on = cont.iter().filter(|&&t| shortlist.contains(t)).count();
+    let acceptance = on as f64 / cont.len() as f64;
+    let (vocab, hd) = (model.vocab(), model.hidden());
+    if !kv.is_open(slot) {
+        kv.open(slot)?;
+    }
+    kv.truncate(slot, 0)?;
+    kv.set_profile(slot, &model.profile.hash())?;
+    let max_k = probe.max_k.clamp(1, MAX_DRAFT);
+    let steps = (max_k * p.repeats)
+        .clamp(4, cont.len().max(4))
+        .min(kv.capacity());
+    let mut dfull = vec![f32::NEG_INFINITY; vocab];
+    let mut hidden = vec![0.0f32; max_k * hd];
+    let mut times = Vec::with_capacity(steps);
+    for pos in 0..steps {
+        let t = Instant::now();
+        let tok = cont[pos % cont.len()];
+        let h = exec.forward_normed(kv, &[Row::decode(slot, pos as u32, tok)])?;
+        let i = pos % max_k;
+        hidden[i * hd..(i + 1) * hd].copy_from_slice(&h[..hd]);
+        shortlist.scatter_logits(exec, &hidden[i * hd..(i + 1) * hd], &mut dfull)?;
+        std::hint::black_box(argmax(&dfull));
+        times.push(t.elapsed().as_secs_f64());
+    }
+    kv.truncate(slot, 0)?;
+    let skip = 1.min(times.len());
+    let step_s = median(&mut times[skip..]);
+    let mut head = vec![None; max_k + 1];
+    for (k, v) in head.iter_mut().enumerate().skip(1) {
+        times.clear();
+        for _ in 0..p.repeats {
+            let t = Instant::now();
+            exec.head_logits(&hidden[..k * hd])?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        *v = Some(median(&mut times));
+    }
+    let (mut k, mut tok_s) = best_head_k(acceptance, step_s, max_k, |k| {
+        head.get(k).copied().flatten()
+    });
+    // As for the other candidates, `k = 0` (plain decoding) when no round pays.
+    if tok_s * probe.step_s < 1.0 {
+        (k, tok_s) = (0, 1.0 / probe.step_s);
+    }
+    Ok(crate::draft_choice::DraftTrial {
+        acceptance,
+        step_s,
+        k,
+        tok_s,
+        speedup: tok_s * probe.step_s,
+    })
 }

@@ -88,6 +88,50 @@ fn the_probe_follows_the_source_and_ranks_drafts_by_agreement() {
         assert!(t.speedup >= 1.0 - 1e-12, "{t:?}");
     }
 
+    // A head-only draft: its acceptance is the continuation's share on the list (all of it
+    // for the whole vocabulary, none for a list without those tokens); the slot is left
+    // empty; the source still decodes the same tokens after it.
+    use synapse_runtime::head_draft::{Shortlist, best_head_k, try_head_draft};
+    let vocab = model.vocab() as u32;
+    let mut all = Shortlist::new(&model, 0..vocab).unwrap();
+    let t_all = try_head_draft(&mut exec, &mut kv, 1, &probe, &mut all, &pp).unwrap();
+    assert_eq!(t_all.acceptance, 1.0, "{t_all:?}");
+    assert!(kv.tokens(1).unwrap().is_empty());
+    let off: Vec<u32> = (0..vocab)
+        .filter(|t| !probe.continuation.contains(t))
+        .collect();
+    let mut none = Shortlist::new(&model, off).unwrap();
+    let t_none = try_head_draft(&mut exec, &mut kv, 1, &probe, &mut none, &pp).unwrap();
+    assert_eq!(t_none.acceptance, 0.0, "{t_none:?}");
+    let some: Vec<u32> = probe.continuation[..10].to_vec();
+    let mut part = Shortlist::new(&model, some.iter().copied()).unwrap();
+    let t_part = try_head_draft(&mut exec, &mut kv, 1, &probe, &mut part, &pp).unwrap();
+    let want = probe
+        .continuation
+        .iter()
+        .filter(|t| some.contains(t))
+        .count() as f64
+        / probe.continuation.len() as f64;
+    assert_eq!(t_part.acceptance, want);
+    for t in [t_all, t_none, t_part] {
+        assert!(t.step_s > 0.0 && t.tok_s > 0.0 && t.k <= 4, "{t:?}");
+        // Never below plain decoding's rate (k = 0 when no round pays).
+        assert!(t.speedup >= 1.0 - 1e-12, "{t:?}");
+    }
+    // With nothing accepted no round beats a plain step (each commits one token and costs
+    // a body pass, the shortlist and the head).
+    assert_eq!(t_none.k, 0, "{t_none:?}");
+    // The rule: a round of k commits 1 + a + … + a^(k−1) tokens for k steps and one head.
+    let head = |k: usize| Some(0.004 + 0.0005 * k as f64);
+    assert_eq!(best_head_k(0.0, 0.006, 8, head).0, 1);
+    let (k, rate) = best_head_k(1.0, 0.006, 8, head);
+    assert_eq!(k, 8);
+    assert!((rate - 8.0 / (8.0 * 0.006 + 0.008)).abs() < 1e-9);
+    assert_eq!(
+        best_head_k(0.9, 0.006, 3, |k| (k != 3).then_some(0.005)).0,
+        2
+    );
+
     // The pool went back to the source: it still decodes the same tokens.
     let again = probe_source(&mut exec, &mut kv, 0, prompt, &pp).unwrap();
     assert_eq!(again.continuation, probe.continuation);

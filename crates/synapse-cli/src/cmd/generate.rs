@@ -163,7 +163,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.escalation == Escalation::Off && args.draft.given() {
         bail!("--draft-profile and --draft-budget need --escalation exact or selective");
     }
-    let head = args.draft.head_shortlist()?;
+    let mut head = args.draft.head_shortlist()?;
     if head.is_some() && args.escalation != Escalation::Exact {
         bail!("a head-only draft (--draft-profile head:N) is for --escalation exact");
     }
@@ -229,8 +229,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &mut exec,
             kv_dtype,
             &ids,
+            Some(&super::load::shortlist_extra(&tok, &ids)),
         )?;
         draft = a.chosen.map(|c| c.1);
+        head = head.or(a.head);
         auto_report = Some(a.report);
     }
     drop(source);

@@ -464,10 +464,16 @@ When the clock struck noon she";
 /// Most probe prompt tokens (a longer prompt is probed on its last ones).
 pub const PROBE_MAX_PROMPT: usize = 256;
 
+/// The shortlist size of the head-only draft `--draft-profile auto` measures in `generate`.
+pub const AUTO_HEAD_SHORTLIST: usize = 8192;
+
 /// What `--draft-profile auto` measured and chose.
 pub struct AutoDraft {
-    /// The chosen draft and its profile spec, or `None` (plain decoding is fastest).
+    /// The chosen draft and its profile spec, or `None` (plain decoding is fastest, or the
+    /// head-only draft was chosen).
     pub chosen: Option<(String, Prepared)>,
+    /// The head-only draft's shortlist size, when that draft was chosen.
+    pub head: Option<usize>,
     /// The `--json` report: the source's costs, each candidate's measures, the choice.
     pub report: serde_json::Value,
 }
@@ -515,6 +521,7 @@ impl DraftArgs {
         exec: &mut synapse_runtime::Executor,
         kv_dtype: synapse_runtime::kv::KvDtype,
         probe: &[u32],
+        head_extra: Option<&[u32]>,
     ) -> anyhow::Result<AutoDraft> {
         use synapse_runtime::draft_choice::{self, ProbeParams};
         let t0 = std::time::Instant::now();
@@ -568,13 +575,46 @@ impl DraftArgs {
                 best = Some((i, prepared));
             }
         }
-        let chosen = match (draft_choice::pick(&trials), best) {
+        // The head-only draft (generate only: the engine drafts with profiles).
+        if let Some(extra) = head_extra {
+            let spec = format!("head:{AUTO_HEAD_SHORTLIST}");
+            let mut sl = synapse_runtime::head_draft::Shortlist::lowest_ids(
+                model,
+                AUTO_HEAD_SHORTLIST,
+                extra,
+            )?;
+            let t =
+                synapse_runtime::head_draft::try_head_draft(exec, &mut kv, 1, &src, &mut sl, &pp)?;
+            eprintln!(
+                "draft auto: {spec}: acceptance {:.2}, step {:.2} ms, best k {}, expected {:.2}× plain",
+                t.acceptance,
+                t.step_s * 1e3,
+                t.k,
+                t.speedup
+            );
+            rows.push(serde_json::json!({
+                "profile": spec,
+                "acceptance": t.acceptance,
+                "draft_step_ms": t.step_s * 1e3,
+                "k": t.k,
+                "expected_speedup": t.speedup,
+            }));
+            trials.push(t);
+        }
+        let pick = draft_choice::pick(&trials);
+        let head = (head_extra.is_some() && pick == Some(AUTO_DRAFT_CANDIDATES.len()))
+            .then_some(AUTO_HEAD_SHORTLIST);
+        let chosen = match (pick, best) {
             (Some(i), Some((j, p))) if i == j => Some((AUTO_DRAFT_CANDIDATES[i].to_string(), p)),
             _ => None,
         };
         let seconds = t0.elapsed().as_secs_f64();
-        match &chosen {
-            Some((spec, _)) => eprintln!("draft auto: chose {spec} ({seconds:.1} s)"),
+        let chosen_name = chosen
+            .as_ref()
+            .map(|c| c.0.clone())
+            .or(head.map(|n| format!("head:{n}")));
+        match &chosen_name {
+            Some(spec) => eprintln!("draft auto: chose {spec} ({seconds:.1} s)"),
             None => eprintln!(
                 "draft auto: no draft is expected to beat plain decoding by {:.2}×: decoding plainly ({seconds:.1} s)",
                 draft_choice::MIN_GAIN
@@ -586,11 +626,15 @@ impl DraftArgs {
             "probe_tokens": probe.len(),
             "continuation_tokens": src.continuation.len(),
             "candidates": rows,
-            "chosen": chosen.as_ref().map(|c| c.0.clone()),
+            "chosen": chosen_name,
             "min_gain": draft_choice::MIN_GAIN,
             "seconds": seconds,
         });
-        Ok(AutoDraft { chosen, report })
+        Ok(AutoDraft {
+            chosen,
+            head,
+            report,
+        })
     }
 
     /// The draft model: `model` at the draft's profile or budget (`default_profile` when

@@ -266,6 +266,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &mut exec,
             kv_dtype,
             &probe,
+            None,
         )?;
         a.chosen.map(|c| c.1.applied.model)
     } else if args.draft.given() {
