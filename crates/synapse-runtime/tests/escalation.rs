@@ -455,63 +455,6 @@ fn speculative_sampling_is_reproducible_and_independent_of_k() {
     assert_ne!(other, runs[0]);
 }
 
-/// Counts of the tokens at output positions 1 and 2 over `n` seeds.
-fn token_counts(n: u64, mut run: impl FnMut(u64) -> Vec<u32>) -> BTreeMap<(usize, u32), f64> {
-    let mut m = BTreeMap::new();
-    for seed in 0..n {
-        let t = run(seed);
-        for at in [1, 2] {
-            *m.entry((at, t[at])).or_insert(0.0) += 1.0;
-        }
-    }
-    m
-}
-
-/// A two-sample chi-square homogeneity statistic over the categories of position `at`
-/// (categories with fewer than 10 expected pooled), as a Wilson–Hilferty z score.
-fn homogeneity_z(
-    a: &BTreeMap<(usize, u32), f64>,
-    b: &BTreeMap<(usize, u32), f64>,
-    at: usize,
-) -> f64 {
-    let mut keys: Vec<u32> = a
-        .keys()
-        .chain(b.keys())
-        .filter(|k| k.0 == at)
-        .map(|k| k.1)
-        .collect();
-    keys.sort();
-    keys.dedup();
-    let (na, nb): (f64, f64) = (
-        a.iter().filter(|e| e.0.0 == at).map(|e| e.1).sum(),
-        b.iter().filter(|e| e.0.0 == at).map(|e| e.1).sum(),
-    );
-    let mut cells: Vec<(f64, f64)> = Vec::new();
-    let mut rest = (0.0, 0.0);
-    for k in keys {
-        let x = (
-            *a.get(&(at, k)).unwrap_or(&0.0),
-            *b.get(&(at, k)).unwrap_or(&0.0),
-        );
-        if x.0 + x.1 < 20.0 {
-            rest = (rest.0 + x.0, rest.1 + x.1);
-        } else {
-            cells.push(x);
-        }
-    }
-    if rest.0 + rest.1 > 0.0 {
-        cells.push(rest);
-    }
-    let mut chi = 0.0;
-    for (x, y) in &cells {
-        let t = x + y;
-        let (ea, eb) = (t * na / (na + nb), t * nb / (na + nb));
-        chi += (x - ea).powi(2) / ea + (y - eb).powi(2) / eb;
-    }
-    let d = (cells.len() - 1).max(1) as f64;
-    ((chi / d).powf(1.0 / 3.0) - (1.0 - 2.0 / (9.0 * d))) / (2.0 / (9.0 * d)).sqrt()
-}
-
 /// Speculative sampling draws from the source's distribution: over 1500 seeds, the tokens at
 /// output positions 1 and 2 are distributed as plain sampling's (a chi-square homogeneity
 /// test, z < 4, i.e. p > 3·10⁻⁵), while plain sampling of the draft model itself is told
@@ -524,14 +467,15 @@ fn speculative_sampling_preserves_the_source_distribution() {
     let draft = variant(&model, "uniform:syn.q2.symmetric.g64.v1");
     let prompt = &toks[..6];
     let n = 1500;
-    let plain_src = token_counts(n, |s| plain(&model, prompt, &sampled_params(s, 3)).0.tokens);
-    let plain_draft = token_counts(n, |s| {
+    let plain_src =
+        common::token_counts(n, |s| plain(&model, prompt, &sampled_params(s, 3)).0.tokens);
+    let plain_draft = common::token_counts(n, |s| {
         plain(&draft, prompt, &sampled_params(1_000_000 + s, 3))
             .0
             .tokens
     });
     let mut acc = (0, 0);
-    let spec = token_counts(n, |s| {
+    let spec = common::token_counts(n, |s| {
         let (g, _, st) = drafted(
             &model,
             &draft,
@@ -546,8 +490,8 @@ fn speculative_sampling_preserves_the_source_distribution() {
         g.tokens
     });
     for at in [1, 2] {
-        let z_spec = homogeneity_z(&plain_src, &spec, at);
-        let z_draft = homogeneity_z(&plain_src, &plain_draft, at);
+        let z_spec = common::homogeneity_z(&plain_src, &spec, at);
+        let z_draft = common::homogeneity_z(&plain_src, &plain_draft, at);
         eprintln!(
             "position {at}: z(speculative vs plain) {z_spec:.2}, z(draft vs plain) {z_draft:.2}"
         );

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -384,62 +383,6 @@ fn head_draft_sampling_is_reproducible_and_independent_of_k() {
     assert_ne!(other, runs[0]);
 }
 
-/// Counts of the tokens at output positions 1 and 2 over `n` seeds.
-fn token_counts(n: u64, mut run: impl FnMut(u64) -> Vec<u32>) -> BTreeMap<(usize, u32), f64> {
-    let mut m = BTreeMap::new();
-    for seed in 0..n {
-        let t = run(seed);
-        for at in [1, 2] {
-            *m.entry((at, t[at])).or_insert(0.0) += 1.0;
-        }
-    }
-    m
-}
-
-/// Chi-square homogeneity of position `at`'s tokens in two samples, as a Wilson–Hilferty z.
-fn homogeneity_z(
-    a: &BTreeMap<(usize, u32), f64>,
-    b: &BTreeMap<(usize, u32), f64>,
-    at: usize,
-) -> f64 {
-    let mut keys: Vec<u32> = a
-        .keys()
-        .chain(b.keys())
-        .filter(|k| k.0 == at)
-        .map(|k| k.1)
-        .collect();
-    keys.sort();
-    keys.dedup();
-    let sum = |m: &BTreeMap<(usize, u32), f64>| {
-        m.iter().filter(|e| e.0.0 == at).map(|e| e.1).sum::<f64>()
-    };
-    let (na, nb) = (sum(a), sum(b));
-    let mut cells: Vec<(f64, f64)> = Vec::new();
-    let mut rest = (0.0, 0.0);
-    for k in keys {
-        let x = (
-            *a.get(&(at, k)).unwrap_or(&0.0),
-            *b.get(&(at, k)).unwrap_or(&0.0),
-        );
-        if x.0 + x.1 < 20.0 {
-            rest = (rest.0 + x.0, rest.1 + x.1);
-        } else {
-            cells.push(x);
-        }
-    }
-    if rest.0 + rest.1 > 0.0 {
-        cells.push(rest);
-    }
-    let mut chi = 0.0;
-    for (x, y) in &cells {
-        let t = x + y;
-        let (ea, eb) = (t * na / (na + nb), t * nb / (na + nb));
-        chi += (x - ea).powi(2) / ea + (y - eb).powi(2) / eb;
-    }
-    let d = (cells.len() - 1).max(1) as f64;
-    ((chi / d).powf(1.0 / 3.0) - (1.0 - 2.0 / (9.0 * d))) / (2.0 / (9.0 * d)).sqrt()
-}
-
 /// Sampled: over 1500 seeds, the tokens at output positions 1 and 2 are distributed as plain
 /// sampling's (z < 4), while sampling from the shortlist alone — the draft distribution — is
 /// told apart by the same test.
@@ -451,11 +394,11 @@ fn head_draft_sampling_preserves_the_source_distribution() {
     let prompt = &toks[..6];
     let n = 1500;
     let size = model.vocab() / 3;
-    let plain_src = token_counts(n, |s| {
+    let plain_src = common::token_counts(n, |s| {
         plain(&model, prompt, &sampled_params(s, 3), 64).0.tokens
     });
     let mut acc = (0, 0);
-    let spec = token_counts(n, |s| {
+    let spec = common::token_counts(n, |s| {
         let mut sl = Shortlist::lowest_ids(&model, size, &[]).unwrap();
         let (g, _, st) = head_drafted(
             &model,
@@ -477,7 +420,7 @@ fn head_draft_sampling_preserves_the_source_distribution() {
     // The draft's own distribution: the source with every off-list logit removed, which a
     // k = 1 round with the list's tokens never rejected would give. Sampled here from the
     // source's logits restricted to the list.
-    let restricted = token_counts(n, |s| {
+    let restricted = common::token_counts(n, |s| {
         let params = sampled_params(1_000_000 + s, 3);
         let mut sampler = synapse_runtime::Sampler::new(params.sampling.clone()).unwrap();
         let mut kv = KvCache::new(&model, KvDtype::F32, 1, 64, 16).unwrap();
@@ -500,8 +443,8 @@ fn head_draft_sampling_preserves_the_source_distribution() {
         out
     });
     for at in [1, 2] {
-        let z_spec = homogeneity_z(&plain_src, &spec, at);
-        let z_draft = homogeneity_z(&plain_src, &restricted, at);
+        let z_spec = common::homogeneity_z(&plain_src, &spec, at);
+        let z_draft = common::homogeneity_z(&plain_src, &restricted, at);
         eprintln!(
             "position {at}: z(head draft vs plain) {z_spec:.2}, z(shortlist alone vs plain) {z_draft:.2}"
         );

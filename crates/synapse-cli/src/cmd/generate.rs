@@ -412,39 +412,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mut j = j;
         if let Some((size, hs)) = &head_stats {
             let st = &hs.escalation;
-            j["escalation"] = serde_json::json!({
-                "mode": "exact",
-                "draft_profile": format!("head:{size}"),
-                "shortlist_initial": size,
-                "shortlist": hs.shortlist,
-                "off_shortlist": hs.misses,
-                "max_k": args.draft.draft_k,
-                "adaptive": !args.draft.fixed_k,
-                "drafted": st.drafted,
-                "accepted": st.accepted,
-                "acceptance": st.acceptance(),
-                "rounds": st.rounds,
-                "plain_rounds": st.plain_rounds,
-                "draft_s": st.draft_s,
-                "verify_s": st.verify_s,
-            });
+            let mut e = exact_json(&args.draft, st);
+            e["draft_profile"] = format!("head:{size}").into();
+            e["shortlist_initial"] = (*size).into();
+            e["shortlist"] = hs.shortlist.into();
+            e["off_shortlist"] = hs.misses.into();
+            j["escalation"] = e;
         }
         if let (Some(st), Some(d)) = (&esc, &draft) {
-            j["escalation"] = serde_json::json!({
-                "mode": "exact",
-                "draft_profile": d.applied.model.profile.hash(),
-                "draft_weight_bytes": d.applied.model.weight_bytes(),
-                "draft_variants": d.json(),
-                "max_k": args.draft.draft_k,
-                "adaptive": !args.draft.fixed_k,
-                "drafted": st.drafted,
-                "accepted": st.accepted,
-                "acceptance": st.acceptance(),
-                "rounds": st.rounds,
-                "plain_rounds": st.plain_rounds,
-                "draft_s": st.draft_s,
-                "verify_s": st.verify_s,
-            });
+            let mut e = exact_json(&args.draft, st);
+            e["draft_profile"] = d.applied.model.profile.hash().into();
+            e["draft_weight_bytes"] = d.applied.model.weight_bytes().into();
+            e["draft_variants"] = d.json();
+            j["escalation"] = e;
         }
         if args.escalation == Escalation::Exact && esc.is_none() && head.is_none() {
             // `auto` found no draft that pays: plain decoding, which is the exact output.
@@ -557,6 +537,25 @@ struct Ledger {
     scratch: u64,
     experts_total: u64,
     experts_budget: Option<u64>,
+}
+
+/// `--json`'s `escalation` object of an exact-escalation run: its settings and counts.
+fn exact_json(
+    draft: &super::load::DraftArgs,
+    st: &synapse_runtime::escalation::EscalationStats,
+) -> serde_json::Value {
+    serde_json::json!({
+        "mode": "exact",
+        "max_k": draft.draft_k,
+        "adaptive": !draft.fixed_k,
+        "drafted": st.drafted,
+        "accepted": st.accepted,
+        "acceptance": st.acceptance(),
+        "rounds": st.rounds,
+        "plain_rounds": st.plain_rounds,
+        "draft_s": st.draft_s,
+        "verify_s": st.verify_s,
+    })
 }
 
 /// Checks that `budget` runs the model and sets the expert pager with what remains (see

@@ -467,6 +467,24 @@ pub const PROBE_MAX_PROMPT: usize = 256;
 /// The shortlist size of the head-only draft `--draft-profile auto` measures in `generate`.
 pub const AUTO_HEAD_SHORTLIST: usize = 8192;
 
+/// Prints one measured `--draft-profile auto` candidate and gives its `--json` row.
+fn trial_row(spec: &str, t: &synapse_runtime::draft_choice::DraftTrial) -> serde_json::Value {
+    eprintln!(
+        "draft auto: {spec}: acceptance {:.2}, step {:.2} ms, best k {}, expected {:.2}× plain",
+        t.acceptance,
+        t.step_s * 1e3,
+        t.k,
+        t.speedup
+    );
+    serde_json::json!({
+        "profile": spec,
+        "acceptance": t.acceptance,
+        "draft_step_ms": t.step_s * 1e3,
+        "k": t.k,
+        "expected_speedup": t.speedup,
+    })
+}
+
 /// What `--draft-profile auto` measured and chose.
 pub struct AutoDraft {
     /// The chosen draft and its profile spec, or `None` (plain decoding is fastest, or the
@@ -555,20 +573,7 @@ impl DraftArgs {
             let mut dexec = synapse_runtime::Executor::new(prepared.applied.model.clone(), 1)?;
             let t = draft_choice::try_draft(exec, &mut dexec, &mut kv, 1, &src, &pp)?;
             drop(dexec);
-            eprintln!(
-                "draft auto: {spec}: acceptance {:.2}, step {:.2} ms, best k {}, expected {:.2}× plain",
-                t.acceptance,
-                t.step_s * 1e3,
-                t.k,
-                t.speedup
-            );
-            rows.push(serde_json::json!({
-                "profile": spec,
-                "acceptance": t.acceptance,
-                "draft_step_ms": t.step_s * 1e3,
-                "k": t.k,
-                "expected_speedup": t.speedup,
-            }));
+            rows.push(trial_row(spec, &t));
             trials.push(t);
             // Keep only the best so far resident.
             if draft_choice::pick(&trials) == Some(i) {
@@ -585,20 +590,7 @@ impl DraftArgs {
             )?;
             let t =
                 synapse_runtime::head_draft::try_head_draft(exec, &mut kv, 1, &src, &mut sl, &pp)?;
-            eprintln!(
-                "draft auto: {spec}: acceptance {:.2}, step {:.2} ms, best k {}, expected {:.2}× plain",
-                t.acceptance,
-                t.step_s * 1e3,
-                t.k,
-                t.speedup
-            );
-            rows.push(serde_json::json!({
-                "profile": spec,
-                "acceptance": t.acceptance,
-                "draft_step_ms": t.step_s * 1e3,
-                "k": t.k,
-                "expected_speedup": t.speedup,
-            }));
+            rows.push(trial_row(&spec, &t));
             trials.push(t);
         }
         let pick = draft_choice::pick(&trials);

@@ -123,3 +123,65 @@ pub fn bits(ev: &[synapse_runtime::engine::Event]) -> Vec<TokenBits> {
         })
         .collect()
 }
+
+/// Counts of the tokens at output positions 1 and 2 over `n` seeds.
+#[allow(dead_code)]
+pub fn token_counts(
+    n: u64,
+    mut run: impl FnMut(u64) -> Vec<u32>,
+) -> std::collections::BTreeMap<(usize, u32), f64> {
+    let mut m = std::collections::BTreeMap::new();
+    for seed in 0..n {
+        let t = run(seed);
+        for at in [1, 2] {
+            *m.entry((at, t[at])).or_insert(0.0) += 1.0;
+        }
+    }
+    m
+}
+
+/// A two-sample chi-square homogeneity statistic over the categories of position `at`
+/// (categories with fewer than 10 expected pooled), as a Wilson–Hilferty z score.
+#[allow(dead_code)]
+pub fn homogeneity_z(
+    a: &std::collections::BTreeMap<(usize, u32), f64>,
+    b: &std::collections::BTreeMap<(usize, u32), f64>,
+    at: usize,
+) -> f64 {
+    let mut keys: Vec<u32> = a
+        .keys()
+        .chain(b.keys())
+        .filter(|k| k.0 == at)
+        .map(|k| k.1)
+        .collect();
+    keys.sort();
+    keys.dedup();
+    let (na, nb): (f64, f64) = (
+        a.iter().filter(|e| e.0.0 == at).map(|e| e.1).sum(),
+        b.iter().filter(|e| e.0.0 == at).map(|e| e.1).sum(),
+    );
+    let mut cells: Vec<(f64, f64)> = Vec::new();
+    let mut rest = (0.0, 0.0);
+    for k in keys {
+        let x = (
+            *a.get(&(at, k)).unwrap_or(&0.0),
+            *b.get(&(at, k)).unwrap_or(&0.0),
+        );
+        if x.0 + x.1 < 20.0 {
+            rest = (rest.0 + x.0, rest.1 + x.1);
+        } else {
+            cells.push(x);
+        }
+    }
+    if rest.0 + rest.1 > 0.0 {
+        cells.push(rest);
+    }
+    let mut chi = 0.0;
+    for (x, y) in &cells {
+        let t = x + y;
+        let (ea, eb) = (t * na / (na + nb), t * nb / (na + nb));
+        chi += (x - ea).powi(2) / ea + (y - eb).powi(2) / eb;
+    }
+    let d = (cells.len() - 1).max(1) as f64;
+    ((chi / d).powf(1.0 / 3.0) - (1.0 - 2.0 / (9.0 * d))) / (2.0 / (9.0 * d)).sqrt()
+}
