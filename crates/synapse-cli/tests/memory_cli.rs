@@ -1,7 +1,9 @@
 //! `generate --memory`: one budget over what generation holds. On a synthetic mixture of
 //! experts the routed experts page within what the rest leaves (the same tokens as without a
 //! budget, peak RSS above the process's start within the budget, the paging counters in
-//! `--json`); a budget too small to run the model is a clear error before generation; the
+//! `--json`), also with exact escalation by a head-only draft (its shortlist counted; other
+//! drafts refused under a budget); a budget too small to run the model is a clear error
+//! before generation; the
 //! default (dense) model runs within a budget that fits it. `serve --memory` likewise: its
 //! peak RSS above its start stays within the budget while concurrent requests page experts,
 //! with the texts of an unbudgeted server.
@@ -103,6 +105,61 @@ fn moe_experts_page_within_the_budget_with_the_same_tokens() {
         assert!(u(&m["experts_held"]) <= u(&m["experts_budget"]));
         assert!(u(&m["paging"]["evictions"]) > 0);
     }
+    // Exact escalation with a head-only draft runs under the budget too (the draft is the
+    // model itself; its shortlist is counted): the same tokens, peak RSS within the budget.
+    let budget = fixed + experts / 2 + (8 << 20);
+    let b = budget.to_string();
+    let m_ = path.to_str().unwrap();
+    let o = json(&cli(&[
+        "generate",
+        "--model",
+        m_,
+        "-n",
+        "24",
+        "--ignore-eos",
+        "--json",
+        "--ctx",
+        "256",
+        "--memory",
+        &b,
+        "--escalation",
+        "exact",
+        "--draft-profile",
+        "head:512",
+        "The quick brown fox jumps over the lazy dog",
+    ]));
+    assert_eq!(o["tokens"], free["tokens"], "head-drafted under a budget");
+    let m = &o["memory"];
+    let used = u(&m["peak_rss"]) - u(&m["baseline_rss"]);
+    eprintln!(
+        "head-drafted: budget {:.1} MB, peak RSS above start {:.1} MB, draft {:.2} MB, {} drafted",
+        budget as f64 / 1e6,
+        used as f64 / 1e6,
+        u(&m["draft"]) as f64 / 1e6,
+        o["escalation"]["drafted"]
+    );
+    assert!(u(&m["draft"]) > 0);
+    assert!(
+        used <= budget,
+        "peak RSS rose {used} B over a {budget} B budget"
+    );
+    assert!(u(&o["escalation"]["drafted"]) > 0);
+    // Another draft would sit outside the budget: refused before anything runs.
+    let o = cli(&[
+        "generate",
+        "--model",
+        m_,
+        "--memory",
+        &b,
+        "--escalation",
+        "exact",
+        "--draft-profile",
+        "uniform:syn.q8.symmetric.g64.v1",
+        "hi",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("head-only draft"));
+
     // Too small for one expert beside the rest: refused before generation.
     let o = generate(&path, Some(&fixed.to_string()));
     assert!(!o.status.success());

@@ -141,6 +141,29 @@ impl Shortlist {
         self.len() == 0
     }
 
+    /// Bytes the list holds now (its rows, membership and scratch).
+    pub fn bytes(&self) -> u64 {
+        let rows = |h: &LinearW| h.m.weight_bytes() + h.bias.as_ref().map_or(0, |b| 4 * b.len());
+        (rows(&self.head)
+            + self.extra.as_ref().map_or(0, rows)
+            + self.member.len()
+            + 8 * self.len()) as u64
+    }
+
+    /// The most bytes a head-drafted generation of `tokens` tokens holds for its draft: the
+    /// list grown by one row per generated token (each could be a miss), the transient copy
+    /// of a merge (old and new main rows together), and the generation's vocabulary-sized
+    /// and hidden-state scratch.
+    pub fn bytes_bound(&self, model: &Model, tokens: usize) -> u64 {
+        let row = (self.head.m.weight_bytes() / self.head.m.rows().max(1)) as u64
+            + if self.head.bias.is_some() { 4 } else { 0 };
+        let n = (self.len() + tokens) as u64;
+        2 * n * row
+            + (self.member.len() + 8 * (self.len() + tokens)) as u64
+            + 4 * model.vocab() as u64
+            + 4 * (MAX_DRAFT * model.hidden()) as u64
+    }
+
     /// Whether `token` is on the list.
     pub fn contains(&self, token: u32) -> bool {
         self.member.get(token as usize).copied().unwrap_or(false)

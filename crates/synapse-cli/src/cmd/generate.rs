@@ -146,9 +146,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .as_deref()
         .map(super::serve::parse_bytes)
         .transpose()?;
-    if memory.is_some() && args.escalation != Escalation::Off {
+    if memory.is_some() && args.escalation != Escalation::Off && !args.draft.is_head() {
         bail!(
-            "--memory with --escalation is not supported yet (a draft's experts would page outside the budget)"
+            "--memory with --escalation takes a head-only draft (--draft-profile head:N) only \
+             (another draft profile's weights, and the measuring of auto, would sit outside the budget)"
         );
     }
     let baseline_rss = proc_status_bytes("VmRSS:");
@@ -239,12 +240,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let chunk = 512.min(args.ctx);
     let slots = if draft.is_some() { 2 } else { 1 };
     let mut kv = KvCache::new(&model, kv_dtype, slots, args.ctx, chunk)?;
+    // A head-only draft's shortlist, gathered before the budget is checked (it counts).
+    let mut shortlist = match head {
+        Some(size) => {
+            let extra = super::load::shortlist_extra(&tok, &ids);
+            Some(Shortlist::lowest_ids(&model, size, &extra)?)
+        }
+        None => None,
+    };
     let ledger = match memory {
         Some(budget) => Some(budget_memory(
             budget,
             baseline_rss,
             &model,
             (kv.slot_bytes() * slots) as u64,
+            shortlist
+                .as_ref()
+                .map_or(0, |s| s.bytes_bound(&model, args.n)),
             chunk,
             args.ctx,
             args.threads,
@@ -288,10 +300,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut sel = None;
     let mut head_stats = None;
     let (out, esc) = match &draft {
-        None if head.is_some() => {
-            let size = head.unwrap_or_default();
-            let extra = super::load::shortlist_extra(&tok, &ids);
-            let mut shortlist = Shortlist::lowest_ids(&model, size, &extra)?;
+        None if let (Some(size), Some(shortlist)) = (head, shortlist.as_mut()) => {
             let dp = DraftParams {
                 max_k: args.draft.draft_k,
                 adaptive: !args.draft.fixed_k,
@@ -303,7 +312,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 &ids,
                 &params,
                 &dp,
-                &mut shortlist,
+                shortlist,
                 &mut piece,
                 &mut on_text,
             )?;
@@ -386,6 +395,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "weights_outside_experts": l.outside,
                     "kv": l.kv,
                     "scratch": l.scratch,
+                    "draft": l.draft,
                     "experts_total": l.experts_total,
                     "experts_budget": l.experts_budget,
                     "experts_resident": exec.expert_pager().map(|p| p.resident_bytes()),
@@ -535,6 +545,8 @@ struct Ledger {
     outside: u64,
     kv: u64,
     scratch: u64,
+    /// A head-only draft's shortlist and scratch (bounded for the whole generation).
+    draft: u64,
     experts_total: u64,
     experts_budget: Option<u64>,
 }
@@ -566,6 +578,7 @@ fn budget_memory(
     baseline_rss: u64,
     model: &synapse_runtime::Model,
     kv: u64,
+    draft: u64,
     chunk: usize,
     ctx: usize,
     threads: usize,
@@ -575,15 +588,16 @@ fn budget_memory(
     let experts_total = model.expert_bytes() as u64;
     let outside = model.weight_bytes() as u64 - experts_total;
     let scratch = model.pass_scratch_bytes(chunk, 1, ctx, threads);
-    let fixed = loaded + outside + kv + scratch;
+    let fixed = loaded + outside + kv + scratch + draft;
     let mb = |b: u64| b as f64 / 1e6;
     let what = format!(
         "loading left {:.1} MB, the weights outside the experts take {:.1} MB, the KV cache \
-         for {ctx} positions {:.1} MB and compute scratch {:.1} MB",
+         for {ctx} positions {:.1} MB, compute scratch {:.1} MB and a draft's shortlist {:.1} MB",
         mb(loaded),
         mb(outside),
         mb(kv),
-        mb(scratch)
+        mb(scratch),
+        mb(draft)
     );
     let mut ledger = Ledger {
         budget,
@@ -591,6 +605,7 @@ fn budget_memory(
         outside,
         kv,
         scratch,
+        draft,
         experts_total,
         experts_budget: None,
     };

@@ -502,6 +502,13 @@ impl DraftArgs {
         self.draft_profile.is_some() || self.draft_budget.is_some()
     }
 
+    /// Whether the draft is a head-only one (`--draft-profile head:…`).
+    pub fn is_head(&self) -> bool {
+        self.draft_profile
+            .as_deref()
+            .is_some_and(|p| p.starts_with("head:"))
+    }
+
     /// The shortlist size of a head-only draft (`--draft-profile head:N`), if that is the
     /// draft; a malformed size is an error.
     pub fn head_shortlist(&self) -> anyhow::Result<Option<usize>> {
