@@ -198,6 +198,25 @@ impl Shortlist {
         Ok(())
     }
 
+    /// The listed token with the largest logit for one final-normed row (the lowest id on
+    /// ties): the full head's argmax whenever that is on the list.
+    pub fn argmax(&mut self, exec: &mut Executor, normed: &[f32]) -> Result<u32> {
+        self.check(exec.model())?;
+        let n = self.tokens.len();
+        exec.shortlist_logits(&self.head, normed, &mut self.out[..n])?;
+        if let Some(x) = &self.extra {
+            exec.shortlist_logits(x, normed, &mut self.out[n..])?;
+        }
+        let mut best = (f32::NEG_INFINITY, u32::MAX);
+        for (&t, &v) in self.tokens.iter().chain(&self.extra_tokens).zip(&self.out) {
+            if v > best.0 || (v == best.0 && t < best.1) {
+                best = (v, t);
+            }
+        }
+        // (Every logit NaN: token 0, as the full argmax gives.)
+        Ok(if best.1 == u32::MAX { 0 } else { best.1 })
+    }
+
     /// Writes the shortlisted tokens' logits for one final-normed row
     /// ([`Executor::forward_normed`]) into `full` (vocabulary sized; the other entries are
     /// left as they are): each the full head's value, bit for bit.
@@ -323,6 +342,8 @@ pub fn generate_head_draft(
         return Ok((finish(&mut c, r, timings, on_text), stats));
     }
     let mut pending = first;
+    // Greedy with no penalty: the logits are chosen from as they come.
+    let plain_greedy = spec.is_none() && !sampler.penalizes();
     let stop = loop {
         if pos >= kv.capacity() {
             break StopReason::ContextFull;
@@ -350,11 +371,18 @@ pub fn generate_head_draft(
         for i in 0..k {
             let h = exec.forward_normed(kv, &[Row::decode(slot, (pos + i) as u32, tok)])?;
             hidden[i * hd..(i + 1) * hd].copy_from_slice(&h[..hd]);
-            shortlist.scatter_logits(exec, &hidden[i * hd..(i + 1) * hd], &mut dfull)?;
-            dsampler.apply_penalties(&mut dfull, &c.history);
+            let row = &hidden[i * hd..(i + 1) * hd];
             let d = match spec.as_mut() {
-                None => argmax(&dfull),
+                // Greedy without penalties: the list's own argmax (no vocabulary-wide pass).
+                None if !plain_greedy => {
+                    shortlist.scatter_logits(exec, row, &mut dfull)?;
+                    dsampler.apply_penalties(&mut dfull, &c.history);
+                    argmax(&dfull)
+                }
+                None => shortlist.argmax(exec, row)?,
                 Some(sp) => {
+                    shortlist.scatter_logits(exec, row, &mut dfull)?;
+                    dsampler.apply_penalties(&mut dfull, &c.history);
                     if sp.qs.len() <= i {
                         sp.qs.push(Vec::new());
                     }
@@ -384,9 +412,14 @@ pub fn generate_head_draft(
             settle(&mut model_cost.verify[k], dt);
             for i in 0..k {
                 used = i + 1;
-                let l = &mut logits[..];
-                l.copy_from_slice(&out[i * vocab..(i + 1) * vocab]);
-                sampler.apply_penalties(l, &c.history);
+                let row = &out[i * vocab..(i + 1) * vocab];
+                let l: &[f32] = if plain_greedy {
+                    row
+                } else {
+                    logits.copy_from_slice(row);
+                    sampler.apply_penalties(&mut logits, &c.history);
+                    &logits
+                };
                 let t = match spec.as_mut() {
                     None => sampler.choose(l),
                     Some(sp) => {

@@ -127,6 +127,17 @@ fn split_head_and_shortlist_give_the_forward_pass_bits() {
                 }
             }
             assert_eq!(on, sl.len());
+            // The list's argmax: the full logits' argmax over the listed tokens.
+            let mut masked = w.to_vec();
+            for (t, v) in masked.iter_mut().enumerate() {
+                if !sl.contains(t as u32) {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
+            assert_eq!(
+                sl.argmax(&mut ex, &h).unwrap(),
+                synapse_runtime::argmax(&masked)
+            );
         }
         // All rows in one head call: each the one-row bits.
         let mut kv = KvCache::new(&model, KvDtype::F32, 1, 64, 16).unwrap();
