@@ -118,9 +118,9 @@ fn the_probe_follows_the_source_and_ranks_drafts_by_agreement() {
         // Never below plain decoding's rate (k = 0 when no round pays).
         assert!(t.speedup >= 1.0 - 1e-12, "{t:?}");
     }
-    // With nothing accepted no round beats a plain step (each commits one token and costs
-    // a body pass, the shortlist and the head).
-    assert_eq!(t_none.k, 0, "{t_none:?}");
+    // With nothing accepted every round commits one token, so more than one draft never
+    // pays (whether one does against a plain step is the timing's noise on a tiny model).
+    assert!(t_none.k <= 1, "{t_none:?}");
     // The rule: a round of k commits 1 + a + … + a^(k−1) tokens for k steps and one head.
     let head = |k: usize| Some(0.004 + 0.0005 * k as f64);
     assert_eq!(best_head_k(0.0, 0.006, 8, head).0, 1);
