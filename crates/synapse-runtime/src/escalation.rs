@@ -583,7 +583,7 @@ pub(crate) fn check_pair(
     Ok(())
 }
 
-fn finish(
+pub(crate) fn finish(
     c: &mut Commit<'_>,
     stop: StopReason,
     reused: usize,

@@ -33,7 +33,7 @@ use std::time::Instant;
 
 use crate::draft_choice::median;
 use crate::error::{Result, RuntimeError};
-use crate::escalation::{CostModel, DRAW_DRAFT, EscalationStats, MAX_DRAFT, Speculative};
+use crate::escalation::{CostModel, DRAW_DRAFT, EscalationStats, MAX_DRAFT, Speculative, finish};
 use crate::executor::{Executor, Row};
 use crate::generate::{Commit, GenerateParams, Generated, StopReason, Timings, prefill};
 use crate::kv::{KvCache, SlotId};
@@ -309,19 +309,6 @@ pub fn generate_head_draft(
 
     let t1 = Instant::now();
     let mut c = Commit::new(params, eog, prompt);
-    let finish = |c: &mut Commit<'_>,
-                  stop: StopReason,
-                  mut timings: Timings,
-                  on_text: &mut dyn FnMut(&str)| {
-        c.finish(stop, on_text);
-        timings.decode_s = t1.elapsed().as_secs_f64();
-        Generated {
-            tokens: std::mem::take(&mut c.out),
-            reused_prefix: reused,
-            stop,
-            timings,
-        }
-    };
     let mut model_cost = CostModel::new(dp.max_k, false);
     // The shortlist's logits scattered over the vocabulary (−∞ off the list).
     let mut dfull = vec![f32::NEG_INFINITY; vocab];
@@ -333,13 +320,13 @@ pub fn generate_head_draft(
     let mut round_no = 0usize;
     if c.out.len() >= params.max_tokens {
         return Ok((
-            finish(&mut c, StopReason::MaxTokens, timings, on_text),
+            finish(&mut c, StopReason::MaxTokens, reused, timings, t1, on_text),
             stats,
         ));
     }
     let first = sampler.sample(&mut logits, &c.history);
     if let Some(r) = c.take(first, piece, on_text) {
-        return Ok((finish(&mut c, r, timings, on_text), stats));
+        return Ok((finish(&mut c, r, reused, timings, t1, on_text), stats));
     }
     let mut pending = first;
     // Greedy with no penalty: the logits are chosen from as they come.
@@ -463,7 +450,7 @@ pub fn generate_head_draft(
         }
     };
     stats.shortlist = shortlist.len();
-    Ok((finish(&mut c, stop, timings, on_text), stats))
+    Ok((finish(&mut c, stop, reused, timings, t1, on_text), stats))
 }
 
 /// Every this many adaptive rounds, one round drafts one more than the cost model's best.

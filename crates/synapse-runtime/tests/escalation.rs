@@ -403,18 +403,6 @@ proptest! {
     }
 }
 
-fn sampled_params(seed: u64, max_tokens: usize) -> GenerateParams {
-    let mut p = GenerateParams {
-        max_tokens,
-        stop_at_eog: false,
-        ..GenerateParams::default()
-    };
-    p.sampling.temperature = 1.0;
-    p.sampling.top_k = 40;
-    p.sampling.seed = seed;
-    p
-}
-
 /// Speculative sampling's output is a function of the seed alone: the same with any `k`,
 /// adaptive or fixed, run twice; a different seed gives other tokens.
 #[test]
@@ -424,7 +412,7 @@ fn speculative_sampling_is_reproducible_and_independent_of_k() {
     };
     let draft = variant(&model, "uniform:syn.q3.symmetric.g64.v1");
     let prompt = &toks[..6];
-    let mut params = sampled_params(7, 24);
+    let mut params = common::sampled_params(7, 24);
     params.sampling.repetition_penalty = 1.3;
     let runs: Vec<Vec<u32>> = [(1, false), (4, false), (16, false), (8, true), (8, true)]
         .into_iter()
@@ -447,7 +435,7 @@ fn speculative_sampling_is_reproducible_and_independent_of_k() {
         &model,
         &draft,
         prompt,
-        &sampled_params(8, 24),
+        &common::sampled_params(8, 24),
         &DraftParams::default(),
     )
     .0
@@ -467,10 +455,13 @@ fn speculative_sampling_preserves_the_source_distribution() {
     let draft = variant(&model, "uniform:syn.q2.symmetric.g64.v1");
     let prompt = &toks[..6];
     let n = 1500;
-    let plain_src =
-        common::token_counts(n, |s| plain(&model, prompt, &sampled_params(s, 3)).0.tokens);
+    let plain_src = common::token_counts(n, |s| {
+        plain(&model, prompt, &common::sampled_params(s, 3))
+            .0
+            .tokens
+    });
     let plain_draft = common::token_counts(n, |s| {
-        plain(&draft, prompt, &sampled_params(1_000_000 + s, 3))
+        plain(&draft, prompt, &common::sampled_params(1_000_000 + s, 3))
             .0
             .tokens
     });
@@ -480,7 +471,7 @@ fn speculative_sampling_preserves_the_source_distribution() {
             &model,
             &draft,
             prompt,
-            &sampled_params(2_000_000 + s, 3),
+            &common::sampled_params(2_000_000 + s, 3),
             &DraftParams {
                 max_k: 4,
                 adaptive: false,

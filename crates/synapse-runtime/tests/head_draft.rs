@@ -339,18 +339,6 @@ fn what_head_drafting_cannot_do_is_refused() {
     assert!(Shortlist::new(&model, [model.vocab() as u32]).is_err());
 }
 
-fn sampled_params(seed: u64, max_tokens: usize) -> GenerateParams {
-    let mut p = GenerateParams {
-        max_tokens,
-        stop_at_eog: false,
-        ..GenerateParams::default()
-    };
-    p.sampling.temperature = 1.0;
-    p.sampling.top_k = 40;
-    p.sampling.seed = seed;
-    p
-}
-
 /// Sampled: the output is a function of the seed alone (any `k`, adaptive or fixed).
 #[test]
 fn head_draft_sampling_is_reproducible_and_independent_of_k() {
@@ -358,7 +346,7 @@ fn head_draft_sampling_is_reproducible_and_independent_of_k() {
         return;
     };
     let prompt = &toks[..6];
-    let mut params = sampled_params(7, 24);
+    let mut params = common::sampled_params(7, 24);
     params.sampling.repetition_penalty = 1.3;
     let half = model.vocab() / 2;
     let runs: Vec<Vec<u32>> = [(1, false), (4, false), (16, false), (8, true)]
@@ -384,7 +372,7 @@ fn head_draft_sampling_is_reproducible_and_independent_of_k() {
     let other = head_drafted(
         &model,
         prompt,
-        &sampled_params(8, 24),
+        &common::sampled_params(8, 24),
         &DraftParams::default(),
         &mut sl,
         64,
@@ -406,7 +394,9 @@ fn head_draft_sampling_preserves_the_source_distribution() {
     let n = 1500;
     let size = model.vocab() / 3;
     let plain_src = common::token_counts(n, |s| {
-        plain(&model, prompt, &sampled_params(s, 3), 64).0.tokens
+        plain(&model, prompt, &common::sampled_params(s, 3), 64)
+            .0
+            .tokens
     });
     let mut acc = (0, 0);
     let spec = common::token_counts(n, |s| {
@@ -414,7 +404,7 @@ fn head_draft_sampling_preserves_the_source_distribution() {
         let (g, _, st) = head_drafted(
             &model,
             prompt,
-            &sampled_params(2_000_000 + s, 3),
+            &common::sampled_params(2_000_000 + s, 3),
             &DraftParams {
                 max_k: 2,
                 adaptive: false,
@@ -432,7 +422,7 @@ fn head_draft_sampling_preserves_the_source_distribution() {
     // k = 1 round with the list's tokens never rejected would give. Sampled here from the
     // source's logits restricted to the list.
     let restricted = common::token_counts(n, |s| {
-        let params = sampled_params(1_000_000 + s, 3);
+        let params = common::sampled_params(1_000_000 + s, 3);
         let mut sampler = synapse_runtime::Sampler::new(params.sampling.clone()).unwrap();
         let mut kv = KvCache::new(&model, KvDtype::F32, 1, 64, 16).unwrap();
         kv.open(0).unwrap();

@@ -185,3 +185,17 @@ pub fn homogeneity_z(
     let d = (cells.len() - 1).max(1) as f64;
     ((chi / d).powf(1.0 / 3.0) - (1.0 - 2.0 / (9.0 * d))) / (2.0 / (9.0 * d)).sqrt()
 }
+
+/// Sampling at temperature 1 with top-k 40, `seed`, `max_tokens` tokens, end-of-generation ignored.
+#[allow(dead_code)]
+pub fn sampled_params(seed: u64, max_tokens: usize) -> synapse_runtime::GenerateParams {
+    let mut p = synapse_runtime::GenerateParams {
+        max_tokens,
+        stop_at_eog: false,
+        ..synapse_runtime::GenerateParams::default()
+    };
+    p.sampling.temperature = 1.0;
+    p.sampling.top_k = 40;
+    p.sampling.seed = seed;
+    p
+}
