@@ -29,7 +29,10 @@
 //! Architecture invariant: the committed tokens never depend on `k`, the shortlist, or
 //! timing — only the speed does.
 
+use std::sync::Arc;
 use std::time::Instant;
+
+use synapse_kernels::QuantMatrix;
 
 use crate::draft_choice::median;
 use crate::error::{Result, RuntimeError};
@@ -46,8 +49,8 @@ const EXTRA_MAX: usize = 256;
 /// A vocabulary shortlist of a model's LM head: the head's rows for a set of tokens, in the
 /// head's own encoding (so each token's logit is its full-head logit, bit for bit).
 pub struct Shortlist {
-    fingerprint: String,
-    profile: String,
+    /// The head the rows were gathered from (the list serves the models sharing it).
+    source: Arc<QuantMatrix>,
     vocab: usize,
     member: Vec<bool>,
     /// The main part: tokens and their rows.
@@ -71,7 +74,7 @@ impl std::fmt::Debug for Shortlist {
 
 fn gather(head: &LinearW, tokens: &[u32]) -> Result<LinearW> {
     Ok(LinearW {
-        m: std::sync::Arc::new(head.m.gather_rows(tokens)?),
+        m: Arc::new(head.m.gather_rows(tokens)?),
         bias: head
             .bias
             .as_ref()
@@ -109,8 +112,7 @@ impl Shortlist {
         list.sort_unstable();
         let head = gather(&model.head, &list)?;
         Ok(Shortlist {
-            fingerprint: model.ir.fingerprint.clone(),
-            profile: model.profile.hash(),
+            source: model.head.m.clone(),
             vocab,
             member,
             out: vec![0.0; list.len()],
@@ -171,6 +173,7 @@ impl Shortlist {
 
     /// Puts `token` on the list (nothing if it is there already or not a vocabulary id).
     pub fn add(&mut self, model: &Model, token: u32) -> Result<()> {
+        self.check(model)?;
         if (token as usize) >= self.vocab || self.contains(token) {
             return Ok(());
         }
@@ -188,12 +191,28 @@ impl Shortlist {
         Ok(())
     }
 
+    /// The list serves a model whose head is the very matrix it was gathered from (another
+    /// model, or a profile that re-encoded the head, is refused).
     fn check(&self, model: &Model) -> Result<()> {
-        if model.ir.fingerprint != self.fingerprint || model.profile.hash() != self.profile {
+        if !Arc::ptr_eq(&model.head.m, &self.source) {
             return Err(RuntimeError::InvalidParam {
                 name: "shortlist",
-                reason: "the shortlist was gathered from another model or precision profile".into(),
+                reason: "the shortlist was gathered from another model's head (or another \
+                         encoding of it)"
+                    .into(),
             });
+        }
+        Ok(())
+    }
+
+    /// Computes the listed tokens' logits for one final-normed row into `self.out`, in the
+    /// order of `tokens` then `extra_tokens`.
+    fn compute(&mut self, exec: &mut Executor, normed: &[f32]) -> Result<()> {
+        self.check(exec.model())?;
+        let n = self.tokens.len();
+        exec.shortlist_logits(&self.head, normed, &mut self.out[..n])?;
+        if let Some(x) = &self.extra {
+            exec.shortlist_logits(x, normed, &mut self.out[n..])?;
         }
         Ok(())
     }
@@ -201,12 +220,7 @@ impl Shortlist {
     /// The listed token with the largest logit for one final-normed row (the lowest id on
     /// ties): the full head's argmax whenever that is on the list.
     pub fn argmax(&mut self, exec: &mut Executor, normed: &[f32]) -> Result<u32> {
-        self.check(exec.model())?;
-        let n = self.tokens.len();
-        exec.shortlist_logits(&self.head, normed, &mut self.out[..n])?;
-        if let Some(x) = &self.extra {
-            exec.shortlist_logits(x, normed, &mut self.out[n..])?;
-        }
+        self.compute(exec, normed)?;
         let mut best = (f32::NEG_INFINITY, u32::MAX);
         for (&t, &v) in self.tokens.iter().chain(&self.extra_tokens).zip(&self.out) {
             if v > best.0 || (v == best.0 && t < best.1) {
@@ -226,18 +240,13 @@ impl Shortlist {
         normed: &[f32],
         full: &mut [f32],
     ) -> Result<()> {
-        self.check(exec.model())?;
         if full.len() != self.vocab {
             return Err(RuntimeError::InvalidParam {
                 name: "shortlist",
                 reason: format!("{} logits for a vocabulary of {}", full.len(), self.vocab),
             });
         }
-        let n = self.tokens.len();
-        exec.shortlist_logits(&self.head, normed, &mut self.out[..n])?;
-        if let Some(x) = &self.extra {
-            exec.shortlist_logits(x, normed, &mut self.out[n..])?;
-        }
+        self.compute(exec, normed)?;
         for (&t, &v) in self.tokens.iter().chain(&self.extra_tokens).zip(&self.out) {
             full[t as usize] = v;
         }
@@ -264,7 +273,7 @@ pub struct HeadDraftStats {
 /// (else always `max_k`).
 ///
 /// Errors (before anything runs): an empty prompt, a zero prefill chunk, `max_k` outside
-/// `1..=`[`MAX_DRAFT`], a shortlist of another model or profile.
+/// `1..=`[`MAX_DRAFT`], a shortlist gathered from another head than `exec`'s model's.
 #[allow(clippy::too_many_arguments)]
 pub fn generate_head_draft(
     exec: &mut Executor,
@@ -529,7 +538,7 @@ pub fn try_head_draft(
     }
     let on = cont.iter().filter(|&&t| shortlist.contains(t)).count();
     let acceptance = on as f64 / cont.len() as f64;
-    let (vocab, hd) = (model.vocab(), model.hidden());
+    let hd = model.hidden();
     if !kv.is_open(slot) {
         kv.open(slot)?;
     }
@@ -539,7 +548,6 @@ pub fn try_head_draft(
     let steps = (max_k * p.repeats)
         .clamp(4, cont.len().max(4))
         .min(kv.capacity());
-    let mut dfull = vec![f32::NEG_INFINITY; vocab];
     let mut hidden = vec![0.0f32; max_k * hd];
     let mut times = Vec::with_capacity(steps);
     for pos in 0..steps {
@@ -548,8 +556,7 @@ pub fn try_head_draft(
         let h = exec.forward_normed(kv, &[Row::decode(slot, pos as u32, tok)])?;
         let i = pos % max_k;
         hidden[i * hd..(i + 1) * hd].copy_from_slice(&h[..hd]);
-        shortlist.scatter_logits(exec, &hidden[i * hd..(i + 1) * hd], &mut dfull)?;
-        std::hint::black_box(argmax(&dfull));
+        std::hint::black_box(shortlist.argmax(exec, &hidden[i * hd..(i + 1) * hd])?);
         times.push(t.elapsed().as_secs_f64());
     }
     kv.truncate(slot, 0)?;
