@@ -173,12 +173,23 @@ impl Shortlist {
 
     /// Puts `token` on the list (nothing if it is there already or not a vocabulary id).
     pub fn add(&mut self, model: &Model, token: u32) -> Result<()> {
+        self.extend(model, [token])
+    }
+
+    /// Puts every token of `tokens` on the list (one gather for them all; ids outside the
+    /// vocabulary are skipped).
+    pub fn extend(&mut self, model: &Model, tokens: impl IntoIterator<Item = u32>) -> Result<()> {
         self.check(model)?;
-        if (token as usize) >= self.vocab || self.contains(token) {
+        let before = self.extra_tokens.len();
+        for t in tokens {
+            if (t as usize) < self.vocab && !self.member[t as usize] {
+                self.member[t as usize] = true;
+                self.extra_tokens.push(t);
+            }
+        }
+        if self.extra_tokens.len() == before {
             return Ok(());
         }
-        self.member[token as usize] = true;
-        self.extra_tokens.push(token);
         if self.extra_tokens.len() >= EXTRA_MAX {
             self.tokens.append(&mut self.extra_tokens);
             self.tokens.sort_unstable();
@@ -191,10 +202,16 @@ impl Shortlist {
         Ok(())
     }
 
+    /// Whether the list serves `model`: its head is the very matrix the list was gathered
+    /// from.
+    pub fn serves(&self, model: &Model) -> bool {
+        Arc::ptr_eq(&model.head.m, &self.source)
+    }
+
     /// The list serves a model whose head is the very matrix it was gathered from (another
     /// model, or a profile that re-encoded the head, is refused).
     fn check(&self, model: &Model) -> Result<()> {
-        if !Arc::ptr_eq(&model.head.m, &self.source) {
+        if !self.serves(model) {
             return Err(RuntimeError::InvalidParam {
                 name: "shortlist",
                 reason: "the shortlist was gathered from another model's head (or another \

@@ -217,3 +217,79 @@ fn steady_drafted_rounds_allocate_nothing() {
         "steady drafted rounds allocated {per_step:?} times"
     );
 }
+
+/// Head-drafted rounds (`EngineConfig::head_draft`: body passes in the sessions' own slots,
+/// the shortlist's choices, the full head over the stored rows, taking and truncating)
+/// allocate nothing either once the shortlist holds every token the sessions choose (a
+/// token chosen off the list joins it: that gather allocates, by design). A tiny model with
+/// its whole vocabulary on the list, beside plain decoding sessions.
+#[test]
+fn steady_head_drafted_rounds_allocate_nothing() {
+    let Some((model, _)) = common::tiny_q8_model("llama") else {
+        return;
+    };
+    let cfg = EngineConfig {
+        slots: 4,
+        ctx: 512,
+        ubatch: 64,
+        step_tokens: 64,
+        threads: 1,
+        head_draft: Some((0..model.vocab() as u32).collect()),
+        draft_k: 4,
+        draft_adaptive: false,
+        ..EngineConfig::default()
+    };
+    let mut s = Scheduler::new(model, Arc::new(NoText), cfg).unwrap();
+    let mut sessions: Vec<_> = (0..4u32)
+        .map(|i| {
+            let mut r = Request::greedy(vec![1, 40 + 13 * i, 300, 7], 450);
+            r.stop_at_eog = false;
+            r.escalation = i != 3;
+            if i == 1 {
+                r.sampling.repetition_penalty = 1.1;
+            }
+            r
+        })
+        .map(|r| s.submit(r).unwrap())
+        .collect();
+    let drain = |sessions: &mut Vec<synapse_runtime::engine::Session>| {
+        let mut n = 0;
+        for ss in sessions.iter_mut() {
+            while let Some(e) = ss.try_next() {
+                assert!(!matches!(e, Event::Error(_)), "{e:?}");
+                n += 1;
+            }
+        }
+        n
+    };
+    // Warm-up past each stream's first channel block (32 events) and the penalty window
+    // (64 tokens), whose buffers grow once.
+    for _ in 0..45 {
+        s.step();
+        drain(&mut sessions);
+    }
+    let mut worst = 0;
+    let mut per_step = Vec::new();
+    let mut events = 0;
+    ONLY_HERE.store(true, Ordering::Relaxed);
+    HERE.with(|h| h.set(true));
+    for _ in 0..30 {
+        ALLOCS.store(0, Ordering::Relaxed);
+        COUNTING.store(true, Ordering::Relaxed);
+        s.step();
+        COUNTING.store(false, Ordering::Relaxed);
+        worst = worst.max(ALLOCS.load(Ordering::Relaxed));
+        per_step.push(ALLOCS.load(Ordering::Relaxed));
+        events += drain(&mut sessions);
+    }
+    let st = s.stats();
+    assert!(st.draft_accepted > 0, "{st:?}");
+    assert!(
+        events > 30 * 4,
+        "drafting committed more than a token per step: {events}"
+    );
+    assert_eq!(
+        worst, 0,
+        "steady head-drafted rounds allocated {per_step:?} times"
+    );
+}

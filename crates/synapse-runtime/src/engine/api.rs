@@ -37,6 +37,12 @@ pub struct EngineConfig {
     /// `draft_k` tokens per step and the session's own profile verifies them in the step's
     /// pass. `None`: no request can opt in.
     pub draft: Option<Arc<Model>>,
+    /// A head-only draft for exact escalation (instead of `draft`): the model itself with
+    /// its LM head cut to a shared vocabulary shortlist — these token ids, the model's
+    /// end-of-generation tokens, the escalating sessions' prompt tokens and every token the
+    /// source chooses off the list (see `engine::head`). Greedy escalating sessions draft
+    /// with it; sampled ones decode plainly. `None`: no head-only draft.
+    pub head_draft: Option<Vec<u32>>,
     /// Most draft tokens per session and step (1..=16).
     pub draft_k: usize,
     /// Choose each step's `k` (0: no drafting that step) by the cost model from measured
@@ -56,6 +62,7 @@ impl Default for EngineConfig {
             threads: 2,
             memory: None,
             draft: None,
+            head_draft: None,
             draft_k: 8,
             draft_adaptive: true,
         }
@@ -436,7 +443,8 @@ pub struct EngineInfo {
     /// The hash of the precision profile new sessions run on (the source's, or a budget's /
     /// uniform profile's; it changes when a new profile is installed).
     pub profile: String,
-    /// The draft profile's hash when requests may opt in to exact escalation.
+    /// The draft profile's hash when requests may opt in to exact escalation (`head:N` for
+    /// a head-only draft whose shortlist starts with `N` tokens).
     pub draft_profile: Option<String>,
     /// The hash of the model's source profile (every weight in its source encoding): while
     /// `profile` equals it, plain decoding is already the exact output, so a request for

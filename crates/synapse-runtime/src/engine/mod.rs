@@ -16,6 +16,7 @@
 //! comes through the [`TokenPieces`] port, constraints through [`Constraint`].
 
 mod api;
+mod head;
 mod scheduler;
 mod session;
 mod stats;
@@ -96,7 +97,11 @@ impl Engine {
             weight_bytes: model.weight_bytes() as u64,
             kernel_path: sched.executor().kernel_path().name().to_string(),
             profile: model.profile.hash().to_string(),
-            draft_profile: cfg.draft.as_ref().map(|d| d.profile.hash()),
+            draft_profile: cfg
+                .draft
+                .as_ref()
+                .map(|d| d.profile.hash())
+                .or(sched.head_shortlist_base().map(|n| format!("head:{n}"))),
             source_profile: crate::PrecisionProfile::source(&model.ir).hash(),
             memory: sched.ledger(),
         };

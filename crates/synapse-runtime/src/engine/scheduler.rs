@@ -25,6 +25,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::unbounded_channel;
 
 use super::api::{EngineConfig, Event, FinishReason, Request, Session, SubmitError, TokenPieces};
+use super::head::HeadDrafter;
 use super::session::{Active, After, Phase, Waiting};
 use super::stats::SharedStats;
 use crate::error::{Result, RuntimeError};
@@ -112,6 +113,10 @@ pub struct Scheduler {
     downers: Vec<usize>,
     /// Whether the pass being run holds prompt rows (its time then says nothing of drafting).
     pass_has_prompt: bool,
+    /// Exact escalation by a head-only draft ([`EngineConfig::head_draft`]).
+    head: Option<HeadDrafter>,
+    /// The rounds verified by the last rows taken: (drafts, accepted) per session.
+    rounds: Vec<(usize, usize)>,
     /// The first stage of a layer pipeline (no profile changes).
     pipelined: bool,
     /// Per logits row of a pipelined pass: what its session reads of it.
@@ -271,8 +276,24 @@ impl Scheduler {
                 return Err(invalid("a verify pass needs ubatch ≥ 2".into()));
             }
         }
+        if cfg.head_draft.is_some() {
+            if cfg.draft.is_some() {
+                return Err(invalid(
+                    "a draft profile and a head-only draft exclude each other".into(),
+                ));
+            }
+            if !(1..=MAX_DRAFT).contains(&cfg.draft_k) {
+                return Err(invalid(format!(
+                    "draft_k {} is outside 1..={MAX_DRAFT}",
+                    cfg.draft_k
+                )));
+            }
+        }
         if let Some(h) = &head
-            && (cfg.draft.is_some() || h.layers == 0 || h.layers >= model.layers.len())
+            && (cfg.draft.is_some()
+                || cfg.head_draft.is_some()
+                || h.layers == 0
+                || h.layers >= model.layers.len())
         {
             return Err(invalid(format!(
                 "a pipeline's first stage runs layers 0..{} of {} and takes no draft",
@@ -296,9 +317,23 @@ impl Scheduler {
         } else {
             model.weight_bytes() as u64
         } + cfg.draft.as_ref().map_or(0, |d| d.weight_bytes() as u64);
+        // A head-only draft: its shortlist (bounded), and the head over at most `head_rows`
+        // rows a step.
+        let head_rows = (2 * cfg.draft_k).max(cfg.slots + 1);
+        let (weights, head_drafter) = match &cfg.head_draft {
+            Some(base) => (
+                weights + HeadDrafter::bytes_bound(&model, base.len(), head_rows)?,
+                Some(HeadDrafter::new(&model, base, cfg.slots, head_rows)?),
+            ),
+            None => (weights, None),
+        };
+        let logit_rows = if head_drafter.is_some() {
+            head_rows
+        } else {
+            cfg.slots + 1
+        };
         let kv_total = (kv.slot_bytes() * kv_slots) as u64;
-        let scratch =
-            model.pass_scratch_bytes(cfg.step_tokens, cfg.slots + 1, cfg.ctx, cfg.threads);
+        let scratch = model.pass_scratch_bytes(cfg.step_tokens, logit_rows, cfg.ctx, cfg.threads);
         let need = weights + kv_total + scratch;
         // A mixture of experts that does not fit whole pages its routed experts within what
         // the weights outside them, the KV and the compute scratch leave.
@@ -392,6 +427,8 @@ impl Scheduler {
             drows: Vec::with_capacity(cfg.slots * chunk),
             downers: Vec::with_capacity(cfg.slots),
             pass_has_prompt: false,
+            head: head_drafter,
+            rounds: Vec::with_capacity(cfg.slots),
             pipelined,
             row_reads: Vec::with_capacity(cfg.step_tokens),
             depth,
@@ -400,6 +437,19 @@ impl Scheduler {
             ledger,
             cfg,
         })
+    }
+
+    /// The length of a head-only draft's initial shortlist (`None`: no head-only draft).
+    pub fn head_shortlist_base(&self) -> Option<usize> {
+        self.head.as_ref().map(|h| h.base_len())
+    }
+
+    /// A head-only draft's shortlist now: (tokens on it, tokens the source chose off it,
+    /// rebuilds from its base).
+    pub fn head_shortlist(&self) -> Option<(usize, u64, u64)> {
+        self.head
+            .as_ref()
+            .map(|h| (h.list.len(), h.misses, h.rebuilds))
     }
 
     /// How `EngineConfig::memory` was divided (`None` without a budget).
@@ -560,17 +610,19 @@ impl Scheduler {
             self.publish();
             return false;
         }
-        // Drafts of the escalating sessions (verified in their profile's pass below).
+        // Head-drafted rounds (their own passes), then drafts of the escalating sessions
+        // (verified in their profile's pass below).
+        let head_ran = self.head_phase();
         self.draft_phase();
         // Every decode first (whatever its profile), then prompt chunks up to the budget.
         let decodes: usize = self
             .active
             .iter()
-            .filter(|a| a.phase == Phase::Decode)
+            .filter(|a| a.phase == Phase::Decode && !a.head_stepped)
             .map(|a| 1 + a.drafts.len())
             .sum();
         let mut prefill_budget = self.cfg.step_tokens - decodes.min(self.cfg.step_tokens);
-        let mut ran_any = false;
+        let mut ran_any = head_ran;
         for e in 0..self.execs.len() {
             if self.execs[e].is_none() || !self.active.iter().any(|a| a.exec == e) {
                 continue;
@@ -717,9 +769,15 @@ impl Scheduler {
             self.mark_row_reads();
         }
         let one_exec = self.execs.iter().filter(|e| e.is_some()).count() == 1;
-        let Some(exec) = self.execs[e].as_mut() else {
+        // (Taken out for the pass: its logits are read while the sessions change.)
+        let Some(mut exec) = self.execs[e].take() else {
             return;
         };
+        self.pass_on(&mut exec, recv, one_exec);
+        self.execs[e] = Some(exec);
+    }
+
+    fn pass_on(&mut self, exec: &mut Executor, recv: bool, one_exec: bool) {
         // The pager's counters as of the previous pass (this one borrows the executor).
         if let Some(p) = exec.paging_stats() {
             let st = &self.stats;
@@ -750,8 +808,23 @@ impl Scheduler {
             let dt = t0.elapsed().as_secs_f64();
             let rows = self.step_k + 1;
             ewma(&mut self.dcost.verify[rows], dt);
+            // A pass of plain decode rows: what a head-drafted round is weighed against.
+            if let Some(h) = self.head.as_mut() {
+                h.cost.observe_plain(self.rows.len(), dt);
+            }
         }
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
+        self.take_rows(out, logprobs);
+        for (k, acc) in self.rounds.drain(..) {
+            self.dcost.observe_round(k, acc);
+        }
+    }
+
+    /// The sessions of `ran` take their logits rows of `out` (`owners` names each row's
+    /// session): a plain session its one row, a verifying one its rows in order up to the
+    /// first that disagrees with its draft (its slot is then cut back to what plain decoding
+    /// holds). The verified rounds go to `rounds`.
+    fn take_rows(&mut self, out: &[f32], logprobs: &[Option<crate::pipeline::RowLogprob>]) {
         for &(i, n) in &self.ran {
             let a = &mut self.active[i];
             if !a.verifying() {
@@ -759,6 +832,7 @@ impl Scheduler {
             } else {
                 // A verifying session's position moves row by row as its rows are taken.
                 a.vseen = 0;
+                a.vacc = 0;
                 a.vdone = false;
             }
         }
@@ -818,6 +892,7 @@ impl Scheduler {
                     let r = a.vseen - 1;
                     if r < a.drafts.len() && a.last == a.drafts[r] {
                         accepted += 1;
+                        a.vacc += 1;
                     } else {
                         a.vdone = true;
                     }
@@ -833,10 +908,9 @@ impl Scheduler {
                 continue;
             }
             let k = a.drafts.len();
-            let acc = a.vseen.saturating_sub(1).min(k);
             drafted += k as u64;
             if k > 0 {
-                self.dcost.observe_round(k, acc);
+                self.rounds.push((k, a.vacc.min(k)));
             }
             a.spec_len = 0;
             if let Err(err) = self.kv.truncate(a.slot, a.pos) {
@@ -853,6 +927,170 @@ impl Scheduler {
         self.stats
             .generated_tokens
             .fetch_add(generated, Ordering::Relaxed);
+    }
+
+    /// Head-drafted rounds ([`EngineConfig::head_draft`]; see `engine::head`): on every
+    /// executor whose LM head the shortlist was gathered from, its greedy escalating
+    /// decoding sessions run `k` body passes in their own slots, a shortlist choice after
+    /// each, then the full head over all their stored rows in one call; each takes its rows
+    /// as a verify round. They take no row in the step's ordinary pass.
+    /// Returns whether a round ran.
+    fn head_phase(&mut self) -> bool {
+        for a in self.active.iter_mut() {
+            a.head_stepped = false;
+        }
+        let Some(mut h) = self.head.take() else {
+            return false;
+        };
+        let mut ran = false;
+        for e in 0..self.execs.len() {
+            let Some(mut exec) = self.execs[e].take() else {
+                continue;
+            };
+            if h.serves(exec.model()) {
+                ran |= self.head_round(&mut h, &mut exec, e);
+            }
+            self.execs[e] = Some(exec);
+        }
+        self.head = Some(h);
+        ran
+    }
+
+    fn head_round(&mut self, h: &mut HeadDrafter, exec: &mut Executor, e: usize) -> bool {
+        h.sessions.clear();
+        for (i, a) in self.active.iter().enumerate() {
+            if a.exec == e
+                && a.escalate
+                && a.phase == Phase::Decode
+                && !a.sampled()
+                && !a.in_flight
+                && a.generated < a.max_tokens
+                && a.pos < self.cfg.ctx
+            {
+                h.sessions.push(i);
+            }
+        }
+        let s = h.sessions.len();
+        if s == 0 {
+            return false;
+        }
+        let k = if self.cfg.draft_adaptive {
+            h.cost.choose(s, self.cfg.draft_k, h.max_rows)
+        } else {
+            self.cfg.draft_k.min(h.max_rows / s)
+        };
+        if k == 0 {
+            return false;
+        }
+        // Each session drafts at most the tokens it may still commit and the context holds.
+        h.offsets.clear();
+        h.want.clear();
+        let mut total = 0;
+        for &i in &h.sessions {
+            let a = &mut self.active[i];
+            let w = k.min(a.max_tokens - a.generated).min(self.cfg.ctx - a.pos);
+            h.offsets.push(total);
+            h.want.push(w);
+            total += w;
+            a.drafts.clear();
+            a.spec_len = 0;
+        }
+        let hd = exec.model().hidden();
+        let mut passes = 0u64;
+        for p in 0..k {
+            let t0 = Instant::now();
+            h.rows.clear();
+            for (j, &i) in h.sessions.iter().enumerate() {
+                if h.want[j] > p {
+                    let a = &self.active[i];
+                    let tok = if p == 0 { a.last } else { a.drafts[p - 1] };
+                    h.rows.push(Row::decode(a.slot, (a.pos + p) as u32, tok));
+                }
+            }
+            if h.rows.is_empty() {
+                break;
+            }
+            passes += 1;
+            let out = match exec.forward_normed(&mut self.kv, &h.rows) {
+                Ok(o) => o,
+                Err(err) => return self.fail_head_round(h, &err.to_string()),
+            };
+            let mut r = 0;
+            for j in 0..h.sessions.len() {
+                if h.want[j] > p {
+                    let at = (h.offsets[j] + p) * hd;
+                    h.hidden[at..at + hd].copy_from_slice(&out[r * hd..(r + 1) * hd]);
+                    r += 1;
+                }
+            }
+            for (j, &i) in h.sessions.iter().enumerate() {
+                if h.want[j] <= p {
+                    continue;
+                }
+                let at = (h.offsets[j] + p) * hd;
+                let row = &h.hidden[at..at + hd];
+                let a = &mut self.active[i];
+                // Greedy without bias or penalties: the list's own argmax; else the list's
+                // logits over the vocabulary (−∞ off it) as this session reads them.
+                let d = if a.logit_bias.is_empty() && !a.sampler.penalizes() {
+                    h.list.argmax(exec, row)
+                } else {
+                    h.full.fill(f32::NEG_INFINITY);
+                    h.list
+                        .scatter_logits(exec, row, &mut h.full)
+                        .map(|()| a.draft_choice(&h.full, &mut self.logits))
+                };
+                match d {
+                    Ok(d) => a.drafts.push(d),
+                    Err(err) => return self.fail_head_round(h, &err.to_string()),
+                }
+            }
+            h.cost
+                .observe_body(h.rows.len(), t0.elapsed().as_secs_f64());
+        }
+        // Verify: the full head over every drafted position, each row in the one-row order.
+        self.owners.clear();
+        self.ran.clear();
+        for (j, &i) in h.sessions.iter().enumerate() {
+            self.owners.extend(std::iter::repeat_n(i, h.want[j]));
+            self.ran.push((i, h.want[j]));
+            self.active[i].head_stepped = true;
+        }
+        let t0 = Instant::now();
+        let out = match exec.head_logits(&h.hidden[..total * hd]) {
+            Ok(o) => o,
+            Err(err) => return self.fail_head_round(h, &err.to_string()),
+        };
+        h.cost.observe_head(total, t0.elapsed().as_secs_f64());
+        self.stats.steps.fetch_add(passes, Ordering::Relaxed);
+        self.take_rows(out, &[]);
+        for (k, acc) in self.rounds.drain(..) {
+            h.cost.observe_round(k, acc);
+        }
+        // Every committed token but a round's last was a draft (on the list); a last one
+        // chosen off the list joins it.
+        let model = exec.model().clone();
+        for j in 0..h.sessions.len() {
+            let t = self.active[h.sessions[j]].last;
+            if !h.list.contains(t) {
+                h.misses += 1;
+                if let Err(err) = h.add(&model, &[t]) {
+                    tracing::warn!(error = %err, "the head draft's shortlist could not grow");
+                }
+            }
+        }
+        true
+    }
+
+    /// A head-drafted round failed: its sessions fail (error sent, slots reset), as a pass.
+    fn fail_head_round(&mut self, h: &HeadDrafter, msg: &str) -> bool {
+        self.ran.clear();
+        for &i in &h.sessions {
+            self.ran.push((i, 0));
+            self.active[i].head_stepped = true;
+        }
+        self.fail_pass(msg);
+        true
     }
 
     /// The draft passes of a step: every escalating decoding session's draft slot catches up
@@ -1041,7 +1279,7 @@ impl Scheduler {
         self.pass_has_prompt = false;
         let mut decodes = 0;
         for (i, a) in self.active.iter().enumerate() {
-            if a.exec == e && a.phase == Phase::Decode && !a.in_flight {
+            if a.exec == e && a.phase == Phase::Decode && !a.in_flight && !a.head_stepped {
                 if decodes == self.max_decodes {
                     continue;
                 }
@@ -1247,6 +1485,16 @@ impl Scheduler {
                 waited_ms = w.since.elapsed().as_millis() as u64,
                 "admitted"
             );
+            // A greedy escalating session's prompt joins the head draft's shortlist (text
+            // it quotes can then be drafted).
+            if let (Some(h), Some(exec)) = (self.head.as_mut(), self.execs[self.current].as_ref())
+                && w.req.escalation
+                && w.req.sampling.temperature <= 0.0
+                && h.serves(exec.model())
+                && let Err(e) = h.add(exec.model(), &w.req.prompt)
+            {
+                tracing::warn!(error = %e, "the head draft's shortlist could not take a prompt");
+            }
             let _ = w.tx.send(Event::Admitted {
                 cached_tokens: reused,
             });

@@ -70,6 +70,10 @@ pub(crate) struct Active {
     pub spec_qs: Vec<Vec<(u32, f64)>>,
     pub spec_len: usize,
     pub draft_want: usize,
+    /// Drafts of the round being verified that the source accepted.
+    pub vacc: usize,
+    /// Its round ran in this step's head-draft phase (it takes no row in the step's pass).
+    pub head_stepped: bool,
     /// Its rows are in a pass sent down a pipeline whose logits have not come back yet
     /// (it takes no part in another pass and is not retired meanwhile).
     pub in_flight: bool,
@@ -140,6 +144,8 @@ impl Active {
             spec_qs: Vec::new(),
             spec_len: 0,
             draft_want: 0,
+            vacc: 0,
+            head_stepped: false,
             in_flight: false,
             forced: req.forced,
             stops: StopStrings::new(&req.stop),
