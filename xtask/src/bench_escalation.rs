@@ -154,6 +154,8 @@ fn run_streams(a: &Args, streams: &str) -> Result<()> {
     // rates[variant][stream index]
     let mut rates = vec![vec![Vec::new(); ns.len()]; variants.len()];
     let mut acc = vec![vec![Vec::new(); ns.len()]; variants.len()];
+    // The tokens' hash of every run: each drafted run's must equal the plain runs'.
+    let mut hashes = vec![vec![Vec::new(); ns.len()]; variants.len()];
     println!(
         "engine aggregate decode, plain vs exact escalation: {} tokens per stream, {} threads",
         a.n_gen, a.threads
@@ -189,6 +191,7 @@ fn run_streams(a: &Args, streams: &str) -> Result<()> {
                 let j: Value = serde_json::from_str(line)?;
                 let s = j["streams"].as_u64().unwrap_or(0) as usize;
                 if let Some(si) = ns.iter().position(|&n| n == s) {
+                    hashes[v][si].push(j["tokens_fnv"].as_str().unwrap_or_default().to_string());
                     rates[v][si].push(j["aggregate_decode_tok_s"].as_f64().unwrap_or(f64::NAN));
                     let d = j["drafted"].as_f64().unwrap_or(0.0);
                     if d > 0.0 {
@@ -198,6 +201,18 @@ fn run_streams(a: &Args, streams: &str) -> Result<()> {
             }
         }
     }
+    for (si, &n) in ns.iter().enumerate() {
+        for (v, hs) in hashes.iter().enumerate() {
+            if let Some(h) = hs[si].iter().find(|h| Some(*h) != hashes[0][si].first()) {
+                bail!(
+                    "{} at {n} streams produced other tokens than plain decoding ({h} vs {:?})",
+                    variants[v],
+                    hashes[0][si].first()
+                );
+            }
+        }
+    }
+    println!("identical tokens: every run at every stream count");
     let mut report = Vec::new();
     for (si, &n) in ns.iter().enumerate() {
         let plain = median(rates[0][si].clone());

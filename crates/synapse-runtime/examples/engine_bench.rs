@@ -10,7 +10,11 @@
 //! `ENGINE_BENCH_DRAFT=uniform:ENCODING` (exact escalation): the engine gets that draft
 //! profile, every session opts in, and the prompts are real text (the model's tokenizer; set
 //! it for the plain runs it is compared with too: `ENGINE_BENCH_DRAFT=none`).
+//! `ENGINE_BENCH_DRAFT=head:N`: a head-only draft instead (`EngineConfig::head_draft`: the
+//! `N` lowest ids and the vocabulary's pieces of at most two ASCII bytes).
 //! `ENGINE_BENCH_DRAFT_K` (default 8) and `ENGINE_BENCH_FIXED_K=1` set the drafting.
+//! Each line carries `tokens_fnv`, a hash of every session's tokens in order, so runs with
+//! and without a draft can be checked for identical output.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,8 +45,14 @@ fn main() -> anyhow::Result<()> {
     let model = Arc::new(Model::load(std::path::Path::new(model_path))?);
     let vocab = model.vocab() as u32;
     let draft_spec = std::env::var("ENGINE_BENCH_DRAFT").ok();
+    let head_n: Option<usize> = draft_spec
+        .as_deref()
+        .and_then(|d| d.strip_prefix("head:"))
+        .map(|n| n.parse())
+        .transpose()?;
     let draft = match draft_spec.as_deref() {
         None | Some("none") => None,
+        Some(_) if head_n.is_some() => None,
         Some(spec) => {
             let p = synapse_runtime::precision::Precision::parse_profile(spec)?;
             Some(synapse_runtime::precision::apply(&model, &p, None)?.model)
@@ -60,6 +70,23 @@ fn main() -> anyhow::Result<()> {
         anyhow::Ok(tok)
     });
     let tok = texts.transpose()?;
+    let head_draft = match (head_n, &tok) {
+        (Some(n), Some(t)) => {
+            let mut ids: Vec<u32> = (0..(n as u32).min(vocab)).collect();
+            for id in 0..t.vocab_size() as u32 {
+                if let Ok(p) = t.token_to_piece(id, false)
+                    && !p.is_empty()
+                    && p.len() <= 2
+                    && p.is_ascii()
+                {
+                    ids.push(id);
+                }
+            }
+            Some(ids)
+        }
+        _ => None,
+    };
+    let escalate = draft.is_some() || head_draft.is_some();
     const TEXTS: [&str; 4] = [
         "Once upon a time, in a small village at the edge of a great forest, there lived",
         "def quicksort(items):\n    \"\"\"Sort a list of numbers.\"\"\"\n",
@@ -75,6 +102,7 @@ fn main() -> anyhow::Result<()> {
             queue: s,
             threads,
             draft: draft.clone(),
+            head_draft: head_draft.clone(),
             draft_k,
             draft_adaptive: !fixed_k,
             ..EngineConfig::default()
@@ -106,19 +134,21 @@ fn main() -> anyhow::Result<()> {
                 };
                 let mut r = Request::greedy(prompt, n_gen);
                 r.stop_at_eog = false;
-                r.escalation = draft.is_some();
+                r.escalation = escalate;
                 sched.submit(r)
             })
             .collect::<Result<_, _>>()?;
         let t0 = Instant::now();
         let mut produced = vec![0usize; s];
+        let mut ids: Vec<Vec<u32>> = vec![Vec::new(); s];
         let mut t_decode: Option<Instant> = None;
         let mut steps_decode = 0usize;
         while sched.step() {
             for (i, ss) in sessions.iter_mut().enumerate() {
                 while let Some(e) = ss.try_next() {
-                    if matches!(e, Event::Token(_)) {
+                    if let Event::Token(t) = e {
                         produced[i] += 1;
+                        ids[i].push(t.id);
                     }
                 }
             }
@@ -129,6 +159,13 @@ fn main() -> anyhow::Result<()> {
             }
         }
         let total = t0.elapsed().as_secs_f64();
+        // FNV-1a over every session's tokens in order.
+        let mut fnv = 0xcbf2_9ce4_8422_2325u64;
+        for t in ids.iter().flatten() {
+            for b in t.to_le_bytes() {
+                fnv = (fnv ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
         let dt = t_decode.map_or(0.0, |t| t.elapsed().as_secs_f64());
         let decoded: usize = produced.iter().map(|&p| p.saturating_sub(1)).sum();
         println!(
@@ -145,6 +182,7 @@ fn main() -> anyhow::Result<()> {
                 "total_s": total,
                 "drafted": sched.stats().drafted,
                 "draft_accepted": sched.stats().draft_accepted,
+                "tokens_fnv": format!("{fnv:016x}"),
             })
         );
     }

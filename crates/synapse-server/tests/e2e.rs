@@ -1287,6 +1287,59 @@ async fn exact_escalation_is_a_request_field() {
     );
 }
 
+/// A server with a head-only draft (`EngineConfig::head_draft`): opted-in greedy requests
+/// are drafted by the model's own head cut to a shortlist and give the same text as plain
+/// decoding (non-streaming, streaming, beside a plain request and a sampled escalating one,
+/// which decodes plainly); `/v1/models` names the draft `head:N`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_only_draft_serves_exact_escalation() {
+    let ecfg = EngineConfig {
+        head_draft: Some((0..8192).collect()),
+        draft_k: 4,
+        draft_adaptive: false,
+        ..small_engine()
+    };
+    let Some(s) = start(ecfg, ServerConfig::default()).await else {
+        return;
+    };
+    let body = json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0});
+    let (st, plain) = s.post("/v1/completions", &body).await;
+    assert_eq!(st, 200, "{plain}");
+    let mut eb = body.clone();
+    eb["escalation"] = json!("exact");
+    let other = json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0});
+    let sampled = json!({"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0.8,
+        "seed": 7, "escalation": "exact"});
+    let (a, b, c) = tokio::join!(
+        s.post("/v1/completions", &eb),
+        s.post("/v1/completions", &other),
+        s.post("/v1/completions", &sampled)
+    );
+    assert_eq!(a.0, 200, "{}", a.1);
+    assert_eq!(b.0, 200);
+    assert_eq!(c.0, 200, "{}", c.1);
+    assert_eq!(a.1["choices"][0]["text"], plain["choices"][0]["text"]);
+    assert_eq!(a.1["usage"]["completion_tokens"], 24);
+    let mut sb = eb.clone();
+    sb["stream"] = json!(true);
+    let ev = s.stream("/v1/completions", &sb).await;
+    let (texts, _, _) = check_stream(&ev, false, 1, false);
+    assert_eq!(texts[0], plain["choices"][0]["text"].as_str().unwrap());
+    let st = s.drained().await;
+    assert!(st.drafted > 0 && st.draft_accepted > 0, "{st:?}");
+    let models: Value = s
+        .http
+        .get(format!("{}/v1/models", s.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let d = models["data"][0]["meta"]["draft_profile"].as_str().unwrap();
+    assert!(d.starts_with("head:"), "{models}");
+}
+
 /// The per-request `precision` field: a source-precision server serves `"source"` and its own
 /// profile hash, and refuses another profile with a 400 naming what it runs; a server at a
 /// lower profile refuses `"source"` (it never serves a request that asked for the source at an

@@ -444,6 +444,16 @@ pub fn shortlist_extra(tok: &synapse_tokenizer::Tokenizer, prompt: &[u32]) -> Ve
     out
 }
 
+/// The base of a head-only draft's shortlist in `serve` (`--draft-profile head:N`): the `N`
+/// lowest ids and the vocabulary's pieces of at most two ASCII bytes ([`shortlist_extra`]
+/// without a prompt; the engine adds each escalating request's prompt as it comes).
+pub fn head_base(tok: &synapse_tokenizer::Tokenizer, n: usize) -> Vec<u32> {
+    let vocab = tok.vocab_size() as u32;
+    let mut ids: Vec<u32> = (0..(n as u32).min(vocab)).collect();
+    ids.extend(shortlist_extra(tok, &[]));
+    ids
+}
+
 /// The draft's default profile (`--escalation selective`).
 pub const DEFAULT_DRAFT_PROFILE: &str = "uniform:syn.q4.symmetric.g64.v1";
 
@@ -587,7 +597,8 @@ impl DraftArgs {
                 best = Some((i, prepared));
             }
         }
-        // The head-only draft (generate only: the engine drafts with profiles).
+        // The head-only draft (`head_extra`: the tokens its shortlist starts with besides
+        // the lowest ids).
         if let Some(extra) = head_extra {
             let spec = format!("head:{AUTO_HEAD_SHORTLIST}");
             let mut sl = synapse_runtime::head_draft::Shortlist::lowest_ids(

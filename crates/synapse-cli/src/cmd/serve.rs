@@ -254,10 +254,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .model
         }
     };
-    let draft = if args.draft.auto() {
+    // A head-only draft (`--draft-profile head:N`, or chosen by `auto`): the shortlist's
+    // base; the requests' prompts join it as they come.
+    let mut head_draft = args
+        .draft
+        .head_shortlist()?
+        .map(|n| super::load::head_base(&tok, n));
+    let draft = if head_draft.is_some() {
+        None
+    } else if args.draft.auto() {
         // No request is known yet: the drafts are measured on a fixed probe text.
         let probe = tok.encode(super::load::PROBE_TEXT, true, false)?;
         let mut exec = synapse_runtime::Executor::new(model.clone(), args.threads)?;
+        let extra = super::load::shortlist_extra(&tok, &probe);
         let a = args.draft.choose_auto(
             &model,
             &args.precision,
@@ -266,8 +275,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &mut exec,
             kv_dtype,
             &probe,
-            None,
+            Some(&extra),
         )?;
+        head_draft = a.head.map(|n| super::load::head_base(&tok, n));
         a.chosen.map(|c| c.1.applied.model)
     } else if args.draft.given() {
         let d = args.draft.apply(
@@ -312,6 +322,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         threads: args.threads,
         memory,
         draft,
+        head_draft,
         draft_k: args.draft.draft_k,
         draft_adaptive: !args.draft.fixed_k,
         ..EngineConfig::default()
