@@ -1,10 +1,12 @@
 //! `generate --escalation exact` through the command line on a tiny fixture: the same tokens
 //! and text as plain greedy decoding, the drafting statistics and the automatic draft choice's
 //! measures in `--json`, and the requests it cannot serve refused with a clear error before
-//! anything runs.
+//! anything runs. `serve --draft-profile head:N`: opted-in requests give the plain text.
+
+mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
@@ -278,4 +280,69 @@ fn a_head_only_draft_prints_plain_greedy_output() {
         run(&["--escalation", "selective", "--draft-profile", "head:64"])
             .contains("--escalation exact")
     );
+}
+
+/// `serve --draft-profile head:N`: the engine drafts opted-in requests with the model's own
+/// head cut to a shortlist; their texts equal the plain requests' (four at once, two opted
+/// in), `/v1/models` names the draft `head:…` and `/metrics` counts drafted tokens.
+#[test]
+fn a_server_with_a_head_only_draft_serves_plain_text() {
+    let llama = root().join("fixtures/tiny/llama/model.q8_0.gguf");
+    if !synapse_testdata::require(&llama, "tiny-model fixture") {
+        return;
+    }
+    let mut c = Command::new(BIN);
+    c.args(["serve", "--model", llama.to_str().unwrap(), "--port", "0"])
+        .args(["-np", "4", "-c", "256", "--draft-profile", "head:64"])
+        .args(["--draft-k", "4", "--fixed-k"])
+        .env("RUST_BACKTRACE", "0")
+        .env_remove("SYNAPSE_MODEL")
+        .stderr(Stdio::piped());
+    let (_srv, addr, _) = common::Server::started(c.spawn().unwrap());
+    let prompts = [
+        "once upon a time",
+        "the cat sat on",
+        "one two three",
+        "hello",
+    ];
+    let ask = |escalate: bool| -> Vec<String> {
+        let hs: Vec<_> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let addr = addr.clone();
+                let mut body = serde_json::json!({
+                    "prompt": p, "max_tokens": 30, "temperature": 0, "ignore_eos": true
+                });
+                if escalate && i % 2 == 0 {
+                    body["escalation"] = serde_json::json!("exact");
+                }
+                std::thread::spawn(move || {
+                    let (st, v) = common::http(&addr, "POST", "/v1/completions", &body.to_string());
+                    assert_eq!(st, 200, "{v}");
+                    v["choices"][0]["text"].as_str().unwrap().to_string()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    };
+    let plain = ask(false);
+    assert_eq!(ask(true), plain);
+    let (_, models) = common::http(&addr, "GET", "/v1/models", "");
+    let d = models["data"][0]["meta"]["draft_profile"].as_str().unwrap();
+    assert!(d.starts_with("head:"), "{models}");
+    let (_, m) = common::http(&addr, "GET", "/metrics", "");
+    let drafted: f64 = m
+        .as_str()
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("synapse_draft_tokens_total ")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap();
+    assert!(drafted > 0.0, "{m}");
+    eprintln!("head-drafted server: {drafted} tokens drafted");
 }
