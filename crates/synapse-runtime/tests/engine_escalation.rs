@@ -135,6 +135,11 @@ fn run(
     );
     assert!(st.drafted > 0, "nothing was drafted");
     assert!(st.draft_accepted > 0 && st.draft_accepted <= st.drafted);
+    // The acceptance estimate exported as an online signal.
+    assert!(
+        st.draft_acceptance_ppm > 0 && st.draft_acceptance_ppm < 1_000_000,
+        "{st:?}"
+    );
     events
 }
 

@@ -139,6 +139,14 @@ fn run(
     }
     let st = s.stats();
     let (list, misses, _) = s.head_shortlist().unwrap();
+    // The exported signals: the list's size, and the decayed acceptance estimate.
+    assert_eq!(st.draft_shortlist, list as u64);
+    if st.drafted > 0 {
+        assert!(
+            st.draft_acceptance_ppm > 0 && st.draft_acceptance_ppm < 1_000_000,
+            "{st:?}"
+        );
+    }
     eprintln!(
         "{} slots: {} drafted, {} accepted, {} steps, {} tokens; shortlist {list}, {misses} misses",
         cfg.slots, st.drafted, st.draft_accepted, st.steps, st.generated_tokens

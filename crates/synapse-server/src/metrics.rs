@@ -110,6 +110,10 @@ pub fn render(stats: &EngineStats, info: &EngineInfo) -> String {
     counter!("synapse_engine_steps_total").absolute(stats.steps);
     counter!("synapse_draft_tokens_total").absolute(stats.drafted);
     counter!("synapse_draft_accepted_tokens_total").absolute(stats.draft_accepted);
+    if stats.drafted > 0 {
+        gauge!("synapse_draft_acceptance").set(stats.draft_acceptance_ppm as f64 / 1e6);
+    }
+    gauge!("synapse_draft_shortlist_tokens").set(stats.draft_shortlist as f64);
     counter!("synapse_expert_hits_total").absolute(stats.expert_hits);
     counter!("synapse_expert_misses_total").absolute(stats.expert_misses);
     counter!("synapse_expert_evictions_total").absolute(stats.expert_evictions);

@@ -1338,6 +1338,9 @@ async fn a_head_only_draft_serves_exact_escalation() {
         .unwrap();
     let d = models["data"][0]["meta"]["draft_profile"].as_str().unwrap();
     assert!(d.starts_with("head:"), "{models}");
+    let m = s.metrics().await;
+    assert!(m.contains("synapse_draft_acceptance "), "{m}");
+    assert!(m.contains("synapse_draft_shortlist_tokens "), "{m}");
 }
 
 /// The per-request `precision` field: a source-precision server serves `"source"` and its own

@@ -397,6 +397,12 @@ pub struct EngineStats {
     pub drafted: u64,
     /// Draft tokens the verifying profile accepted.
     pub draft_accepted: u64,
+    /// The draft's per-token acceptance as the cost model estimates it now (decayed over
+    /// recent rounds), in parts per million; 0 before any drafted round. An online signal of
+    /// how much what the draft demotes matters to this traffic.
+    pub draft_acceptance_ppm: u64,
+    /// Tokens on a head-only draft's shortlist (0 without one).
+    pub draft_shortlist: u64,
     /// Routed-expert uses that found the expert resident (under `EngineConfig::memory`).
     pub expert_hits: u64,
     /// Routed-expert uses that paged the expert in.

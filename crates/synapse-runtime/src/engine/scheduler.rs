@@ -397,6 +397,11 @@ impl Scheduler {
             .kv_budget_bytes
             .store((kv.slot_bytes() * kv_slots) as u64, Ordering::Relaxed);
         stats.set_profile(&profile, weights);
+        if let Some(h) = &head_drafter {
+            stats
+                .draft_shortlist
+                .store(h.list.len() as u64, Ordering::Relaxed);
+        }
         Ok(Scheduler {
             execs: vec![Some(exec)],
             current: 0,
@@ -815,8 +820,14 @@ impl Scheduler {
         }
         self.stats.steps.fetch_add(1, Ordering::Relaxed);
         self.take_rows(out, logprobs);
-        for (k, acc) in self.rounds.drain(..) {
-            self.dcost.observe_round(k, acc);
+        if !self.rounds.is_empty() {
+            for (k, acc) in self.rounds.drain(..) {
+                self.dcost.observe_round(k, acc);
+            }
+            self.stats.draft_acceptance_ppm.store(
+                (self.dcost.acceptance_estimate() * 1e6) as u64,
+                Ordering::Relaxed,
+            );
         }
     }
 
@@ -1067,6 +1078,9 @@ impl Scheduler {
         for (k, acc) in self.rounds.drain(..) {
             h.cost.observe_round(k, acc);
         }
+        self.stats
+            .draft_acceptance_ppm
+            .store((h.cost.acceptance() * 1e6) as u64, Ordering::Relaxed);
         // Every committed token but a round's last was a draft (on the list); a last one
         // chosen off the list joins it.
         let model = exec.model().clone();
@@ -1079,6 +1093,9 @@ impl Scheduler {
                 }
             }
         }
+        self.stats
+            .draft_shortlist
+            .store(h.list.len() as u64, Ordering::Relaxed);
         true
     }
 
