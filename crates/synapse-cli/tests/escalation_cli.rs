@@ -177,6 +177,39 @@ fn exact_escalation_prints_plain_greedy_output_and_its_drafting() {
             .len(),
         5
     );
+    // The first auto run stored its choice (this store, model, machine, threads): later runs
+    // reuse it without measuring, `--remeasure` measures again.
+    let first = {
+        let args: Vec<&str> = base
+            .iter()
+            .copied()
+            .chain(["--escalation", "exact"])
+            .collect();
+        json(&cli(dir.path(), &args))
+    };
+    let a = &j["escalation"]["auto"];
+    assert_eq!(a["cached"], true, "{a}");
+    assert_eq!(a["chosen"], first["escalation"]["auto"]["chosen"]);
+    assert!(a["seconds"].as_f64().unwrap() < 5.0, "{a}");
+    let args: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["--escalation", "exact", "--remeasure"])
+        .collect();
+    let r = json(&cli(dir.path(), &args));
+    assert_eq!(r["escalation"]["auto"]["cached"], false);
+    assert_eq!(r["tokens"], plain["tokens"]);
+    // A stored file naming something else than a candidate is not trusted: measured again.
+    let choices = dir.path().join("store/draft-choice");
+    for f in std::fs::read_dir(&choices).unwrap() {
+        let f = f.unwrap().path();
+        let mut v: Value = serde_json::from_slice(&std::fs::read(&f).unwrap()).unwrap();
+        v["chosen"] = Value::from("uniform:nope");
+        std::fs::write(&f, v.to_string()).unwrap();
+    }
+    let again = json(&cli(dir.path(), &args[..args.len() - 1]));
+    assert_eq!(again["escalation"]["auto"]["cached"], false);
+    assert_eq!(again["tokens"], plain["tokens"]);
 
     // Selective escalation: an infinite margin is the model's own output, 0 the draft's.
     let q4 = "uniform:syn.q4.symmetric.g64.v1";

@@ -373,7 +373,12 @@ impl Executor {
         self.pager.as_ref().map(|p| p.stats())
     }
 
-    /// Kernel path in use.
+    /// Compute threads.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The kernel path in use.
     pub fn kernel_path(&self) -> KernelPath {
         self.ctx.path()
     }

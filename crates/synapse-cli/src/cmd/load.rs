@@ -425,6 +425,10 @@ pub struct DraftArgs {
     /// Always draft `--draft-k` tokens (no cost model).
     #[arg(long)]
     pub fixed_k: bool,
+    /// `--draft-profile auto` measures its candidates again instead of reusing the choice
+    /// it stored for this model, profile, machine and thread count.
+    #[arg(long)]
+    pub remeasure: bool,
 }
 
 /// The tokens a head-only draft's shortlist starts with besides its lowest ids: the prompt's,
@@ -452,6 +456,71 @@ pub fn head_base(tok: &synapse_tokenizer::Tokenizer, n: usize) -> Vec<u32> {
     let mut ids: Vec<u32> = (0..(n as u32).min(vocab)).collect();
     ids.extend(shortlist_extra(tok, &[]));
     ids
+}
+
+/// Where `--draft-profile auto` keeps its choice for `model` (its fingerprint and profile),
+/// this machine (kernel path, CPU model, logical CPUs), `exec`'s thread count, `draft_k`, the
+/// candidate list and whether the head-only candidate is measured: a file in the store's
+/// `draft-choice/` (`None` when no store directory is known).
+fn auto_cache_file(
+    store: Option<&Path>,
+    model: &Model,
+    exec: &synapse_runtime::Executor,
+    draft_k: usize,
+    head: bool,
+) -> Option<std::path::PathBuf> {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(str::to_string)
+        })
+        .unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mut h = blake3::Hasher::new();
+    for part in [
+        env!("CARGO_PKG_VERSION"),
+        &model.ir.fingerprint,
+        &model.profile.hash(),
+        exec.kernel_path().name(),
+        &cpu,
+        &cpus.to_string(),
+        &exec.threads().to_string(),
+        &draft_k.to_string(),
+        &AUTO_DRAFT_CANDIDATES.join(","),
+        if head { "head" } else { "" },
+        &AUTO_HEAD_SHORTLIST.to_string(),
+    ] {
+        h.update(part.as_bytes());
+        h.update(&[0]);
+    }
+    let dir = store.map_or_else(synapse_cas::default_store_dir, Path::to_path_buf);
+    Some(
+        dir.join("draft-choice")
+            .join(format!("{}.json", &h.finalize().to_hex()[..32])),
+    )
+}
+
+/// A stored choice: the chosen spec (`None`: no draft) and the report it was made with.
+fn read_auto_cache(f: &Path) -> Option<(Option<String>, serde_json::Value)> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(f).ok()?).ok()?;
+    let spec = match &v["chosen"] {
+        serde_json::Value::Null => None,
+        serde_json::Value::String(s) => Some(s.clone()),
+        _ => return None,
+    };
+    Some((spec, v))
+}
+
+/// Stores a report (written to a temporary file, then renamed: a reader never sees half).
+fn write_auto_cache(f: &Path, report: &serde_json::Value) -> anyhow::Result<()> {
+    let dir = f.parent().context("no directory")?;
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".{}.tmp", std::process::id()));
+    std::fs::write(&tmp, serde_json::to_vec_pretty(report)?)?;
+    std::fs::rename(&tmp, f)?;
+    Ok(())
 }
 
 /// The draft's default profile (`--escalation selective`).
@@ -560,6 +629,49 @@ impl DraftArgs {
     ) -> anyhow::Result<AutoDraft> {
         use synapse_runtime::draft_choice::{self, ProbeParams};
         let t0 = std::time::Instant::now();
+        // A choice measured before for this model, profile, machine and thread count.
+        let cache = auto_cache_file(store, model, exec, self.draft_k, head_extra.is_some());
+        let known = |s: &Option<String>| {
+            s.as_deref().is_none_or(|s| {
+                AUTO_DRAFT_CANDIDATES.contains(&s)
+                    || (head_extra.is_some() && s == format!("head:{AUTO_HEAD_SHORTLIST}"))
+            })
+        };
+        if !self.remeasure
+            && let Some((spec, mut report)) = cache.as_deref().and_then(read_auto_cache)
+            && known(&spec)
+        {
+            let head = spec
+                .as_deref()
+                .and_then(|s| s.strip_prefix("head:"))
+                .and_then(|n| n.parse::<usize>().ok());
+            let chosen = match spec.as_deref() {
+                Some(s) if head.is_none() => {
+                    let one = DraftArgs {
+                        draft_profile: Some(s.to_string()),
+                        draft_budget: None,
+                        ..self.clone()
+                    };
+                    Some((
+                        s.to_string(),
+                        one.apply(model, precision, model_arg, store, s)?,
+                    ))
+                }
+                _ => None,
+            };
+            let when = report["measured_unix"].as_u64().unwrap_or(0);
+            eprintln!(
+                "draft auto: {} (stored choice, measured at unix {when}; --remeasure measures again)",
+                spec.as_deref().unwrap_or("no draft")
+            );
+            report["cached"] = serde_json::json!(true);
+            report["seconds"] = serde_json::json!(t0.elapsed().as_secs_f64());
+            return Ok(AutoDraft {
+                chosen,
+                head,
+                report,
+            });
+        }
         let probe = &probe[probe.len().saturating_sub(PROBE_MAX_PROMPT)..];
         let pp = ProbeParams {
             max_k: self.draft_k,
@@ -630,7 +742,12 @@ impl DraftArgs {
                 draft_choice::MIN_GAIN
             ),
         }
+        let measured_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         let report = serde_json::json!({
+            "cached": false,
+            "measured_unix": measured_unix,
             "source_step_ms": src.step_s * 1e3,
             "verify_ms": src.verify_s.iter().map(|v| v.map(|s| s * 1e3)).collect::<Vec<_>>(),
             "probe_tokens": probe.len(),
@@ -640,6 +757,11 @@ impl DraftArgs {
             "min_gain": draft_choice::MIN_GAIN,
             "seconds": seconds,
         });
+        if let Some(f) = &cache
+            && let Err(e) = write_auto_cache(f, &report)
+        {
+            tracing::warn!(error = %e, file = %f.display(), "the draft choice was not stored");
+        }
         Ok(AutoDraft {
             chosen,
             head,
