@@ -241,10 +241,16 @@ impl CostModel {
         (self.acc + 0.5) / (self.acc + self.rej + 1.0)
     }
 
+    /// No round drafts from now on (a draft known beforehand not to pay).
+    pub(crate) fn never_draft(&mut self) {
+        self.probing = false;
+        self.failed_probes = usize::MAX;
+    }
+
     /// The next round's draft count (≤ `cap`).
     pub(crate) fn choose(&mut self, cap: usize) -> usize {
         let cap = cap.min(self.max_k);
-        if cap == 0 {
+        if cap == 0 || self.failed_probes == usize::MAX {
             return 0;
         }
         // Measure the plain step first, then a drafted round, before trusting the model.

@@ -425,3 +425,57 @@ fn sampled_drafted_sessions_in_the_engine_equal_generate_exact() {
         assert!(differs_from_plain > 0, "{family}");
     }
 }
+
+/// A draft that reads no fewer weight bytes than the model (here the model itself) cannot
+/// make a step faster: with the cost model on, the engine never drafts with it (no probe
+/// round), and the tokens are plain decoding's; with a fixed `k` it drafts as told.
+#[test]
+fn a_draft_no_smaller_than_the_model_is_never_run_by_the_cost_model() {
+    let Some((model, toks)) = common::tiny_q8_model("llama") else {
+        return;
+    };
+    for adaptive in [true, false] {
+        let cfg = EngineConfig {
+            slots: 2,
+            ctx: 128,
+            ubatch: 16,
+            step_tokens: 40,
+            draft: Some(model.clone()),
+            draft_k: 3,
+            draft_adaptive: adaptive,
+            ..EngineConfig::default()
+        };
+        let mut s = Scheduler::new(model.clone(), Arc::new(Ids), cfg.clone()).unwrap();
+        let reqs: Vec<Request> = prompts(&toks, 2)
+            .into_iter()
+            .map(|p| {
+                let mut r = Request::greedy(p, 30);
+                r.stop_at_eog = false;
+                r.escalation = true;
+                r
+            })
+            .collect();
+        let want: Vec<Vec<u32>> = reqs
+            .iter()
+            .map(|r| {
+                let mut c = Request::greedy(r.prompt.clone(), r.max_tokens);
+                c.stop_at_eog = false;
+                solo(&model, &cfg, c).into_iter().map(|t| t.0).collect()
+            })
+            .collect();
+        let mut sessions: Vec<Session> = reqs.into_iter().map(|r| s.submit(r).unwrap()).collect();
+        while s.step() {}
+        for (i, ss) in sessions.iter_mut().enumerate() {
+            let (t, done) = tokens(&drain(ss));
+            assert!(done);
+            let t: Vec<u32> = t.into_iter().map(|x| x.0).collect();
+            assert_eq!(t, want[i], "session {i}");
+        }
+        let st = s.stats();
+        if adaptive {
+            assert_eq!(st.drafted, 0, "{st:?}");
+        } else {
+            assert!(st.drafted > 0, "{st:?}");
+        }
+    }
+}

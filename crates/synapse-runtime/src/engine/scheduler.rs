@@ -391,6 +391,20 @@ impl Scheduler {
         let draft_profile = draft
             .as_ref()
             .map_or(String::new(), |d| d.model().profile.hash());
+        // A draft that reads no fewer weight bytes than the model cannot make a step faster
+        // where decoding streams its weights (and on compute-bound kernels even less): with
+        // the cost model on, it never drafts (no probe round pays for finding that out).
+        let mut dcost = CostModel::new(cfg.draft_k.clamp(1, MAX_DRAFT), true);
+        if let (Some(d), true) = (&cfg.draft, cfg.draft_adaptive)
+            && d.weight_bytes() >= exec.model().weight_bytes()
+        {
+            tracing::warn!(
+                draft_bytes = d.weight_bytes(),
+                model_bytes = exec.model().weight_bytes(),
+                "the draft reads no fewer weight bytes than the model: drafting is off"
+            );
+            dcost.never_draft();
+        }
         let stats = Arc::new(SharedStats::default());
         stats.slots.store(cfg.slots as u64, Ordering::Relaxed);
         stats
@@ -424,7 +438,7 @@ impl Scheduler {
             retired: Vec::with_capacity(cfg.slots),
             next_id: 0,
             stats,
-            dcost: CostModel::new(cfg.draft_k.clamp(1, MAX_DRAFT), true),
+            dcost,
             draft,
             draft_profile,
             step_k: 0,
