@@ -178,34 +178,8 @@ fn steady_drafted_rounds_allocate_nothing() {
         })
         .map(|r| s.submit(r).unwrap())
         .collect();
-    let drain = |sessions: &mut Vec<synapse_runtime::engine::Session>| {
-        let mut n = 0;
-        for ss in sessions.iter_mut() {
-            while let Some(e) = ss.try_next() {
-                assert!(!matches!(e, Event::Error(_)), "{e:?}");
-                n += 1;
-            }
-        }
-        n
-    };
-    for _ in 0..15 {
-        s.step();
-        drain(&mut sessions);
-    }
-    let mut worst = 0;
-    let mut per_step = Vec::new();
-    let mut events = 0;
-    ONLY_HERE.store(true, Ordering::Relaxed);
-    HERE.with(|h| h.set(true));
-    for _ in 0..20 {
-        ALLOCS.store(0, Ordering::Relaxed);
-        COUNTING.store(true, Ordering::Relaxed);
-        s.step();
-        COUNTING.store(false, Ordering::Relaxed);
-        worst = worst.max(ALLOCS.load(Ordering::Relaxed));
-        per_step.push(ALLOCS.load(Ordering::Relaxed));
-        events += drain(&mut sessions);
-    }
+    let (per_step, events) = steady_counts(&mut s, &mut sessions, 15, 20);
+    let worst = per_step.iter().copied().max().unwrap_or(0);
     let st = s.stats();
     assert!(st.draft_accepted > 0, "{st:?}");
     assert!(
@@ -252,36 +226,10 @@ fn steady_head_drafted_rounds_allocate_nothing() {
         })
         .map(|r| s.submit(r).unwrap())
         .collect();
-    let drain = |sessions: &mut Vec<synapse_runtime::engine::Session>| {
-        let mut n = 0;
-        for ss in sessions.iter_mut() {
-            while let Some(e) = ss.try_next() {
-                assert!(!matches!(e, Event::Error(_)), "{e:?}");
-                n += 1;
-            }
-        }
-        n
-    };
     // Warm-up past each stream's first channel block (32 events) and the penalty window
     // (64 tokens), whose buffers grow once.
-    for _ in 0..45 {
-        s.step();
-        drain(&mut sessions);
-    }
-    let mut worst = 0;
-    let mut per_step = Vec::new();
-    let mut events = 0;
-    ONLY_HERE.store(true, Ordering::Relaxed);
-    HERE.with(|h| h.set(true));
-    for _ in 0..30 {
-        ALLOCS.store(0, Ordering::Relaxed);
-        COUNTING.store(true, Ordering::Relaxed);
-        s.step();
-        COUNTING.store(false, Ordering::Relaxed);
-        worst = worst.max(ALLOCS.load(Ordering::Relaxed));
-        per_step.push(ALLOCS.load(Ordering::Relaxed));
-        events += drain(&mut sessions);
-    }
+    let (per_step, events) = steady_counts(&mut s, &mut sessions, 45, 30);
+    let worst = per_step.iter().copied().max().unwrap_or(0);
     let st = s.stats();
     assert!(st.draft_accepted > 0, "{st:?}");
     assert!(
@@ -292,4 +240,43 @@ fn steady_head_drafted_rounds_allocate_nothing() {
         worst, 0,
         "steady head-drafted rounds allocated {per_step:?} times"
     );
+}
+
+/// Steps `s` `warm` times, then `steps` times counting the allocations of this thread in
+/// each step (the scheduler runs on it; on one compute thread nothing else of a step runs
+/// elsewhere); returns the per-step counts and the events the sessions received meanwhile
+/// (none may be an error).
+fn steady_counts(
+    s: &mut Scheduler,
+    sessions: &mut [synapse_runtime::engine::Session],
+    warm: usize,
+    steps: usize,
+) -> (Vec<u64>, usize) {
+    let drain = |sessions: &mut [synapse_runtime::engine::Session]| {
+        let mut n = 0;
+        for ss in sessions.iter_mut() {
+            while let Some(e) = ss.try_next() {
+                assert!(!matches!(e, Event::Error(_)), "{e:?}");
+                n += 1;
+            }
+        }
+        n
+    };
+    for _ in 0..warm {
+        s.step();
+        drain(sessions);
+    }
+    let mut per_step = Vec::new();
+    let mut events = 0;
+    ONLY_HERE.store(true, Ordering::Relaxed);
+    HERE.with(|h| h.set(true));
+    for _ in 0..steps {
+        ALLOCS.store(0, Ordering::Relaxed);
+        COUNTING.store(true, Ordering::Relaxed);
+        s.step();
+        COUNTING.store(false, Ordering::Relaxed);
+        per_step.push(ALLOCS.load(Ordering::Relaxed));
+        events += drain(sessions);
+    }
+    (per_step, events)
 }

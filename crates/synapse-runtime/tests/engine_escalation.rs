@@ -9,42 +9,15 @@ mod common;
 
 use std::sync::Arc;
 
+use common::{Ids, drain, prompts, solo, tokens};
 use synapse_runtime::Model;
-use synapse_runtime::engine::{EngineConfig, Event, Request, Scheduler, Session, TokenPieces};
+use synapse_runtime::engine::{EngineConfig, Event, Request, Scheduler, Session};
 use synapse_runtime::precision::{Precision, apply};
-
-struct Ids;
-
-impl TokenPieces for Ids {
-    fn piece(&self, token: u32) -> Vec<u8> {
-        format!("<{token}>").into_bytes()
-    }
-}
 
 fn variant(model: &Arc<Model>, spec: &str) -> Arc<Model> {
     apply(model, &Precision::parse_profile(spec).unwrap(), None)
         .unwrap()
         .model
-}
-
-fn drain(s: &mut Session) -> Vec<Event> {
-    let mut out = Vec::new();
-    while let Some(e) = s.try_next() {
-        out.push(e);
-    }
-    out
-}
-
-/// (id, log-probability bits) of every token, and whether the stream ended with `Done`.
-fn tokens(ev: &[Event]) -> (Vec<(u32, u32)>, bool) {
-    let t = ev
-        .iter()
-        .filter_map(|e| match e {
-            Event::Token(t) => Some((t.id, t.logprob.as_ref().map_or(0, |l| l.logprob.to_bits()))),
-            _ => None,
-        })
-        .collect();
-    (t, matches!(ev.last(), Some(Event::Done(_))))
 }
 
 fn request(prompt: Vec<u32>, n: usize, i: usize) -> Request {
@@ -63,28 +36,6 @@ fn request(prompt: Vec<u32>, n: usize, i: usize) -> Request {
     r
 }
 
-/// Each request alone in an engine without a draft: the reference.
-fn solo(model: &Arc<Model>, cfg: &EngineConfig, mut req: Request) -> Vec<(u32, u32)> {
-    let mut cfg = cfg.clone();
-    cfg.slots = 1;
-    cfg.step_tokens = cfg.step_tokens.max(2);
-    cfg.draft = None;
-    req.escalation = false;
-    let mut s = Scheduler::new(model.clone(), Arc::new(Ids), cfg).unwrap();
-    let mut sess = s.submit(req).unwrap();
-    while s.step() {}
-    tokens(&drain(&mut sess)).0
-}
-
-fn prompts(toks: &[u32], n: usize) -> Vec<Vec<u32>> {
-    (0..n)
-        .map(|i| {
-            let start = (i * 7) % (toks.len() - 12);
-            toks[start..start + 3 + i % 9].to_vec()
-        })
-        .collect()
-}
-
 /// Runs `reqs` on an engine with `slots` slots and a draft, cancelling the sessions in
 /// `cancel_at` (index → step) and submitting the rest as slots free up; returns each
 /// session's events.
@@ -94,40 +45,7 @@ fn run(
     reqs: Vec<Request>,
     cancel_at: &[(usize, usize)],
 ) -> Vec<Vec<Event>> {
-    let mut s = Scheduler::new(model.clone(), Arc::new(Ids), cfg.clone()).unwrap();
-    let n = reqs.len();
-    let mut pending: std::collections::VecDeque<(usize, Request)> =
-        reqs.into_iter().enumerate().collect();
-    let mut sessions: Vec<Option<Session>> = (0..n).map(|_| None).collect();
-    let mut events: Vec<Vec<Event>> = vec![Vec::new(); n];
-    let mut step = 0;
-    loop {
-        // Replacement: a new session whenever a slot is free.
-        while s.active() + s.waiting() < cfg.slots {
-            let Some((i, r)) = pending.pop_front() else {
-                break;
-            };
-            sessions[i] = Some(s.submit(r).unwrap());
-        }
-        for &(i, at) in cancel_at {
-            if at == step
-                && let Some(ss) = &sessions[i]
-            {
-                ss.cancel();
-            }
-        }
-        let ran = s.step();
-        step += 1;
-        for (i, ss) in sessions.iter_mut().enumerate() {
-            if let Some(ss) = ss {
-                events[i].extend(drain(ss));
-            }
-        }
-        if !ran && pending.is_empty() && s.is_idle() {
-            break;
-        }
-        assert!(step < 10_000, "the engine did not finish");
-    }
+    let (events, s) = common::run_replacing(model, cfg, reqs, cancel_at);
     let st = s.stats();
     eprintln!(
         "{} slots: {} drafted, {} accepted, {} steps, {} tokens",
@@ -217,13 +135,10 @@ fn drafted_sessions_in_the_engine_equal_plain_decoding() {
 
 #[test]
 fn drafted_sessions_on_the_default_model_equal_plain_decoding() {
-    let path = common::default_model();
-    if !common::require(&path, "the default model (Gemma 3 270M Q4_K_M)") {
+    let Some(m) = common::default_model_and_ids() else {
         return;
-    }
-    let model = Arc::new(Model::load(&path).unwrap());
-    let toks: Vec<u32> = (0..200u32).map(|i| 2 + (i * 7919) % 20000).collect();
-    check((model, toks), "uniform:syn.q8.symmetric.g64.v1", 6, 9, 12);
+    };
+    check(m, "uniform:syn.q8.symmetric.g64.v1", 6, 9, 12);
 }
 
 #[test]
@@ -271,33 +186,11 @@ fn a_drafted_session_leaves_a_prefix_a_second_turn_reuses_exactly() {
         draft_adaptive: false,
         ..EngineConfig::default()
     };
-    let mut s = Scheduler::new(model.clone(), Arc::new(Ids), cfg.clone()).unwrap();
-    let first = toks[..9].to_vec();
-    let mut r = request(first.clone(), 20, 0);
-    r.logprobs = None;
-    let mut a = s.submit(r).unwrap();
-    while s.step() {}
-    let (t1, done) = tokens(&drain(&mut a));
-    assert!(done);
-    let out: Vec<u32> = t1.iter().map(|t| t.0).collect();
-    // Turn two: the conversation so far plus new tokens.
-    let mut second = first.clone();
-    second.extend_from_slice(&out);
-    second.extend_from_slice(&toks[20..25]);
-    let mut r2 = request(second.clone(), 15, 0);
-    r2.logprobs = None;
-    let mut b = s.submit(r2).unwrap();
-    while s.step() {}
-    let ev = drain(&mut b);
-    let cached = ev.iter().find_map(|e| match e {
-        Event::Admitted { cached_tokens } => Some(*cached_tokens),
-        _ => None,
+    common::second_turn_reuses_prefix(&model, &cfg, &toks, |p, n| {
+        let mut r = request(p, n, 0);
+        r.logprobs = None;
+        r
     });
-    assert!(cached.unwrap_or(0) >= first.len() - 1, "{cached:?}");
-    let mut fresh = request(second, 15, 0);
-    fresh.logprobs = None;
-    assert_eq!(tokens(&ev).0, solo(&model, &cfg, fresh));
-    assert!(s.stats().drafted > 0);
 }
 
 /// `generate_exact`'s sampled output for `req` (its seed, its sampling parameters), with the

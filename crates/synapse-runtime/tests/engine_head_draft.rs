@@ -10,36 +10,13 @@ mod common;
 
 use std::sync::Arc;
 
+use common::{Ids, prompts, tokens};
+
+fn solo(model: &Arc<Model>, cfg: &EngineConfig, req: &Request) -> Vec<(u32, u32)> {
+    common::solo(model, cfg, copy(req))
+}
 use synapse_runtime::Model;
-use synapse_runtime::engine::{EngineConfig, Event, Request, Scheduler, Session, TokenPieces};
-
-struct Ids;
-
-impl TokenPieces for Ids {
-    fn piece(&self, token: u32) -> Vec<u8> {
-        format!("<{token}>").into_bytes()
-    }
-}
-
-fn drain(s: &mut Session) -> Vec<Event> {
-    let mut out = Vec::new();
-    while let Some(e) = s.try_next() {
-        out.push(e);
-    }
-    out
-}
-
-/// (id, log-probability bits) of every token, and whether the stream ended with `Done`.
-fn tokens(ev: &[Event]) -> (Vec<(u32, u32)>, bool) {
-    let t = ev
-        .iter()
-        .filter_map(|e| match e {
-            Event::Token(t) => Some((t.id, t.logprob.as_ref().map_or(0, |l| l.logprob.to_bits()))),
-            _ => None,
-        })
-        .collect();
-    (t, matches!(ev.last(), Some(Event::Done(_))))
-}
+use synapse_runtime::engine::{EngineConfig, Event, Request, Scheduler};
 
 /// Request `i`: mostly greedy escalating; some with a logit bias or a repetition penalty
 /// (their drafts read the list's logits as they read logits), some plain, some sampled
@@ -72,71 +49,15 @@ fn copy(r: &Request) -> Request {
     c
 }
 
-/// Each request alone in an engine without a draft: the reference.
-fn solo(model: &Arc<Model>, cfg: &EngineConfig, req: &Request) -> Vec<(u32, u32)> {
-    let mut cfg = cfg.clone();
-    cfg.slots = 1;
-    cfg.step_tokens = cfg.step_tokens.max(2);
-    cfg.head_draft = None;
-    let mut req = copy(req);
-    req.escalation = false;
-    let mut s = Scheduler::new(model.clone(), Arc::new(Ids), cfg).unwrap();
-    let mut sess = s.submit(req).unwrap();
-    while s.step() {}
-    tokens(&drain(&mut sess)).0
-}
-
-fn prompts(toks: &[u32], n: usize) -> Vec<Vec<u32>> {
-    (0..n)
-        .map(|i| {
-            let start = (i * 7) % (toks.len() - 12);
-            toks[start..start + 3 + i % 9].to_vec()
-        })
-        .collect()
-}
-
-/// Runs `reqs` with `cfg.slots` slots, cancelling the sessions in `cancel_at` (index → step)
-/// and submitting the rest as slots free up; returns each session's events and the engine's
-/// (drafted, accepted) counts.
+/// Runs `reqs` with `cfg.slots` slots (cancellations, replacements); returns each
+/// session's events and the engine's (drafted, accepted) counts.
 fn run(
     model: &Arc<Model>,
     cfg: &EngineConfig,
     reqs: Vec<Request>,
     cancel_at: &[(usize, usize)],
 ) -> (Vec<Vec<Event>>, u64, u64) {
-    let mut s = Scheduler::new(model.clone(), Arc::new(Ids), cfg.clone()).unwrap();
-    let n = reqs.len();
-    let mut pending: std::collections::VecDeque<(usize, Request)> =
-        reqs.into_iter().enumerate().collect();
-    let mut sessions: Vec<Option<Session>> = (0..n).map(|_| None).collect();
-    let mut events: Vec<Vec<Event>> = vec![Vec::new(); n];
-    let mut step = 0;
-    loop {
-        while s.active() + s.waiting() < cfg.slots {
-            let Some((i, r)) = pending.pop_front() else {
-                break;
-            };
-            sessions[i] = Some(s.submit(r).unwrap());
-        }
-        for &(i, at) in cancel_at {
-            if at == step
-                && let Some(ss) = &sessions[i]
-            {
-                ss.cancel();
-            }
-        }
-        let ran = s.step();
-        step += 1;
-        for (i, ss) in sessions.iter_mut().enumerate() {
-            if let Some(ss) = ss {
-                events[i].extend(drain(ss));
-            }
-        }
-        if !ran && pending.is_empty() && s.is_idle() {
-            break;
-        }
-        assert!(step < 10_000, "the engine did not finish");
-    }
+    let (events, s) = common::run_replacing(model, cfg, reqs, cancel_at);
     let st = s.stats();
     let (list, misses, _) = s.head_shortlist().unwrap();
     // The exported signals: the list's size, and the decayed acceptance estimate.
@@ -230,12 +151,9 @@ fn adaptive_head_drafting_in_the_engine_equals_plain_decoding() {
 
 #[test]
 fn head_drafted_sessions_on_the_default_model_equal_plain_decoding() {
-    let path = common::default_model();
-    if !common::require(&path, "the default model (Gemma 3 270M Q4_K_M)") {
+    let Some((model, toks)) = common::default_model_and_ids() else {
         return;
-    }
-    let model = Arc::new(Model::load(&path).unwrap());
-    let toks: Vec<u32> = (0..200u32).map(|i| 2 + (i * 7919) % 20000).collect();
+    };
     let cfg = EngineConfig {
         slots: 3,
         ctx: 128,
@@ -316,29 +234,9 @@ fn a_head_drafted_session_leaves_a_prefix_a_second_turn_reuses_exactly() {
         draft_adaptive: false,
         ..EngineConfig::default()
     };
-    let mut s = Scheduler::new(model.clone(), Arc::new(Ids), cfg.clone()).unwrap();
-    let first = toks[..9].to_vec();
-    let mut r = request(first.clone(), 20, 0);
-    r.logprobs = None;
-    let mut a = s.submit(r).unwrap();
-    while s.step() {}
-    let ev1 = drain(&mut a);
-    let (t1, done) = tokens(&ev1);
-    assert!(done, "{ev1:?}");
-    let out: Vec<u32> = t1.iter().map(|t| t.0).collect();
-    let mut second = first.clone();
-    second.extend_from_slice(&out);
-    second.extend_from_slice(&toks[20..25]);
-    let mut r2 = request(second.clone(), 15, 0);
-    r2.logprobs = None;
-    let mut b = s.submit(copy(&r2)).unwrap();
-    while s.step() {}
-    let ev = drain(&mut b);
-    let cached = ev.iter().find_map(|e| match e {
-        Event::Admitted { cached_tokens } => Some(*cached_tokens),
-        _ => None,
+    common::second_turn_reuses_prefix(&model, &cfg, &toks, |p, n| {
+        let mut r = request(p, n, 0);
+        r.logprobs = None;
+        r
     });
-    assert!(cached.unwrap_or(0) >= first.len() - 1, "{cached:?}");
-    assert_eq!(tokens(&ev).0, solo(&model, &cfg, &r2));
-    assert!(s.stats().drafted > 0);
 }

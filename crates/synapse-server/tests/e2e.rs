@@ -145,6 +145,11 @@ impl Srv {
     }
 
     /// The `/metrics` exposition.
+    async fn models(&self) -> Value {
+        let r = self.http.get(format!("{}/v1/models", self.base)).send();
+        r.await.unwrap().json().await.unwrap()
+    }
+
     async fn metrics(&self) -> String {
         let r = self.http.get(format!("{}/metrics", self.base)).send();
         r.await.unwrap().text().await.unwrap()
@@ -398,15 +403,7 @@ async fn completions_and_chat_streaming_and_not() {
     assert_eq!(texts, vec![chat_solo.clone(), chat_solo]);
 
     // Models, tokenize / detokenize round trip, metrics.
-    let m: Value = s
-        .http
-        .get(format!("{}/v1/models", s.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let m: Value = s.models().await;
     assert_eq!(m["object"], "list");
     assert_eq!(m["data"][0]["id"], "gemma3");
     let text = "Hello, wörld! <start_of_turn>user\n日本語";
@@ -1193,6 +1190,34 @@ async fn chat_matches_llama_cpp_on_the_gemma_template() {
     assert_eq!(text, want_text);
 }
 
+/// An opted-in greedy request (`"escalation": "exact"`) gives the text a plain request gives,
+/// non-streaming beside a plain request and `others`, and streaming; the server drafted and
+/// accepted tokens. Returns the plain request's body and response.
+async fn escalated_text_is_plain(s: &Srv, others: &[Value]) -> (Value, Value) {
+    let body = json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0});
+    let (st, plain) = s.post("/v1/completions", &body).await;
+    assert_eq!(st, 200, "{plain}");
+    let mut eb = body.clone();
+    eb["escalation"] = json!("exact");
+    let other = json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0});
+    let all: Vec<&Value> = [&eb, &other].into_iter().chain(others).collect();
+    let got =
+        futures_util::future::join_all(all.iter().map(|b| s.post("/v1/completions", b))).await;
+    for (st, v) in &got {
+        assert_eq!(*st, 200, "{v}");
+    }
+    assert_eq!(got[0].1["choices"][0]["text"], plain["choices"][0]["text"]);
+    assert_eq!(got[0].1["usage"]["completion_tokens"], 24);
+    let mut sb = eb.clone();
+    sb["stream"] = json!(true);
+    let ev = s.stream("/v1/completions", &sb).await;
+    let (texts, _, _) = check_stream(&ev, false, 1, false);
+    assert_eq!(texts[0], plain["choices"][0]["text"].as_str().unwrap());
+    let st = s.drained().await;
+    assert!(st.drafted > 0 && st.draft_accepted > 0, "{st:?}");
+    (body, plain)
+}
+
 /// `"escalation": "exact"`: a server with a draft profile drafts opted-in requests and gives
 /// the same text as without (non-streaming and streaming, beside a plain request); the draft
 /// is in `/v1/models` and `/metrics`; a server at the source precision without a draft serves
@@ -1218,37 +1243,11 @@ async fn exact_escalation_is_a_request_field() {
     let Some(s) = start(ecfg, ServerConfig::default()).await else {
         return;
     };
-    let body = json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0});
-    let (st, plain) = s.post("/v1/completions", &body).await;
-    assert_eq!(st, 200, "{plain}");
+    let (body, plain) = escalated_text_is_plain(&s, &[]).await;
     let mut eb = body.clone();
     eb["escalation"] = json!("exact");
-    let other = json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0});
-    let (a, b) = tokio::join!(
-        s.post("/v1/completions", &eb),
-        s.post("/v1/completions", &other)
-    );
-    assert_eq!(a.0, 200, "{}", a.1);
-    assert_eq!(b.0, 200);
-    assert_eq!(a.1["choices"][0]["text"], plain["choices"][0]["text"]);
-    assert_eq!(a.1["usage"]["completion_tokens"], 24);
-    let mut sb = eb.clone();
-    sb["stream"] = json!(true);
-    let ev = s.stream("/v1/completions", &sb).await;
-    let (texts, _, _) = check_stream(&ev, false, 1, false);
-    assert_eq!(texts[0], plain["choices"][0]["text"].as_str().unwrap());
-    let st = s.drained().await;
-    assert!(st.drafted > 0 && st.draft_accepted > 0, "{st:?}");
 
-    let models: Value = s
-        .http
-        .get(format!("{}/v1/models", s.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models: Value = s.models().await;
     assert_eq!(
         models["data"][0]["meta"]["draft_profile"],
         draft.profile.hash()
@@ -1302,40 +1301,10 @@ async fn a_head_only_draft_serves_exact_escalation() {
     let Some(s) = start(ecfg, ServerConfig::default()).await else {
         return;
     };
-    let body = json!({"prompt": PROMPT, "max_tokens": 24, "temperature": 0});
-    let (st, plain) = s.post("/v1/completions", &body).await;
-    assert_eq!(st, 200, "{plain}");
-    let mut eb = body.clone();
-    eb["escalation"] = json!("exact");
-    let other = json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0});
     let sampled = json!({"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0.8,
         "seed": 7, "escalation": "exact"});
-    let (a, b, c) = tokio::join!(
-        s.post("/v1/completions", &eb),
-        s.post("/v1/completions", &other),
-        s.post("/v1/completions", &sampled)
-    );
-    assert_eq!(a.0, 200, "{}", a.1);
-    assert_eq!(b.0, 200);
-    assert_eq!(c.0, 200, "{}", c.1);
-    assert_eq!(a.1["choices"][0]["text"], plain["choices"][0]["text"]);
-    assert_eq!(a.1["usage"]["completion_tokens"], 24);
-    let mut sb = eb.clone();
-    sb["stream"] = json!(true);
-    let ev = s.stream("/v1/completions", &sb).await;
-    let (texts, _, _) = check_stream(&ev, false, 1, false);
-    assert_eq!(texts[0], plain["choices"][0]["text"].as_str().unwrap());
-    let st = s.drained().await;
-    assert!(st.drafted > 0 && st.draft_accepted > 0, "{st:?}");
-    let models: Value = s
-        .http
-        .get(format!("{}/v1/models", s.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    escalated_text_is_plain(&s, &[sampled]).await;
+    let models: Value = s.models().await;
     let d = models["data"][0]["meta"]["draft_profile"].as_str().unwrap();
     assert!(d.starts_with("head:"), "{models}");
     let m = s.metrics().await;

@@ -199,3 +199,167 @@ pub fn sampled_params(seed: u64, max_tokens: usize) -> synapse_runtime::Generate
     p.sampling.seed = seed;
     p
 }
+
+/// Token pieces that show the id (`<id>`): stop strings and text need no tokenizer.
+#[allow(dead_code)]
+pub struct Ids;
+
+impl synapse_runtime::engine::TokenPieces for Ids {
+    fn piece(&self, token: u32) -> Vec<u8> {
+        format!("<{token}>").into_bytes()
+    }
+}
+
+/// The events a session has sent so far.
+#[allow(dead_code)]
+pub fn drain(s: &mut synapse_runtime::engine::Session) -> Vec<synapse_runtime::engine::Event> {
+    let mut out = Vec::new();
+    while let Some(e) = s.try_next() {
+        out.push(e);
+    }
+    out
+}
+
+/// (id, log-probability bits) of every token, and whether the stream ended with `Done`.
+#[allow(dead_code)]
+pub fn tokens(ev: &[synapse_runtime::engine::Event]) -> (Vec<(u32, u32)>, bool) {
+    use synapse_runtime::engine::Event;
+    let t = ev
+        .iter()
+        .filter_map(|e| match e {
+            Event::Token(t) => Some((t.id, t.logprob.as_ref().map_or(0, |l| l.logprob.to_bits()))),
+            _ => None,
+        })
+        .collect();
+    (t, matches!(ev.last(), Some(Event::Done(_))))
+}
+
+/// `n` prompts of 3–11 tokens cut from `toks` at spread-out places.
+#[allow(dead_code)]
+pub fn prompts(toks: &[u32], n: usize) -> Vec<Vec<u32>> {
+    (0..n)
+        .map(|i| {
+            let start = (i * 7) % (toks.len() - 12);
+            toks[start..start + 3 + i % 9].to_vec()
+        })
+        .collect()
+}
+
+/// Runs `reqs` on a scheduler of `model` with `cfg`, cancelling the sessions in `cancel_at`
+/// (index → step) and submitting the rest as slots free up; returns each session's events
+/// and the scheduler (its stats and state after the run).
+#[allow(dead_code)]
+pub fn run_replacing(
+    model: &std::sync::Arc<synapse_runtime::Model>,
+    cfg: &synapse_runtime::engine::EngineConfig,
+    reqs: Vec<synapse_runtime::engine::Request>,
+    cancel_at: &[(usize, usize)],
+) -> (
+    Vec<Vec<synapse_runtime::engine::Event>>,
+    synapse_runtime::engine::Scheduler,
+) {
+    use synapse_runtime::engine::{Event, Request, Scheduler, Session};
+    let mut s = Scheduler::new(model.clone(), std::sync::Arc::new(Ids), cfg.clone()).unwrap();
+    let n = reqs.len();
+    let mut pending: std::collections::VecDeque<(usize, Request)> =
+        reqs.into_iter().enumerate().collect();
+    let mut sessions: Vec<Option<Session>> = (0..n).map(|_| None).collect();
+    let mut events: Vec<Vec<Event>> = vec![Vec::new(); n];
+    let mut step = 0;
+    loop {
+        // Replacement: a new session whenever a slot is free.
+        while s.active() + s.waiting() < cfg.slots {
+            let Some((i, r)) = pending.pop_front() else {
+                break;
+            };
+            sessions[i] = Some(s.submit(r).unwrap());
+        }
+        for &(i, at) in cancel_at {
+            if at == step
+                && let Some(ss) = &sessions[i]
+            {
+                ss.cancel();
+            }
+        }
+        let ran = s.step();
+        step += 1;
+        for (i, ss) in sessions.iter_mut().enumerate() {
+            if let Some(ss) = ss {
+                events[i].extend(drain(ss));
+            }
+        }
+        if !ran && pending.is_empty() && s.is_idle() {
+            break;
+        }
+        assert!(step < 10_000, "the engine did not finish");
+    }
+    (events, s)
+}
+
+/// `req` alone in a one-slot engine of `cfg` without any draft, escalation off: the
+/// reference its tokens (id, log-probability bits) must equal.
+#[allow(dead_code)]
+pub fn solo(
+    model: &std::sync::Arc<synapse_runtime::Model>,
+    cfg: &synapse_runtime::engine::EngineConfig,
+    mut req: synapse_runtime::engine::Request,
+) -> Vec<(u32, u32)> {
+    let mut cfg = cfg.clone();
+    cfg.slots = 1;
+    cfg.step_tokens = cfg.step_tokens.max(2);
+    cfg.draft = None;
+    cfg.head_draft = None;
+    req.escalation = false;
+    let mut s =
+        synapse_runtime::engine::Scheduler::new(model.clone(), std::sync::Arc::new(Ids), cfg)
+            .unwrap();
+    let mut sess = s.submit(req).unwrap();
+    while s.step() {}
+    tokens(&drain(&mut sess)).0
+}
+
+/// Cache / resume / fresh under drafting: a first turn (`mk(prompt, max_tokens)`) runs on a
+/// scheduler of `cfg`; a second turn whose prompt is the first's, its output and new tokens
+/// reuses the slot's prefix (at least the first prompt) and equals a fresh plain run.
+#[allow(dead_code)]
+pub fn second_turn_reuses_prefix(
+    model: &std::sync::Arc<synapse_runtime::Model>,
+    cfg: &synapse_runtime::engine::EngineConfig,
+    toks: &[u32],
+    mk: impl Fn(Vec<u32>, usize) -> synapse_runtime::engine::Request,
+) {
+    use synapse_runtime::engine::{Event, Scheduler};
+    let mut s = Scheduler::new(model.clone(), std::sync::Arc::new(Ids), cfg.clone()).unwrap();
+    let first = toks[..9].to_vec();
+    let mut a = s.submit(mk(first.clone(), 20)).unwrap();
+    while s.step() {}
+    let ev1 = drain(&mut a);
+    let (t1, done) = tokens(&ev1);
+    assert!(done, "{ev1:?}");
+    // Turn two: the conversation so far plus new tokens.
+    let mut second = first.clone();
+    second.extend(t1.iter().map(|t| t.0));
+    second.extend_from_slice(&toks[20..25]);
+    let mut b = s.submit(mk(second.clone(), 15)).unwrap();
+    while s.step() {}
+    let ev = drain(&mut b);
+    let cached = ev.iter().find_map(|e| match e {
+        Event::Admitted { cached_tokens } => Some(*cached_tokens),
+        _ => None,
+    });
+    assert!(cached.unwrap_or(0) >= first.len() - 1, "{cached:?}");
+    assert_eq!(tokens(&ev).0, solo(model, cfg, mk(second, 15)));
+    assert!(s.stats().drafted > 0);
+}
+
+/// The default model (Gemma 3 270M Q4_K_M) and 200 spread-out ordinary token ids to cut
+/// prompts from (`None`, skipped locally, when the model is absent).
+#[allow(dead_code)]
+pub fn default_model_and_ids() -> Option<(std::sync::Arc<synapse_runtime::Model>, Vec<u32>)> {
+    let path = default_model();
+    if !require(&path, "the default model (Gemma 3 270M Q4_K_M)") {
+        return None;
+    }
+    let model = std::sync::Arc::new(synapse_runtime::Model::load(&path).unwrap());
+    Some((model, (0..200u32).map(|i| 2 + (i * 7919) % 20000).collect()))
+}
