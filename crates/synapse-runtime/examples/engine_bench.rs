@@ -73,15 +73,7 @@ fn main() -> anyhow::Result<()> {
     let head_draft = match (head_n, &tok) {
         (Some(n), Some(t)) => {
             let mut ids: Vec<u32> = (0..(n as u32).min(vocab)).collect();
-            for id in 0..t.vocab_size() as u32 {
-                if let Ok(p) = t.token_to_piece(id, false)
-                    && !p.is_empty()
-                    && p.len() <= 2
-                    && p.is_ascii()
-                {
-                    ids.push(id);
-                }
-            }
+            ids.extend(t.short_ascii_pieces(2));
             Some(ids)
         }
         _ => None,

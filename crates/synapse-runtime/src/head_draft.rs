@@ -157,13 +157,19 @@ impl Shortlist {
     /// of a merge (old and new main rows together), and the generation's vocabulary-sized
     /// and hidden-state scratch.
     pub fn bytes_bound(&self, model: &Model, tokens: usize) -> u64 {
-        let row = (self.head.m.weight_bytes() / self.head.m.rows().max(1)) as u64
-            + if self.head.bias.is_some() { 4 } else { 0 };
-        let n = (self.len() + tokens) as u64;
-        2 * n * row
-            + (self.member.len() + 8 * (self.len() + tokens)) as u64
+        Self::list_bytes_bound(model, self.len() + tokens)
             + 4 * model.vocab() as u64
             + 4 * (MAX_DRAFT * model.hidden()) as u64
+    }
+
+    /// The most bytes a list of `tokens` tokens of `model`'s head holds: its rows twice (a
+    /// merge's transient copy), its membership and its token and logit scratch.
+    pub fn list_bytes_bound(model: &Model, tokens: usize) -> u64 {
+        let head = &model.head;
+        let row = (head.m.weight_bytes() / head.m.rows().max(1)) as u64
+            + if head.bias.is_some() { 4 } else { 0 };
+        let n = tokens as u64;
+        2 * n * row + model.vocab() as u64 + 8 * n
     }
 
     /// Whether `token` is on the list.

@@ -98,16 +98,7 @@ fn check(
         .map(|i| (i, 3 + i))
         .collect();
     let got = run(&model, &cfg, reqs, &cancel);
-    for (i, ev) in got.iter().enumerate() {
-        let (t, done) = tokens(ev);
-        assert!(done, "session {i} did not finish: {ev:?}");
-        if cancel.iter().any(|c| c.0 == i) {
-            // A cancelled session's tokens so far are a prefix of the reference.
-            assert_eq!(&refs[i][..t.len()], &t[..], "cancelled session {i}");
-        } else {
-            assert_eq!(t, refs[i], "session {i}");
-        }
-    }
+    common::assert_sessions_match(&got, &refs, &cancel);
 }
 
 #[test]

@@ -104,15 +104,7 @@ fn check(model: &Arc<Model>, toks: &[u32], slots: usize, adaptive: bool, max_tok
         .map(|i| (i, 3 + i))
         .collect();
     let (got, drafted, accepted) = run(model, &cfg, reqs.iter().map(copy).collect(), &cancel);
-    for (i, ev) in got.iter().enumerate() {
-        let (t, done) = tokens(ev);
-        assert!(done, "session {i} did not finish: {ev:?}");
-        if cancel.iter().any(|c| c.0 == i) {
-            assert_eq!(&refs[i][..t.len()], &t[..], "cancelled session {i}");
-        } else {
-            assert_eq!(t, refs[i], "session {i}");
-        }
-    }
+    common::assert_sessions_match(&got, &refs, &cancel);
     if !adaptive {
         assert!(drafted > 0, "nothing was drafted");
         assert!(

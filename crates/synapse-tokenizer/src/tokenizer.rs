@@ -721,6 +721,18 @@ impl Tokenizer {
     pub fn vocab_size(&self) -> usize {
         self.texts.len()
     }
+
+    /// The ids whose piece (as shown, control tokens empty) is ASCII of 1 to `max_bytes`
+    /// bytes: digits, punctuation, single letters — the tokens a vocabulary-shortlist draft
+    /// always keeps (some vocabularies, Gemma's among them, put them last).
+    pub fn short_ascii_pieces(&self, max_bytes: usize) -> Vec<u32> {
+        (0..self.texts.len() as u32)
+            .filter(|&id| {
+                self.token_to_piece(id, false)
+                    .is_ok_and(|p| !p.is_empty() && p.len() <= max_bytes && p.is_ascii())
+            })
+            .collect()
+    }
     /// The algorithm family.
     pub fn kind(&self) -> ModelKind {
         self.kind

@@ -436,15 +436,7 @@ pub struct DraftArgs {
 /// some vocabularies, Gemma's among them, put at the end).
 pub fn shortlist_extra(tok: &synapse_tokenizer::Tokenizer, prompt: &[u32]) -> Vec<u32> {
     let mut out = prompt.to_vec();
-    for id in 0..tok.vocab_size() as u32 {
-        if let Ok(p) = tok.token_to_piece(id, false)
-            && !p.is_empty()
-            && p.len() <= 2
-            && p.is_ascii()
-        {
-            out.push(id);
-        }
-    }
+    out.extend(tok.short_ascii_pieces(2));
     out
 }
 

@@ -207,7 +207,9 @@ pub(crate) struct HeadDrafter {
     pub want: Vec<usize>,
     /// Final-normed hidden states of the step's drafted positions, by session then position.
     pub hidden: Vec<f32>,
-    /// A vocabulary-sized row for sessions whose bias or penalties change the draft's logits.
+    /// A vocabulary-sized row for sessions whose bias or penalties change the draft's logits:
+    /// the list's logits scattered over −∞ (only listed entries are ever written, so it is
+    /// reset only when the list is rebuilt).
     pub full: Vec<f32>,
     pub rows: Vec<crate::executor::Row>,
     /// Tokens the source chose off the list (each joined it), and list rebuilds.
@@ -251,20 +253,13 @@ impl HeadDrafter {
         })
     }
 
-    /// The most bytes the drafter holds: the shortlist grown by [`GROWTH`] tokens (with a
-    /// merge's transient copy), the hidden states and the vocabulary-sized row.
-    pub(crate) fn bytes_bound(model: &Model, base: usize, max_rows: usize) -> Result<u64> {
-        // The bound of a list of `base` tokens grown by GROWTH, without gathering it: a
-        // head row's bytes times the tokens, as `Shortlist::bytes_bound` counts.
-        let head = &model.head.m;
-        let row = (head.weight_bytes() / head.rows().max(1)) as u64
-            + if model.head.bias.is_some() { 4 } else { 0 };
-        let n = (base + model.ir.special.eos.len() + GROWTH) as u64;
-        Ok(2 * n * row
-            + model.vocab() as u64
-            + 8 * n
+    /// The most bytes the drafter holds: the shortlist of `base` tokens and the
+    /// end-of-generation tokens grown by [`GROWTH`], the hidden states of `max_rows` rows and
+    /// the vocabulary-sized row.
+    pub(crate) fn bytes_bound(model: &Model, base: usize, max_rows: usize) -> u64 {
+        Shortlist::list_bytes_bound(model, base + model.ir.special.eos.len() + GROWTH)
             + 4 * model.vocab() as u64
-            + 4 * (max_rows * model.hidden()) as u64)
+            + 4 * (max_rows * model.hidden()) as u64
     }
 
     /// Puts `tokens` on the list; once the list has grown by [`GROWTH`] it is rebuilt from
@@ -276,6 +271,8 @@ impl HeadDrafter {
         if self.list.len() + tokens.len() > self.base.len() + GROWTH {
             self.list = Shortlist::new(model, self.base.iter().copied())?;
             self.rebuilds += 1;
+            // Tokens that left the list must read −∞ in the scattered row again.
+            self.full.fill(f32::NEG_INFINITY);
         }
         let room = (self.base.len() + GROWTH).saturating_sub(self.list.len());
         self.list.extend(model, tokens.iter().copied().take(room))
@@ -295,6 +292,26 @@ impl HeadDrafter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One session's costs measured: a plain pass, a body pass, the head by rows (1..=16),
+    /// and 20 rounds of (drafts, accepted).
+    fn measured(
+        plain: f64,
+        body: f64,
+        head: impl Fn(usize) -> f64,
+        round: (usize, usize),
+    ) -> HeadCost {
+        let mut c = HeadCost::new(4, 16);
+        c.observe_plain(1, plain);
+        c.observe_body(1, body);
+        for r in 1..=16 {
+            c.observe_head(r, head(r));
+        }
+        for _ in 0..20 {
+            c.observe_round(round.0, round.1);
+        }
+        c
+    }
 
     #[test]
     fn plain_first_then_a_measured_round_then_the_faster() {
@@ -316,29 +333,13 @@ mod tests {
         let k = c.choose(1, 8, 16);
         assert!(k >= 3, "k {k}");
         // A promised gain within the margin: plain (apart from exploration steps).
-        let mut c3 = HeadCost::new(4, 16);
-        c3.observe_plain(1, 0.0076);
-        c3.observe_body(1, 0.0065);
-        for r in 1..=16 {
-            c3.observe_head(r, 0.0014 + 0.00007 * r as f64);
-        }
-        for _ in 0..20 {
-            c3.observe_round(2, 2);
-        }
+        let mut c3 = measured(0.0076, 0.0065, |r| 0.0014 + 0.00007 * r as f64, (2, 2));
         let ks: Vec<usize> = (0..40).map(|_| c3.choose(1, 8, 16)).collect();
         // Explorations after 8, then 16 more steps (the interval doubles while plain wins).
         assert_eq!(ks.iter().filter(|&&k| k == 0).count(), 38, "{ks:?}");
         assert!(ks.iter().all(|&k| k != 1), "{ks:?}");
         // Nothing accepted: plain (apart from exploration steps).
-        let mut c2 = HeadCost::new(4, 16);
-        c2.observe_plain(1, 0.010);
-        c2.observe_body(1, 0.004);
-        for r in 1..=16 {
-            c2.observe_head(r, 0.006 + 0.0005 * r as f64);
-        }
-        for _ in 0..20 {
-            c2.observe_round(4, 0);
-        }
+        let mut c2 = measured(0.010, 0.004, |r| 0.006 + 0.0005 * r as f64, (4, 0));
         let ks: Vec<usize> = (0..16).map(|_| c2.choose(1, 8, 16)).collect();
         assert_eq!(ks.iter().filter(|&&k| k == 0).count(), 15, "{ks:?}");
     }

@@ -322,7 +322,7 @@ impl Scheduler {
         let head_rows = (2 * cfg.draft_k).max(cfg.slots + 1);
         let (weights, head_drafter) = match &cfg.head_draft {
             Some(base) => (
-                weights + HeadDrafter::bytes_bound(&model, base.len(), head_rows)?,
+                weights + HeadDrafter::bytes_bound(&model, base.len(), head_rows),
                 Some(HeadDrafter::new(&model, base, cfg.slots, head_rows)?),
             ),
             None => (weights, None),
@@ -1057,10 +1057,9 @@ impl Scheduler {
                 let a = &mut self.active[i];
                 // Greedy without bias or penalties: the list's own argmax; else the list's
                 // logits over the vocabulary (−∞ off it) as this session reads them.
-                let d = if a.logit_bias.is_empty() && !a.sampler.penalizes() {
+                let d = if a.draft_is_argmax() {
                     h.list.argmax(exec, row)
                 } else {
-                    h.full.fill(f32::NEG_INFINITY);
                     h.list
                         .scatter_logits(exec, row, &mut h.full)
                         .map(|()| a.draft_choice(&h.full, &mut self.logits))

@@ -163,11 +163,17 @@ impl Active {
         self.cancel.load(Ordering::Relaxed)
     }
 
+    /// Whether this session's greedy draft is the draft logits' plain argmax (no bias, no
+    /// penalties change them).
+    pub fn draft_is_argmax(&self) -> bool {
+        self.logit_bias.is_empty() && !self.sampler.penalizes()
+    }
+
     /// The next draft token from the draft's `logits` (greedy, with this session's bias and
     /// penalties over its history plus the drafts so far); `scratch` holds a copy when they
     /// change the logits.
     pub fn draft_choice(&mut self, logits: &[f32], scratch: &mut [f32]) -> u32 {
-        if self.logit_bias.is_empty() && !self.sampler.penalizes() {
+        if self.draft_is_argmax() {
             return crate::sampling::argmax(logits);
         }
         self.draft_logits(logits, scratch);

@@ -363,3 +363,23 @@ pub fn default_model_and_ids() -> Option<(std::sync::Arc<synapse_runtime::Model>
     let model = std::sync::Arc::new(synapse_runtime::Model::load(&path).unwrap());
     Some((model, (0..200u32).map(|i| 2 + (i * 7919) % 20000).collect()))
 }
+
+/// Every session of `got` ended with `Done` and its tokens (id, log-probability bits) equal
+/// its reference in `refs` — a prefix of it for the sessions cancelled (`cancel`).
+#[allow(dead_code)]
+pub fn assert_sessions_match(
+    got: &[Vec<synapse_runtime::engine::Event>],
+    refs: &[Vec<(u32, u32)>],
+    cancel: &[(usize, usize)],
+) {
+    for (i, ev) in got.iter().enumerate() {
+        let (t, done) = tokens(ev);
+        assert!(done, "session {i} did not finish: {ev:?}");
+        if cancel.iter().any(|c| c.0 == i) {
+            // A cancelled session's tokens so far are a prefix of the reference.
+            assert_eq!(&refs[i][..t.len()], &t[..], "cancelled session {i}");
+        } else {
+            assert_eq!(t, refs[i], "session {i}");
+        }
+    }
+}
