@@ -1547,5 +1547,11 @@ impl Scheduler {
             .count();
         s.kv_bytes
             .store((open * self.kv.slot_bytes()) as u64, Ordering::Relaxed);
+        // The list also grows at admission (a prompt's tokens), with no drafted round after
+        // it when the cost model decodes plainly.
+        if let Some(h) = &self.head {
+            s.draft_shortlist
+                .store(h.list.len() as u64, Ordering::Relaxed);
+        }
     }
 }
