@@ -4,7 +4,8 @@
 //! `--json`), also with exact escalation by a head-only draft (its shortlist counted; other
 //! drafts refused under a budget); a budget too small to run the model is a clear error
 //! before generation; the
-//! default (dense) model runs within a budget that fits it. `serve --memory` likewise: its
+//! default (dense) model runs within a budget that fits it, and below its weights pages its
+//! blocks (the same tokens, peak RSS within the budget). `serve --memory` likewise: its
 //! peak RSS above its start stays within the budget while concurrent requests page experts,
 //! with the texts of an unbudgeted server.
 
@@ -173,7 +174,7 @@ fn moe_experts_page_within_the_budget_with_the_same_tokens() {
 }
 
 #[test]
-fn the_default_model_runs_within_a_budget_that_fits_it() {
+fn the_default_model_runs_within_a_budget_and_pages_its_blocks_below_its_weights() {
     let model = synapse_testdata::default_model();
     if !synapse_testdata::require(&model, "the default model (Gemma 3 270M Q4_K_M)") {
         return;
@@ -193,11 +194,51 @@ fn the_default_model_runs_within_a_budget_that_fits_it() {
         u(&m["loaded"]) as f64 / 1e6
     );
     assert!(used <= u(&m["budget"]));
-    // A budget below its weights: refused, a dense model's weights do not page yet.
+    assert!(
+        m["layers_budget"].is_null(),
+        "everything fits: nothing pages"
+    );
+    // Budgets below its weights: the blocks' projections page within what the embedding and
+    // head (their mapped folios counted), the KV and scratch leave. The same tokens; peak RSS
+    // above the start within the budget.
+    let whole = u(&m["loaded"]) + u(&m["weights_outside_experts"]) + u(&m["kv"]) + u(&m["scratch"]);
+    for cut in [16u64 << 20, 48 << 20] {
+        let budget = whole - cut;
+        let o = json(&generate(&model, Some(&budget.to_string())));
+        assert_eq!(o["tokens"], free["tokens"], "{budget} B: other tokens");
+        let m = &o["memory"];
+        let used = u(&m["peak_rss"]) - u(&m["baseline_rss"]);
+        let p = &m["paging"];
+        eprintln!(
+            "Gemma 3 270M under {:.1} MB ({:.1} MB below all of it): peak RSS above start \
+             {:.1} MB; blocks {:.1} MB paging within {:.1} MB ({} slots, {:.1} MB held), hit \
+             rate {:.3}, {} misses, {:.1} MB paged in",
+            budget as f64 / 1e6,
+            cut as f64 / 1e6,
+            used as f64 / 1e6,
+            u(&m["layers_total"]) as f64 / 1e6,
+            u(&m["layers_budget"]) as f64 / 1e6,
+            m["layers_slots"],
+            u(&m["layers_held"]) as f64 / 1e6,
+            p["hit_rate"].as_f64().unwrap(),
+            p["misses"],
+            u(&p["bytes_in"]) as f64 / 1e6
+        );
+        assert!(
+            used <= budget,
+            "peak RSS rose {used} B over a {budget} B budget"
+        );
+        assert!(u(&m["layers_held"]) <= u(&m["layers_budget"]));
+        assert!(u(&p["evictions"]) > 0 && u(&p["misses"]) > 0, "{p}");
+    }
+    // A budget below what does not page (the 178 MB tied head/embedding alone): refused
+    // before generation.
     let o = generate(&model, Some("100M"));
     assert!(!o.status.success());
+    assert!(o.stdout.is_empty(), "generated before refusing");
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("cannot run this model"), "{e}");
+    assert!(e.contains("leaving 0.0 MB for blocks"), "{e}");
 }
 
 /// The number after `key` in `line` (`… key 123 B …`).
@@ -338,4 +379,59 @@ fn a_server_pages_experts_within_its_budget_with_the_same_text() {
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("memory budget"), "{e}");
     assert!(!e.contains("listening on"), "{e}");
+}
+
+#[test]
+fn a_server_pages_a_dense_models_blocks_below_its_weights_with_the_same_text() {
+    let path = synapse_testdata::model("smollm2-135m-instruct");
+    if !synapse_testdata::require(&path, "SmolLM2-135M-Instruct") {
+        return;
+    }
+    let line = |log: &[String], prefix: &str| {
+        log.iter()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} line in {log:?}"))
+            .clone()
+    };
+    let (big, addr, log) = Server::started(serve(&path, "8G").spawn().unwrap());
+    let want = completions(&addr);
+    let ledger = line(&log, "memory ledger:");
+    assert!(ledger.contains("everything fits"), "{ledger}");
+    let loaded = after(&line(&log, "memory: budget"), "loading left");
+    let (weights, blocks) = (after(&ledger, "weights"), after(&ledger, "dense blocks"));
+    let (kv, scratch) = (after(&ledger, "KV"), after(&ledger, "scratch"));
+    assert!(blocks > 0 && blocks < weights, "{ledger}");
+    drop(big);
+
+    // A third of the blocks' bytes taken away: they page, the texts are the same, and the
+    // process stays within the budget.
+    let budget = loaded + weights + kv + scratch - blocks / 3;
+    let (srv, addr, log) = Server::started(serve(&path, &budget.to_string()).spawn().unwrap());
+    let baseline = after(&line(&log, "memory: budget"), "baseline RSS of");
+    let ledger = line(&log, "memory ledger:");
+    assert!(ledger.contains("blocks page within"), "{ledger}");
+    for round in 0..2 {
+        assert_eq!(completions(&addr), want, "round {round}");
+    }
+    let (_, m) = http(&addr, "GET", "/metrics", "");
+    let m = m.as_str().unwrap().to_string();
+    let misses = metric(&m, "synapse_block_misses_total");
+    let evictions = metric(&m, "synapse_block_evictions_total");
+    assert!(
+        misses > 0.0 && evictions > 0.0,
+        "{misses} misses, {evictions} evictions"
+    );
+    let used = srv.status_bytes("VmHWM:") - baseline;
+    eprintln!(
+        "serve SmolLM2-135M under {:.1} MB (weights {:.1} MB, blocks {:.1} MB): peak RSS above \
+         start {:.1} MB, {misses} block misses, {evictions} evictions; {ledger}",
+        budget as f64 / 1e6,
+        weights as f64 / 1e6,
+        blocks as f64 / 1e6,
+        used as f64 / 1e6
+    );
+    assert!(
+        used <= budget,
+        "peak RSS rose {used} B over a {budget} B budget"
+    );
 }

@@ -28,7 +28,7 @@ use crate::kv::{KvCache, KvOp, SlotId};
 use crate::load::{FfnW, LinearW, Model, NormW};
 use crate::moe::{self, ExpertStats, MoeScratch};
 use crate::pipeline::{RowRead, StageLink, StepPacket};
-use crate::residency::{ExpertPager, PagingStats};
+use crate::residency::{ExpertPager, LayerPager, PagingStats};
 use crate::tap::{Stage, Tap};
 
 /// One row of a batch.
@@ -113,6 +113,8 @@ pub struct Executor {
     tap: Option<Box<dyn Tap>>,
     experts: ExpertStats,
     pager: Option<ExpertPager>,
+    /// A dense model's blocks under a budget ([`Executor::page_layers`]).
+    layer_pager: Option<LayerPager>,
     /// The layers this executor runs (a pipeline stage's range; all of them by default).
     span: std::ops::Range<usize>,
     /// Where a stage that is not the last sends its rows' hidden states on.
@@ -208,6 +210,7 @@ impl Executor {
             tap: None,
             experts,
             pager: None,
+            layer_pager: None,
             downstream: None,
             ops: Vec::new(),
             row_reads: Vec::new(),
@@ -373,6 +376,27 @@ impl Executor {
         self.pager.as_ref().map(|p| p.stats())
     }
 
+    /// Keeps a dense model's blocks (their projections) resident within `budget` bytes from
+    /// now on (see [`crate::residency::LayerPager`]); `None` lifts the budget (the blocks then
+    /// run from the model's mapping again). Results never depend on it.
+    pub fn page_layers(&mut self, budget: Option<u64>) -> Result<()> {
+        self.layer_pager = match budget {
+            Some(b) => Some(LayerPager::new(&self.model, self.span.clone(), b)?),
+            None => None,
+        };
+        Ok(())
+    }
+
+    /// The block pager, when a budget is set.
+    pub fn layer_pager(&self) -> Option<&LayerPager> {
+        self.layer_pager.as_ref()
+    }
+
+    /// The block pager, mutable (its settings), when a budget is set.
+    pub fn layer_pager_mut(&mut self) -> Option<&mut LayerPager> {
+        self.layer_pager.as_mut()
+    }
+
     /// Compute threads.
     pub fn threads(&self) -> usize {
         self.threads
@@ -508,7 +532,11 @@ impl Executor {
             .iter()
             .filter(|l| matches!(l.ffn, FfnW::Moe(_)))
             .count();
-        for (il, l) in m.layers.iter().enumerate().take(span.end).skip(span.start) {
+        for il in span.clone() {
+            let l = match self.layer_pager.as_mut() {
+                Some(p) => p.acquire(il, &mut self.ctx)?,
+                None => &m.layers[il],
+            };
             let qd = l.n_heads * l.head_dim;
             let kvd = l.n_kv_heads * l.head_dim;
             // Attention norm and projections.

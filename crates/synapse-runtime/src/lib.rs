@@ -9,8 +9,9 @@
 //! - Mixture-of-experts blocks (`moe`, private): router, expert grouping (all rows routed to
 //!   one expert share one kernel call per projection) and the weighted sum in llama.cpp's
 //!   order.
-//! - [`residency`]: routed experts resident under a byte budget (LRU paging of their
-//!   memory-mapped pages; [`Executor::page_experts`]).
+//! - [`residency`]: weights resident under a byte budget: routed experts (LRU-2 paging;
+//!   [`Executor::page_experts`]) or a dense model's blocks (a few kept, the rest streamed
+//!   through one slot; [`Executor::page_layers`]).
 //! - [`KvCache`]: per-session slots, f32 or f16, sliding-window rings, prefix reuse, an
 //!   identity that includes the precision-profile hash.
 //! - [`Sampler`] and [`generate`]: sampling and the generation loop for one session (chunked

@@ -1,3 +1,8 @@
+//! Weights resident under a byte budget: a mixture of experts' routed experts
+//! ([`ExpertPager`]), or a dense model's blocks ([`LayerPager`], see its module). Both copy
+//! the file's bytes into slots made once and reused, read through the file; what follows
+//! describes the experts'.
+//!
 //! Routed experts resident under a byte budget: an expert pages in when a pass routes rows to
 //! it, and others page out when the budget would be exceeded: LRU-2, the expert whose use
 //! before its last is oldest (an expert used once goes first, so one-off uses do not push
@@ -40,14 +45,17 @@ use synapse_kernels::{KernelCtx, QuantMatrix, WeightSource};
 use crate::error::{Result, RuntimeError};
 use crate::load::{ExpertW, FfnW, Model};
 
-/// Counters of an [`ExpertPager`].
+mod layers;
+pub use layers::LayerPager;
+
+/// Counters of an [`ExpertPager`] or a [`LayerPager`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PagingStats {
-    /// Expert uses whose expert was resident.
+    /// Uses (of an expert, or a block) that found it resident.
     pub hits: u64,
-    /// Expert uses that paged the expert in.
+    /// Uses that paged it in.
     pub misses: u64,
-    /// Experts paged out to make room.
+    /// Experts (blocks) paged out to make room.
     pub evictions: u64,
     /// Bytes paged in.
     pub bytes_in: u64,
@@ -187,7 +195,7 @@ fn read_parallel(dst: &mut [u8], m: &QuantMatrix, ctx: &mut KernelCtx) -> bool {
             Some(Ok(())) => {}
             Some(Err(e)) => {
                 tracing::warn!(
-                    "expert read through the file failed ({e}); copying from the mapping"
+                    "weight read through the file failed ({e}); copying from the mapping"
                 );
                 ok.store(false, Ordering::Relaxed);
             }

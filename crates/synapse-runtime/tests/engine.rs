@@ -546,9 +546,13 @@ fn admission_limits() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     assert!(engine.stats().rejected >= 1);
-    // A memory budget too small for the KV is refused at start.
+    // A memory budget too small for the KV is refused at start (with the weights that do not
+    // page and nothing for the blocks, which do).
     let mut small = cfg;
-    small.memory = Some(model.weight_bytes() as u64 + 1);
+    small.memory = Some(
+        model.weight_bytes() as u64
+            - synapse_runtime::residency::LayerPager::pageable_bytes(&model, 0..model.layers.len()),
+    );
     assert!(Engine::start(model, pieces, small).is_err());
 }
 

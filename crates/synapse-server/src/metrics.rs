@@ -118,6 +118,10 @@ pub fn render(stats: &EngineStats, info: &EngineInfo) -> String {
     counter!("synapse_expert_misses_total").absolute(stats.expert_misses);
     counter!("synapse_expert_evictions_total").absolute(stats.expert_evictions);
     counter!("synapse_expert_paged_in_bytes_total").absolute(stats.expert_bytes_in);
+    counter!("synapse_block_hits_total").absolute(stats.block_hits);
+    counter!("synapse_block_misses_total").absolute(stats.block_misses);
+    counter!("synapse_block_evictions_total").absolute(stats.block_evictions);
+    counter!("synapse_block_paged_in_bytes_total").absolute(stats.block_bytes_in);
     gauge!("synapse_process_resident_bytes").set(proc_status_bytes("VmRSS:") as f64);
     gauge!("synapse_process_peak_resident_bytes").set(proc_status_bytes("VmHWM:") as f64);
     let h = handle();

@@ -10,6 +10,7 @@ use anyhow::{Context, bail};
 use clap::Args as ClapArgs;
 use synapse_runtime::escalation::{DraftParams, generate_exact};
 use synapse_runtime::head_draft::{Shortlist, generate_head_draft};
+use synapse_runtime::residency::LayerPager;
 use synapse_runtime::selective::{SelectiveParams, generate_selective};
 use synapse_runtime::{Executor, GenerateParams, KvCache, KvDtype, SamplingParams, generate};
 use synapse_tokenizer::{ChatTemplate, Message};
@@ -388,7 +389,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "decode_read_bytes": model.decode_read_bytes(),
             "kv_read_bytes_mid": model.kv_read_bytes_f32(ids.len() + out.tokens.len() / 2),
             "memory": ledger.map(|l| {
-                let paging = exec.paging_stats();
+                let paging = exec
+                    .paging_stats()
+                    .or(exec.layer_pager().map(|p| p.stats()));
                 serde_json::json!({
                     "budget": l.budget,
                     "loaded": l.loaded,
@@ -400,6 +403,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "experts_budget": l.experts_budget,
                     "experts_resident": exec.expert_pager().map(|p| p.resident_bytes()),
                     "experts_held": exec.expert_pager().map(|p| p.held_bytes()),
+                    "layers_total": l.layers_total,
+                    "layers_budget": l.layers_budget,
+                    "layers_held": exec.layer_pager().map(|p| p.held_bytes()),
+                    "layers_slots": exec.layer_pager().map(|p| p.max_slots()),
                     "paging": paging.map(|p| serde_json::json!({
                         "hits": p.hits,
                         "misses": p.misses,
@@ -549,6 +556,10 @@ struct Ledger {
     draft: u64,
     experts_total: u64,
     experts_budget: Option<u64>,
+    /// A dense model's block projections, and what they page within when the whole does
+    /// not fit.
+    layers_total: u64,
+    layers_budget: Option<u64>,
 }
 
 /// `--json`'s `escalation` object of an exact-escalation run: its settings and counts.
@@ -608,16 +619,32 @@ fn budget_memory(
         draft,
         experts_total,
         experts_budget: None,
+        layers_total: 0,
+        layers_budget: None,
     };
     if experts_total == 0 {
-        if fixed > budget {
-            bail!(
-                "--memory {:.1} MB cannot run this model: {what} ({:.1} MB; a dense model's \
-                 weights do not page yet)",
-                mb(budget),
-                mb(fixed)
-            );
+        if fixed <= budget {
+            return Ok(ledger);
         }
+        // A dense model that does not fit whole pages its blocks within what the rest leaves
+        // (the embedding and head stay mapped, each with its folio slack).
+        let layers_total = LayerPager::pageable_bytes(model, 0..model.layers.len());
+        let slack = LayerPager::mapped_slack(model);
+        let fixed = fixed - layers_total + slack;
+        let left = budget.saturating_sub(fixed);
+        ledger.layers_total = layers_total;
+        ledger.layers_budget = Some(left);
+        exec.page_layers(Some(left)).map_err(|e| {
+            anyhow::anyhow!(
+                "--memory {:.1} MB cannot run this model: {what} ({:.1} MB of it its blocks' \
+                 projections, which page; the embedding and head's mapped folios {:.1} MB \
+                 more), leaving {:.1} MB for blocks ({e})",
+                mb(budget),
+                mb(layers_total),
+                mb(slack),
+                mb(left)
+            )
+        })?;
         return Ok(ledger);
     }
     let left = budget.saturating_sub(fixed);

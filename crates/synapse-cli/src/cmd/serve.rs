@@ -332,15 +332,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .context("starting the engine")?,
     );
     if let Some(l) = engine.info().memory {
+        let pages = match (l.experts_budget, l.layers_budget) {
+            (Some(b), _) => format!("experts page within {b} B"),
+            (None, Some(b)) => format!("blocks page within {b} B"),
+            (None, None) => "everything fits".to_string(),
+        };
         eprintln!(
-            "memory ledger: weights {} B (routed experts {} B), KV {} B, scratch {} B; experts \
-             page within {}",
-            l.weights,
-            l.experts,
-            l.kv,
-            l.scratch,
-            l.experts_budget
-                .map_or("— (everything fits)".to_string(), |b| format!("{b} B"))
+            "memory ledger: weights {} B (routed experts {} B, dense blocks {} B), KV {} B, \
+             scratch {} B; {pages}",
+            l.weights, l.experts, l.layers, l.kv, l.scratch,
         );
     }
     let state = AppState::new(engine.clone(), tok, server_cfg)?;

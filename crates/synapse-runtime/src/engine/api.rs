@@ -411,6 +411,15 @@ pub struct EngineStats {
     pub expert_evictions: u64,
     /// Bytes of experts paged in.
     pub expert_bytes_in: u64,
+    /// A dense model's block uses (one per block per pass) that found it resident, under
+    /// a memory budget its blocks do not fit whole.
+    pub block_hits: u64,
+    /// Block uses that paged the block in.
+    pub block_misses: u64,
+    /// Blocks paged out to make room.
+    pub block_evictions: u64,
+    /// Bytes of blocks paged in.
+    pub block_bytes_in: u64,
 }
 
 /// How an engine divided its memory budget (`EngineConfig::memory`), in bytes.
@@ -429,6 +438,12 @@ pub struct MemoryLedger {
     /// When the whole does not fit: what the routed experts page within (the rest of the
     /// budget); `None` when everything fits.
     pub experts_budget: Option<u64>,
+    /// Of the weights, a dense model's block projections (0 for a mixture of experts).
+    pub layers: u64,
+    /// When the whole of a dense model does not fit: what its blocks page within (the rest
+    /// of the budget, after the embedding and head's mapped folios); `None` when everything
+    /// fits.
+    pub layers_budget: Option<u64>,
 }
 
 /// Fixed facts about a running engine.

@@ -337,14 +337,25 @@ impl Scheduler {
         let need = weights + kv_total + scratch;
         // A mixture of experts that does not fit whole pages its routed experts within what
         // the weights outside them, the KV and the compute scratch leave.
+        // A dense model likewise pages its blocks' projections (the embedding and head stay
+        // mapped, each with the folios its ends may drag in).
         let experts = model.expert_bytes() as u64;
+        let layer_bytes = crate::residency::LayerPager::pageable_bytes(&model, 0..layers);
         let mut expert_budget = None;
+        let mut layer_budget = None;
         if let Some(budget) = cfg.memory
             && need > budget
         {
             let fixed = weights - experts + kv_total + scratch;
-            if experts > 0 && cfg.draft.is_none() && head.is_none() && budget > fixed {
+            let dense_fixed = (weights - layer_bytes)
+                + crate::residency::LayerPager::mapped_slack(&model)
+                + kv_total
+                + scratch;
+            let alone = cfg.draft.is_none() && head.is_none();
+            if experts > 0 && alone && budget > fixed {
                 expert_budget = Some(budget - fixed);
+            } else if experts == 0 && layer_bytes > 0 && alone && budget > dense_fixed {
+                layer_budget = Some(budget - dense_fixed);
             } else {
                 let per = kv.slot_bytes() as u64;
                 let fit = budget.saturating_sub(weights + scratch) / per.max(1);
@@ -374,6 +385,15 @@ impl Scheduler {
                 ))
             })?;
         }
+        if let Some(b) = layer_budget {
+            exec.page_layers(Some(b)).map_err(|e| {
+                invalid(format!(
+                    "memory budget {} B: the embedding and head, the KV and scratch leave {b} B \
+                     for {layer_bytes} B of block weights ({e})",
+                    cfg.memory.unwrap_or(0)
+                ))
+            })?;
+        }
         let ledger = cfg.memory.map(|budget| super::api::MemoryLedger {
             budget,
             weights,
@@ -381,6 +401,8 @@ impl Scheduler {
             kv: kv_total,
             scratch,
             experts_budget: expert_budget,
+            layers: if experts == 0 { layer_bytes } else { 0 },
+            layers_budget: layer_budget,
         });
         let profile = exec.model().profile.hash();
         // The draft runs on the verifier's thread pool (lent for its passes).
@@ -804,6 +826,13 @@ impl Scheduler {
             st.expert_misses.store(p.misses, Ordering::Relaxed);
             st.expert_evictions.store(p.evictions, Ordering::Relaxed);
             st.expert_bytes_in.store(p.bytes_in, Ordering::Relaxed);
+        }
+        if let Some(p) = exec.layer_pager().map(|p| p.stats()) {
+            let st = &self.stats;
+            st.block_hits.store(p.hits, Ordering::Relaxed);
+            st.block_misses.store(p.misses, Ordering::Relaxed);
+            st.block_evictions.store(p.evictions, Ordering::Relaxed);
+            st.block_bytes_in.store(p.bytes_in, Ordering::Relaxed);
         }
         if exec.has_downstream() && !recv {
             exec.set_row_reads(&self.row_reads);

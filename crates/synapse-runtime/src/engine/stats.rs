@@ -34,6 +34,10 @@ pub(crate) struct SharedStats {
     pub expert_misses: AtomicU64,
     pub expert_evictions: AtomicU64,
     pub expert_bytes_in: AtomicU64,
+    pub block_hits: AtomicU64,
+    pub block_misses: AtomicU64,
+    pub block_evictions: AtomicU64,
+    pub block_bytes_in: AtomicU64,
 }
 
 impl SharedStats {
@@ -75,6 +79,10 @@ impl SharedStats {
             expert_misses: g(&self.expert_misses),
             expert_evictions: g(&self.expert_evictions),
             expert_bytes_in: g(&self.expert_bytes_in),
+            block_hits: g(&self.block_hits),
+            block_misses: g(&self.block_misses),
+            block_evictions: g(&self.block_evictions),
+            block_bytes_in: g(&self.block_bytes_in),
         }
     }
 }

@@ -1,0 +1,308 @@
+//! A dense model's blocks resident under a byte budget: each block's seven projections (q, k,
+//! v, o, gate, up, down) page in right before the block runs, into slots made once and
+//! reused, the way routed experts do (see the parent module: reads through the file, never
+//! the mapping's pages; the mapped pages dropped when the pager is made).
+//!
+//! A pass walks the blocks in order, every pass: under that cyclic use, LRU (or LRU-2) keeps
+//! nothing — each block is evicted just before it is used again. With `k` slots for `L`
+//! blocks (`k < L`), the best a replacement policy can do is keep `k − 1` blocks and stream
+//! the rest through one slot (Belady's choice on a cycle): the first `k − 1` blocks of the
+//! pager's span own a slot each (they page in once, on first use, and stay), and the rest
+//! share the last. A pass then reads `L − k + 1` blocks; when every block fits (`k ≥ L`),
+//! each has its own slot and nothing is read after the first pass.
+//!
+//! Invariant: a paged block holds the file's bytes of its projections, and its norms and
+//! biases are the model's: residency never changes a result.
+
+use std::sync::Arc;
+
+use synapse_formats::GgmlType;
+use synapse_kernels::{KernelCtx, QuantMatrix, WeightSource};
+
+use super::{PagingStats, SlotBuf, copy_parallel, page_size, read_parallel, unmap_pages};
+use crate::error::{Result, RuntimeError};
+use crate::load::{FfnW, LayerW, LinearW, Model};
+
+/// Projections of a block the pager moves.
+const N: usize = 7;
+
+/// A dense block's projections, in the pager's order (`None` for a mixture-of-experts block).
+fn linears(l: &LayerW) -> Option<[&LinearW; N]> {
+    match &l.ffn {
+        FfnW::Dense { gate, up, down, .. } => Some([&l.q, &l.k, &l.v, &l.o, gate, up, down]),
+        FfnW::Moe(_) => None,
+    }
+}
+
+/// As [`linears`], mutable.
+fn linears_mut(l: &mut LayerW) -> Option<[&mut LinearW; N]> {
+    match &mut l.ffn {
+        FfnW::Dense { gate, up, down, .. } => {
+            Some([&mut l.q, &mut l.k, &mut l.v, &mut l.o, gate, up, down])
+        }
+        FfnW::Moe(_) => None,
+    }
+}
+
+fn refuse(reason: impl Into<String>) -> RuntimeError {
+    RuntimeError::InvalidParam {
+        name: "memory",
+        reason: reason.into(),
+    }
+}
+
+/// One block: the model's (mapped) weights, and its copy while resident.
+#[derive(Debug)]
+struct Unit {
+    mapped: LayerW,
+    bytes: u64,
+    types: [GgmlType; N],
+    /// The block over its slot's buffers (norms and biases the model's) while resident.
+    copy: Option<LayerW>,
+}
+
+/// Room for one resident block: seven buffers (made once, reused), and the block they hold.
+type Slot = ([Arc<SlotBuf>; N], Option<usize>);
+
+/// The dense blocks of one model (or of one pipeline stage's span) under a byte budget (see
+/// the module docs).
+#[derive(Debug)]
+pub struct LayerPager {
+    /// Blocks `first..first + units.len()`.
+    units: Vec<Unit>,
+    first: usize,
+    slot_caps: [usize; N],
+    slot_bytes: u64,
+    /// Slots made on first use (at most `max_slots`), with the block each holds.
+    slots: Vec<Option<Slot>>,
+    max_slots: usize,
+    resident: u64,
+    page: usize,
+    span: (usize, usize),
+    read_file: bool,
+    stats: PagingStats,
+}
+
+impl LayerPager {
+    /// A pager over `model`'s blocks `layers` with `budget` bytes for their projections.
+    /// Every block starts paged out (its mapped pages dropped). Errors when a block is a
+    /// mixture of experts (those page their experts instead), a projection is not a borrowed
+    /// range of a mapping (a model copied at load holds its weights anyway), the range holds
+    /// a block the model does not, or the budget holds less than the largest block.
+    pub fn new(model: &Model, layers: std::ops::Range<usize>, budget: u64) -> Result<Self> {
+        if layers.is_empty() || layers.end > model.layers.len() {
+            return Err(refuse(format!(
+                "blocks {}..{} of a model with {}",
+                layers.start,
+                layers.end,
+                model.layers.len()
+            )));
+        }
+        if layers.start < model.present.start || layers.end > model.present.end {
+            return Err(refuse(format!(
+                "blocks {}..{} are not all held (the model holds {}..{})",
+                layers.start, layers.end, model.present.start, model.present.end
+            )));
+        }
+        let page = page_size();
+        let mut units = Vec::with_capacity(layers.len());
+        for il in layers.clone() {
+            let l = &model.layers[il];
+            let Some(ls) = linears(l) else {
+                return Err(refuse(
+                    "a mixture of experts pages its routed experts, not its blocks",
+                ));
+            };
+            let mut types = [GgmlType::F32; N];
+            let mut bytes = 0u64;
+            for (lin, ty) in ls.iter().zip(&mut types) {
+                *ty = match lin.m.ggml_type() {
+                    Some(t) if lin.m.is_borrowed() => t,
+                    _ => {
+                        return Err(refuse(
+                            "dense blocks page only from a memory-mapped GGUF (this model's \
+                             weights were copied at load)",
+                        ));
+                    }
+                };
+                bytes += lin.m.weight_bytes() as u64;
+            }
+            units.push(Unit {
+                mapped: l.clone(),
+                bytes,
+                types,
+                copy: None,
+            });
+        }
+        let mut slot_caps = [0usize; N];
+        for u in &units {
+            let ls = linears(&u.mapped).expect("checked dense");
+            for (c, lin) in slot_caps.iter_mut().zip(ls) {
+                *c = (*c).max(lin.m.weight_bytes());
+            }
+        }
+        let slot_bytes = slot_caps.iter().sum::<usize>() as u64;
+        if budget < slot_bytes {
+            return Err(refuse(format!(
+                "{budget} B for the blocks holds none (the largest takes {slot_bytes} B)"
+            )));
+        }
+        // The projections' extent in whole pages: the loader borrows them only from one GGUF
+        // mapping, so every byte of the span belongs to it.
+        let ranges: Vec<(usize, usize)> = units
+            .iter()
+            .flat_map(|u| {
+                linears(&u.mapped).expect("checked dense").map(|lin| {
+                    let b = lin.m.raw_bytes();
+                    (b.as_ptr() as usize, b.as_ptr() as usize + b.len())
+                })
+            })
+            .collect();
+        let span = (
+            ranges.iter().map(|r| r.0).min().unwrap_or(0).div_ceil(page) * page,
+            ranges.iter().map(|r| r.1).max().unwrap_or(0) / page * page,
+        );
+        for u in &units {
+            for lin in linears(&u.mapped).expect("checked dense") {
+                unmap_pages(lin.m.raw_bytes(), page, span);
+            }
+        }
+        let max_slots = ((budget / slot_bytes) as usize).min(units.len());
+        Ok(LayerPager {
+            first: layers.start,
+            slots: Vec::new(),
+            units,
+            slot_caps,
+            slot_bytes,
+            max_slots,
+            resident: 0,
+            page,
+            span,
+            read_file: true,
+            stats: PagingStats::default(),
+        })
+    }
+
+    /// Bytes of the projections of `model`'s dense blocks `layers` (what a pager over them
+    /// pages; a mixture-of-experts block counts none).
+    pub fn pageable_bytes(model: &Model, layers: std::ops::Range<usize>) -> u64 {
+        model
+            .layers
+            .get(layers)
+            .unwrap_or(&[])
+            .iter()
+            .filter_map(linears)
+            .flat_map(|ls| ls.map(|l| l.m.weight_bytes() as u64))
+            .sum()
+    }
+
+    /// What the tensors a paged model still reads from its mapping (the token embedding, the
+    /// LM head) may keep mapped beyond their own bytes: the page cache maps its large folios
+    /// whole, so each such tensor's two ends can drag in up to 2 MiB of their neighbours.
+    pub fn mapped_slack(model: &Model) -> u64 {
+        let tied = Arc::ptr_eq(&model.embd, &model.head.m);
+        let n = [Some(&model.embd), (!tied).then_some(&model.head.m)]
+            .into_iter()
+            .flatten()
+            .filter(|m| m.is_borrowed())
+            .count() as u64;
+        n * 2 * super::FOLIO as u64
+    }
+
+    /// Whether a miss reads the block through the file (the default) or copies it from the
+    /// mapping and drops the mapped pages again. Both hold the same bytes.
+    pub fn set_file_reads(&mut self, on: bool) {
+        self.read_file = on;
+    }
+
+    /// Bytes of every paged block's projections, resident or not.
+    pub fn total_bytes(&self) -> u64 {
+        self.units.iter().map(|u| u.bytes).sum()
+    }
+
+    /// Bytes of the blocks resident now.
+    pub fn resident_bytes(&self) -> u64 {
+        self.resident
+    }
+
+    /// Bytes of the slots made so far (at most the budget).
+    pub fn held_bytes(&self) -> u64 {
+        self.slots.iter().flatten().count() as u64 * self.slot_bytes
+    }
+
+    /// Slots the budget holds (blocks that stay resident: one less, unless all fit).
+    pub fn max_slots(&self) -> usize {
+        self.max_slots
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> PagingStats {
+        self.stats
+    }
+
+    /// The slot block `i` (counted from the pager's first) pages into.
+    fn slot_of(&self, i: usize) -> usize {
+        if self.max_slots >= self.units.len() {
+            i
+        } else {
+            i.min(self.max_slots - 1)
+        }
+    }
+
+    /// Block `il` (the model's index), resident: paged in (the block its slot held paged
+    /// out) unless it already is.
+    pub fn acquire(&mut self, il: usize, ctx: &mut KernelCtx) -> Result<&LayerW> {
+        let Some(i) = il.checked_sub(self.first).filter(|&i| i < self.units.len()) else {
+            return Err(refuse(format!(
+                "block {il} is outside the pager's {}..{}",
+                self.first,
+                self.first + self.units.len()
+            )));
+        };
+        if self.units[i].copy.is_some() {
+            self.stats.hits += 1;
+            return Ok(self.units[i].copy.as_ref().expect("resident"));
+        }
+        self.stats.misses += 1;
+        let s = self.slot_of(i);
+        if self.slots.len() <= s {
+            self.slots.resize_with(s + 1, || None);
+        }
+        let caps = self.slot_caps;
+        let slot =
+            self.slots[s].get_or_insert_with(|| (caps.map(|c| Arc::new(SlotBuf::new(c))), None));
+        if let Some(j) = slot.1.take() {
+            // Dropping the copy's matrices leaves the slot's buffers to the pager alone.
+            self.units[j].copy = None;
+            self.resident -= self.units[j].bytes;
+            self.stats.evictions += 1;
+        }
+        let (page, span, read_file) = (self.page, self.span, self.read_file);
+        let u = &mut self.units[i];
+        let mut copy = u.mapped.clone();
+        let src = linears(&u.mapped).expect("checked dense");
+        let dst = linears_mut(&mut copy).expect("checked dense");
+        for (((buf, m), out), &ty) in slot.0.iter_mut().zip(src).zip(dst).zip(&u.types) {
+            let b = Arc::get_mut(buf).ok_or_else(|| refuse("a block slot is still lent out"))?;
+            let n = m.m.weight_bytes();
+            b.len = n;
+            let d = &mut b.raw[b.off..b.off + n];
+            if !(read_file && read_parallel(d, &m.m, ctx)) {
+                let bytes = m.m.raw_bytes();
+                copy_parallel(d, bytes, ctx);
+                unmap_pages(bytes, page, span);
+            }
+            out.m = Arc::new(QuantMatrix::from_ggml_shared(
+                ty,
+                buf.clone() as Arc<dyn WeightSource>,
+                m.m.rows(),
+                m.m.cols(),
+            )?);
+        }
+        slot.1 = Some(i);
+        u.copy = Some(copy);
+        self.resident += u.bytes;
+        self.stats.bytes_in += u.bytes;
+        Ok(self.units[i].copy.as_ref().expect("just paged in"))
+    }
+}

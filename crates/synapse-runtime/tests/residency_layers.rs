@@ -1,0 +1,323 @@
+//! A dense model's blocks under a byte budget (`Executor::page_layers`) on SmolLM2-135M (a
+//! memory-mapped GGUF, 30 blocks): the same logits bit for bit as the model run from its
+//! mapping, at budgets that hold every block, half of them, and one; the pager's counters
+//! (with `k` slots for `L` blocks, `k − 1` stay and the rest stream through one slot); the
+//! model file's mapped pages — read from `/proc/self/smaps` after every pass — within the
+//! tensors outside the blocks' projections; an engine under a `memory` budget below its
+//! weights gives the same tokens; what cannot page is refused with a typed error.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use synapse_runtime::residency::LayerPager;
+use synapse_runtime::{Executor, KvCache, KvDtype, Model, Row, RuntimeError, argmax};
+
+fn smollm() -> Option<(Arc<Model>, PathBuf)> {
+    let path = common::known_model("smollm2-135m-instruct");
+    if !common::require(&path, "SmolLM2-135M-Instruct") {
+        return None;
+    }
+    Some((Arc::new(Model::load(&path).unwrap()), path))
+}
+
+/// Resident bytes of the mappings of `file`, from `/proc/self/smaps` (a page-table walk).
+fn mapped_rss(file: &Path) -> u64 {
+    let name = file.to_string_lossy();
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    let mut kb = 0u64;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            inside = line.ends_with(name.as_ref());
+        } else if inside && line.starts_with("Rss:") {
+            kb += line
+                .split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    kb * 1024
+}
+
+/// Whether a GGUF tensor is one of the projections a block pager moves.
+fn is_projection(name: &str) -> bool {
+    name.starts_with("blk.")
+        && [
+            ".attn_q.weight",
+            ".attn_k.weight",
+            ".attn_v.weight",
+            ".attn_output.weight",
+            ".ffn_gate.weight",
+            ".ffn_up.weight",
+            ".ffn_down.weight",
+        ]
+        .iter()
+        .any(|s| name.ends_with(s))
+}
+
+/// Bytes of `file` outside the blocks' projections: its header and the other tensors (the
+/// embedding, read by row, and the tied head, read whole; the norms, copied at load).
+fn outside_bytes(file: &Path) -> u64 {
+    let g = synapse_formats::gguf::GgufFile::open(file).unwrap();
+    let header = g.tensors().iter().map(|t| t.offset).min().unwrap_or(0);
+    header
+        + g.tensors()
+            .iter()
+            .filter(|t| !is_projection(&t.name))
+            .map(|t| t.n_bytes)
+            .sum::<u64>()
+}
+
+const PROMPT: [u32; 12] = [1, 40, 77, 300, 12, 9, 451, 38, 200, 17, 64, 5];
+
+/// Greedy decode of `steps` tokens after `prompt`: every pass's logits, and the largest
+/// resident size of `file`'s mappings seen after any pass.
+fn run(ex: &mut Executor, steps: usize, file: &Path) -> (Vec<Vec<f32>>, u64) {
+    let m = ex.model().clone();
+    let mut kv = KvCache::new(&m, KvDtype::F32, 1, 128, 64).unwrap();
+    kv.open(0).unwrap();
+    let mut out = vec![
+        ex.forward(&mut kv, &common::prompt_rows(&PROMPT))
+            .unwrap()
+            .to_vec(),
+    ];
+    let mut peak = mapped_rss(file);
+    for s in 0..steps {
+        let next = argmax(out.last().unwrap());
+        let row = Row::decode(0, (PROMPT.len() + s) as u32, next);
+        out.push(ex.forward(&mut kv, &[row]).unwrap().to_vec());
+        peak = peak.max(mapped_rss(file));
+    }
+    (out, peak)
+}
+
+#[test]
+fn paged_blocks_give_the_same_logits() {
+    let Some((m, path)) = smollm() else { return };
+    let blocks = m.layers.len();
+    let (want, _) = run(&mut Executor::new(m.clone(), 2).unwrap(), 8, &path);
+    let total = LayerPager::pageable_bytes(&m, 0..blocks);
+    let block = total / blocks as u64;
+    let passes = 9u64;
+    for (slots, file_reads) in [
+        (blocks, true),
+        (blocks / 2, true),
+        (1, true),
+        (blocks / 2, false),
+    ] {
+        let budget = block * slots as u64 + block / 2;
+        let mut ex = Executor::new(m.clone(), 2).unwrap();
+        ex.page_layers(Some(budget)).unwrap();
+        ex.layer_pager_mut().unwrap().set_file_reads(file_reads);
+        assert_eq!(ex.layer_pager().unwrap().total_bytes(), total);
+        assert_eq!(ex.layer_pager().unwrap().max_slots(), slots);
+        let (got, _) = run(&mut ex, 8, &path);
+        assert!(
+            got == want,
+            "{slots} block slots (file reads {file_reads}): other logits"
+        );
+        let p = ex.layer_pager().unwrap();
+        let st = p.stats();
+        let l = blocks as u64;
+        assert_eq!(st.hits + st.misses, l * passes);
+        assert!(p.held_bytes() <= budget && p.resident_bytes() <= budget);
+        // Every block fits: each pages in once. Otherwise k − 1 stay, the rest stream.
+        let streamed = if slots >= blocks {
+            0
+        } else {
+            l - slots as u64 + 1
+        };
+        let misses = l + streamed * (passes - 1);
+        assert_eq!(st.misses, misses, "{slots} slots: {st:?}");
+        assert_eq!(st.evictions, misses - slots as u64, "{slots} slots: {st:?}");
+        assert_eq!(st.bytes_in, misses * block, "uniform blocks");
+        eprintln!(
+            "{slots:>2} of {blocks} block slots ({:.1} of {:.1} MB, file reads {file_reads}): \
+             hit rate {:.3}, {} misses, {} evictions, {:.1} MB paged in",
+            budget as f64 / 1e6,
+            total as f64 / 1e6,
+            st.hit_rate(),
+            st.misses,
+            st.evictions,
+            st.bytes_in as f64 / 1e6
+        );
+    }
+    // A pipeline stage pages its own blocks only.
+    let mut stage = Executor::for_stage(m.clone(), 2, 0..blocks / 3).unwrap();
+    stage.page_layers(Some(2 * block)).unwrap();
+    assert_eq!(
+        stage.layer_pager().unwrap().total_bytes(),
+        LayerPager::pageable_bytes(&m, 0..blocks / 3)
+    );
+}
+
+#[test]
+fn mapped_blocks_stay_outside_the_mapping() {
+    let Some((m, path)) = smollm() else { return };
+    let total = LayerPager::pageable_bytes(&m, 0..m.layers.len());
+    for file_reads in [true, false] {
+        let mut ex = Executor::new(m.clone(), 2).unwrap();
+        let budget = total / 4;
+        ex.page_layers(Some(budget)).unwrap();
+        ex.layer_pager_mut().unwrap().set_file_reads(file_reads);
+        // The mapping keeps the bytes outside the projections, and the 2 MiB folios the
+        // embedding/head's ends share with neighbours (`mapped_slack`; the header's too).
+        // Reading misses through the file maps nothing more; copying from the mapping touches
+        // at most the folio at either end of each of a block's seven ranges while it is being
+        // copied (dropped right after). The projections alone are 66 MB.
+        let allowed = outside_bytes(&path)
+            + LayerPager::mapped_slack(&m)
+            + (2 << 20)
+            + if file_reads { 0 } else { 14 * (2 << 20) };
+        let (_, peak) = run(&mut ex, 16, &path);
+        let st = ex.layer_pager().unwrap().stats();
+        eprintln!(
+            "file reads {file_reads}: model file mapped (smaps): peak {:.1} MB, allowed {:.1} \
+             MB; block copies {:.1} MB of a {:.1} MB budget (blocks in all {:.1} MB); {} \
+             misses, {} evictions",
+            peak as f64 / 1e6,
+            allowed as f64 / 1e6,
+            ex.layer_pager().unwrap().held_bytes() as f64 / 1e6,
+            budget as f64 / 1e6,
+            total as f64 / 1e6,
+            st.misses,
+            st.evictions
+        );
+        assert!(ex.layer_pager().unwrap().held_bytes() <= budget);
+        assert!(
+            peak <= allowed,
+            "file reads {file_reads}: the model file's mapped pages peaked at {peak} B; \
+             allowed {allowed}"
+        );
+    }
+}
+
+#[test]
+fn what_cannot_page_is_refused() {
+    let Some((m, _)) = smollm() else { return };
+    let total = LayerPager::pageable_bytes(&m, 0..m.layers.len());
+    let mut ex = Executor::new(m.clone(), 1).unwrap();
+    // Less than one block.
+    let block = total / m.layers.len() as u64;
+    match ex.page_layers(Some(block - 1)) {
+        Err(RuntimeError::InvalidParam {
+            name: "memory",
+            reason,
+        }) => {
+            assert!(reason.contains("holds none"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(ex.layer_pager().is_none());
+    // A mixture of experts pages its experts, not its blocks.
+    let tmp = tempfile::tempdir().unwrap();
+    let shape = synapse_testdata::synthetic_moe::MoeShape::small();
+    let moe = tmp.path().join(shape.file_name());
+    synapse_testdata::synthetic_moe::write(&shape, &moe).unwrap();
+    let mut ex = Executor::new(Arc::new(Model::load(&moe).unwrap()), 1).unwrap();
+    let e = ex.page_layers(Some(u64::MAX)).unwrap_err();
+    assert!(e.to_string().contains("mixture of experts"), "{e}");
+}
+
+struct NoText;
+
+impl synapse_runtime::engine::TokenPieces for NoText {
+    fn piece(&self, _: u32) -> Vec<u8> {
+        Vec::new()
+    }
+    fn piece_into(&self, _: u32, _: &mut Vec<u8>) {}
+}
+
+/// Greedy tokens of `n` concurrent sessions in an engine with `memory`, and its stats.
+fn engine_tokens(
+    m: &Arc<Model>,
+    memory: Option<u64>,
+    n: u32,
+) -> (Vec<Vec<u32>>, synapse_runtime::engine::EngineStats) {
+    use synapse_runtime::engine::{EngineConfig, Event, Request, Scheduler};
+    let cfg = EngineConfig {
+        slots: n as usize,
+        ctx: 128,
+        ubatch: 32,
+        step_tokens: 64,
+        memory,
+        ..EngineConfig::default()
+    };
+    let mut s = Scheduler::new(m.clone(), Arc::new(NoText), cfg).unwrap();
+    let mut sessions: Vec<_> = (0..n)
+        .map(|i| {
+            let mut p = PROMPT.to_vec();
+            p[1] += 7 * i;
+            let mut r = Request::greedy(p, 12 + i as usize);
+            r.stop_at_eog = false;
+            s.submit(r).unwrap()
+        })
+        .collect();
+    let mut toks = vec![Vec::new(); n as usize];
+    let mut done = 0;
+    while done < n {
+        s.step();
+        for (i, ss) in sessions.iter_mut().enumerate() {
+            while let Some(e) = ss.try_next() {
+                match e {
+                    Event::Token(t) => toks[i].push(t.id),
+                    Event::Done(_) => done += 1,
+                    Event::Error(e) => panic!("{e}"),
+                    _ => {}
+                }
+            }
+        }
+    }
+    (toks, s.stats())
+}
+
+#[test]
+fn an_engine_pages_blocks_under_its_memory_budget_with_the_same_tokens() {
+    let Some((m, _)) = smollm() else { return };
+    let (want, free) = engine_tokens(&m, None, 3);
+    assert_eq!(free.block_misses, 0);
+    let whole = m.weight_bytes() as u64;
+    let blocks = LayerPager::pageable_bytes(&m, 0..m.layers.len());
+    // The weights do not fit whole: the blocks page in what the rest leaves (about a third
+    // of them).
+    let kv = KvCache::new(&m, KvDtype::F32, 3, 128, 32)
+        .unwrap()
+        .slot_bytes() as u64
+        * 3;
+    let threads = synapse_runtime::engine::EngineConfig::default().threads;
+    let scratch = m.pass_scratch_bytes(64, 4, 128, threads);
+    let budget = whole + kv + scratch - blocks * 2 / 3;
+    let (got, st) = engine_tokens(&m, Some(budget), 3);
+    assert_eq!(
+        got, want,
+        "3 sessions under a {budget} B budget: other tokens"
+    );
+    assert!(st.block_misses > 0 && st.block_evictions > 0, "{st:?}");
+    eprintln!(
+        "engine, 3 sessions, {:.1} MB budget for {:.1} MB of weights ({:.1} MB in blocks): {} \
+         block hits, {} misses, {} evictions",
+        budget as f64 / 1e6,
+        whole as f64 / 1e6,
+        blocks as f64 / 1e6,
+        st.block_hits,
+        st.block_misses,
+        st.block_evictions
+    );
+    // Too small for one block beside the rest: refused at start.
+    let cfg = synapse_runtime::engine::EngineConfig {
+        slots: 3,
+        ctx: 128,
+        ubatch: 32,
+        step_tokens: 64,
+        memory: Some(whole + kv + scratch - blocks),
+        ..Default::default()
+    };
+    let Err(e) = synapse_runtime::engine::Scheduler::new(m, Arc::new(NoText), cfg) else {
+        panic!("a budget without room for a block was taken");
+    };
+    assert!(e.to_string().contains("memory budget"), "{e}");
+}
