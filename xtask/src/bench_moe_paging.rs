@@ -4,6 +4,9 @@
 //! alternating with an unbudgeted one; medians of decode tok/s, the pager's hit rate, load
 //! time and time to the first token, and each budget's speed over the unbudgeted runs'.
 //!
+//! A dense model (`--model`, e.g. the default Gemma 3 270M) pages its blocks' projections
+//! instead: the fraction is of those bytes, and the fixed part holds the embedding and head.
+//!
 //! The budget of a fraction `f` is the ledger's fixed part (what loading left, the weights
 //! outside the experts, the KV cache, scratch — read from a first `--memory` run) plus `f` of
 //! the experts' bytes (at 100% plus 16 MiB, so that all experts fit and none pages: the fully
@@ -133,13 +136,20 @@ pub fn run(a: Args) -> Result<()> {
     let (probe, _) = run_once(&bin, &model, &a, Some(1 << 40))?;
     let m = &probe["memory"];
     let g = |k: &str| m[k].as_u64().unwrap_or(0);
-    let fixed = g("loaded") + g("weights_outside_experts") + g("kv") + g("scratch");
-    let experts = g("experts_total");
+    let mut fixed = g("loaded") + g("weights_outside_experts") + g("kv") + g("scratch");
+    // What pages: the routed experts, or a dense model's blocks (then outside the fixed part).
+    let (experts, what) = match g("experts_total") {
+        0 => {
+            fixed -= g("layers_total");
+            (g("layers_total"), "blocks")
+        }
+        e => (e, "experts"),
+    };
     if experts == 0 {
-        bail!("{} has no routed experts", model.display());
+        bail!("{} has nothing to page", model.display());
     }
     println!(
-        "bench-moe-paging: {} | {} threads | {} decoded | experts {:.1} MB, fixed part {:.1} MB | {} runs",
+        "bench-moe-paging: {} | {} threads | {} decoded | {what} {:.1} MB, fixed part {:.1} MB | {} runs",
         model.display(),
         a.threads,
         a.n_gen,
@@ -201,7 +211,7 @@ pub fn run(a: Args) -> Result<()> {
         rows.push(row);
     }
     println!(
-        "\nexperts resident | budget MB | decode tok/s (unlimited) | ratio | hit rate | load s | first token s (unlimited) | peak RSS over start MB"
+        "\n{what} resident | budget MB | decode tok/s (unlimited) | ratio | hit rate | load s | first token s (unlimited) | peak RSS over start MB"
     );
     for r in &rows {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
@@ -228,7 +238,7 @@ pub fn run(a: Args) -> Result<()> {
     std::fs::write(
         &out,
         serde_json::to_vec_pretty(&serde_json::json!({
-            "model": model, "n_gen": a.n_gen, "threads": a.threads, "rows": rows
+            "model": model, "pages": what, "n_gen": a.n_gen, "threads": a.threads, "rows": rows
         }))?,
     )?;
     println!("wrote {}", out.display());

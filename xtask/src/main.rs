@@ -85,7 +85,9 @@ enum Command {
     BenchSelective(bench_selective::Args),
     /// Decode on the synthetic MoE with its routed experts held to 100/50/25/12.5% of their
     /// bytes (`generate --memory`), alternating with unbudgeted runs: tok/s, hit rate, load
-    /// time, first-token latency.
+    /// time, first-token latency. With `--model` a dense GGUF: its blocks' projections held
+    /// so instead (also as `bench-paging`).
+    #[command(alias = "bench-paging")]
     BenchMoePaging(bench_moe_paging::Args),
     /// Placement by measured speed against placement by memory share on a 2:1 pair of
     /// cluster workers (etcd, workers and the front end as processes): aggregate tok/s.

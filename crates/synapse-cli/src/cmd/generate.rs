@@ -623,16 +623,16 @@ fn budget_memory(
         layers_budget: None,
     };
     if experts_total == 0 {
+        let layers_total = LayerPager::pageable_bytes(model, 0..model.layers.len());
+        ledger.layers_total = layers_total;
         if fixed <= budget {
             return Ok(ledger);
         }
         // A dense model that does not fit whole pages its blocks within what the rest leaves
         // (the embedding and head stay mapped, each with its folio slack).
-        let layers_total = LayerPager::pageable_bytes(model, 0..model.layers.len());
         let slack = LayerPager::mapped_slack(model);
         let fixed = fixed - layers_total + slack;
         let left = budget.saturating_sub(fixed);
-        ledger.layers_total = layers_total;
         ledger.layers_budget = Some(left);
         exec.page_layers(Some(left)).map_err(|e| {
             anyhow::anyhow!(
