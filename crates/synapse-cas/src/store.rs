@@ -77,17 +77,51 @@ pub struct PutOutcome {
     pub written: bool,
 }
 
-/// An object's bytes: a read-only memory map (or an empty slice).
+/// An object's bytes: a read-only memory map (or an empty slice), and its file's path for
+/// positional reads (opened per read, so that holding many objects holds no descriptors).
 #[derive(Debug)]
 pub struct Object {
     id: ObjectId,
     map: Option<memmap2::Mmap>,
+    path: PathBuf,
 }
 
 impl Object {
     /// The object's id.
     pub fn id(&self) -> ObjectId {
         self.id
+    }
+
+    /// Reads `dst.len()` bytes from byte `at` of the object into `dst` through its file (a
+    /// positional read: no page of the mapping is touched, so none becomes mapped). An
+    /// error for a range past the end.
+    pub fn read_at(&self, at: u64, dst: &mut [u8]) -> std::io::Result<()> {
+        let end = at.checked_add(dst.len() as u64);
+        if end.is_none_or(|e| e > self.len() as u64) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("bytes {at}..+{} of a {}-byte object", dst.len(), self.len()),
+            ));
+        }
+        if dst.is_empty() {
+            return Ok(());
+        }
+        use std::os::unix::fs::FileExt;
+        File::open(&self.path)?.read_exact_at(dst, at)
+    }
+
+    /// Drops the mapping's resident pages (they fault back in, unchanged, when read again):
+    /// after a whole-object pass such as verification, so that what stays mapped is what
+    /// is used afterwards.
+    pub fn release_pages(&self) {
+        if let Some(m) = &self.map {
+            // SAFETY: the mapping is a private read-only map of a file no code path writes
+            // (see `get_unverified`); MADV_DONTNEED drops its page-table entries only, and
+            // reads afterwards fault the file's bytes back in.
+            unsafe {
+                let _ = m.unchecked_advise(memmap2::UncheckedAdvice::DontNeed);
+            }
+        }
     }
 }
 
@@ -342,7 +376,7 @@ impl Store {
             // never observes a change made by Synapse.
             Some(unsafe { memmap2::Mmap::map(&file) }.map_err(CasError::io(&path))?)
         };
-        Ok(Object { id: *id, map })
+        Ok(Object { id: *id, map, path })
     }
 
     /// Checks that the object `id` exists and hashes to its name.

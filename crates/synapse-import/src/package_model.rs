@@ -28,7 +28,8 @@ pub struct PackageModel {
     package: Package,
     desc: SourceDesc,
     ir: ModelIr,
-    objects: HashMap<String, Object>,
+    /// Shared so that weights can borrow an object's mapping instead of copying it.
+    objects: HashMap<String, std::sync::Arc<Object>>,
     gguf_metadata: Option<GgufFile>,
 }
 
@@ -192,7 +193,10 @@ impl PackageModel {
                     t.size
                 )));
             }
-            objects.insert(t.name.clone(), o);
+            // Verifying read every page: dropped again, so that what stays mapped is what is
+            // used (a model borrowing the object maps the pages it reads).
+            o.release_pages();
+            objects.insert(t.name.clone(), std::sync::Arc::new(o));
         }
         Ok(PackageModel {
             package,
@@ -245,6 +249,24 @@ impl PackageModel {
             t.encoding.as_str(),
             self.stored_bytes(name, &t.name)?,
         )))
+    }
+
+    /// The object holding a tensor stored in its source encoding (its bytes are
+    /// [`PackageModel::tensor_bytes`]), shared: a weight can borrow its mapping and read
+    /// through its file ([`Object::read_at`]) instead of copying it.
+    pub fn tensor_object(&self, name: &str) -> Result<std::sync::Arc<Object>> {
+        let t = self.package.tensor(name)?;
+        if let Some(f) = &t.source {
+            return Err(ImportError::Transcoded {
+                tensor: name.to_string(),
+                encoding: t.encoding.clone(),
+                source_encoding: f.encoding.clone(),
+            });
+        }
+        self.objects
+            .get(&t.name)
+            .cloned()
+            .ok_or_else(|| synapse_cas::CasError::NoSuchTensor(name.to_string()).into())
     }
 
     fn stored_bytes(&self, name: &str, stored: &str) -> Result<&[u8]> {

@@ -50,6 +50,13 @@ pub trait WeightSource: Send + Sync {
         let _ = (at, dst);
         None
     }
+
+    /// The whole read-only file mapping `bytes` lies in, for a memory-mapped source: the
+    /// extent a caller dropping this tensor's mapped pages (`MADV_DONTNEED`) may round out
+    /// to without touching other memory. `None` when the source is not a file mapping.
+    fn mapping(&self) -> Option<&[u8]> {
+        None
+    }
 }
 
 /// Where a matrix's bytes live.
@@ -329,6 +336,15 @@ impl QuantMatrix {
     /// Bytes of the encoded weights.
     pub fn weight_bytes(&self) -> usize {
         self.data.len()
+    }
+
+    /// The whole file mapping a borrowed matrix's bytes lie in ([`WeightSource::mapping`]):
+    /// `None` for an owned matrix or a source that is not a file mapping.
+    pub fn mapping(&self) -> Option<&[u8]> {
+        match &self.data {
+            Data::Shared(s) => s.mapping(),
+            Data::Owned(_) => None,
+        }
     }
 
     /// All the matrix's bytes in its encoding (what a content hash of the tensor covers).

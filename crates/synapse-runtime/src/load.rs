@@ -55,6 +55,10 @@ impl synapse_kernels::WeightSource for GgufTensor {
         }
     }
 
+    fn mapping(&self) -> Option<&[u8]> {
+        self.file.mapped_bytes()
+    }
+
     fn read_at(&self, at: usize, dst: &mut [u8]) -> Option<std::io::Result<()>> {
         let t = self.file.tensors().get(self.index)?;
         let base = self.range.as_ref().map_or(0, |r| r.start);
@@ -70,15 +74,45 @@ impl synapse_kernels::WeightSource for GgufTensor {
     }
 }
 
+/// One tensor of a Synapse package (or the byte range `range` of it: one expert of a stacked
+/// expert tensor): its object's mapping, lent to a [`QuantMatrix`] without a copy.
+struct PackageTensor {
+    obj: Arc<synapse_cas::Object>,
+    range: Option<std::ops::Range<usize>>,
+}
+
+impl synapse_kernels::WeightSource for PackageTensor {
+    fn bytes(&self) -> &[u8] {
+        match &self.range {
+            Some(r) => self.obj.get(r.clone()).unwrap_or(&[]),
+            None => &self.obj,
+        }
+    }
+
+    fn mapping(&self) -> Option<&[u8]> {
+        // One object, one mapping of its whole file.
+        Some(&self.obj[..]).filter(|b| !b.is_empty())
+    }
+
+    fn read_at(&self, at: usize, dst: &mut [u8]) -> Option<std::io::Result<()>> {
+        let base = self.range.as_ref().map_or(0, |r| r.start);
+        let end = self.range.as_ref().map_or(self.obj.len(), |r| r.end);
+        if at.checked_add(dst.len()).is_none_or(|e| base + e > end) {
+            return None;
+        }
+        Some(self.obj.read_at((base + at) as u64, dst))
+    }
+}
+
 impl Source<'_> {
-    /// A ggml weight as a matrix: borrowed from a GGUF's mapping (resident once, as file
-    /// pages), copied from the other sources.
+    /// A ggml weight as a matrix: borrowed from a GGUF's or a package's mapping (resident
+    /// once, as file pages), copied from the other sources.
     fn matrix(&self, ir: &ModelIr, id: WeightId, rows: usize, cols: usize) -> Result<QuantMatrix> {
         self.matrix_of(ir, id, None, rows, cols)
     }
 
     /// The bytes `range` of weight `id` (all of it for `None`) as a `rows × cols` matrix:
-    /// borrowed from a GGUF's mapping, copied from the other sources.
+    /// borrowed from a GGUF's or a package's mapping, copied from the other sources.
     fn matrix_of(
         &self,
         ir: &ModelIr,
@@ -104,6 +138,13 @@ impl Source<'_> {
             let src = Arc::new(GgufTensor {
                 file: f.clone(),
                 index,
+                range,
+            });
+            return Ok(QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?);
+        }
+        if let Source::Package(p) = self {
+            let src = Arc::new(PackageTensor {
+                obj: p.tensor_object(&w.name)?,
                 range,
             });
             return Ok(QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?);

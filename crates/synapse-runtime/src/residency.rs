@@ -20,7 +20,7 @@
 //! the file's bytes: residency never changes a result, only where the bytes come from and
 //! what a miss costs. A source without a file read (or a failed read) copies from the
 //! mapping instead and then drops the mapping's pages of those ranges again
-//! (`madvise(MADV_DONTNEED)` rounded out to 2 MiB, within the experts' span).
+//! (`madvise(MADV_DONTNEED)` rounded out to 2 MiB, within the file mapping they lie in).
 //!
 //! Measured on the synthetic MoE (32 × 1024×1024 Q8_0 experts, 12 layers, top-4, 2
 //! threads, 256 decoded): at 50% of the experts resident, copying from the mapping ran at
@@ -137,8 +137,6 @@ pub struct ExpertPager {
     resident: u64,
     clock: u64,
     page: usize,
-    /// Whole pages from the first expert byte to the last (all in one GGUF mapping).
-    span: (usize, usize),
     /// Misses read through the file (`pread`) rather than copying from the mapping.
     read_file: bool,
     stats: PagingStats,
@@ -153,19 +151,30 @@ fn page_size() -> usize {
     if p > 0 { p as usize } else { 4096 }
 }
 
+/// The whole pages of the file mapping `m`'s bytes lie in ([`QuantMatrix::mapping`]: a
+/// mapping starts on a page and covers whole pages), within which its mapped pages may be
+/// dropped; `None` for a matrix that is not a file mapping's (nothing of it may be advised:
+/// `MADV_DONTNEED` zeroes anonymous memory).
+fn extent(m: &QuantMatrix, page: usize) -> Option<(usize, usize)> {
+    let all = m.mapping()?;
+    let a = all.as_ptr() as usize;
+    Some((a / page * page, (a + all.len()).div_ceil(page) * page))
+}
+
 /// Drops the mapping's pages over `bytes`, rounded outward to 2 MiB: reading the range may
 /// have mapped the page cache's large folios whole (up to 2 MiB), neighbours' bytes
 /// included, and those must go too. A later read faults the file's bytes back in.
-/// `span` bounds the rounding: the experts' extent of the one mapping they share (nothing
-/// outside a file mapping may be advised: `MADV_DONTNEED` zeroes anonymous memory).
-fn unmap_pages(bytes: &[u8], page: usize, span: (usize, usize)) {
+/// `span` bounds the rounding: the extent of the file mapping the bytes lie in
+/// ([`extent`]); `None` advises nothing.
+fn unmap_pages(bytes: &[u8], page: usize, span: Option<(usize, usize)>) {
+    let Some(span) = span else { return };
     let start = bytes.as_ptr() as usize;
     let fold = FOLIO.max(page);
     let lo = (start / fold * fold).max(span.0);
     let hi = ((start + bytes.len()).div_ceil(fold) * fold).min(span.1);
     if hi > lo {
-        // SAFETY: [lo, hi) covers whole pages inside the experts' span of one live read-only
-        // file mapping (the caller holds matrices borrowing it); MADV_DONTNEED drops
+        // SAFETY: [lo, hi) covers whole pages inside one live read-only file mapping (the
+        // caller holds a matrix borrowing it); MADV_DONTNEED drops
         // page-table entries only, and the pages it takes from neighbouring tensors of the
         // same file fault back in unchanged.
         unsafe {
@@ -256,7 +265,8 @@ impl ExpertPager {
                             return Err(RuntimeError::InvalidParam {
                                 name: "memory",
                                 reason: "routed experts page only from a memory-mapped GGUF \
-                                         (this model's experts were copied at load)"
+                                         or package (this model's experts were copied at \
+                                         load)"
                                     .into(),
                             });
                         }
@@ -298,23 +308,9 @@ impl ExpertPager {
                 ),
             });
         }
-        // The experts' extent, in whole pages. The loaders borrow experts only from a GGUF,
-        // one mapping of one file, so every byte of the span belongs to that mapping.
-        let ranges = || {
-            units.iter().flat_map(|u| {
-                [&u.mapped.gate, &u.mapped.up, &u.mapped.down].map(|m| {
-                    let b = m.raw_bytes();
-                    (b.as_ptr() as usize, b.as_ptr() as usize + b.len())
-                })
-            })
-        };
-        let span = (
-            ranges().map(|r| r.0).min().unwrap_or(0).div_ceil(page) * page,
-            ranges().map(|r| r.1).max().unwrap_or(0) / page * page,
-        );
         for u in &units {
             for mat in [&u.mapped.gate, &u.mapped.up, &u.mapped.down] {
-                unmap_pages(mat.raw_bytes(), page, span);
+                unmap_pages(mat.raw_bytes(), page, extent(mat, page));
             }
         }
         let max_slots = ((budget / largest) as usize).min(units.len());
@@ -328,7 +324,6 @@ impl ExpertPager {
             resident: 0,
             clock: 0,
             page,
-            span,
             read_file: true,
             stats: PagingStats::default(),
         })
@@ -414,7 +409,7 @@ impl ExpertPager {
                 s
             }
         };
-        let (page, span, read_file) = (self.page, self.span, self.read_file);
+        let (page, read_file) = (self.page, self.read_file);
         let u = &mut self.units[i];
         let mut mats: [Option<Arc<QuantMatrix>>; 3] = [None, None, None];
         for (((buf, m), out), &ty) in self.slots[slot]
@@ -434,7 +429,7 @@ impl ExpertPager {
             if !(read_file && read_parallel(dst, m, ctx)) {
                 let src = m.raw_bytes();
                 copy_parallel(dst, src, ctx);
-                unmap_pages(src, page, span);
+                unmap_pages(src, page, extent(m, page));
             }
             *out = Some(Arc::new(QuantMatrix::from_ggml_shared(
                 ty,

@@ -286,3 +286,31 @@ fn an_engine_pages_experts_under_its_memory_budget_with_the_same_tokens() {
     };
     assert!(e.to_string().contains("memory budget"), "{e}");
 }
+
+/// A package borrows its objects' mappings as a GGUF does its file's, so its routed experts
+/// page too: the GGUF's logits at a quarter of the experts.
+#[test]
+fn a_packages_experts_page_as_its_ggufs_do() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, path) = model(tmp.path());
+    let (want, _) = run(
+        &mut Executor::new(m.clone(), 2).unwrap(),
+        &PROMPT,
+        12,
+        &path,
+    );
+    let dir = tmp.path().join("pkg");
+    synapse_import::import(
+        &path,
+        &synapse_import::Destination::Directory(dir.clone()),
+        &synapse_import::progress::Silent,
+    )
+    .unwrap();
+    let p = Arc::new(Model::load(&dir).unwrap());
+    let mut ex = Executor::new(p.clone(), 2).unwrap();
+    ex.page_experts(Some(p.expert_bytes() as u64 / 4)).unwrap();
+    let (got, _) = run(&mut ex, &PROMPT, 12, &path);
+    assert_eq!(got, want, "the package's paged experts: other logits");
+    let st = ex.paging_stats().unwrap();
+    assert!(st.misses > 0 && st.evictions > 0, "{st:?}");
+}

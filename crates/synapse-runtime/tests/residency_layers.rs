@@ -22,16 +22,22 @@ fn smollm() -> Option<(Arc<Model>, PathBuf)> {
     Some((Arc::new(Model::load(&path).unwrap()), path))
 }
 
-/// Resident bytes of the mappings of `file`, from `/proc/self/smaps` (a page-table walk).
+/// Resident bytes of the mappings of `file` (or of the files under it, for a directory),
+/// from `/proc/self/smaps` (a page-table walk).
 fn mapped_rss(file: &Path) -> u64 {
     let name = file.to_string_lossy();
+    let dir = file.is_dir();
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
     let mut inside = false;
     let mut kb = 0u64;
     for line in smaps.lines() {
         let first = line.split_whitespace().next().unwrap_or("");
         if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
-            inside = line.ends_with(name.as_ref());
+            inside = if dir {
+                line.contains(&format!("{name}/"))
+            } else {
+                line.ends_with(name.as_ref())
+            };
         } else if inside && line.starts_with("Rss:") {
             kb += line
                 .split_whitespace()
@@ -194,6 +200,56 @@ fn mapped_blocks_stay_outside_the_mapping() {
              allowed {allowed}"
         );
     }
+}
+
+/// A package borrows its objects' mappings as a GGUF does its file's: loading leaves the
+/// blocks unmapped (verification's pages are dropped again), and its blocks page under a
+/// budget with the GGUF's logits bit for bit, its objects' mapped pages within the bytes
+/// outside the projections.
+#[test]
+fn a_package_pages_its_blocks_as_its_gguf_does() {
+    let Some((m, path)) = smollm() else { return };
+    let (want, _) = run(&mut Executor::new(m.clone(), 2).unwrap(), 8, &path);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("pkg");
+    synapse_import::import(
+        &path,
+        &synapse_import::Destination::Directory(dir.clone()),
+        &synapse_import::progress::Silent,
+    )
+    .unwrap();
+    let p = Arc::new(Model::load(&dir).unwrap());
+    assert!(p.layers[0].q.m.is_borrowed() && p.embd.is_borrowed());
+    let allowed = outside_bytes(&path) + LayerPager::mapped_slack(&p) + (2 << 20);
+    let loaded = mapped_rss(&dir);
+    eprintln!(
+        "package loaded: objects mapped {:.1} MB (bytes outside the projections {:.1} MB)",
+        loaded as f64 / 1e6,
+        outside_bytes(&path) as f64 / 1e6
+    );
+    assert!(
+        loaded <= allowed,
+        "loading left {loaded} B of objects mapped"
+    );
+    let total = LayerPager::pageable_bytes(&p, 0..p.layers.len());
+    let mut ex = Executor::new(p.clone(), 2).unwrap();
+    ex.page_layers(Some(total / 3)).unwrap();
+    let (got, peak) = run(&mut ex, 8, &dir);
+    assert!(got == want, "the package's paged blocks: other logits");
+    let st = ex.layer_pager().unwrap().stats();
+    eprintln!(
+        "package, a third of the blocks: objects mapped peak {:.1} MB (allowed {:.1}), {} \
+         misses, {} evictions",
+        peak as f64 / 1e6,
+        allowed as f64 / 1e6,
+        st.misses,
+        st.evictions
+    );
+    assert!(st.evictions > 0);
+    assert!(
+        peak <= allowed,
+        "the package's mapped pages peaked at {peak} B"
+    );
 }
 
 #[test]

@@ -84,6 +84,12 @@ impl GgufFile {
         self.data_start
     }
 
+    /// The whole file as mapped (`None` for an in-memory image): the extent within which
+    /// a tensor's mapped pages may be dropped.
+    pub fn mapped_bytes(&self) -> Option<&[u8]> {
+        self.backing.file().map(|_| self.backing.bytes())
+    }
+
     /// Size of the whole file in bytes.
     pub fn file_len(&self) -> u64 {
         self.backing.bytes().len() as u64

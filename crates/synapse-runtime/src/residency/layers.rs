@@ -19,7 +19,7 @@ use std::sync::Arc;
 use synapse_formats::GgmlType;
 use synapse_kernels::{KernelCtx, QuantMatrix, WeightSource};
 
-use super::{PagingStats, SlotBuf, copy_parallel, page_size, read_parallel, unmap_pages};
+use super::{PagingStats, SlotBuf, copy_parallel, extent, page_size, read_parallel, unmap_pages};
 use crate::error::{Result, RuntimeError};
 use crate::load::{FfnW, LayerW, LinearW, Model};
 
@@ -78,7 +78,6 @@ pub struct LayerPager {
     max_slots: usize,
     resident: u64,
     page: usize,
-    span: (usize, usize),
     read_file: bool,
     stats: PagingStats,
 }
@@ -120,8 +119,8 @@ impl LayerPager {
                     Some(t) if lin.m.is_borrowed() => t,
                     _ => {
                         return Err(refuse(
-                            "dense blocks page only from a memory-mapped GGUF (this model's \
-                             weights were copied at load)",
+                            "dense blocks page only from a memory-mapped GGUF or package \
+                             (this model's weights were copied at load)",
                         ));
                     }
                 };
@@ -147,24 +146,9 @@ impl LayerPager {
                 "{budget} B for the blocks holds none (the largest takes {slot_bytes} B)"
             )));
         }
-        // The projections' extent in whole pages: the loader borrows them only from one GGUF
-        // mapping, so every byte of the span belongs to it.
-        let ranges: Vec<(usize, usize)> = units
-            .iter()
-            .flat_map(|u| {
-                linears(&u.mapped).expect("checked dense").map(|lin| {
-                    let b = lin.m.raw_bytes();
-                    (b.as_ptr() as usize, b.as_ptr() as usize + b.len())
-                })
-            })
-            .collect();
-        let span = (
-            ranges.iter().map(|r| r.0).min().unwrap_or(0).div_ceil(page) * page,
-            ranges.iter().map(|r| r.1).max().unwrap_or(0) / page * page,
-        );
         for u in &units {
             for lin in linears(&u.mapped).expect("checked dense") {
-                unmap_pages(lin.m.raw_bytes(), page, span);
+                unmap_pages(lin.m.raw_bytes(), page, extent(&lin.m, page));
             }
         }
         let max_slots = ((budget / slot_bytes) as usize).min(units.len());
@@ -177,7 +161,6 @@ impl LayerPager {
             max_slots,
             resident: 0,
             page,
-            span,
             read_file: true,
             stats: PagingStats::default(),
         })
@@ -277,7 +260,7 @@ impl LayerPager {
             self.resident -= self.units[j].bytes;
             self.stats.evictions += 1;
         }
-        let (page, span, read_file) = (self.page, self.span, self.read_file);
+        let (page, read_file) = (self.page, self.read_file);
         let u = &mut self.units[i];
         let mut copy = u.mapped.clone();
         let src = linears(&u.mapped).expect("checked dense");
@@ -290,7 +273,7 @@ impl LayerPager {
             if !(read_file && read_parallel(d, &m.m, ctx)) {
                 let bytes = m.m.raw_bytes();
                 copy_parallel(d, bytes, ctx);
-                unmap_pages(bytes, page, span);
+                unmap_pages(bytes, page, extent(&m.m, page));
             }
             out.m = Arc::new(QuantMatrix::from_ggml_shared(
                 ty,
