@@ -6,7 +6,7 @@ Run by `cargo xtask tiny-models` (see fixtures/README.md); never by the tests.
 Usage: python tiny_models.py LLAMA_CPP_DIR OUT_DIR [FAMILY ...]
   LLAMA_CPP_DIR: the llama.cpp vendored in the llama-cpp-python sdist (convert_hf_to_gguf.py, gguf-py/)
   FAMILY in: llama qwen2 gemma3 olmoe granitemoe qwen2moe mixtral bitnet bitnet-relu2
-  bitnet-w158a8 olmoe-clip bitnet-packed (default: all)
+  bitnet-w158a8 olmoe-clip bitnet-packed olmoe-k (default: all)
 
 For each FAMILY writes OUT_DIR/<family>/:
   config.json, generation_config.json, model.safetensors    (transformers save_pretrained, fp32)
@@ -18,6 +18,10 @@ For each FAMILY writes OUT_DIR/<family>/:
   logits.llama-f32.f32, logits.llama-q8_0.f32   llama.cpp's logits for the two GGUFs (f32 KV cache,
                                          flash attention off, 1 thread), every position
   oracle.json                            the sequences, shapes, greedy continuations, agreement figures
+olmoe-k is OLMoE 256 wide (K-quant blocks hold 256 weights of a row) quantized by llama.cpp's own
+quantizer to Q4_K_M (model.q4_k_m.gguf, logits.llama-q4_k_m.f32): the K-quant experts whose rows
+llama.cpp's mul_mat_id tiles where 8 or more of a batch route to one. Its safetensors and F32 GGUF
+(8 MB each) are checked against transformers and then not kept (oracle.json `pruned`).
 Logits files are little-endian f32, the sequences' rows concatenated: [sum(len(seq)), n_vocab].
 Everything is seeded; weights ~ N(0, 0.1), norm weights ~ 1 + N(0, 0.1) (Gemma: N(0, 0.1), since its
 RMSNorm multiplies by 1 + w).
@@ -49,7 +53,11 @@ Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor i
 SENTENCE = "The quick brown fox runs CPU kernels, 42 times."
 
 FAMILIES = ["llama", "qwen2", "gemma3", "olmoe", "granitemoe", "qwen2moe", "mixtral", "bitnet",
-            "bitnet-relu2", "bitnet-w158a8", "olmoe-clip", "bitnet-packed"]
+            "bitnet-relu2", "bitnet-w158a8", "olmoe-clip", "bitnet-packed", "olmoe-k"]
+# Quantized by llama.cpp's quantizer (`llama_model_quantize`) from the F32 GGUF, not converted.
+QUANTIZED = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
+# Families whose large files are dropped once checked (see the module docs).
+PRUNE = {"olmoe-k": ("model.safetensors", "model.f32.gguf")}
 # Families llama.cpp has no graph for: transformers is their only oracle (no GGUFs). OLMoE with
 # clip_qkv: llama.cpp's converter drops the clamp and its OLMoE graph has none.
 HF_ONLY = {"bitnet-relu2", "bitnet-w158a8", "olmoe-clip", "bitnet-packed"}
@@ -70,6 +78,8 @@ def gguf_types(family: str) -> tuple[str, ...]:
         return ()
     if family.startswith("bitnet"):
         return ("f32", "tq1_0", "tq2_0")
+    if family == "olmoe-k":
+        return ("f32", "q4_k_m")
     return ("f32", "q8_0")
 
 
@@ -118,6 +128,11 @@ def make_config(family: str, vocab: int):
             **k, head_dim=H // NH, query_pre_attn_scalar=H // NH, sliding_window=4,
             tie_word_embeddings=True, rope_theta=1000000.0, rope_local_base_freq=10000.0,
             hidden_activation="gelu_pytorch_tanh")
+    if family == "olmoe-k":
+        # 256 wide (hidden and expert FFN), 64-wide heads, no GQA (as olmoe)
+        k = dict(k, hidden_size=256, num_key_value_heads=NH, intermediate_size=256)
+        return "OlmoeForCausalLM", transformers.OlmoeConfig(
+            **k, num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, tie_word_embeddings=False)
     if family in ("olmoe", "olmoe-clip"):
         # no GQA: llama.cpp's OLMoE expects attn_k_norm of size n_embd (real OLMoE has no GQA);
         # olmoe-clip clamps q and k (after their norms) and v to [-1, 1], which cuts a good part
@@ -290,6 +305,16 @@ def convert(llama_dir: str, model_dir: str, outtype: str, out: str):
         raise RuntimeError(f"convert_hf_to_gguf.py {outtype} failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
 
 
+def quantize(src: str, out: str, ftype: str):
+    """llama.cpp's own quantizer over a GGUF (`llama_model_quantize`, one thread)."""
+    import llama_cpp as L
+    qp = L.llama_model_quantize_default_params()
+    qp.ftype = getattr(L, ftype)
+    qp.nthread = 1
+    if L.llama_model_quantize(src.encode(), out.encode(), ctypes.byref(qp)) != 0:
+        raise RuntimeError(f"llama_model_quantize {ftype} failed")
+
+
 def main():
     llama_dir, out = sys.argv[1], sys.argv[2]
     fams = sys.argv[3:] or FAMILIES
@@ -373,7 +398,10 @@ def main():
         types = gguf_types(fam)
         for ot in types:
             gg = os.path.join(d, f"model.{ot}.gguf")
-            convert(llama_dir, d, ot, gg)
+            if ot in QUANTIZED:
+                quantize(os.path.join(d, "model.f32.gguf"), gg, QUANTIZED[ot])
+            else:
+                convert(llama_dir, d, ot, gg)
             lg, greedy = llama_run(gg, seqs, NGEN)
             fn = f"logits.llama-{ot}.f32"
             lg.tofile(os.path.join(d, fn))
@@ -410,6 +438,12 @@ def main():
             sys.exit(f"{fam}: llama.cpp F32 and transformers disagree ({a32}, greedy hf={hf_greedy} "
                      f"f32={info['gguf']['f32']['greedy_after_seq0']}): not a fixture")
         summary.append(dict(family=fam, f32_vs_hf=a32, quantized_vs_hf=a8))
+        if fam in PRUNE:
+            for fn in PRUNE[fam]:
+                os.remove(os.path.join(d, fn))
+            info["pruned"] = list(PRUNE[fam])
+            with open(os.path.join(d, "oracle.json"), "w") as f:
+                json.dump(info, f, indent=1)
         for fn in sorted(os.listdir(d)):
             print(f"  wrote {os.path.join(d, fn)} ({os.path.getsize(os.path.join(d, fn))} bytes)")
     shutil.rmtree(work, ignore_errors=True)

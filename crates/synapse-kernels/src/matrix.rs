@@ -1002,6 +1002,31 @@ impl OrderClass {
         }
     }
 
+    /// Whether ggml's CPU backend runs a `mul_mat_id` expert of encoding `ty` through its
+    /// tiled matmul when [`MANY_ROWS`](Self::rows) or more rows of one batch route to it
+    /// (`ggml_tiled_supported`'s type list: the K-quants, IQ4_XS and the IQ1–IQ3 grids);
+    /// every other expert product, and these below that count, take `vec_dot`'s one-row
+    /// order. [`QuantMatrix::matmul_as`] with [`OrderClass::Many`]'s row count gives that
+    /// tiled order where this crate has it.
+    pub fn ggml_tiles_experts(ty: GgmlType) -> bool {
+        matches!(
+            ty,
+            GgmlType::Q6_K
+                | GgmlType::Q5_K
+                | GgmlType::Q4_K
+                | GgmlType::Q3_K
+                | GgmlType::Q2_K
+                | GgmlType::IQ4_XS
+                | GgmlType::IQ2_XXS
+                | GgmlType::IQ2_XS
+                | GgmlType::IQ2_S
+                | GgmlType::IQ3_XXS
+                | GgmlType::IQ3_S
+                | GgmlType::IQ1_S
+                | GgmlType::IQ1_M
+        )
+    }
+
     /// A row count of this class (pass it as `order_rows` to [`QuantMatrix::matmul_as`]).
     pub fn rows(self) -> usize {
         match self {

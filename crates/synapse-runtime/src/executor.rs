@@ -744,6 +744,8 @@ impl Executor {
                     moe::forward(
                         moe,
                         &s.xn[..n * hd],
+                        rows,
+                        kv.max_chunk(),
                         &s.runs,
                         hd,
                         ensure(&mut s.tmp, n * hd),

@@ -755,6 +755,23 @@ impl Model {
         })
     }
 
+    /// Whether a routed expert's projection has an encoding ggml's `mul_mat_id` tiles where 8
+    /// or more rows of one prompt batch route to it
+    /// ([`synapse_kernels::OrderClass::ggml_tiles_experts`]): then a prompt row's expert
+    /// outputs depend on the routing of its whole batch, which a scheduler must therefore run
+    /// in one pass.
+    pub fn tiles_experts(&self) -> bool {
+        self.layers.iter().any(|l| match &l.ffn {
+            FfnW::Moe(m) => m.experts.iter().any(|e| {
+                [&e.gate, &e.up, &e.down].iter().any(|w| {
+                    w.ggml_type()
+                        .is_some_and(synapse_kernels::OrderClass::ggml_tiles_experts)
+                })
+            }),
+            FfnW::Dense { .. } => false,
+        })
+    }
+
     /// Vocabulary size.
     pub fn vocab(&self) -> usize {
         self.ir.hparams.vocab_size as usize

@@ -7,11 +7,18 @@
 //! call per projection of `e` — and each row's outputs summed in pick order.
 //!
 //! Facts this follows (llama.cpp `src/llama-graph.cpp`, ggml-cpu `mul_mat_id`):
-//! - ggml's `mul_mat_id` takes every (row, expert) product through the type's `vec_dot`
-//!   (the activation quantized to its `vec_dot_type`), whatever the number of rows routed to
-//!   the expert: so every expert call here runs in the one-row order
-//!   ([`OrderClass::One`](synapse_kernels::OrderClass)), and a row's expert outputs depend on
-//!   nothing but the row. That is what keeps the block batch-invariant.
+//! - ggml's `mul_mat_id` takes a (row, expert) product through the type's `vec_dot` (the
+//!   activation quantized to its `vec_dot_type`: the one-row order,
+//!   [`OrderClass::One`](synapse_kernels::OrderClass)), except where an expert's encoding is
+//!   one ggml tiles ([`OrderClass::ggml_tiles_experts`]: the K-quants, IQ4_XS, the IQ grids)
+//!   and 8 or more rows of the batch route to it (`cne1 ≥ 8`, `ggml_tiled_min_batch`): those
+//!   rows take the tiled order ([`OrderClass::Many`]). Here the batch is one session's
+//!   prompt batch — its rows of class `Many` whose positions fall in one `ubatch`-row batch
+//!   from position 0 (the cache's `max_chunk`, by which [`crate::prompt_order`] classes
+//!   them); a decode row, or a verification row recomputed in the one-row order, is never
+//!   tiled — so a row's expert outputs depend on its own session's routing alone, never on
+//!   what else shares the pass, provided the whole batch is in the pass: a scheduler runs a
+//!   model that tiles ([`crate::Model::tiles_experts`]) in whole prompt batches.
 //! - Routing by softmax: [`ggml_f32::softmax_row`] over all experts, an argsort descending
 //!   (picks in decreasing probability), the picked probabilities as weights; renormalised by
 //!   their f64 sum rounded to f32 and clamped below at 2⁻¹⁴ (`ggml_sum_rows`, `ggml_clamp`,
@@ -27,7 +34,8 @@ use synapse_kernels::{KernelCtx, OrderClass, ops};
 use synapse_model::{Activation, Routing};
 
 use crate::error::{Result, RuntimeError};
-use crate::executor::linear;
+use crate::executor::{Row, linear};
+use crate::kv::SlotId;
 use crate::load::MoeW;
 use crate::residency::ExpertPager;
 
@@ -47,6 +55,10 @@ pub(crate) struct MoeScratch {
     members: Vec<(u32, u32)>,
     /// Start of each expert's group in `members` (`n_expert + 1` values).
     starts: Vec<usize>,
+    /// One group's members, those the tiled order takes first.
+    grouped: Vec<(u32, u32)>,
+    /// One group's prompt batches (slot, batch index) with their count of `Many`-class rows.
+    sessions: Vec<((SlotId, u32), usize)>,
     xg: Vec<f32>,
     g: Vec<f32>,
     u: Vec<f32>,
@@ -120,7 +132,33 @@ fn sort_descending(order: &mut [u32], r: &[f32]) {
     });
 }
 
-/// Runs a MoE block over `n` normed rows `xn` (`n × hidden`, `runs` their order classes)
+/// One expert projection over its group's `me` rows `x`, the first `n_tiled` of them in the
+/// tiled order where ggml tiles the encoding (see the module docs), the rest (all, for
+/// another encoding) in the one-row order.
+fn expert_matmul(
+    w: &synapse_kernels::QuantMatrix,
+    x: &[f32],
+    me: usize,
+    n_tiled: usize,
+    y: &mut [f32],
+    ctx: &mut KernelCtx,
+) -> Result<()> {
+    let (c, r) = (w.cols(), w.rows());
+    if n_tiled > 0 && w.ggml_type().is_some_and(OrderClass::ggml_tiles_experts) {
+        let (xt, xo) = x[..me * c].split_at(n_tiled * c);
+        let (yt, yo) = y[..me * r].split_at_mut(n_tiled * r);
+        w.matmul_as(xt, n_tiled, yt, OrderClass::Many.rows(), ctx)?;
+        if me > n_tiled {
+            w.matmul_as(xo, me - n_tiled, yo, 1, ctx)?;
+        }
+        Ok(())
+    } else {
+        Ok(w.matmul_as(&x[..me * c], me, &mut y[..me * r], 1, ctx)?)
+    }
+}
+
+/// Runs a MoE block over `n` normed rows `xn` (`n × hidden`; `rows` the pass's rows, cut
+/// into prompt batches of `ubatch` rows from position 0, `runs` their order classes)
 /// into `y` (`n × hidden`), counting into `stats` (this layer's row counts per expert, and
 /// the groups run); with a `pager` (and this layer's index among the MoE layers), each
 /// expert is made resident right before its group runs. `ggml_numerics`: the shared expert's sigmoid as llama.cpp computes it
@@ -129,6 +167,8 @@ fn sort_descending(order: &mut [u32], r: &[f32]) {
 pub(crate) fn forward(
     m: &MoeW,
     xn: &[f32],
+    rows: &[Row],
+    ubatch: usize,
     runs: &[(usize, OrderClass)],
     hd: usize,
     y: &mut [f32],
@@ -221,6 +261,32 @@ pub(crate) fn forward(
     for (e, ex) in m.experts.iter().enumerate() {
         let group = &s.members[s.starts[e]..s.starts[e + 1]];
         let me = group.len();
+        // The rows ggml would tile for this expert (a session's prompt batch routing 8 or
+        // more rows here) first, the others after, each part in row order.
+        let batch = |row: &Row| (row.slot, row.pos / ubatch.max(1) as u32);
+        s.sessions.clear();
+        for &(r, _) in group {
+            let row = &rows[r as usize];
+            if row.order == OrderClass::Many {
+                let b = batch(row);
+                match s.sessions.iter_mut().find(|x| x.0 == b) {
+                    Some(x) => x.1 += 1,
+                    None => s.sessions.push((b, 1)),
+                }
+            }
+        }
+        let tiled = |r: u32| {
+            let row = &rows[r as usize];
+            row.order == OrderClass::Many
+                && s.sessions
+                    .iter()
+                    .any(|x| x.0 == batch(row) && x.1 >= OrderClass::Many.rows())
+        };
+        s.grouped.clear();
+        s.grouped.extend(group.iter().filter(|m| tiled(m.0)));
+        let n_tiled = s.grouped.len();
+        s.grouped.extend(group.iter().filter(|m| !tiled(m.0)));
+        let group = &s.grouped[..];
         if me == 0 {
             continue;
         }
@@ -239,9 +305,9 @@ pub(crate) fn forward(
             xg[j * hd..(j + 1) * hd].copy_from_slice(&xn[r as usize * hd..(r as usize + 1) * hd]);
         }
         let g = ensure(&mut s.g, me * ff);
-        ex.gate.matmul_as(xg, me, g, 1, ctx)?;
+        expert_matmul(&ex.gate, xg, me, n_tiled, g, ctx)?;
         let u = ensure(&mut s.u, me * ff);
-        ex.up.matmul_as(xg, me, u, 1, ctx)?;
+        expert_matmul(&ex.up, xg, me, n_tiled, u, ctx)?;
         let h = ensure(&mut s.h, me * ff);
         gated(
             m.act,
@@ -252,7 +318,7 @@ pub(crate) fn forward(
             ggml_numerics,
         );
         let yg = ensure(&mut s.yg, me * hd);
-        ex.down.matmul_as(&s.h[..me * ff], me, yg, 1, ctx)?;
+        expert_matmul(&ex.down, &s.h[..me * ff], me, n_tiled, yg, ctx)?;
         for (j, &(r, slot)) in group.iter().enumerate() {
             let at = (r as usize * k + slot as usize) * hd;
             out[at..at + hd].copy_from_slice(&yg[j * hd..(j + 1) * hd]);

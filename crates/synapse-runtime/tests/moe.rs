@@ -1,7 +1,10 @@
 //! Mixture-of-experts blocks under batching: a session's logits are bit-identical alone or
 //! beside other sessions whose rows route to the same or other experts (every expert call
 //! runs in the one-row order, as ggml's `mul_mat_id` does, so grouping rows of many sessions
-//! into one call per expert changes no bits), for all four MoE families in F32 and Q8_0.
+//! into one call per expert changes no bits), for all four MoE families in F32 and Q8_0; and
+//! for K-quant experts (`olmoe-k`, Q4_K_M), which ggml tiles where 8 or more rows of one
+//! prompt batch route to an expert, with every prompt batch whole in a pass — through the
+//! executor and through the engine's scheduler.
 
 mod common;
 
@@ -13,25 +16,25 @@ const FAMILIES: [&str; 4] = synapse_testdata::TINY_MOE_FAMILIES;
 const UB: usize = 8;
 const STEPS: usize = 5;
 
-/// Prefill in `UB`-row passes (llama.cpp's ubatch split), then greedy decode steps: the
+/// Prefill in `ub`-row passes (llama.cpp's ubatch split), then greedy decode steps: the
 /// logits of the prompt's last row and of each step.
-fn alone(model: &Arc<Model>, p: &[u32]) -> Vec<Vec<f32>> {
-    let mut kv = KvCache::new(model, KvDtype::F32, 1, 64, UB).unwrap();
+fn alone(model: &Arc<Model>, p: &[u32], ub: usize) -> Vec<Vec<f32>> {
+    let mut kv = KvCache::new(model, KvDtype::F32, 1, 64, ub).unwrap();
     kv.open(0).unwrap();
     let mut ex = Executor::new(model.clone(), 2).unwrap();
     let mut out = Vec::new();
-    for (c, part) in p.chunks(UB).enumerate() {
+    for (c, part) in p.chunks(ub).enumerate() {
         let rows: Vec<Row> = part
             .iter()
             .enumerate()
             .map(|(i, &t)| {
-                let pos = c * UB + i;
+                let pos = c * ub + i;
                 Row {
                     slot: 0,
                     pos: pos as u32,
                     token: t,
                     logits: pos + 1 == p.len(),
-                    order: prompt_order(pos, p.len(), UB),
+                    order: prompt_order(pos, p.len(), ub),
                 }
             })
             .collect();
@@ -51,11 +54,17 @@ fn alone(model: &Arc<Model>, p: &[u32]) -> Vec<Vec<f32>> {
 }
 
 /// All sessions together: every pass takes up to 3 prompt rows of each session still in
-/// its prompt (so passes never align with the ubatch split) and one decode row of each
+/// its prompt (so passes never align with the ubatch split; with `whole`, the rest of its
+/// `ub`-row prompt batch instead) and one decode row of each
 /// session past it, in a session order that rotates pass by pass.
-fn together(model: &Arc<Model>, prompts: &[Vec<u32>]) -> Vec<Vec<Vec<f32>>> {
+fn together(
+    model: &Arc<Model>,
+    prompts: &[Vec<u32>],
+    ub: usize,
+    whole: bool,
+) -> Vec<Vec<Vec<f32>>> {
     let n = prompts.len();
-    let mut kv = KvCache::new(model, KvDtype::F32, n, 64, UB).unwrap();
+    let mut kv = KvCache::new(model, KvDtype::F32, n, 64, ub).unwrap();
     let mut ex = Executor::new(model.clone(), 2).unwrap();
     for s in 0..n {
         kv.open(s as u32).unwrap();
@@ -70,14 +79,19 @@ fn together(model: &Arc<Model>, prompts: &[Vec<u32>]) -> Vec<Vec<Vec<f32>>> {
             let p = &prompts[s];
             let done = out[s].len().saturating_sub(1);
             if next_pos[s] < p.len() {
-                let end = (next_pos[s] + 3).min(p.len());
+                // 3 rows, or (`whole`) the rest of the prompt batch.
+                let end = if whole {
+                    ((next_pos[s] / ub + 1) * ub).min(p.len())
+                } else {
+                    (next_pos[s] + 3).min(p.len())
+                };
                 for pos in next_pos[s]..end {
                     rows.push(Row {
                         slot: s as u32,
                         pos: pos as u32,
                         token: p[pos],
                         logits: pos + 1 == p.len(),
-                        order: prompt_order(pos, p.len(), UB),
+                        order: prompt_order(pos, p.len(), ub),
                     });
                 }
                 next_pos[s] = end;
@@ -116,8 +130,8 @@ fn moe_ragged_batch_matches_independent() {
         prompts.push(prompts[0][..11].to_vec());
         for file in ["model.f32.gguf", "model.q8_0.gguf"] {
             let model = Arc::new(Model::load(&dir.join(file)).unwrap());
-            let want: Vec<_> = prompts.iter().map(|p| alone(&model, p)).collect();
-            let got = together(&model, &prompts);
+            let want: Vec<_> = prompts.iter().map(|p| alone(&model, p, UB)).collect();
+            let got = together(&model, &prompts, UB, false);
             for (s, (w, g)) in want.iter().zip(&got).enumerate() {
                 assert_eq!(w.len(), g.len(), "{family} {file} session {s}");
                 for (i, (a, b)) in w.iter().zip(g).enumerate() {
@@ -139,6 +153,88 @@ fn moe_ragged_batch_matches_independent() {
             );
         }
     }
+}
+
+/// K-quant experts (Q4_K, Q6_K): a row's expert outputs depend on how many rows of its own
+/// prompt batch route to the expert (ggml tiles 8 or more), never on the other sessions in the
+/// pass — each session's logits bit-identical alone and beside the others, every prompt batch
+/// whole in its pass (16-row batches: some expert groups of 8+ rows, some fewer).
+#[test]
+fn k_quant_experts_match_independent_with_whole_prompt_batches() {
+    let dir = common::workspace_root().join("fixtures/tiny/olmoe-k");
+    if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+        return;
+    }
+    let mut prompts = common::tiny_sequences(&dir);
+    prompts.push(prompts[0][..11].to_vec());
+    let model = Arc::new(Model::load(&dir.join("model.q4_k_m.gguf")).unwrap());
+    assert!(model.tiles_experts());
+    let want: Vec<_> = prompts.iter().map(|p| alone(&model, p, 16)).collect();
+    let got = together(&model, &prompts, 16, true);
+    assert_eq!(
+        want, got,
+        "olmoe-k Q4_K_M: a session's logits differ beside others"
+    );
+    // Why whole: prompt batches cut into 3-row pieces (as the F32/Q8_0 families may be) count
+    // fewer rows per expert than ggml does, and other bits come out.
+    let split = together(&model, &prompts, 16, false);
+    let differ = want
+        .iter()
+        .flatten()
+        .flatten()
+        .zip(split.iter().flatten().flatten())
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    eprintln!("olmoe-k Q4_K_M: cut into 3-row pieces, {differ} logits differ");
+    assert!(differ > 0, "cutting the prompt batches changed nothing");
+    eprintln!(
+        "olmoe-k Q4_K_M: {} sessions, {} logit rows, each bit-identical alone and together",
+        prompts.len(),
+        want.iter().map(Vec::len).sum::<usize>()
+    );
+}
+
+/// The engine runs a mixture of experts' prompt batches whole (`Model::tiles_experts`): 4
+/// concurrent sessions on K-quant experts with a step budget that would split them give each
+/// session the tokens and log-probability bits it has alone.
+#[test]
+fn the_engine_keeps_k_quant_experts_batch_invariant() {
+    use synapse_runtime::engine::{EngineConfig, Request};
+    let dir = common::workspace_root().join("fixtures/tiny/olmoe-k");
+    if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+        return;
+    }
+    // A 12-row prompt first: the ramp (whose 16-row batch routes 8+ rows to some experts)
+    // gets the 8 rows the first step's budget leaves, and its other 8 a step later, unless
+    // the scheduler keeps its batch whole.
+    let seqs = common::tiny_sequences(&dir);
+    let prompts = [
+        seqs[0][..12].to_vec(),
+        seqs[0].clone(),
+        seqs[2].clone(),
+        seqs[1].clone(),
+    ];
+    let model = Arc::new(Model::load(&dir.join("model.q4_k_m.gguf")).unwrap());
+    let cfg = EngineConfig {
+        slots: 4,
+        ctx: 64,
+        ubatch: 16,
+        step_tokens: 20,
+        ..EngineConfig::default()
+    };
+    let req = |p: &Vec<u32>| {
+        let mut r = Request::greedy(p.clone(), 6);
+        r.stop_at_eog = false;
+        r.logprobs = Some(5);
+        r
+    };
+    let refs: Vec<_> = prompts
+        .iter()
+        .map(|p| common::solo(&model, &cfg, req(p)))
+        .collect();
+    let reqs: Vec<Request> = prompts.iter().map(req).collect();
+    let (got, _) = common::run_replacing(&model, &cfg, reqs, &[]);
+    common::assert_sessions_match(&got, &refs, &[]);
 }
 
 /// All rows of all sessions routed to one expert go through one group (one call per

@@ -221,6 +221,46 @@ fn tiny_mixtral_q8_0() {
     check_family("mixtral", true);
 }
 
+/// K-quant experts: OLMoE 256 wide, quantized to Q4_K_M by llama.cpp's own quantizer (Q4_K
+/// and Q6_K experts). llama.cpp's `mul_mat_id` runs an expert that 8 or more rows of a batch
+/// route to through its tiled matmul, the others through `vec_dot`: the same bits as
+/// llama.cpp at every position, with both kinds of expert group present.
+#[test]
+fn tiny_olmoe_q4_k_m() {
+    let dir = common::workspace_root().join("fixtures/tiny/olmoe-k");
+    if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+        return;
+    }
+    let seqs = common::tiny_sequences(&dir);
+    let model = Arc::new(Model::load(&dir.join("model.q4_k_m.gguf")).unwrap());
+    // Which expert groups each sequence's batch makes: some of 8 rows or more, some fewer.
+    let mut exec = Executor::new(model.clone(), 1).unwrap();
+    let (mut tiled, mut untiled) = (0, 0);
+    for s in &seqs {
+        exec.expert_stats_mut().reset();
+        let mut kv = KvCache::new(&model, KvDtype::F32, 1, 128, 64).unwrap();
+        kv.open(0).unwrap();
+        exec.forward(&mut kv, &common::all_logit_rows(s)).unwrap();
+        for &c in exec.expert_stats().rows.iter().flatten() {
+            if c >= 8 && s.len() >= 8 {
+                tiled += 1;
+            } else if c > 0 {
+                untiled += 1;
+            }
+        }
+    }
+    eprintln!("olmoe-k: {tiled} expert groups of 8+ rows (tiled), {untiled} of fewer");
+    assert!(tiled > 0 && untiled > 0, "{tiled} tiled, {untiled} untiled");
+    check_cases(
+        "olmoe-k",
+        vec![(
+            dir.join("model.q4_k_m.gguf"),
+            dir.join("logits.llama-q4_k_m.f32"),
+            0.0,
+        )],
+    );
+}
+
 /// BitNet b1.58, SiLU layout (llama.cpp's `bitnet` graph), BF16 safetensors with 2B4T's tensor
 /// names: against transformers, and its F32 GGUF against llama.cpp.
 #[test]

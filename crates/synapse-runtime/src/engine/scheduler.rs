@@ -32,7 +32,7 @@ use crate::error::{Result, RuntimeError};
 use crate::escalation::{CostModel, MAX_DRAFT, ewma};
 use crate::executor::{Executor, Row, prompt_order};
 use crate::kv::{KvCache, SlotId};
-use crate::load::Model;
+use crate::load::{FfnW, Model};
 use crate::pipeline::{RowRead, StageLink};
 use crate::sampling::Sampler;
 use synapse_kernels::OrderClass;
@@ -119,6 +119,9 @@ pub struct Scheduler {
     rounds: Vec<(usize, usize)>,
     /// The first stage of a layer pipeline (no profile changes).
     pipelined: bool,
+    /// A mixture of experts: each prompt batch (`max_chunk` rows from position 0) runs whole
+    /// in one pass, so that the experts ggml tiles for 8+ rows of a batch see all of them.
+    whole_batches: bool,
     /// Per logits row of a pipelined pass: what its session reads of it.
     row_reads: Vec<RowRead>,
     /// Passes a pipeline's first stage keeps in flight (1 everywhere else), the passes sent
@@ -257,7 +260,23 @@ impl Scheduler {
                 cfg.step_tokens, cfg.slots
             )));
         }
+        // A mixture of experts runs each prompt batch whole in one pass (see `moe`: an expert
+        // ggml tiles for 8+ rows of a batch needs all of them): a batch must then fit beside
+        // the most decode rows a step holds (every slot decoding, with its drafts).
+        let whole_batches = model.layers.iter().any(|l| matches!(l.ffn, FfnW::Moe(_)));
         let chunk = cfg.ubatch.min(cfg.ctx);
+        let chunk = if whole_batches {
+            let per = 1 + if cfg.draft.is_some() || cfg.head_draft.is_some() {
+                cfg.draft_k
+            } else {
+                0
+            };
+            chunk
+                .min(cfg.step_tokens.saturating_sub(cfg.slots * per))
+                .max(1)
+        } else {
+            chunk
+        };
         if let Some(d) = &cfg.draft {
             if d.ir.fingerprint != model.ir.fingerprint {
                 return Err(invalid(
@@ -471,6 +490,7 @@ impl Scheduler {
             head: head_drafter,
             rounds: Vec::with_capacity(cfg.slots),
             pipelined,
+            whole_batches,
             row_reads: Vec::with_capacity(cfg.step_tokens),
             depth,
             flights: VecDeque::with_capacity(depth),
@@ -1360,7 +1380,16 @@ impl Scheduler {
             if a.exec != e || a.phase != Phase::Prefill || a.in_flight || *prefill_budget == 0 {
                 continue;
             }
-            let n = (*prefill_budget).min(a.prompt.len() - a.pos).min(max_chunk);
+            let mut n = (*prefill_budget).min(a.prompt.len() - a.pos).min(max_chunk);
+            if self.whole_batches {
+                // The rest of the prompt batch `a.pos` is in (all of it: batches start where
+                // the previous one ended), or nothing this step.
+                let end = ((a.pos / max_chunk + 1) * max_chunk).min(a.prompt.len());
+                if end - a.pos > *prefill_budget {
+                    continue;
+                }
+                n = end - a.pos;
+            }
             for p in a.pos..a.pos + n {
                 let last = p + 1 == a.prompt.len();
                 self.rows.push(Row {
