@@ -63,6 +63,28 @@ pub fn linears(model: &Model) -> Vec<(String, Arc<QuantMatrix>)> {
     v
 }
 
+/// The tensors holding a mixture of experts' routed experts (IR weight names, each once: a
+/// GGUF's stacked `ffn_*_exps`, or each expert's own tensors), in layer order. Not among
+/// [`linears`]: the importance map measures the linears only; a uniform profile re-encodes
+/// these too.
+pub fn expert_tensors(model: &Model) -> Vec<String> {
+    let ir = &model.ir;
+    let mut v: Vec<String> = Vec::new();
+    for r in &ir.layers {
+        if let synapse_model::FfnRegion::Moe(m) = &r.ffn {
+            for e in &m.experts {
+                for el in [&e.gate, &e.up, &e.down] {
+                    let n = &ir.weight(el.weight).name;
+                    if !v.contains(n) {
+                        v.push(n.clone());
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
 /// Per linear (IR weight name), the mean of `x²` of each input column over every calibration
 /// row its input saw — llama.cpp's importance matrix, as `llama_model_quantize` takes it.
 pub type Imatrix = std::collections::BTreeMap<String, Vec<f32>>;

@@ -103,7 +103,7 @@ impl FromStr for Budget {
 pub enum Precision {
     /// The source encodings.
     Source,
-    /// One Synapse encoding for every linear.
+    /// One Synapse encoding for every linear and routed expert.
     Uniform(EncodingId),
     /// The selector's profile for a budget, from the model's importance map.
     Budget {
@@ -216,9 +216,12 @@ pub fn apply(model: &Arc<Model>, p: &Precision, cache: Option<&VariantCache>) ->
             variants: VariantStats::default(),
         }),
         Precision::Uniform(id) => {
+            // Every linear and every routed expert.
             let changes: BTreeMap<String, EncodingId> = crate::importance::linears(model)
                 .into_iter()
-                .map(|(n, _)| (n, *id))
+                .map(|(n, _)| n)
+                .chain(crate::importance::expert_tensors(model))
+                .map(|n| (n, *id))
                 .collect();
             let (m, variants) = model.with_encodings_cached(&changes, cache)?;
             Ok(Applied {

@@ -264,9 +264,10 @@ impl ExpertPager {
                         _ => {
                             return Err(RuntimeError::InvalidParam {
                                 name: "memory",
-                                reason: "routed experts page only from a memory-mapped GGUF \
-                                         or package (this model's experts were copied at \
-                                         load)"
+                                reason: "routed experts page only in their ggml encoding, \
+                                         from a memory-mapped GGUF or package (this model's \
+                                         experts were copied at load, or re-encoded by a \
+                                         precision profile)"
                                     .into(),
                             });
                         }

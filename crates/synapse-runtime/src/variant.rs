@@ -142,8 +142,9 @@ fn reencode(
 
 impl Model {
     /// This model with the linears named in `changes` (IR weight names) re-encoded (see the
-    /// module docs). A name that is not a linear of the model is an error; so is an empty
-    /// change set (it would be the source model under another name).
+    /// module docs); the name of a stacked routed-expert tensor re-encodes every expert's
+    /// slice of it. A name that is not a linear or expert tensor of the model is an error; so
+    /// is an empty change set (it would be the source model under another name).
     pub fn with_encodings(&self, changes: &BTreeMap<String, EncodingId>) -> Result<Model> {
         Ok(self.with_encodings_cached(changes, None)?.0)
     }
@@ -168,7 +169,7 @@ impl Model {
         let mut head = self.head.clone();
         let mut embd = self.embd.clone();
         let mut profile = self.profile.clone();
-        let mut done = 0;
+        let mut done = std::collections::BTreeSet::new();
         for (l, r) in layers.iter_mut().zip(&ir.layers) {
             for (wid, lin) in crate::load::layer_weight_ids(r)
                 .into_iter()
@@ -177,8 +178,28 @@ impl Model {
                 let n = name(wid);
                 if let Some(&id) = changes.get(&n) {
                     lin.m = Arc::new(reencode(&lin.m, id, cache, &mut stats)?);
-                    profile.encodings.insert(n, id.to_string());
-                    done += 1;
+                    profile.encodings.insert(n.clone(), id.to_string());
+                    done.insert(n);
+                }
+            }
+            // Routed experts: a stacked tensor's change re-encodes every expert's slice of it
+            // (each its own matrix, cached by its own bytes).
+            if let (crate::load::FfnW::Moe(mw), synapse_model::FfnRegion::Moe(mr)) =
+                (&mut l.ffn, &r.ffn)
+            {
+                for (ew, er) in mw.experts.iter_mut().zip(&mr.experts) {
+                    for (m, el) in [
+                        (&mut ew.gate, &er.gate),
+                        (&mut ew.up, &er.up),
+                        (&mut ew.down, &er.down),
+                    ] {
+                        let n = name(el.weight);
+                        if let Some(&id) = changes.get(&n) {
+                            *m = Arc::new(reencode(m, id, cache, &mut stats)?);
+                            profile.encodings.insert(n.clone(), id.to_string());
+                            done.insert(n);
+                        }
+                    }
                 }
             }
         }
@@ -190,13 +211,14 @@ impl Model {
                 // One table serves both: the lookup reads the re-encoded rows too.
                 embd = head.m.clone();
             }
-            profile.encodings.insert(hn, id.to_string());
-            done += 1;
+            profile.encodings.insert(hn.clone(), id.to_string());
+            done.insert(hn);
         }
-        if done != changes.len() {
+        if done.len() != changes.len() {
             let known: Vec<String> = crate::importance::linears(self)
                 .into_iter()
                 .map(|(n, _)| n)
+                .chain(crate::importance::expert_tensors(self))
                 .collect();
             let unknown: Vec<&String> = changes.keys().filter(|k| !known.contains(k)).collect();
             return Err(RuntimeError::InvalidParam {

@@ -237,6 +237,54 @@ fn the_engine_keeps_k_quant_experts_batch_invariant() {
     common::assert_sessions_match(&got, &refs, &[]);
 }
 
+/// A uniform profile re-encodes the routed experts too (every expert's slice of a stacked
+/// tensor, the profile naming the stacked tensor): the experts shrink, the logits move a
+/// little off the source, and a session's logits stay bit-identical alone and beside others.
+#[test]
+fn a_uniform_profile_re_encodes_the_experts() {
+    use synapse_runtime::precision::{Precision, apply};
+    let dir = common::workspace_root().join("fixtures/tiny/olmoe");
+    if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+        return;
+    }
+    let src = Arc::new(Model::load(&dir.join("model.f32.gguf")).unwrap());
+    let p = Precision::parse_profile("uniform:syn.q8.symmetric.g64.v1").unwrap();
+    let q8 = apply(&src, &p, None).unwrap().model;
+    let experts = synapse_runtime::importance::expert_tensors(&src);
+    assert_eq!(experts.len(), 2 * 3, "{experts:?}");
+    for n in &experts {
+        assert_eq!(
+            q8.profile.encoding(n),
+            Some("syn.q8.symmetric.g64.v1"),
+            "{n}"
+        );
+    }
+    assert!(
+        q8.expert_bytes() * 3 < src.expert_bytes(),
+        "experts did not shrink"
+    );
+    let mut prompts = common::tiny_sequences(&dir);
+    prompts.push(prompts[0][..11].to_vec());
+    let want: Vec<_> = prompts.iter().map(|p| alone(&q8, p, UB)).collect();
+    let got = together(&q8, &prompts, UB, false);
+    assert_eq!(
+        want, got,
+        "uniform q8 experts: a session's logits differ beside others"
+    );
+    let base = alone(&src, &prompts[0], UB);
+    let (mut diff, mut scale) = (0f32, 0f32);
+    for (a, b) in want[0].iter().flatten().zip(base.iter().flatten()) {
+        diff = diff.max((a - b).abs());
+        scale = scale.max(b.abs());
+    }
+    eprintln!(
+        "olmoe uniform q8: experts {} -> {} B, logits max |d| {diff:.3e} of {scale:.3}",
+        src.expert_bytes(),
+        q8.expert_bytes()
+    );
+    assert!(diff > 0.0 && diff < 0.05 * scale, "{diff} of {scale}");
+}
+
 /// All rows of all sessions routed to one expert go through one group (one call per
 /// projection): per pass and MoE layer at most `n_expert` groups, whatever the rows, while
 /// every row is counted `n_used` times.

@@ -119,8 +119,9 @@ impl LayerPager {
                     Some(t) if lin.m.is_borrowed() => t,
                     _ => {
                         return Err(refuse(
-                            "dense blocks page only from a memory-mapped GGUF or package \
-                             (this model's weights were copied at load)",
+                            "dense blocks page only in their ggml encoding, from a \
+                             memory-mapped GGUF or package (this model's weights were copied \
+                             at load, or re-encoded by a precision profile)",
                         ));
                     }
                 };
