@@ -211,14 +211,15 @@ fn the_default_model_runs_within_a_budget_and_pages_its_blocks_below_its_weights
         let p = &m["paging"];
         eprintln!(
             "Gemma 3 270M under {:.1} MB ({:.1} MB below all of it): peak RSS above start \
-             {:.1} MB; blocks {:.1} MB paging within {:.1} MB ({} slots, {:.1} MB held), hit \
+             {:.1} MB; blocks {:.1} MB paging within {:.1} MB ({} kept, streaming {}, {:.1} MB held), hit \
              rate {:.3}, {} misses, {:.1} MB paged in",
             budget as f64 / 1e6,
             cut as f64 / 1e6,
             used as f64 / 1e6,
             u(&m["layers_total"]) as f64 / 1e6,
             u(&m["layers_budget"]) as f64 / 1e6,
-            m["layers_slots"],
+            m["layers_kept"],
+            m["layers_stream"],
             u(&m["layers_held"]) as f64 / 1e6,
             p["hit_rate"].as_f64().unwrap(),
             p["misses"],

@@ -46,7 +46,7 @@ use crate::error::{Result, RuntimeError};
 use crate::load::{ExpertW, FfnW, Model};
 
 mod layers;
-pub use layers::LayerPager;
+pub use layers::{LayerPager, Stream};
 
 /// Counters of an [`ExpertPager`] or a [`LayerPager`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -11,7 +11,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use synapse_runtime::residency::LayerPager;
+use synapse_runtime::residency::{LayerPager, Stream};
 use synapse_runtime::{Executor, KvCache, KvDtype, Model, Row, RuntimeError, argmax};
 
 fn smollm() -> Option<(Arc<Model>, PathBuf)> {
@@ -109,41 +109,57 @@ fn paged_blocks_give_the_same_logits() {
     let total = LayerPager::pageable_bytes(&m, 0..blocks);
     let block = total / blocks as u64;
     let passes = 9u64;
-    for (slots, file_reads) in [
-        (blocks, true),
-        (blocks / 2, true),
-        (1, true),
-        (blocks / 2, false),
+    // (blocks' worth of budget, file reads, stream from the mapping)
+    for (slots, file_reads, mapped) in [
+        (blocks, true, true),
+        (blocks / 2, true, true),
+        (blocks / 2, true, false),
+        (1, true, false),
+        (blocks / 2, false, false),
+        (3, true, true),
     ] {
         let budget = block * slots as u64 + block / 2;
         let mut ex = Executor::new(m.clone(), 2).unwrap();
         ex.page_layers(Some(budget)).unwrap();
-        ex.layer_pager_mut().unwrap().set_file_reads(file_reads);
-        assert_eq!(ex.layer_pager().unwrap().total_bytes(), total);
-        assert_eq!(ex.layer_pager().unwrap().max_slots(), slots);
+        let p = ex.layer_pager_mut().unwrap();
+        p.set_file_reads(file_reads);
+        p.set_stream_mapped(mapped);
+        assert_eq!(p.total_bytes(), total);
+        let (kept, stream) = (p.kept_blocks(), p.stream());
+        let reserve = p.stream_reserve();
+        // Mapped streaming reserves a block's mapped extent; a copy stream one slot.
+        match stream {
+            Stream::None => assert_eq!(kept, blocks),
+            Stream::Mapped => {
+                assert!(mapped && reserve >= block);
+                assert_eq!(kept as u64, (budget - reserve) / block);
+            }
+            Stream::Copy => assert_eq!(kept, slots - 1),
+        }
         let (got, _) = run(&mut ex, 8, &path);
-        assert!(
-            got == want,
-            "{slots} block slots (file reads {file_reads}): other logits"
-        );
+        let what = format!("{slots} blocks' budget, {stream:?}, file reads {file_reads}");
+        assert!(got == want, "{what}: other logits");
         let p = ex.layer_pager().unwrap();
         let st = p.stats();
         let l = blocks as u64;
         assert_eq!(st.hits + st.misses, l * passes);
         assert!(p.held_bytes() <= budget && p.resident_bytes() <= budget);
-        // Every block fits: each pages in once. Otherwise k − 1 stay, the rest stream.
-        let streamed = if slots >= blocks {
-            0
-        } else {
-            l - slots as u64 + 1
-        };
+        // Every block fits: each pages in once. Otherwise the kept ones stay and the rest
+        // stream (each pass's streamed ones miss; the one mapped last stays until the next
+        // block is asked for).
+        let streamed = l - kept as u64;
         let misses = l + streamed * (passes - 1);
-        assert_eq!(st.misses, misses, "{slots} slots: {st:?}");
-        assert_eq!(st.evictions, misses - slots as u64, "{slots} slots: {st:?}");
+        assert_eq!(st.misses, misses, "{what}: {st:?}");
+        let evictions = match stream {
+            Stream::None => 0,
+            Stream::Copy => misses - (kept as u64 + 1),
+            Stream::Mapped => streamed * passes - 1,
+        };
+        assert_eq!(st.evictions, evictions, "{what}: {st:?}");
         assert_eq!(st.bytes_in, misses * block, "uniform blocks");
         eprintln!(
-            "{slots:>2} of {blocks} block slots ({:.1} of {:.1} MB, file reads {file_reads}): \
-             hit rate {:.3}, {} misses, {} evictions, {:.1} MB paged in",
+            "{what} ({:.1} of {:.1} MB): {kept} kept, hit rate {:.3}, {} misses, {} \
+             evictions, {:.1} MB paged in",
             budget as f64 / 1e6,
             total as f64 / 1e6,
             st.hit_rate(),
@@ -165,35 +181,46 @@ fn paged_blocks_give_the_same_logits() {
 fn mapped_blocks_stay_outside_the_mapping() {
     let Some((m, path)) = smollm() else { return };
     let total = LayerPager::pageable_bytes(&m, 0..m.layers.len());
-    for file_reads in [true, false] {
+    for (file_reads, mapped) in [(true, true), (true, false), (false, false)] {
         let mut ex = Executor::new(m.clone(), 2).unwrap();
         let budget = total / 4;
         ex.page_layers(Some(budget)).unwrap();
-        ex.layer_pager_mut().unwrap().set_file_reads(file_reads);
+        let p = ex.layer_pager_mut().unwrap();
+        p.set_file_reads(file_reads);
+        p.set_stream_mapped(mapped);
+        assert_eq!(
+            p.stream(),
+            if mapped { Stream::Mapped } else { Stream::Copy }
+        );
+        let reserve = if mapped { p.stream_reserve() } else { 0 };
         // The mapping keeps the bytes outside the projections, and the 2 MiB folios the
         // embedding/head's ends share with neighbours (`mapped_slack`; the header's too).
         // Reading misses through the file maps nothing more; copying from the mapping touches
         // at most the folio at either end of each of a block's seven ranges while it is being
-        // copied (dropped right after). The projections alone are 66 MB.
+        // copied (dropped right after); streaming from the mapping holds one block's mapped
+        // extent at a time (`stream_reserve`). The projections alone are 66 MB.
         let allowed = outside_bytes(&path)
             + LayerPager::mapped_slack(&m)
             + (2 << 20)
+            + reserve
             + if file_reads { 0 } else { 14 * (2 << 20) };
         let (_, peak) = run(&mut ex, 16, &path);
-        let st = ex.layer_pager().unwrap().stats();
+        let p = ex.layer_pager().unwrap();
+        let st = p.stats();
         eprintln!(
-            "file reads {file_reads}: model file mapped (smaps): peak {:.1} MB, allowed {:.1} \
-             MB; block copies {:.1} MB of a {:.1} MB budget (blocks in all {:.1} MB); {} \
-             misses, {} evictions",
+            "{:?}, file reads {file_reads}: model file mapped (smaps): peak {:.1} MB, allowed \
+             {:.1} MB; the pager holds {:.1} MB of a {:.1} MB budget (blocks in all {:.1} \
+             MB); {} misses, {} evictions",
+            p.stream(),
             peak as f64 / 1e6,
             allowed as f64 / 1e6,
-            ex.layer_pager().unwrap().held_bytes() as f64 / 1e6,
+            p.held_bytes() as f64 / 1e6,
             budget as f64 / 1e6,
             total as f64 / 1e6,
             st.misses,
             st.evictions
         );
-        assert!(ex.layer_pager().unwrap().held_bytes() <= budget);
+        assert!(p.held_bytes() <= budget);
         assert!(
             peak <= allowed,
             "file reads {file_reads}: the model file's mapped pages peaked at {peak} B; \

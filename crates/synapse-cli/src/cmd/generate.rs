@@ -406,7 +406,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "layers_total": l.layers_total,
                     "layers_budget": l.layers_budget,
                     "layers_held": exec.layer_pager().map(|p| p.held_bytes()),
-                    "layers_slots": exec.layer_pager().map(|p| p.max_slots()),
+                    "layers_kept": exec.layer_pager().map(|p| p.kept_blocks()),
+                    "layers_stream": exec.layer_pager().map(|p| format!("{:?}", p.stream())),
                     "paging": paging.map(|p| serde_json::json!({
                         "hits": p.hits,
                         "misses": p.misses,
