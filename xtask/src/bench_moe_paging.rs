@@ -47,6 +47,10 @@ pub struct Args {
     /// Use this synapse-cli binary instead of `target/release/synapse-cli` (built first).
     #[arg(long)]
     synapse_bin: Option<PathBuf>,
+    /// A dense model's streamed blocks: `mapped` (the default where the budget holds a
+    /// block's mapped extent) or `copy` (through a copy slot; `SYNAPSE_BLOCK_STREAM=copy`).
+    #[arg(long, default_value = "mapped")]
+    block_stream: String,
 }
 
 struct Run {
@@ -54,6 +58,7 @@ struct Run {
     load: f64,
     first_token_s: f64,
     hit_rate: Option<f64>,
+    kept: Option<u64>,
     peak_over_start: Option<u64>,
     budget: Option<u64>,
 }
@@ -74,6 +79,7 @@ fn run_once(bin: &PathBuf, model: &PathBuf, a: &Args, memory: Option<u64>) -> Re
     if let Some(m) = memory {
         c.args(["--memory", &m.to_string()]);
     }
+    c.env("SYNAPSE_BLOCK_STREAM", &a.block_stream);
     c.arg("The quick brown fox jumps over the lazy dog, and the dog sleeps on.");
     let out = run_measured(&mut c)?;
     if !out.success {
@@ -94,6 +100,7 @@ fn parse(j: &Value) -> Run {
         load: f(&t["load_s"]),
         first_token_s: prompt / f(&t["prefill_tok_s"]),
         hit_rate: m["paging"]["hit_rate"].as_f64(),
+        kept: m["layers_kept"].as_u64(),
         peak_over_start: match (m["peak_rss"].as_u64(), m["baseline_rss"].as_u64()) {
             (Some(p), Some(b)) => Some(p.saturating_sub(b)),
             _ => None,
@@ -182,6 +189,8 @@ pub fn run(a: Args) -> Result<()> {
                         p.decode,
                         p.hit_rate
                             .map_or(String::new(), |h| format!("  hit rate {h:.3}"))
+                            + &p.kept
+                                .map_or(String::new(), |k| format!(", {k} blocks kept"))
                     );
                     if budgeted {
                         with.push(p);
@@ -202,6 +211,7 @@ pub fn run(a: Args) -> Result<()> {
             "unlimited_decode_tok_s": base,
             "ratio": dec / base,
             "hit_rate": md(&with, &|r| r.hit_rate.unwrap_or(f64::NAN)),
+            "blocks_kept": with.iter().find_map(|r| r.kept),
             "load_s": md(&with, &|r| r.load),
             "first_token_s": md(&with, &|r| r.first_token_s),
             "unlimited_first_token_s": md(&without, &|r| r.first_token_s),
@@ -238,7 +248,7 @@ pub fn run(a: Args) -> Result<()> {
     std::fs::write(
         &out,
         serde_json::to_vec_pretty(&serde_json::json!({
-            "model": model, "pages": what, "n_gen": a.n_gen, "threads": a.threads, "rows": rows
+            "model": model, "pages": what, "block_stream": a.block_stream, "n_gen": a.n_gen, "threads": a.threads, "rows": rows
         }))?,
     )?;
     println!("wrote {}", out.display());

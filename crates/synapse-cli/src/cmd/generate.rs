@@ -646,6 +646,13 @@ fn budget_memory(
                 mb(left)
             )
         })?;
+        // `SYNAPSE_BLOCK_STREAM=copy` streams through a copy slot even where the budget holds
+        // a block's mapped extent (for `bench-paging --block-stream copy`).
+        if std::env::var("SYNAPSE_BLOCK_STREAM").is_ok_and(|v| v == "copy")
+            && let Some(p) = exec.layer_pager_mut()
+        {
+            p.set_stream_mapped(false);
+        }
         return Ok(ledger);
     }
     let left = budget.saturating_sub(fixed);
