@@ -227,15 +227,7 @@ impl PackageModel {
     /// memory-mapped. A tensor stored transcoded is [`ImportError::Transcoded`]: its bytes
     /// are [`PackageModel::transcoded`]'s.
     pub fn tensor_bytes(&self, name: &str) -> Result<&[u8]> {
-        let t = self.package.tensor(name)?;
-        if let Some(f) = &t.source {
-            return Err(ImportError::Transcoded {
-                tensor: name.to_string(),
-                encoding: t.encoding.clone(),
-                source_encoding: f.encoding.clone(),
-            });
-        }
-        self.stored_bytes(name, &t.name)
+        self.source_object(name).map(|o| &o[..])
     }
 
     /// A tensor stored transcoded: its stored encoding ([`TERNARY_ENCODING`]) and bytes,
@@ -255,6 +247,12 @@ impl PackageModel {
     /// [`PackageModel::tensor_bytes`]), shared: a weight can borrow its mapping and read
     /// through its file ([`Object::read_at`]) instead of copying it.
     pub fn tensor_object(&self, name: &str) -> Result<std::sync::Arc<Object>> {
+        self.source_object(name).cloned()
+    }
+
+    /// The object of a tensor stored in its source encoding; [`ImportError::Transcoded`] for
+    /// one stored transcoded.
+    fn source_object(&self, name: &str) -> Result<&std::sync::Arc<Object>> {
         let t = self.package.tensor(name)?;
         if let Some(f) = &t.source {
             return Err(ImportError::Transcoded {
@@ -265,7 +263,6 @@ impl PackageModel {
         }
         self.objects
             .get(&t.name)
-            .cloned()
             .ok_or_else(|| synapse_cas::CasError::NoSuchTensor(name.to_string()).into())
     }
 

@@ -23,28 +23,6 @@ fn model(dir: &Path) -> (Arc<Model>, std::path::PathBuf) {
     (Arc::new(Model::load(&path).unwrap()), path)
 }
 
-/// Resident bytes of the mappings of `file`, from `/proc/self/smaps` (a page-table walk:
-/// exact, where `/proc/self/status` counters lag).
-fn mapped_rss(file: &Path) -> u64 {
-    let name = file.to_string_lossy();
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-    let mut inside = false;
-    let mut kb = 0u64;
-    for line in smaps.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
-            inside = line.ends_with(name.as_ref());
-        } else if inside && line.starts_with("Rss:") {
-            kb += line
-                .split_whitespace()
-                .nth(1)
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    kb * 1024
-}
-
 /// Bytes of `file` the non-expert tensors can keep mapped: each tensor's range rounded out
 /// to the 2 MiB large folios the page cache may map whole, the union of those.
 fn outside_folios(file: &Path) -> u64 {
@@ -84,16 +62,16 @@ fn run(ex: &mut Executor, prompt: &[u32], steps: usize, file: &Path) -> (Vec<Vec
             .unwrap()
             .to_vec(),
     ];
-    let mut peak = mapped_rss(file);
+    let mut peak = common::mapped_rss(file);
     for s in 0..steps {
         let next = argmax(out.last().unwrap());
         let row = Row::decode(0, (prompt.len() + s) as u32, next);
         out.push(ex.forward(&mut kv, &[row]).unwrap().to_vec());
-        peak = peak.max(mapped_rss(file));
+        peak = peak.max(common::mapped_rss(file));
         if std::env::var("DBG").is_ok() {
             eprintln!(
                 "DBG step {s}: mapped {} pager {:?}",
-                mapped_rss(file),
+                common::mapped_rss(file),
                 ex.expert_pager().map(|p| p.resident_bytes())
             );
         }
@@ -196,68 +174,16 @@ fn mapped_experts_stay_within_the_budget() {
     }
 }
 
-struct NoText;
-
-impl synapse_runtime::engine::TokenPieces for NoText {
-    fn piece(&self, _: u32) -> Vec<u8> {
-        Vec::new()
-    }
-    fn piece_into(&self, _: u32, _: &mut Vec<u8>) {}
-}
-
-/// Greedy tokens of `n` concurrent sessions in an engine with `memory`, and its stats.
-fn engine_tokens(
-    m: &Arc<Model>,
-    memory: Option<u64>,
-    n: u32,
-) -> (Vec<Vec<u32>>, synapse_runtime::engine::EngineStats) {
-    use synapse_runtime::engine::{EngineConfig, Event, Request, Scheduler};
-    let cfg = EngineConfig {
-        slots: n as usize,
-        ctx: 128,
-        ubatch: 32,
-        step_tokens: 64,
-        memory,
-        ..EngineConfig::default()
-    };
-    let mut s = Scheduler::new(m.clone(), Arc::new(NoText), cfg).unwrap();
-    let mut sessions: Vec<_> = (0..n)
-        .map(|i| {
-            let mut p = PROMPT.to_vec();
-            p[1] += 7 * i;
-            let mut r = Request::greedy(p, 20 + i as usize);
-            r.stop_at_eog = false;
-            s.submit(r).unwrap()
-        })
-        .collect();
-    let mut toks = vec![Vec::new(); n as usize];
-    let mut done = 0;
-    while done < n {
-        s.step();
-        for (i, ss) in sessions.iter_mut().enumerate() {
-            while let Some(e) = ss.try_next() {
-                match e {
-                    Event::Token(t) => toks[i].push(t.id),
-                    Event::Done(_) => done += 1,
-                    Event::Error(e) => panic!("{e}"),
-                    _ => {}
-                }
-            }
-        }
-    }
-    (toks, s.stats())
-}
-
 #[test]
 fn an_engine_pages_experts_under_its_memory_budget_with_the_same_tokens() {
     let tmp = tempfile::tempdir().unwrap();
     let (m, _) = model(tmp.path());
-    let (want, free) = engine_tokens(&m, None, 4);
+    let (want, free) = common::engine_greedy(&m, None, 4, &PROMPT, 20);
     assert_eq!(free.expert_misses, 0);
     // Weights and KV do not fit whole: the experts page in what is left.
     let whole = m.weight_bytes() as u64;
     let budget = whole - m.expert_bytes() as u64 / 2;
-    let (got, st) = engine_tokens(&m, Some(budget), 4);
+    let (got, st) = common::engine_greedy(&m, Some(budget), 4, &PROMPT, 20);
     assert_eq!(
         got, want,
         "4 sessions under a {budget} B budget: other tokens"
@@ -281,7 +207,7 @@ fn an_engine_pages_experts_under_its_memory_budget_with_the_same_tokens() {
         memory: Some(whole - m.expert_bytes() as u64),
         ..Default::default()
     };
-    let Err(e) = synapse_runtime::engine::Scheduler::new(m, Arc::new(NoText), cfg) else {
+    let Err(e) = synapse_runtime::engine::Scheduler::new(m, Arc::new(common::Ids), cfg) else {
         panic!("a budget without room for an expert was taken");
     };
     assert!(e.to_string().contains("memory budget"), "{e}");
@@ -300,12 +226,7 @@ fn a_packages_experts_page_as_its_ggufs_do() {
         &path,
     );
     let dir = tmp.path().join("pkg");
-    synapse_import::import(
-        &path,
-        &synapse_import::Destination::Directory(dir.clone()),
-        &synapse_import::progress::Silent,
-    )
-    .unwrap();
+    common::import_dir(&path, &dir);
     let p = Arc::new(Model::load(&dir).unwrap());
     let mut ex = Executor::new(p.clone(), 2).unwrap();
     ex.page_experts(Some(p.expert_bytes() as u64 / 4)).unwrap();

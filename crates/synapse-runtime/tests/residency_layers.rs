@@ -22,33 +22,6 @@ fn smollm() -> Option<(Arc<Model>, PathBuf)> {
     Some((Arc::new(Model::load(&path).unwrap()), path))
 }
 
-/// Resident bytes of the mappings of `file` (or of the files under it, for a directory),
-/// from `/proc/self/smaps` (a page-table walk).
-fn mapped_rss(file: &Path) -> u64 {
-    let name = file.to_string_lossy();
-    let dir = file.is_dir();
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-    let mut inside = false;
-    let mut kb = 0u64;
-    for line in smaps.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
-            inside = if dir {
-                line.contains(&format!("{name}/"))
-            } else {
-                line.ends_with(name.as_ref())
-            };
-        } else if inside && line.starts_with("Rss:") {
-            kb += line
-                .split_whitespace()
-                .nth(1)
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    kb * 1024
-}
-
 /// Whether a GGUF tensor is one of the projections a block pager moves.
 fn is_projection(name: &str) -> bool {
     name.starts_with("blk.")
@@ -91,12 +64,12 @@ fn run(ex: &mut Executor, steps: usize, file: &Path) -> (Vec<Vec<f32>>, u64) {
             .unwrap()
             .to_vec(),
     ];
-    let mut peak = mapped_rss(file);
+    let mut peak = common::mapped_rss(file);
     for s in 0..steps {
         let next = argmax(out.last().unwrap());
         let row = Row::decode(0, (PROMPT.len() + s) as u32, next);
         out.push(ex.forward(&mut kv, &[row]).unwrap().to_vec());
-        peak = peak.max(mapped_rss(file));
+        peak = peak.max(common::mapped_rss(file));
     }
     (out, peak)
 }
@@ -239,16 +212,11 @@ fn a_package_pages_its_blocks_as_its_gguf_does() {
     let (want, _) = run(&mut Executor::new(m.clone(), 2).unwrap(), 8, &path);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("pkg");
-    synapse_import::import(
-        &path,
-        &synapse_import::Destination::Directory(dir.clone()),
-        &synapse_import::progress::Silent,
-    )
-    .unwrap();
+    common::import_dir(&path, &dir);
     let p = Arc::new(Model::load(&dir).unwrap());
     assert!(p.layers[0].q.m.is_borrowed() && p.embd.is_borrowed());
     let allowed = outside_bytes(&path) + LayerPager::mapped_slack(&p) + (2 << 20);
-    let loaded = mapped_rss(&dir);
+    let loaded = common::mapped_rss(&dir);
     eprintln!(
         "package loaded: objects mapped {:.1} MB (bytes outside the projections {:.1} MB)",
         loaded as f64 / 1e6,
@@ -306,62 +274,10 @@ fn what_cannot_page_is_refused() {
     assert!(e.to_string().contains("mixture of experts"), "{e}");
 }
 
-struct NoText;
-
-impl synapse_runtime::engine::TokenPieces for NoText {
-    fn piece(&self, _: u32) -> Vec<u8> {
-        Vec::new()
-    }
-    fn piece_into(&self, _: u32, _: &mut Vec<u8>) {}
-}
-
-/// Greedy tokens of `n` concurrent sessions in an engine with `memory`, and its stats.
-fn engine_tokens(
-    m: &Arc<Model>,
-    memory: Option<u64>,
-    n: u32,
-) -> (Vec<Vec<u32>>, synapse_runtime::engine::EngineStats) {
-    use synapse_runtime::engine::{EngineConfig, Event, Request, Scheduler};
-    let cfg = EngineConfig {
-        slots: n as usize,
-        ctx: 128,
-        ubatch: 32,
-        step_tokens: 64,
-        memory,
-        ..EngineConfig::default()
-    };
-    let mut s = Scheduler::new(m.clone(), Arc::new(NoText), cfg).unwrap();
-    let mut sessions: Vec<_> = (0..n)
-        .map(|i| {
-            let mut p = PROMPT.to_vec();
-            p[1] += 7 * i;
-            let mut r = Request::greedy(p, 12 + i as usize);
-            r.stop_at_eog = false;
-            s.submit(r).unwrap()
-        })
-        .collect();
-    let mut toks = vec![Vec::new(); n as usize];
-    let mut done = 0;
-    while done < n {
-        s.step();
-        for (i, ss) in sessions.iter_mut().enumerate() {
-            while let Some(e) = ss.try_next() {
-                match e {
-                    Event::Token(t) => toks[i].push(t.id),
-                    Event::Done(_) => done += 1,
-                    Event::Error(e) => panic!("{e}"),
-                    _ => {}
-                }
-            }
-        }
-    }
-    (toks, s.stats())
-}
-
 #[test]
 fn an_engine_pages_blocks_under_its_memory_budget_with_the_same_tokens() {
     let Some((m, _)) = smollm() else { return };
-    let (want, free) = engine_tokens(&m, None, 3);
+    let (want, free) = common::engine_greedy(&m, None, 3, &PROMPT, 12);
     assert_eq!(free.block_misses, 0);
     let whole = m.weight_bytes() as u64;
     let blocks = LayerPager::pageable_bytes(&m, 0..m.layers.len());
@@ -374,7 +290,7 @@ fn an_engine_pages_blocks_under_its_memory_budget_with_the_same_tokens() {
     let threads = synapse_runtime::engine::EngineConfig::default().threads;
     let scratch = m.pass_scratch_bytes(64, 4, 128, threads);
     let budget = whole + kv + scratch - blocks * 2 / 3;
-    let (got, st) = engine_tokens(&m, Some(budget), 3);
+    let (got, st) = common::engine_greedy(&m, Some(budget), 3, &PROMPT, 12);
     assert_eq!(
         got, want,
         "3 sessions under a {budget} B budget: other tokens"
@@ -399,7 +315,7 @@ fn an_engine_pages_blocks_under_its_memory_budget_with_the_same_tokens() {
         memory: Some(whole + kv + scratch - blocks),
         ..Default::default()
     };
-    let Err(e) = synapse_runtime::engine::Scheduler::new(m, Arc::new(NoText), cfg) else {
+    let Err(e) = synapse_runtime::engine::Scheduler::new(m, Arc::new(common::Ids), cfg) else {
         panic!("a budget without room for a block was taken");
     };
     assert!(e.to_string().contains("memory budget"), "{e}");

@@ -383,3 +383,90 @@ pub fn assert_sessions_match(
         }
     }
 }
+
+/// Resident bytes of the mappings of `file` (or of the files under it, for a directory), from
+/// `/proc/self/smaps` (a page-table walk: exact, where `/proc/self/status` counters lag).
+#[allow(dead_code)]
+pub fn mapped_rss(file: &Path) -> u64 {
+    let name = file.to_string_lossy();
+    let dir = file.is_dir();
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    let mut kb = 0u64;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            inside = if dir {
+                line.contains(&format!("{name}/"))
+            } else {
+                line.ends_with(name.as_ref())
+            };
+        } else if inside && line.starts_with("Rss:") {
+            kb += line
+                .split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    kb * 1024
+}
+
+/// `src` imported as a self-contained package directory `dir`.
+#[allow(dead_code)]
+pub fn import_dir(src: &Path, dir: &Path) {
+    synapse_import::import(
+        src,
+        &synapse_import::Destination::Directory(dir.to_path_buf()),
+        &synapse_import::progress::Silent,
+    )
+    .unwrap();
+}
+
+/// Greedy tokens of `n` concurrent sessions in a scheduler with `memory` (session `i`: `prompt`
+/// with its second token raised by `7·i`, `tokens + i` tokens, end-of-generation ignored),
+/// and the scheduler's stats.
+#[allow(dead_code)]
+pub fn engine_greedy(
+    m: &std::sync::Arc<synapse_runtime::Model>,
+    memory: Option<u64>,
+    n: u32,
+    prompt: &[u32],
+    tokens: usize,
+) -> (Vec<Vec<u32>>, synapse_runtime::engine::EngineStats) {
+    use synapse_runtime::engine::{EngineConfig, Event, Request, Scheduler};
+    let cfg = EngineConfig {
+        slots: n as usize,
+        ctx: 128,
+        ubatch: 32,
+        step_tokens: 64,
+        memory,
+        ..EngineConfig::default()
+    };
+    let mut s = Scheduler::new(m.clone(), std::sync::Arc::new(Ids), cfg).unwrap();
+    let mut sessions: Vec<_> = (0..n)
+        .map(|i| {
+            let mut p = prompt.to_vec();
+            p[1] += 7 * i;
+            let mut r = Request::greedy(p, tokens + i as usize);
+            r.stop_at_eog = false;
+            s.submit(r).unwrap()
+        })
+        .collect();
+    let mut toks = vec![Vec::new(); n as usize];
+    let mut done = 0;
+    while done < n {
+        s.step();
+        for (i, ss) in sessions.iter_mut().enumerate() {
+            while let Some(e) = ss.try_next() {
+                match e {
+                    Event::Token(t) => toks[i].push(t.id),
+                    Event::Done(_) => done += 1,
+                    Event::Error(e) => panic!("{e}"),
+                    _ => {}
+                }
+            }
+        }
+    }
+    (toks, s.stats())
+}
