@@ -210,6 +210,9 @@ pub struct KvCache {
     layers: std::ops::Range<usize>,
     /// Slot operations recorded for the later stages of a pipeline (`None`: not recording).
     journal: Option<Vec<KvOp>>,
+    /// Reusable prefixes end on a multiple of this many positions (1, or `max_chunk` for
+    /// a model whose rows depend on their whole prompt batch: [`KvCache::set_prefix_batches`]).
+    prefix_granule: usize,
 }
 
 /// A slot operation, as a pipeline's first stage replays it on the caches of the later
@@ -322,12 +325,21 @@ impl KvCache {
             slots: (0..n_slots).map(|_| None).collect(),
             layers,
             journal: None,
+            prefix_granule: 1,
         })
     }
 
     /// The layers whose K/V this cache holds.
     pub fn layers(&self) -> std::ops::Range<usize> {
         self.layers.clone()
+    }
+
+    /// Whether a reusable prefix must end on a prompt-batch boundary (a multiple of
+    /// `max_chunk`): where a row's bits depend on its whole prompt batch (a mixture of experts
+    /// whose experts ggml tiles), a batch is reused only whole, having been computed with the
+    /// same rows a fresh prefill gives it.
+    pub fn set_prefix_batches(&mut self, on: bool) {
+        self.prefix_granule = if on { self.max_chunk.max(1) } else { 1 };
     }
 
     /// Starts (`true`) or stops recording slot operations for later pipeline stages.
@@ -495,9 +507,10 @@ impl KvCache {
     }
 
     /// Positions of the session that a run of `tokens` computed in `orders` (one per token)
-    /// would reproduce bit for bit: the longest common prefix of (token, order) pairs.
+    /// would reproduce bit for bit: the longest common prefix of (token, order) pairs (cut to
+    /// whole prompt batches under [`KvCache::set_prefix_batches`]).
     pub fn common_prefix(&self, slot: SlotId, tokens: &[u32], orders: &[OrderClass]) -> usize {
-        match self.slot(slot) {
+        let n = match self.slot(slot) {
             Ok(s) => s
                 .tokens
                 .iter()
@@ -506,7 +519,8 @@ impl KvCache {
                 .take_while(|((a, oa), (b, ob))| a == b && oa == ob)
                 .count(),
             Err(_) => 0,
-        }
+        };
+        n / self.prefix_granule * self.prefix_granule
     }
 
     /// Whether a slot that wrote `held` positions still has, in every sliding-window ring, the
@@ -644,7 +658,7 @@ impl KvCache {
         let old = self.len(slot)?;
         let mut keep = self.common_prefix(slot, tokens, orders);
         if keep == tokens.len() {
-            keep = keep.saturating_sub(1);
+            keep = keep.saturating_sub(1) / self.prefix_granule * self.prefix_granule;
         }
         // A ring layer can rewind only if the rows the next position needs (the `window`
         // positions before `keep`) were not overwritten by positions written after them.

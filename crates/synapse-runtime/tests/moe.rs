@@ -237,6 +237,42 @@ fn the_engine_keeps_k_quant_experts_batch_invariant() {
     common::assert_sessions_match(&got, &refs, &[]);
 }
 
+/// A K-quant MoE reuses a cached prefix only in whole prompt batches: a second session whose
+/// prompt shares 26 positions with a finished one (its second 16-row batch differing after
+/// position 25) gets exactly what it gets alone.
+#[test]
+fn k_quant_experts_reuse_prefixes_in_whole_batches() {
+    use synapse_runtime::engine::{EngineConfig, Request};
+    let dir = common::workspace_root().join("fixtures/tiny/olmoe-k");
+    if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+        return;
+    }
+    let seqs = common::tiny_sequences(&dir);
+    let model = Arc::new(Model::load(&dir.join("model.q4_k_m.gguf")).unwrap());
+    let cfg = EngineConfig {
+        slots: 1,
+        ctx: 64,
+        ubatch: 16,
+        step_tokens: 20,
+        ..EngineConfig::default()
+    };
+    let a: Vec<u32> = seqs[0].iter().chain(&seqs[0]).copied().collect();
+    let mut b = a[..26].to_vec();
+    b.extend(seqs[1][1..7].iter());
+    let req = |p: &Vec<u32>| {
+        let mut r = Request::greedy(p.clone(), 6);
+        r.stop_at_eog = false;
+        r.logprobs = Some(5);
+        r
+    };
+    let want = common::solo(&model, &cfg, req(&b));
+    let (got, s) = common::run_replacing(&model, &cfg, vec![req(&a), req(&b)], &[]);
+    assert_eq!(common::tokens(&got[1]).0, want, "the second session");
+    let hits = s.stats().prefix_hit_tokens;
+    eprintln!("olmoe-k: the second session reused {hits} positions (shared 26)");
+    assert_eq!(hits, 16, "a whole batch reused");
+}
+
 /// A uniform profile re-encodes the routed experts too (every expert's slice of a stacked
 /// tensor, the profile naming the stacked tensor): the experts shrink, the logits move a
 /// little off the source, and a session's logits stay bit-identical alone and beside others.
