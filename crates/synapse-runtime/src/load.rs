@@ -342,6 +342,18 @@ pub struct ExpertW {
     pub down: Arc<QuantMatrix>,
 }
 
+impl ExpertW {
+    /// Whether a projection has an encoding ggml's `mul_mat_id` tiles where 8 or more rows
+    /// of one prompt batch route to the expert
+    /// ([`synapse_kernels::OrderClass::ggml_tiles_experts`]).
+    pub fn ggml_tiles(&self) -> bool {
+        [&self.gate, &self.up, &self.down].iter().any(|w| {
+            w.ggml_type()
+                .is_some_and(synapse_kernels::OrderClass::ggml_tiles_experts)
+        })
+    }
+}
+
 /// A shared expert (every token runs it), optionally scaled by a sigmoid gate.
 #[derive(Debug, Clone)]
 pub struct SharedW {
@@ -755,19 +767,12 @@ impl Model {
         })
     }
 
-    /// Whether a routed expert's projection has an encoding ggml's `mul_mat_id` tiles where 8
-    /// or more rows of one prompt batch route to it
-    /// ([`synapse_kernels::OrderClass::ggml_tiles_experts`]): then a prompt row's expert
-    /// outputs depend on the routing of its whole batch, which a scheduler must therefore run
-    /// in one pass.
+    /// Whether a routed expert is one ggml's `mul_mat_id` tiles ([`ExpertW::ggml_tiles`]):
+    /// then a prompt row's expert outputs depend on the routing of its whole batch, which a
+    /// scheduler must therefore run in one pass.
     pub fn tiles_experts(&self) -> bool {
         self.layers.iter().any(|l| match &l.ffn {
-            FfnW::Moe(m) => m.experts.iter().any(|e| {
-                [&e.gate, &e.up, &e.down].iter().any(|w| {
-                    w.ggml_type()
-                        .is_some_and(synapse_kernels::OrderClass::ggml_tiles_experts)
-                })
-            }),
+            FfnW::Moe(m) => m.experts.iter().any(ExpertW::ggml_tiles),
             FfnW::Dense { .. } => false,
         })
     }

@@ -261,35 +261,39 @@ pub(crate) fn forward(
     for (e, ex) in m.experts.iter().enumerate() {
         let group = &s.members[s.starts[e]..s.starts[e + 1]];
         let me = group.len();
-        // The rows ggml would tile for this expert (a session's prompt batch routing 8 or
-        // more rows here) first, the others after, each part in row order.
-        let batch = |row: &Row| (row.slot, row.pos / ubatch.max(1) as u32);
-        s.sessions.clear();
-        for &(r, _) in group {
-            let row = &rows[r as usize];
-            if row.order == OrderClass::Many {
-                let b = batch(row);
-                match s.sessions.iter_mut().find(|x| x.0 == b) {
-                    Some(x) => x.1 += 1,
-                    None => s.sessions.push((b, 1)),
-                }
-            }
-        }
-        let tiled = |r: u32| {
-            let row = &rows[r as usize];
-            row.order == OrderClass::Many
-                && s.sessions
-                    .iter()
-                    .any(|x| x.0 == batch(row) && x.1 >= OrderClass::Many.rows())
-        };
-        s.grouped.clear();
-        s.grouped.extend(group.iter().filter(|m| tiled(m.0)));
-        let n_tiled = s.grouped.len();
-        s.grouped.extend(group.iter().filter(|m| !tiled(m.0)));
-        let group = &s.grouped[..];
         if me == 0 {
             continue;
         }
+        // Where ggml tiles the expert's encoding: the rows it would tile (a session's prompt
+        // batch routing 8 or more rows here) first, the others after, each part in row order.
+        let (group, n_tiled) = if ex.ggml_tiles() {
+            let batch = |row: &Row| (row.slot, row.pos / ubatch.max(1) as u32);
+            s.sessions.clear();
+            for &(r, _) in group {
+                let row = &rows[r as usize];
+                if row.order == OrderClass::Many {
+                    let b = batch(row);
+                    match s.sessions.iter_mut().find(|x| x.0 == b) {
+                        Some(x) => x.1 += 1,
+                        None => s.sessions.push((b, 1)),
+                    }
+                }
+            }
+            let tiled = |r: u32| {
+                let row = &rows[r as usize];
+                row.order == OrderClass::Many
+                    && s.sessions
+                        .iter()
+                        .any(|x| x.0 == batch(row) && x.1 >= OrderClass::Many.rows())
+            };
+            s.grouped.clear();
+            s.grouped.extend(group.iter().filter(|m| tiled(m.0)));
+            let n = s.grouped.len();
+            s.grouped.extend(group.iter().filter(|m| !tiled(m.0)));
+            (&s.grouped[..], n)
+        } else {
+            (group, 0)
+        };
         if let Some(c) = stats.0.get_mut(e) {
             *c += me as u64;
         }

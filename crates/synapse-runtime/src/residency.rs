@@ -1,7 +1,8 @@
 //! Weights resident under a byte budget: a mixture of experts' routed experts
 //! ([`ExpertPager`]), or a dense model's blocks ([`LayerPager`], see its module). Both copy
-//! the file's bytes into slots made once and reused, read through the file; what follows
-//! describes the experts'.
+//! the file's bytes into slots made once and reused, read through the file ([`fill_slot`]);
+//! a dense model may also stream blocks straight from the mapping. What follows describes
+//! the experts'.
 //!
 //! Routed experts resident under a byte budget: an expert pages in when a pass routes rows to
 //! it, and others page out when the budget would be exceeded: LRU-2, the expert whose use
@@ -231,6 +232,37 @@ fn copy_parallel(dst: &mut [u8], src: &[u8], ctx: &mut KernelCtx) {
     });
 }
 
+/// `m`'s bytes copied into `buf` (read through the file, or copied from the mapping and its
+/// pages dropped again; see the module docs), and a matrix of encoding `ty` over the copy.
+/// Errors when the buffer is still lent to a matrix.
+fn fill_slot(
+    buf: &mut Arc<SlotBuf>,
+    m: &QuantMatrix,
+    ty: GgmlType,
+    read_file: bool,
+    page: usize,
+    ctx: &mut KernelCtx,
+) -> Result<Arc<QuantMatrix>> {
+    let b = Arc::get_mut(buf).ok_or_else(|| RuntimeError::InvalidParam {
+        name: "memory",
+        reason: "a paging slot is still lent out".into(),
+    })?;
+    let n = m.weight_bytes();
+    b.len = n;
+    let dst = &mut b.raw[b.off..b.off + n];
+    if !(read_file && read_parallel(dst, m, ctx)) {
+        let src = m.raw_bytes();
+        copy_parallel(dst, src, ctx);
+        unmap_pages(src, page, extent(m, page));
+    }
+    Ok(Arc::new(QuantMatrix::from_ggml_shared(
+        ty,
+        buf.clone() as Arc<dyn WeightSource>,
+        m.rows(),
+        m.cols(),
+    )?))
+}
+
 #[derive(Clone, Copy)]
 struct SyncPtr(*mut u8);
 impl SyncPtr {
@@ -420,24 +452,7 @@ impl ExpertPager {
             .zip(mats.iter_mut())
             .zip(&u.types)
         {
-            let b = Arc::get_mut(buf).ok_or_else(|| RuntimeError::InvalidParam {
-                name: "memory",
-                reason: "an expert slot is still lent out".into(),
-            })?;
-            let n = m.weight_bytes();
-            b.len = n;
-            let dst = &mut b.raw[b.off..b.off + n];
-            if !(read_file && read_parallel(dst, m, ctx)) {
-                let src = m.raw_bytes();
-                copy_parallel(dst, src, ctx);
-                unmap_pages(src, page, extent(m, page));
-            }
-            *out = Some(Arc::new(QuantMatrix::from_ggml_shared(
-                ty,
-                buf.clone() as Arc<dyn WeightSource>,
-                m.rows(),
-                m.cols(),
-            )?));
+            *out = Some(fill_slot(buf, m, ty, read_file, page, ctx)?);
         }
         let [Some(gate), Some(up), Some(down)] = mats else {
             unreachable!("three projections");

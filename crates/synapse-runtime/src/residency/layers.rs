@@ -24,9 +24,9 @@
 use std::sync::Arc;
 
 use synapse_formats::GgmlType;
-use synapse_kernels::{KernelCtx, QuantMatrix, WeightSource};
+use synapse_kernels::{KernelCtx, QuantMatrix};
 
-use super::{PagingStats, SlotBuf, copy_parallel, extent, page_size, read_parallel, unmap_pages};
+use super::{PagingStats, SlotBuf, extent, fill_slot, page_size, unmap_pages};
 use crate::error::{Result, RuntimeError};
 use crate::load::{FfnW, LayerW, LinearW, Model};
 
@@ -399,21 +399,7 @@ impl LayerPager {
         let src = linears(&u.mapped).expect("checked dense");
         let dst = linears_mut(&mut copy).expect("checked dense");
         for (((buf, m), out), &ty) in slot.0.iter_mut().zip(src).zip(dst).zip(&u.types) {
-            let b = Arc::get_mut(buf).ok_or_else(|| refuse("a block slot is still lent out"))?;
-            let n = m.m.weight_bytes();
-            b.len = n;
-            let d = &mut b.raw[b.off..b.off + n];
-            if !(read_file && read_parallel(d, &m.m, ctx)) {
-                let bytes = m.m.raw_bytes();
-                copy_parallel(d, bytes, ctx);
-                unmap_pages(bytes, page, extent(&m.m, page));
-            }
-            out.m = Arc::new(QuantMatrix::from_ggml_shared(
-                ty,
-                buf.clone() as Arc<dyn WeightSource>,
-                m.m.rows(),
-                m.m.cols(),
-            )?);
+            out.m = fill_slot(buf, &m.m, ty, read_file, page, ctx)?;
         }
         slot.1 = Some(i);
         u.copy = Some(copy);
