@@ -2,10 +2,10 @@
 //! source decoding and exact escalation on a sealed prompt suite.
 //!
 //! The suite is split once, by a hash of each prompt, into a tuning part and a sealed part.
-//! On the tuning part only, each candidate `--margin` runs `synapse-cli generate --escalation
-//! selective` and is scored by its agreement with the source's greedy output (tokens before
-//! the first difference, of `--n-gen`); the chosen margin is the cheapest (fewest escalated
-//! steps) whose mean agreement reaches `--target`. The sealed part is then run once with the
+//! On the tuning part only, each candidate monitor (`--margin` × `--max-entropy`) runs
+//! `synapse-cli generate --escalation selective` and is scored by its agreement with the
+//! source's greedy output (tokens before the first difference, of `--n-gen`); the chosen
+//! one is the cheapest (fewest escalated steps) whose mean agreement reaches `--target`. The sealed part is then run once with the
 //! source, exact escalation, the draft alone and selective escalation at the chosen margin:
 //! mean agreement and median decode tok/s each, printed and written to
 //! `<target>/bench-selective.json`. The sealed part never influences the margin.
@@ -27,6 +27,10 @@ pub struct Args {
     /// Candidate margins for the tuning part.
     #[arg(long, default_value = "0.25,0.5,1,2,4")]
     margins: String,
+    /// Candidate entropy thresholds (nats; `inf`: the entropy never fires), each tried with
+    /// every margin on the tuning part.
+    #[arg(long, default_value = "inf")]
+    entropies: String,
     /// Mean agreement (fraction of `--n-gen` before the first difference) the margin must
     /// reach on the tuning part.
     #[arg(long, default_value_t = 0.9)]
@@ -120,12 +124,13 @@ pub fn run(a: Args) -> Result<()> {
     }
     let bin = target_dir().join("release/synapse-cli");
     let (tune, seal): (Vec<&str>, Vec<&str>) = SUITE.iter().partition(|p| !sealed(p));
-    let margins: Vec<f64> = a
-        .margins
-        .split(',')
-        .filter_map(|m| m.trim().parse().ok())
-        .collect();
-    let sel = |m: f64| -> Vec<String> {
+    let list =
+        |s: &str| -> Vec<f64> { s.split(',').filter_map(|m| m.trim().parse().ok()).collect() };
+    let (margins, entropies) = (list(&a.margins), list(&a.entropies));
+    if margins.is_empty() || entropies.is_empty() {
+        bail!("--margins and --entropies need at least one number each");
+    }
+    let sel = |(m, h): (f64, f64)| -> Vec<String> {
         [
             "--escalation",
             "selective",
@@ -133,9 +138,18 @@ pub fn run(a: Args) -> Result<()> {
             &a.draft,
             "--margin",
             &m.to_string(),
+            "--max-entropy",
+            &h.to_string(),
         ]
         .map(String::from)
         .to_vec()
+    };
+    let label = |(m, h): (f64, f64)| {
+        if h.is_finite() {
+            format!("margin {m}, entropy {h}")
+        } else {
+            format!("margin {m}")
+        }
     };
     println!(
         "selective escalation, draft {}: {} tuning prompts, {} sealed, {} tokens each",
@@ -150,22 +164,29 @@ pub fn run(a: Args) -> Result<()> {
         .map(|p| generate_once(&bin, &a, p, &[]))
         .collect::<Result<_>>()?;
     let mut tuned = Vec::new();
-    for &m in &margins {
-        let mut agr = Vec::new();
-        let mut esc = 0u64;
-        for (p, s) in tune.iter().zip(&src_tune) {
-            let o = generate_once(&bin, &a, p, &sel(m))?;
-            agr.push(agreement(&o.tokens, &s.tokens, a.n_gen));
-            esc += o.escalated;
+    for &h in &entropies {
+        for &m in &margins {
+            let mut agr = Vec::new();
+            let mut esc = 0u64;
+            for (p, s) in tune.iter().zip(&src_tune) {
+                let o = generate_once(&bin, &a, p, &sel((m, h)))?;
+                agr.push(agreement(&o.tokens, &s.tokens, a.n_gen));
+                esc += o.escalated;
+            }
+            let rate = esc as f64 / (tune.len() * a.n_gen) as f64;
+            println!(
+                "  tuning {}: agreement {:.3}, {:.0}% of steps escalated",
+                label((m, h)),
+                mean(&agr),
+                100.0 * rate
+            );
+            tuned.push(((m, h), mean(&agr), rate));
         }
-        let rate = esc as f64 / (tune.len() * a.n_gen) as f64;
-        println!(
-            "  tuning margin {m}: agreement {:.3}, {:.0}% of steps escalated",
-            mean(&agr),
-            100.0 * rate
-        );
-        tuned.push((m, mean(&agr), rate));
     }
+    let js = |t: &((f64, f64), f64, f64)| {
+        json!({"margin": t.0.0, "max_entropy": t.0.1.is_finite().then_some(t.0.1),
+            "agreement": t.1, "escalated": t.2})
+    };
     let chosen = tuned
         .iter()
         .filter(|t| t.1 >= a.target)
@@ -181,12 +202,11 @@ pub fn run(a: Args) -> Result<()> {
         std::fs::write(
             &out,
             serde_json::to_string_pretty(&json!({"tuning": tuned.iter()
-                .map(|t| json!({"margin": t.0, "agreement": t.1, "escalated": t.2}))
-                .collect::<Vec<_>>(), "chosen": null}))?,
+                .map(js).collect::<Vec<_>>(), "chosen": null}))?,
         )?;
         return Ok(());
     };
-    println!("chosen margin (tuning part only): {chosen}");
+    println!("chosen (tuning part only): {}", label(chosen));
     // Sealed: source, exact, draft alone, selective at the chosen margin.
     let modes: Vec<(&str, Vec<String>)> = vec![
         ("source", vec![]),
@@ -196,7 +216,7 @@ pub fn run(a: Args) -> Result<()> {
                 .map(String::from)
                 .to_vec(),
         ),
-        ("draft alone", sel(0.0)),
+        ("draft alone", sel((0.0, f64::INFINITY))),
         ("selective", sel(chosen)),
     ];
     let mut rows = Vec::new();
@@ -234,9 +254,8 @@ pub fn run(a: Args) -> Result<()> {
         &out,
         serde_json::to_string_pretty(&json!({
             "draft": a.draft,
-            "tuning": tuned.iter().map(|t| json!({"margin": t.0, "agreement": t.1,
-                "escalated": t.2})).collect::<Vec<_>>(),
-            "chosen": chosen,
+            "tuning": tuned.iter().map(js).collect::<Vec<_>>(),
+            "chosen": {"margin": chosen.0, "max_entropy": chosen.1.is_finite().then_some(chosen.1)},
             "sealed": rows,
         }))?,
     )?;

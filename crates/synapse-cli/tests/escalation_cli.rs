@@ -309,9 +309,54 @@ fn a_head_only_draft_prints_plain_greedy_output() {
     };
     assert!(run(&["--escalation", "exact", "--draft-profile", "head:0"]).contains("positive"));
     assert!(run(&["--escalation", "exact", "--draft-profile", "head:x"]).contains("positive"));
+    assert!(run(&["--draft-profile", "head:64"]).contains("--escalation exact or selective"));
     assert!(
-        run(&["--escalation", "selective", "--draft-profile", "head:64"])
-            .contains("--escalation exact")
+        run(&[
+            "--escalation",
+            "selective",
+            "--draft-profile",
+            "head:64",
+            "--max-entropy",
+            "-1"
+        ])
+        .contains("must be ≥ 0")
+    );
+
+    // Selective escalation with the head-only draft (approximate, and `--json` says so): an
+    // infinite margin is the model's own output, every step after the first escalated.
+    let sel = |margin: &str| {
+        let args: Vec<&str> = base
+            .iter()
+            .copied()
+            .chain([
+                "--escalation",
+                "selective",
+                "--draft-profile",
+                "head:16",
+                "--margin",
+                margin,
+            ])
+            .collect();
+        json(&cli(dir.path(), &args))
+    };
+    let j = sel("inf");
+    assert_eq!(j["tokens"], plain["tokens"]);
+    let e = &j["escalation"];
+    assert_eq!(e["mode"], "selective");
+    assert_eq!(e["approximate"], true);
+    assert_eq!(e["draft_profile"], "head:16");
+    let steps = e["steps"].as_u64().unwrap();
+    assert_eq!(e["escalated"].as_u64().unwrap(), steps - 1, "{e}");
+    assert!(e["shortlist"].as_u64().unwrap() >= 16, "{e}");
+    // No step escalated: the list's own choices (every token after the first on the list,
+    // which does not grow).
+    let j = sel("0");
+    let e = &j["escalation"];
+    assert_eq!(e["escalated"], 0, "{e}");
+    assert_eq!(e["off_shortlist"], 0, "{e}");
+    assert_ne!(
+        j["tokens"], plain["tokens"],
+        "a 16-token list cannot say what the model says"
     );
 }
 

@@ -216,7 +216,7 @@ impl Shortlist {
 
     /// The list serves a model whose head is the very matrix it was gathered from (another
     /// model, or a profile that re-encoded the head, is refused).
-    fn check(&self, model: &Model) -> Result<()> {
+    pub(crate) fn check(&self, model: &Model) -> Result<()> {
         if !self.serves(model) {
             return Err(RuntimeError::InvalidParam {
                 name: "shortlist",
@@ -244,14 +244,62 @@ impl Shortlist {
     /// ties): the full head's argmax whenever that is on the list.
     pub fn argmax(&mut self, exec: &mut Executor, normed: &[f32]) -> Result<u32> {
         self.compute(exec, normed)?;
+        Ok(self.top2().0)
+    }
+
+    /// The list's choice for one final-normed row and how sure the list is of it: its
+    /// argmax ([`Self::argmax`]), that logit's margin over the runner-up, and the entropy
+    /// of the softmax over the listed logits. The logits stay for [`Self::scatter_computed`].
+    pub fn choice(&mut self, exec: &mut Executor, normed: &[f32]) -> Result<ListChoice> {
+        self.compute(exec, normed)?;
+        let (token, margin) = self.top2();
+        Ok(ListChoice {
+            token,
+            margin,
+            entropy: crate::selective::entropy(&self.out[..self.len()]),
+        })
+    }
+
+    /// The argmax of the last computed logits (the lowest id on ties; token 0 when every
+    /// logit is NaN, as the full argmax gives) and its margin over the runner-up (∞ with
+    /// one listed token).
+    fn top2(&self) -> (u32, f32) {
         let mut best = (f32::NEG_INFINITY, u32::MAX);
+        let mut second = f32::NEG_INFINITY;
         for (&t, &v) in self.tokens.iter().chain(&self.extra_tokens).zip(&self.out) {
             if v > best.0 || (v == best.0 && t < best.1) {
+                if best.1 != u32::MAX {
+                    second = second.max(best.0);
+                }
                 best = (v, t);
+            } else if v > second {
+                second = v;
             }
         }
-        // (Every logit NaN: token 0, as the full argmax gives.)
-        Ok(if best.1 == u32::MAX { 0 } else { best.1 })
+        if best.1 == u32::MAX {
+            return (0, f32::INFINITY);
+        }
+        let margin = if second == f32::NEG_INFINITY {
+            f32::INFINITY
+        } else {
+            best.0 - second
+        };
+        (best.1, margin)
+    }
+
+    /// Writes the logits the last [`Self::choice`] computed into `full` (vocabulary sized;
+    /// the other entries are left as they are), as [`Self::scatter_logits`] does.
+    pub fn scatter_computed(&self, full: &mut [f32]) -> Result<()> {
+        if full.len() != self.vocab {
+            return Err(RuntimeError::InvalidParam {
+                name: "shortlist",
+                reason: format!("{} logits for a vocabulary of {}", full.len(), self.vocab),
+            });
+        }
+        for (&t, &v) in self.tokens.iter().chain(&self.extra_tokens).zip(&self.out) {
+            full[t as usize] = v;
+        }
+        Ok(())
     }
 
     /// Writes the shortlisted tokens' logits for one final-normed row
@@ -270,11 +318,19 @@ impl Shortlist {
             });
         }
         self.compute(exec, normed)?;
-        for (&t, &v) in self.tokens.iter().chain(&self.extra_tokens).zip(&self.out) {
-            full[t as usize] = v;
-        }
-        Ok(())
+        self.scatter_computed(full)
     }
+}
+
+/// A shortlist's choice for one row ([`Shortlist::choice`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ListChoice {
+    /// The listed token with the largest logit (the lowest id on ties).
+    pub token: u32,
+    /// Its logit minus the runner-up's (∞ with one listed token).
+    pub margin: f32,
+    /// The entropy (nats) of the softmax over the listed logits.
+    pub entropy: f32,
 }
 
 /// What a head-drafted generation did: [`EscalationStats`] (`draft_s` the body passes and

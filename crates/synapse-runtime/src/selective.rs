@@ -1,6 +1,14 @@
-//! Selective escalation (opt-in, approximate): the draft profile decodes alone, and a step
-//! whose draft logits look uncertain — the top-1 / top-2 logit margin below a threshold — is
+//! Selective escalation (opt-in, approximate): the draft decodes alone, and a step whose
+//! draft logits look uncertain — the top-1 / top-2 logit margin below a threshold, or the
+//! entropy of their softmax above one ([`SelectiveParams::fires`], the online monitor) — is
 //! recomputed at the source precision, whose choice is taken instead.
+//!
+//! Two drafts: a low-precision profile of the model ([`generate_selective`]), or the model's
+//! own body with its LM head cut to a vocabulary shortlist ([`generate_selective_head`],
+//! [`crate::head_draft::Shortlist`]). With the shortlist the body runs at the source
+//! precision, so the slot always holds the source's K/V and an escalated step is one call
+//! of the full head over that step's row (the source's logits, bit for bit); the only
+//! approximation is a step that does not escalate while the source's choice is off the list.
 //!
 //! The source slot is brought up to date only when a step escalates (the prompt in
 //! llama.cpp's batch order, as plain generation runs it; generated tokens as one-row-order
@@ -15,15 +23,79 @@ use std::time::Instant;
 use crate::error::{Result, RuntimeError};
 use crate::executor::{Executor, Row};
 use crate::generate::{Commit, GenerateParams, Generated, StopReason, Timings, prefill};
+use crate::head_draft::Shortlist;
 use crate::kv::{KvCache, SlotId};
 use crate::sampling::Sampler;
 
-/// When a step escalates.
+/// When a step escalates (the online monitor): either signal fires it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SelectiveParams {
     /// A step whose draft top-1 minus top-2 logit is below this is recomputed at the source
     /// precision (≥ 0; `f32::INFINITY`: every step).
     pub margin: f32,
+    /// A step whose draft distribution (the softmax of its logits) has more entropy than
+    /// this, in nats, is recomputed at the source precision (≥ 0; `f32::INFINITY`: the
+    /// entropy never fires).
+    pub max_entropy: f32,
+}
+
+impl SelectiveParams {
+    /// Escalation by the margin alone.
+    pub fn margin(margin: f32) -> Self {
+        SelectiveParams {
+            margin,
+            max_entropy: f32::INFINITY,
+        }
+    }
+
+    /// Both thresholds are numbers ≥ 0 (∞ allowed).
+    pub fn check(&self) -> Result<()> {
+        if self.margin.is_nan() || self.margin < 0.0 {
+            return Err(RuntimeError::InvalidParam {
+                name: "margin",
+                reason: format!("{} must be ≥ 0 (inf: every step)", self.margin),
+            });
+        }
+        if self.max_entropy.is_nan() || self.max_entropy < 0.0 {
+            return Err(RuntimeError::InvalidParam {
+                name: "max entropy",
+                reason: format!("{} must be ≥ 0 (inf: never by entropy)", self.max_entropy),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether a step whose draft logits are `logits` (−∞ entries are not candidates)
+    /// escalates.
+    pub fn fires(&self, logits: &[f32]) -> bool {
+        self.fires_on(top2_margin(logits), || entropy(logits))
+    }
+
+    /// [`Self::fires`] from a step's margin and (computed only when the entropy threshold
+    /// is finite and the margin did not fire) its entropy.
+    pub fn fires_on(&self, margin: f32, entropy: impl FnOnce() -> f32) -> bool {
+        margin < self.margin || (self.max_entropy.is_finite() && entropy() > self.max_entropy)
+    }
+}
+
+/// The entropy, in nats, of the softmax of `logits` (−∞ entries have probability 0; 0 when
+/// no entry is finite), summed in f64.
+pub fn entropy(logits: &[f32]) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return 0.0;
+    }
+    // H = log Z − Σ p·x' with x' = x − max, Z = Σ e^x'.
+    let (mut z, mut zx) = (0.0f64, 0.0f64);
+    for &v in logits {
+        if v > f32::NEG_INFINITY {
+            let x = (v - max) as f64;
+            let e = x.exp();
+            z += e;
+            zx += e * x;
+        }
+    }
+    (z.ln() - zx / z).max(0.0) as f32
 }
 
 /// What selective escalation did in one generation.
@@ -35,10 +107,13 @@ pub struct SelectiveStats {
     pub escalated: usize,
     /// Source rows run to bring its slot up to date (prompt included).
     pub source_rows: usize,
-    /// Seconds in draft passes and in source passes.
+    /// Seconds in draft passes (with a head-only draft: the body passes and the shortlist).
     pub draft_s: f64,
-    /// Seconds in source passes.
+    /// Seconds in source passes (with a head-only draft: the full head of escalated steps).
     pub source_s: f64,
+    /// With a head-only draft: tokens the source chose off the shortlist at escalated steps
+    /// (each then joined it).
+    pub off_shortlist: usize,
 }
 
 /// Top-1 minus top-2 of `logits` (∞ with fewer than two finite values).
@@ -76,12 +151,7 @@ pub fn generate_selective(
     on_text: &mut dyn FnMut(&str),
 ) -> Result<(Generated, SelectiveStats)> {
     crate::escalation::check_pair(source, draft, slot, draft_slot, prompt, params)?;
-    if sp.margin.is_nan() || sp.margin < 0.0 {
-        return Err(RuntimeError::InvalidParam {
-            name: "margin",
-            reason: format!("{} must be ≥ 0 (inf: every step)", sp.margin),
-        });
-    }
+    sp.check()?;
     let mut sampler = Sampler::new(params.sampling.clone())?;
     let eog = source.model().ir.special.eos.clone();
     let vocab = source.model().vocab();
@@ -117,7 +187,7 @@ pub fn generate_selective(
         if c.out.len() >= params.max_tokens {
             break StopReason::MaxTokens;
         }
-        let tok = if top2_margin(&dlogits) < sp.margin {
+        let tok = if sp.fires(&dlogits) {
             // Escalate: the source catches up with every committed token, then chooses.
             let ts = Instant::now();
             source_logits(
@@ -238,4 +308,123 @@ fn source_logits(
         p = stop;
     }
     Ok(())
+}
+
+/// Selective escalation with a head-only draft: `exec` runs the model's body once per
+/// position at its own precision (slot `slot` holds exactly the K/V plain decoding holds),
+/// `shortlist` chooses each token from its listed logits, and a step where the monitor
+/// (`sp`, on the listed logits) fires runs the full head over that step's row — the
+/// source's logits, bit for bit — and takes the source's choice; a token the source chose
+/// off the list joins it. The first token comes from the prompt pass's own (full) logits.
+/// With an infinite margin the output is plain decoding's; with both thresholds off
+/// (margin 0, entropy ∞) it is the shortlist's own.
+///
+/// Sampled or penalized sessions draw a non-escalated step from the listed logits
+/// scattered over the vocabulary (−∞ off the list), penalties applied; the monitor looks at
+/// the raw listed logits.
+///
+/// Errors (before anything runs): an empty prompt, a zero prefill chunk, thresholds that
+/// are not ≥ 0, a shortlist gathered from another head than `exec`'s model's.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_selective_head(
+    exec: &mut Executor,
+    kv: &mut KvCache,
+    slot: SlotId,
+    prompt: &[u32],
+    params: &GenerateParams,
+    sp: &SelectiveParams,
+    shortlist: &mut Shortlist,
+    piece: &mut dyn FnMut(u32) -> String,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<(Generated, SelectiveStats)> {
+    let bad = |name: &'static str, reason: &str| RuntimeError::InvalidParam {
+        name,
+        reason: reason.into(),
+    };
+    if prompt.is_empty() {
+        return Err(bad("prompt", "empty prompt"));
+    }
+    if params.prefill_chunk == 0 {
+        return Err(bad("prefill_chunk", "must be positive"));
+    }
+    sp.check()?;
+    let model = exec.model().clone();
+    shortlist.check(&model)?;
+    let mut sampler = Sampler::new(params.sampling.clone())?;
+    let eog = model.ir.special.eos.clone();
+    let vocab = model.vocab();
+    let hd = model.hidden();
+    let chunk = params.prefill_chunk.min(kv.max_chunk());
+    let mut timings = Timings::default();
+    let mut stats = SelectiveStats::default();
+    let mut logits = vec![0.0f32; vocab];
+    // The listed logits scattered over the vocabulary (−∞ off the list).
+    let mut dfull = vec![f32::NEG_INFINITY; vocab];
+    let mut hidden = vec![0.0f32; hd];
+    // Greedy with no penalty: the list's argmax is the draft's choice as it comes.
+    let plain_greedy = params.sampling.temperature <= 0.0 && !sampler.penalizes();
+
+    let t0 = Instant::now();
+    let reused = prefill(exec, kv, slot, prompt, chunk, Some(&mut logits))?;
+    timings.prefill_tokens = prompt.len() - reused;
+    timings.prefill_s = t0.elapsed().as_secs_f64();
+    stats.source_rows = timings.prefill_tokens;
+
+    let t1 = Instant::now();
+    let mut c = Commit::new(params, eog, prompt);
+    let mut pos = prompt.len();
+    // The prompt pass computed the full head: the first token is the source's.
+    let mut have_source = true;
+    let stop = loop {
+        if c.out.len() >= params.max_tokens {
+            break StopReason::MaxTokens;
+        }
+        let tok = if have_source {
+            sampler.sample(&mut logits, &c.history)
+        } else {
+            let ch = shortlist.choice(exec, &hidden)?;
+            if sp.fires_on(ch.margin, || ch.entropy) {
+                let ts = Instant::now();
+                logits.copy_from_slice(&exec.head_logits(&hidden)?[..vocab]);
+                let t = sampler.sample(&mut logits, &c.history);
+                stats.source_s += ts.elapsed().as_secs_f64();
+                stats.escalated += 1;
+                if !shortlist.contains(t) {
+                    stats.off_shortlist += 1;
+                    shortlist.add(&model, t)?;
+                }
+                t
+            } else if plain_greedy {
+                ch.token
+            } else {
+                shortlist.scatter_computed(&mut dfull)?;
+                sampler.sample(&mut dfull, &c.history)
+            }
+        };
+        stats.steps += 1;
+        if let Some(r) = c.take(tok, piece, on_text) {
+            break r;
+        }
+        if pos >= kv.capacity() {
+            break StopReason::ContextFull;
+        }
+        let td = Instant::now();
+        let h = exec.forward_normed(kv, &[Row::decode(slot, pos as u32, tok)])?;
+        hidden.copy_from_slice(&h[..hd]);
+        stats.draft_s += td.elapsed().as_secs_f64();
+        have_source = false;
+        pos += 1;
+        timings.decode_tokens += 1;
+    };
+    c.finish(stop, on_text);
+    timings.decode_s = t1.elapsed().as_secs_f64();
+    Ok((
+        Generated {
+            tokens: std::mem::take(&mut c.out),
+            reused_prefix: reused,
+            stop,
+            timings,
+        },
+        stats,
+    ))
 }

@@ -269,6 +269,18 @@ pub fn validate(req: &GenerationRequest, api: Api, lim: Limits) -> Result<GenPar
                     .to_string(),
             ));
         }
+        // Selective escalation (approximate) was evaluated against exact escalation on a
+        // sealed prompt suite (`cargo xtask bench-selective`) and was dominated by it: it is
+        // not offered here (a response would not be the model's own output for no gain).
+        Some("selective") => {
+            return Err(ServerError::invalid(
+                "escalation",
+                "selective escalation (approximate output) is not served: on the sealed \
+                 evaluation suite it was slower than exact escalation at the same agreement; \
+                 ask for \"exact\" (the model's own output, drafted)"
+                    .to_string(),
+            ));
+        }
         Some(other) => {
             return Err(ServerError::invalid(
                 "escalation",

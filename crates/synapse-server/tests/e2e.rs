@@ -1260,6 +1260,18 @@ async fn exact_escalation_is_a_request_field() {
     let (st, v) = s.post("/v1/completions", &bad).await;
     assert_eq!(st, 400);
     assert_eq!(v["error"]["param"], "escalation");
+    // Selective escalation (approximate) is not served, and the message says why.
+    bad["escalation"] = json!("selective");
+    let (st, v) = s.post("/v1/completions", &bad).await;
+    assert_eq!(st, 400);
+    assert_eq!(v["error"]["param"], "escalation");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("selective escalation (approximate output) is not served"),
+        "{v}"
+    );
 
     // Without a draft at the source precision, plain decoding is the exact output: served.
     let Some(plain_srv) = start(small_engine(), ServerConfig::default()).await else {

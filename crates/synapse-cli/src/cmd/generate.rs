@@ -11,7 +11,7 @@ use clap::Args as ClapArgs;
 use synapse_runtime::escalation::{DraftParams, generate_exact};
 use synapse_runtime::head_draft::{Shortlist, generate_head_draft};
 use synapse_runtime::residency::LayerPager;
-use synapse_runtime::selective::{SelectiveParams, generate_selective};
+use synapse_runtime::selective::{SelectiveParams, generate_selective, generate_selective_head};
 use synapse_runtime::{Executor, GenerateParams, KvCache, KvDtype, SamplingParams, generate};
 use synapse_tokenizer::{ChatTemplate, Message};
 
@@ -97,7 +97,10 @@ pub struct Args {
     /// with `--temp` > 0, speculative sampling (each token distributed exactly as the model's
     /// own sampler draws it, reproducible from `--seed`, not plain sampling's sequence).
     /// `selective` (opt-in, approximate): the draft decodes alone and the steps whose top-1 /
-    /// top-2 logit margin is below `--margin` are recomputed at the model's precision.
+    /// top-2 logit margin is below `--margin` (or whose entropy is above `--max-entropy`) are
+    /// recomputed at the model's precision; with `--draft-profile head:N` the body runs at the
+    /// model's precision and only the head is the shortlist's, so a recomputed step is one
+    /// full-head call.
     #[arg(long, value_enum, default_value_t = Escalation::Off)]
     escalation: Escalation,
     #[command(flatten)]
@@ -106,6 +109,10 @@ pub struct Args {
     /// (`inf`: every step — the model's own output; 0: none — the draft's).
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     margin: f32,
+    /// With `--escalation selective`: the entropy (nats) of the draft's distribution above
+    /// which a step escalates (`inf`, the default: the entropy never fires).
+    #[arg(long, default_value_t = f32::INFINITY, allow_negative_numbers = true)]
+    max_entropy: f32,
     /// Memory budget (`2G`, `512M`, bytes) over everything generation holds beyond the
     /// process's start: what loading left resident (tokenizer, metadata), the weights, the KV
     /// cache for `--ctx`, and compute scratch. A mixture of experts keeps its routed experts
@@ -166,8 +173,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("--draft-profile and --draft-budget need --escalation exact or selective");
     }
     let mut head = args.draft.head_shortlist()?;
-    if head.is_some() && args.escalation != Escalation::Exact {
-        bail!("a head-only draft (--draft-profile head:N) is for --escalation exact");
+    if head.is_some() && args.escalation == Escalation::Off {
+        bail!("a head-only draft (--draft-profile head:N) is for --escalation exact or selective");
+    }
+    let selective = SelectiveParams {
+        margin: args.margin,
+        max_entropy: args.max_entropy,
+    };
+    if args.escalation == Escalation::Selective {
+        selective.check()?;
     }
     // Exact escalation without a draft flag chooses its draft by measurement (below, on the
     // prompt); selective escalation takes the default draft.
@@ -301,6 +315,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut sel = None;
     let mut head_stats = None;
     let (out, esc) = match &draft {
+        None if args.escalation == Escalation::Selective
+            && let (Some(size), Some(shortlist)) = (head, shortlist.as_mut()) =>
+        {
+            let (g, st) = generate_selective_head(
+                &mut exec,
+                &mut kv,
+                0,
+                &ids,
+                &params,
+                &selective,
+                shortlist,
+                &mut piece,
+                &mut on_text,
+            )?;
+            sel = Some((
+                format!("head:{size}"),
+                shortlist.bytes(),
+                shortlist.len(),
+                st,
+            ));
+            (g, None)
+        }
         None if let (Some(size), Some(shortlist)) = (head, shortlist.as_mut()) => {
             let dp = DraftParams {
                 max_k: args.draft.draft_k,
@@ -343,13 +379,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 1,
                 &ids,
                 &params,
-                &SelectiveParams {
-                    margin: args.margin,
-                },
+                &selective,
                 &mut piece,
                 &mut on_text,
             )?;
-            sel = Some(st);
+            sel = Some((
+                d.applied.model.profile.hash(),
+                d.applied.model.weight_bytes() as u64,
+                0,
+                st,
+            ));
             (g, None)
         }
         Some(d) => {
@@ -457,19 +496,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         if let Some(r) = auto_report {
             j["escalation"]["auto"] = r;
         }
-        if let (Some(st), Some(d)) = (&sel, &draft) {
+        if let Some((profile, bytes, list, st)) = &sel {
             j["escalation"] = serde_json::json!({
                 "mode": "selective",
                 "approximate": true,
                 "margin": args.margin,
-                "draft_profile": d.applied.model.profile.hash(),
-                "draft_weight_bytes": d.applied.model.weight_bytes(),
+                "max_entropy": if args.max_entropy.is_finite() {
+                    serde_json::Value::from(args.max_entropy)
+                } else {
+                    serde_json::Value::Null
+                },
+                "draft_profile": profile,
+                "draft_weight_bytes": bytes,
                 "steps": st.steps,
                 "escalated": st.escalated,
                 "source_rows": st.source_rows,
                 "draft_s": st.draft_s,
                 "source_s": st.source_s,
             });
+            if head.is_some() {
+                j["escalation"]["shortlist"] = (*list).into();
+                j["escalation"]["off_shortlist"] = st.off_shortlist.into();
+            }
         }
         println!("{}", serde_json::to_string(&j)?);
     } else {
@@ -499,7 +547,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 st.plain_rounds,
             );
         }
-        if let Some(st) = &sel {
+        if let Some((_, _, _, st)) = &sel {
             eprintln!(
                 "[selective escalation (approximate output): {} of {} steps recomputed at the \
                  model's precision]",
