@@ -51,6 +51,40 @@ pub struct Args {
     /// block's mapped extent) or `copy` (through a copy slot; `SYNAPSE_BLOCK_STREAM=copy`).
     #[arg(long, default_value = "mapped")]
     block_stream: String,
+    /// Reads advised ahead of use (the router lookahead's predicted experts, a layer's
+    /// routed misses, the next streamed block): `on`, `off` (`SYNAPSE_PREFETCH=off`), or
+    /// `both` (budgeted runs with and without, alternated).
+    #[arg(long, default_value = "on")]
+    prefetch: String,
+    /// Memory pressure: while a run goes, the model file's pages that no process maps are
+    /// dropped from the page cache every this many milliseconds (`posix_fadvise(…,
+    /// POSIX_FADV_DONTNEED)`), as on a machine whose page cache cannot hold the file: a
+    /// miss then reads the disk unless its read was advised ahead. 0: off.
+    #[arg(long, default_value_t = 0)]
+    cold_ms: u64,
+}
+
+/// Drops `path`'s unmapped pages from the page cache every `every` until `stop` is set.
+fn evicter(
+    path: PathBuf,
+    every: std::time::Duration,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        use std::os::fd::AsRawFd;
+        let Ok(f) = std::fs::File::open(&path) else {
+            return 0;
+        };
+        let mut n = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            // SAFETY: a valid descriptor; the advice only drops clean, unmapped page-cache
+            // pages of the file (they are read again on use).
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            n += 1;
+            std::thread::sleep(every);
+        }
+        n
+    })
 }
 
 struct Run {
@@ -63,7 +97,13 @@ struct Run {
     budget: Option<u64>,
 }
 
-fn run_once(bin: &PathBuf, model: &PathBuf, a: &Args, memory: Option<u64>) -> Result<(Value, f64)> {
+fn run_once(
+    bin: &PathBuf,
+    model: &PathBuf,
+    a: &Args,
+    memory: Option<u64>,
+    prefetch: bool,
+) -> Result<(Value, f64)> {
     let mut c = Command::new(bin);
     c.args(["generate", "--model"])
         .arg(model)
@@ -80,8 +120,22 @@ fn run_once(bin: &PathBuf, model: &PathBuf, a: &Args, memory: Option<u64>) -> Re
         c.args(["--memory", &m.to_string()]);
     }
     c.env("SYNAPSE_BLOCK_STREAM", &a.block_stream);
+    c.env("SYNAPSE_PREFETCH", if prefetch { "on" } else { "off" });
     c.arg("The quick brown fox jumps over the lazy dog, and the dog sleeps on.");
-    let out = run_measured(&mut c)?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ev = (a.cold_ms > 0).then(|| {
+        evicter(
+            model.clone(),
+            std::time::Duration::from_millis(a.cold_ms),
+            stop.clone(),
+        )
+    });
+    let out = run_measured(&mut c);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(h) = ev {
+        let _ = h.join();
+    }
+    let out = out?;
     if !out.success {
         bail!("synapse-cli generate failed:\n{}", out.stderr);
     }
@@ -140,7 +194,13 @@ pub fn run(a: Args) -> Result<()> {
         }
     };
     // The ledger's fixed part and the experts' bytes.
-    let (probe, _) = run_once(&bin, &model, &a, Some(1 << 40))?;
+    let (probe, _) = run_once(&bin, &model, &a, Some(1 << 40), true)?;
+    let modes: Vec<bool> = match a.prefetch.as_str() {
+        "on" => vec![true],
+        "off" => vec![false],
+        "both" => vec![true, false],
+        other => bail!("--prefetch must be on, off or both, not {other:?}"),
+    };
     let m = &probe["memory"];
     let g = |k: &str| m[k].as_u64().unwrap_or(0);
     let mut fixed = g("loaded") + g("weights_outside_experts") + g("kv") + g("scratch");
@@ -156,13 +216,19 @@ pub fn run(a: Args) -> Result<()> {
         bail!("{} has nothing to page", model.display());
     }
     println!(
-        "bench-moe-paging: {} | {} threads | {} decoded | {what} {:.1} MB, fixed part {:.1} MB | {} runs",
+        "bench-moe-paging: {} | {} threads | {} decoded | {what} {:.1} MB, fixed part {:.1} MB | {} runs | prefetch {}{}",
         model.display(),
         a.threads,
         a.n_gen,
         experts as f64 / 1e6,
         fixed as f64 / 1e6,
-        a.runs
+        a.runs,
+        a.prefetch,
+        if a.cold_ms > 0 {
+            format!(" | cold: unmapped pages dropped every {} ms", a.cold_ms)
+        } else {
+            String::new()
+        }
     );
     let mut rows = Vec::new();
     for &frac in &a.fractions {
@@ -170,12 +236,21 @@ pub fn run(a: Args) -> Result<()> {
         // experts all fit and nothing pages: the fully resident reference.
         let margin = if frac >= 1.0 { 16 << 20 } else { 0 };
         let budget = fixed + (experts as f64 * frac) as u64 + margin;
-        let (mut with, mut without) = (Vec::new(), Vec::new());
+        // Budgeted runs by prefetch mode (in `modes` order), and unlimited runs.
+        let mut with: Vec<Vec<Run>> = modes.iter().map(|_| Vec::new()).collect();
+        let mut without = Vec::new();
         for r in 0..a.runs {
-            for budgeted in [true, false] {
+            let kinds = modes.iter().map(|&p| Some(p)).chain([None]);
+            for (ki, kind) in kinds.enumerate() {
                 let mut tries = 0;
                 loop {
-                    let (j, foreign) = run_once(&bin, &model, &a, budgeted.then_some(budget))?;
+                    let (j, foreign) = run_once(
+                        &bin,
+                        &model,
+                        &a,
+                        kind.is_some().then_some(budget),
+                        kind.unwrap_or(true),
+                    )?;
                     tries += 1;
                     if foreign > a.foreign_limit && tries < 4 {
                         println!("    run contaminated ({foreign:.2} foreign CPU-s); redoing");
@@ -185,49 +260,61 @@ pub fn run(a: Args) -> Result<()> {
                     println!(
                         "  {:>5.1}% run {r} {}: decode {:6.1} tok/s{}",
                         frac * 100.0,
-                        if budgeted { "budgeted " } else { "unlimited" },
+                        match kind {
+                            Some(true) if modes.len() > 1 => "budgeted, prefetch on ",
+                            Some(false) if modes.len() > 1 => "budgeted, prefetch off",
+                            Some(_) => "budgeted ",
+                            None => "unlimited",
+                        },
                         p.decode,
                         p.hit_rate
                             .map_or(String::new(), |h| format!("  hit rate {h:.3}"))
                             + &p.kept
                                 .map_or(String::new(), |k| format!(", {k} blocks kept"))
                     );
-                    if budgeted {
-                        with.push(p);
-                    } else {
-                        without.push(p);
+                    match kind {
+                        Some(_) => with[ki].push(p),
+                        None => without.push(p),
                     }
                     break;
                 }
             }
         }
         let md = |v: &[Run], f: &dyn Fn(&Run) -> f64| median(v.iter().map(f).collect());
-        let dec = md(&with, &|r| r.decode);
         let base = md(&without, &|r| r.decode);
-        let row = serde_json::json!({
-            "fraction": frac,
-            "budget": budget,
-            "decode_tok_s": dec,
-            "unlimited_decode_tok_s": base,
-            "ratio": dec / base,
-            "hit_rate": md(&with, &|r| r.hit_rate.unwrap_or(f64::NAN)),
-            "blocks_kept": with.iter().find_map(|r| r.kept),
-            "load_s": md(&with, &|r| r.load),
-            "first_token_s": md(&with, &|r| r.first_token_s),
-            "unlimited_first_token_s": md(&without, &|r| r.first_token_s),
-            "peak_rss_over_start": with.iter().filter_map(|r| r.peak_over_start).max(),
-            "within_budget": with.iter().all(|r| r.peak_over_start.zip(r.budget).is_some_and(|(p, b)| p <= b)),
-        });
-        rows.push(row);
+        for (mi, with) in with.iter().enumerate() {
+            let dec = md(with, &|r| r.decode);
+            let row = serde_json::json!({
+                "fraction": frac,
+                "prefetch": modes[mi],
+                "budget": budget,
+                "decode_tok_s": dec,
+                "unlimited_decode_tok_s": base,
+                "ratio": dec / base,
+                "hit_rate": md(with, &|r| r.hit_rate.unwrap_or(f64::NAN)),
+                "blocks_kept": with.iter().find_map(|r| r.kept),
+                "load_s": md(with, &|r| r.load),
+                "first_token_s": md(with, &|r| r.first_token_s),
+                "unlimited_first_token_s": md(&without, &|r| r.first_token_s),
+                "peak_rss_over_start": with.iter().filter_map(|r| r.peak_over_start).max(),
+                "within_budget": with.iter().all(|r| r.peak_over_start.zip(r.budget).is_some_and(|(p, b)| p <= b)),
+            });
+            rows.push(row);
+        }
     }
     println!(
-        "\n{what} resident | budget MB | decode tok/s (unlimited) | ratio | hit rate | load s | first token s (unlimited) | peak RSS over start MB"
+        "\n{what} resident | prefetch | budget MB | decode tok/s (unlimited) | ratio | hit rate | load s | first token s (unlimited) | peak RSS over start MB"
     );
     for r in &rows {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         println!(
-            "{:>15.1}% | {:>9.1} | {:>7.1} ({:>6.1}) | {:>5.2}× | {:>8.3} | {:>6.3} | {:>6.3} ({:.3}) | {:.1}{}",
+            "{:>15.1}% | {:>8} | {:>9.1} | {:>7.1} ({:>6.1}) | {:>5.2}× | {:>8.3} | {:>6.3} | {:>6.3} ({:.3}) | {:.1}{}",
             f("fraction") * 100.0,
+            if r["prefetch"].as_bool() == Some(true) {
+                "on"
+            } else {
+                "off"
+            },
             f("budget") / 1e6,
             f("decode_tok_s"),
             f("unlimited_decode_tok_s"),
@@ -248,7 +335,7 @@ pub fn run(a: Args) -> Result<()> {
     std::fs::write(
         &out,
         serde_json::to_vec_pretty(&serde_json::json!({
-            "model": model, "pages": what, "block_stream": a.block_stream, "n_gen": a.n_gen, "threads": a.threads, "rows": rows
+            "model": model, "pages": what, "block_stream": a.block_stream, "cold_ms": a.cold_ms, "n_gen": a.n_gen, "threads": a.threads, "rows": rows
         }))?,
     )?;
     println!("wrote {}", out.display());

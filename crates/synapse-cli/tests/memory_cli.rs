@@ -355,6 +355,16 @@ fn a_server_pages_experts_within_its_budget_with_the_same_text() {
         misses > 0.0 && evictions > 0.0,
         "{misses} misses, {evictions} evictions"
     );
+    // Reads advised ahead (each layer's misses, the router lookahead's predictions).
+    let (advised, predicted, used) = (
+        metric(&m, "synapse_expert_prefetches_total"),
+        metric(&m, "synapse_expert_predicted_total"),
+        metric(&m, "synapse_expert_predicted_used_total"),
+    );
+    assert!(
+        advised > 0.0 && predicted > 0.0 && used <= predicted,
+        "{advised} advised, {predicted} predicted, {used} used"
+    );
     let peak = srv.status_bytes("VmHWM:");
     assert!(metric(&m, "synapse_process_peak_resident_bytes") > 0.0);
     let used = peak - baseline;

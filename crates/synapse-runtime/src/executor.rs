@@ -772,6 +772,32 @@ impl Executor {
                 *x += *t;
             }
             tap(&mut self.tap, Stage::LOut, Some(il), n, &s.x[..n * hd]);
+            // Paged experts: the next layer's router over this layer's output predicts the
+            // experts it will use, and their reads start now (a prediction: no result
+            // depends on it).
+            if let (Some(p), Some(next)) = (self.pager.as_mut(), m.layers.get(il + 1))
+                && il + 1 < span.end
+                && p.prefetching()
+                && let FfnW::Moe(nm) = &next.ffn
+            {
+                norm_rows(
+                    &s.x[..n * hd],
+                    hd,
+                    &next.ffn_norm,
+                    ensure(&mut s.xn, n * hd),
+                    &mut self.ctx,
+                );
+                moe::predict(
+                    nm,
+                    &s.xn[..n * hd],
+                    &s.runs,
+                    hd,
+                    &mut s.moe,
+                    &mut self.ctx,
+                    p,
+                    moe_layer,
+                )?;
+            }
         }
 
         // Session bookkeeping.

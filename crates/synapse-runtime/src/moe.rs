@@ -248,6 +248,18 @@ pub(crate) fn forward(
             *c += 1;
         }
     }
+    // Residency: the lookahead's predictions for this layer are scored, and the reads of
+    // every routed expert not resident are advised at once (the kernel reads them all ahead
+    // while the first groups run), before the first miss reads its own.
+    if let Some((p, layer)) = pager.as_mut() {
+        let starts = &s.starts;
+        p.settle(*layer, |e| starts[e + 1] > starts[e]);
+        for e in 0..ne {
+            if starts[e + 1] > starts[e] {
+                p.prefetch(*layer, e);
+            }
+        }
+    }
     // Experts: one call per projection for all rows routed to it, in the one-row order. The
     // group buffers are sized for the largest group a pass can have (all its rows), so the
     // routing of later passes never makes them grow (steady decode allocates nothing).
@@ -378,6 +390,42 @@ pub(crate) fn forward(
         }
         for (y, &v) in y[..n * hd].iter_mut().zip(sy.iter()) {
             *y += v;
+        }
+    }
+    Ok(())
+}
+
+/// Router lookahead: the experts MoE block `m` (MoE layer `layer`) would route the rows `xn`
+/// to — `xn` the residual stream *before* the layers ahead of it have run, normed by its FFN
+/// norm — are handed to `pager` as predictions, whose reads it advises ahead
+/// ([`ExpertPager::predict`]). A prediction only: it changes no result, and nothing a result
+/// depends on (the router logits go to scratch the block itself rewrites).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn predict(
+    m: &MoeW,
+    xn: &[f32],
+    runs: &[(usize, OrderClass)],
+    hd: usize,
+    s: &mut MoeScratch,
+    ctx: &mut KernelCtx,
+    pager: &mut ExpertPager,
+    layer: usize,
+) -> Result<()> {
+    let n = xn.len() / hd;
+    let ne = m.experts.len();
+    let k = m.n_used.min(ne);
+    if n == 0 || k == 0 {
+        return Ok(());
+    }
+    let logits = ensure(&mut s.logits, n * ne);
+    linear(&m.router, xn, runs, logits, ctx)?;
+    // Either routing picks the largest logits (a softmax keeps their order).
+    for row in logits.chunks_exact(ne) {
+        s.order.clear();
+        s.order.extend(0..ne as u32);
+        sort_descending(&mut s.order, row);
+        for &e in &s.order[..k] {
+            pager.predict(layer, e as usize);
         }
     }
     Ok(())

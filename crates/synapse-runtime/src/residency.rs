@@ -60,6 +60,16 @@ pub struct PagingStats {
     pub evictions: u64,
     /// Bytes paged in.
     pub bytes_in: u64,
+    /// Reads advised ahead of use ([`ExpertPager::prefetch`]): experts (blocks) whose file
+    /// bytes the kernel was asked to bring into its page cache before they were needed.
+    pub prefetches: u64,
+    /// Misses whose reads had been advised ahead (the read then finds the page cache warm
+    /// when the advice was early enough).
+    pub prefetched_misses: u64,
+    /// Experts the router lookahead predicted for a later layer ([`ExpertPager::predict`]).
+    pub predicted: u64,
+    /// Of those, the ones the layer then routed rows to.
+    pub predicted_used: u64,
 }
 
 impl PagingStats {
@@ -89,6 +99,10 @@ struct Unit {
     last_use: u64,
     /// The use before `last_use` (0: none), kept while paged out too.
     prev_use: u64,
+    /// Its reads were advised ahead since its layer last ran.
+    advised: bool,
+    /// The router lookahead predicted it for its layer's next run.
+    predicted: bool,
 }
 
 /// A buffer a paged expert projection is copied into, lent to its matrix (64-byte aligned;
@@ -140,6 +154,8 @@ pub struct ExpertPager {
     page: usize,
     /// Misses read through the file (`pread`) rather than copying from the mapping.
     read_file: bool,
+    /// Reads of experts about to be used are advised ahead ([`Self::prefetch`]).
+    prefetch: bool,
     stats: PagingStats,
 }
 
@@ -182,6 +198,25 @@ fn unmap_pages(bytes: &[u8], page: usize, span: Option<(usize, usize)>) {
             libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_DONTNEED);
         }
     }
+}
+
+/// Asks the kernel to read `bytes` of a file mapping into its page cache ahead of use
+/// (`MADV_WILLNEED`, rounded out to whole pages within `span`, the extent of the file
+/// mapping the bytes lie in — [`extent`]): for a file mapping it starts readahead and
+/// returns at once, mapping nothing. `false` (nothing advised) for bytes outside a file
+/// mapping (`span` `None`).
+fn will_need(bytes: &[u8], page: usize, span: Option<(usize, usize)>) -> bool {
+    let Some(span) = span else { return false };
+    let start = bytes.as_ptr() as usize;
+    let lo = (start / page * page).max(span.0);
+    let hi = ((start + bytes.len()).div_ceil(page) * page).min(span.1);
+    if hi <= lo {
+        return false;
+    }
+    // SAFETY: [lo, hi) covers whole pages inside one live read-only file mapping (the
+    // caller holds a matrix borrowing it); MADV_WILLNEED only schedules readahead of the
+    // file's pages into the page cache.
+    unsafe { libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_WILLNEED) == 0 }
 }
 
 /// `dst` filled with `m`'s encoded bytes on the kernel pool's threads, each reading its
@@ -313,6 +348,8 @@ impl ExpertPager {
                     copy: None,
                     last_use: 0,
                     prev_use: 0,
+                    advised: false,
+                    predicted: false,
                 });
             }
         }
@@ -358,8 +395,81 @@ impl ExpertPager {
             clock: 0,
             page,
             read_file: true,
+            prefetch: true,
             stats: PagingStats::default(),
         })
+    }
+
+    /// Whether reads of experts about to be used are advised ahead ([`Self::prefetch`]; on by
+    /// default). Off, only the misses' own reads fetch: the same results either way.
+    pub fn set_prefetch(&mut self, on: bool) {
+        self.prefetch = on;
+    }
+
+    /// Whether reads are advised ahead ([`Self::set_prefetch`]).
+    pub fn prefetching(&self) -> bool {
+        self.prefetch
+    }
+
+    /// Asks the kernel to bring expert `expert` of MoE layer `layer` into its page cache ahead
+    /// of use, when it is not resident and not advised since its layer last ran:
+    /// `MADV_WILLNEED` over its three projections in the file mapping starts their
+    /// readahead and returns at once; nothing becomes mapped, so the process's resident
+    /// size does not change. A miss then reads from the page cache instead of waiting for
+    /// the disk. Returns whether a read was advised (never with prefetching off, or for an
+    /// expert outside a file mapping).
+    pub fn prefetch(&mut self, layer: usize, expert: usize) -> bool {
+        let i = layer * self.n_expert + expert;
+        let page = self.page;
+        let Some(u) = self.units.get_mut(i) else {
+            return false;
+        };
+        if !self.prefetch || u.copy.is_some() || u.advised {
+            return false;
+        }
+        let mut any = false;
+        for m in [&u.mapped.gate, &u.mapped.up, &u.mapped.down] {
+            any |= will_need(m.raw_bytes(), page, extent(m, page));
+        }
+        if any {
+            u.advised = true;
+            self.stats.prefetches += 1;
+        }
+        any
+    }
+
+    /// The router lookahead predicts that MoE layer `layer` will route rows to `expert`: its
+    /// reads are advised ahead ([`Self::prefetch`]) and the prediction is counted (scored
+    /// when the layer runs, [`Self::settle`]).
+    pub fn predict(&mut self, layer: usize, expert: usize) {
+        let i = layer * self.n_expert + expert;
+        if let Some(u) = self.units.get_mut(i)
+            && !u.predicted
+        {
+            u.predicted = true;
+            self.stats.predicted += 1;
+        }
+        self.prefetch(layer, expert);
+    }
+
+    /// MoE layer `layer` has routed (`routed(e)`: whether expert `e` got rows): predictions
+    /// for it are scored and cleared, and advice for experts it does not use is forgotten
+    /// (it may be stale by the layer's next run).
+    pub fn settle(&mut self, layer: usize, routed: impl Fn(usize) -> bool) {
+        let base = layer * self.n_expert;
+        for e in 0..self.n_expert {
+            let Some(u) = self.units.get_mut(base + e) else {
+                return;
+            };
+            let used = routed(e);
+            if u.predicted && used {
+                self.stats.predicted_used += 1;
+            }
+            u.predicted = false;
+            if !used {
+                u.advised = false;
+            }
+        }
     }
 
     /// Whether a miss reads the expert through the file (`pread`, the default: nothing gets
@@ -410,6 +520,9 @@ impl ExpertPager {
             return Ok(self.units[i].copy.as_ref().map(|c| &c.1));
         }
         self.stats.misses += 1;
+        if std::mem::take(&mut self.units[i].advised) {
+            self.stats.prefetched_misses += 1;
+        }
         let slot = match () {
             () if self.slots.len() < self.max_slots => {
                 let caps = self.slot_caps;

@@ -174,6 +174,74 @@ fn mapped_experts_stay_within_the_budget() {
     }
 }
 
+/// The router lookahead (the next MoE layer's router over a layer's output) and the advised
+/// reads of a layer's routed misses change no logit and map no page; they are counted — the
+/// predictions and how many the layer then used, the reads advised and the misses whose
+/// reads had been advised — and with prefetching off none happens.
+#[test]
+fn router_lookahead_prefetch_changes_nothing_but_when_bytes_are_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, path) = model(tmp.path());
+    let mut full = Executor::new(m.clone(), 2).unwrap();
+    let (want, _) = run(&mut full, &PROMPT, 24, &path);
+    for prefetch in [true, false] {
+        let mut ex = Executor::new(m.clone(), 2).unwrap();
+        ex.page_experts(Some(u64::MAX)).unwrap();
+        let total = ex.expert_pager().unwrap().total_bytes();
+        ex.page_experts(Some(total / 4)).unwrap();
+        let p = ex.expert_pager_mut().unwrap();
+        assert!(p.prefetching(), "on by default");
+        p.set_prefetch(prefetch);
+        let (got, peak) = run(&mut ex, &PROMPT, 24, &path);
+        assert_eq!(got, want, "prefetch {prefetch}: other logits");
+        // Advice maps nothing: the file's mapped pages stay what the weights outside the
+        // experts keep.
+        let allowed = outside_folios(&path);
+        assert!(
+            peak <= allowed,
+            "prefetch {prefetch}: {peak} B mapped, allowed {allowed}"
+        );
+        let st = ex.paging_stats().unwrap();
+        eprintln!(
+            "prefetch {prefetch}: {} predicted, {} of them used; {} reads advised; {} of {} \
+             misses advised ahead; mapped peak {:.1} MB (allowed {:.1})",
+            st.predicted,
+            st.predicted_used,
+            st.prefetches,
+            st.prefetched_misses,
+            st.misses,
+            peak as f64 / 1e6,
+            allowed as f64 / 1e6
+        );
+        if prefetch {
+            // Every pass predicts n_used experts per row for each MoE layer after the first.
+            assert!(
+                st.predicted > 0 && st.predicted_used <= st.predicted,
+                "{st:?}"
+            );
+            assert!(st.prefetches > 0, "{st:?}");
+            assert!(
+                st.prefetched_misses > 0 && st.prefetched_misses <= st.misses,
+                "{st:?}"
+            );
+            // A miss is advised at the latest when its layer routes, unless it was resident
+            // then and a miss of the same layer paged it out before its group ran (rare).
+            assert!(st.prefetched_misses * 10 >= st.misses * 9, "{st:?}");
+        } else {
+            assert_eq!(
+                (
+                    st.predicted,
+                    st.predicted_used,
+                    st.prefetches,
+                    st.prefetched_misses
+                ),
+                (0, 0, 0, 0),
+                "{st:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn an_engine_pages_experts_under_its_memory_budget_with_the_same_tokens() {
     let tmp = tempfile::tempdir().unwrap();

@@ -130,6 +130,13 @@ fn paged_blocks_give_the_same_logits() {
         };
         assert_eq!(st.evictions, evictions, "{what}: {st:?}");
         assert_eq!(st.bytes_in, misses * block, "uniform blocks");
+        // Each miss advised the next block's reads (a pass walks blocks in order): every
+        // miss but the very first was advised ahead.
+        assert_eq!(st.prefetched_misses, misses - 1, "{what}: {st:?}");
+        assert!(
+            st.prefetches >= st.prefetched_misses && st.prefetches <= misses,
+            "{what}: {st:?}"
+        );
         eprintln!(
             "{what} ({:.1} of {:.1} MB): {kept} kept, hit rate {:.3}, {} misses, {} \
              evictions, {:.1} MB paged in",

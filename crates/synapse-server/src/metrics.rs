@@ -118,6 +118,9 @@ pub fn render(stats: &EngineStats, info: &EngineInfo) -> String {
     counter!("synapse_expert_misses_total").absolute(stats.expert_misses);
     counter!("synapse_expert_evictions_total").absolute(stats.expert_evictions);
     counter!("synapse_expert_paged_in_bytes_total").absolute(stats.expert_bytes_in);
+    counter!("synapse_expert_prefetches_total").absolute(stats.expert_prefetches);
+    counter!("synapse_expert_predicted_total").absolute(stats.expert_predicted);
+    counter!("synapse_expert_predicted_used_total").absolute(stats.expert_predicted_used);
     counter!("synapse_block_hits_total").absolute(stats.block_hits);
     counter!("synapse_block_misses_total").absolute(stats.block_misses);
     counter!("synapse_block_evictions_total").absolute(stats.block_evictions);

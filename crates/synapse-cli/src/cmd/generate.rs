@@ -453,6 +453,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         "evictions": p.evictions,
                         "bytes_in": p.bytes_in,
                         "hit_rate": p.hit_rate(),
+                        "prefetches": p.prefetches,
+                        "prefetched_misses": p.prefetched_misses,
+                        "predicted": p.predicted,
+                        "predicted_used": p.predicted_used,
                     })),
                     "baseline_rss": baseline_rss,
                     "peak_rss": proc_status_bytes("VmHWM:"),
@@ -701,6 +705,13 @@ fn budget_memory(
         {
             p.set_stream_mapped(false);
         }
+        // `SYNAPSE_PREFETCH=off`: no block's reads are advised ahead (`bench-paging
+        // --prefetch off`).
+        if std::env::var("SYNAPSE_PREFETCH").is_ok_and(|v| v == "off")
+            && let Some(p) = exec.layer_pager_mut()
+        {
+            p.set_prefetch(false);
+        }
         return Ok(ledger);
     }
     let left = budget.saturating_sub(fixed);
@@ -717,6 +728,13 @@ fn budget_memory(
                 mb(experts_total)
             )
         })?;
+        // `SYNAPSE_PREFETCH=off` reads each miss only when it is needed (no router
+        // lookahead, no advised reads; for `bench-moe-paging --prefetch off`).
+        if std::env::var("SYNAPSE_PREFETCH").is_ok_and(|v| v == "off")
+            && let Some(p) = exec.expert_pager_mut()
+        {
+            p.set_prefetch(false);
+        }
     }
     Ok(ledger)
 }

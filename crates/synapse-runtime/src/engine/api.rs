@@ -411,6 +411,13 @@ pub struct EngineStats {
     pub expert_evictions: u64,
     /// Bytes of experts paged in.
     pub expert_bytes_in: u64,
+    /// Experts whose reads were advised ahead of use (the router lookahead's predictions and
+    /// each layer's routed misses).
+    pub expert_prefetches: u64,
+    /// Experts the router lookahead predicted for a later layer.
+    pub expert_predicted: u64,
+    /// Of those, the ones the layer then routed rows to.
+    pub expert_predicted_used: u64,
     /// A dense model's block uses (one per block per pass) that found it resident, under
     /// a memory budget its blocks do not fit whole.
     pub block_hits: u64,

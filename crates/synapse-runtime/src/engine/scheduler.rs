@@ -847,6 +847,10 @@ impl Scheduler {
             st.expert_misses.store(p.misses, Ordering::Relaxed);
             st.expert_evictions.store(p.evictions, Ordering::Relaxed);
             st.expert_bytes_in.store(p.bytes_in, Ordering::Relaxed);
+            st.expert_prefetches.store(p.prefetches, Ordering::Relaxed);
+            st.expert_predicted.store(p.predicted, Ordering::Relaxed);
+            st.expert_predicted_used
+                .store(p.predicted_used, Ordering::Relaxed);
         }
         if let Some(p) = exec.layer_pager().map(|p| p.stats()) {
             let st = &self.stats;

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use synapse_formats::GgmlType;
 use synapse_kernels::{KernelCtx, QuantMatrix};
 
-use super::{PagingStats, SlotBuf, extent, fill_slot, page_size, unmap_pages};
+use super::{PagingStats, SlotBuf, extent, fill_slot, page_size, unmap_pages, will_need};
 use crate::error::{Result, RuntimeError};
 use crate::load::{FfnW, LayerW, LinearW, Model};
 
@@ -66,6 +66,8 @@ struct Unit {
     types: [GgmlType; N],
     /// The block over its slot's buffers (norms and biases the model's) while resident.
     copy: Option<LayerW>,
+    /// Its reads were advised ahead since it last ran.
+    advised: bool,
 }
 
 /// Room for one resident block: seven buffers (made once, reused), and the block they hold.
@@ -105,6 +107,8 @@ pub struct LayerPager {
     resident: u64,
     page: usize,
     read_file: bool,
+    /// A miss advises the reads of the block after it ([`LayerPager::set_prefetch`]).
+    prefetch: bool,
     stats: PagingStats,
 }
 
@@ -200,6 +204,7 @@ impl LayerPager {
                 bytes,
                 types,
                 copy: None,
+                advised: false,
             });
         }
         let mut slot_caps = [0usize; N];
@@ -243,8 +248,44 @@ impl LayerPager {
             resident: 0,
             page,
             read_file: true,
+            prefetch: true,
             stats: PagingStats::default(),
         })
+    }
+
+    /// Whether a miss advises the reads of the block after it (on by default): a pass walks
+    /// blocks in order, so while block `i` runs, the kernel reads block `i + 1`'s bytes
+    /// into its page cache (`MADV_WILLNEED`: readahead, nothing mapped) and its miss does not
+    /// wait for the disk. The same results either way.
+    pub fn set_prefetch(&mut self, on: bool) {
+        self.prefetch = on;
+    }
+
+    /// Advises the reads of the block after `i` in a pass's cyclic order (after the last:
+    /// the first block that is not kept), when it is not resident and not advised already.
+    fn prefetch_after(&mut self, i: usize) {
+        let n = self.units.len();
+        if !self.prefetch || n == 0 {
+            return;
+        }
+        let next = if i + 1 < n {
+            i + 1
+        } else {
+            self.kept.min(n - 1)
+        };
+        let page = self.page;
+        let u = &mut self.units[next];
+        if u.copy.is_some() || u.advised || next == i {
+            return;
+        }
+        let mut any = false;
+        for l in linears(&u.mapped).expect("checked dense") {
+            any |= will_need(l.m.raw_bytes(), page, extent(&l.m, page));
+        }
+        if any {
+            u.advised = true;
+            self.stats.prefetches += 1;
+        }
     }
 
     /// Bytes of the projections of `model`'s dense blocks `layers` (what a pager over them
@@ -375,6 +416,10 @@ impl LayerPager {
             return Ok(self.units[i].copy.as_ref().expect("resident"));
         }
         self.stats.misses += 1;
+        if std::mem::take(&mut self.units[i].advised) {
+            self.stats.prefetched_misses += 1;
+        }
+        self.prefetch_after(i);
         if i >= self.kept && self.stream == Stream::Mapped {
             self.pending = Some(i);
             self.stats.bytes_in += self.units[i].bytes;
