@@ -25,7 +25,9 @@ use crate::profile::PrecisionProfile;
 enum Source<'a> {
     /// Shared so weight matrices can borrow the mapping instead of copying it.
     Gguf(Arc<GgufFile>),
-    Safetensors(SafetensorsModel),
+    /// Shared so weight matrices can borrow the mapping (when a tensor's bytes are the
+    /// encoding's and aligned for it) instead of copying it.
+    Safetensors(Arc<SafetensorsModel>),
     /// A Synapse package: verified, memory-mapped objects; tied aliases resolve to their
     /// stored target.
     Package(&'a PackageModel),
@@ -67,6 +69,45 @@ impl synapse_kernels::WeightSource for GgufTensor {
             return None;
         }
         match self.file.read_tensor_at(t, (base + at) as u64, dst) {
+            Ok(true) => Some(Ok(())),
+            Ok(false) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+}
+
+/// One tensor of a memory-mapped safetensors checkpoint (or the byte range `range` of it),
+/// lent to a [`QuantMatrix`] without a copy.
+struct SafetensorsTensor {
+    model: Arc<SafetensorsModel>,
+    shard: usize,
+    entry: synapse_formats::safetensors::SafetensorsEntry,
+    range: Option<std::ops::Range<usize>>,
+}
+
+impl synapse_kernels::WeightSource for SafetensorsTensor {
+    fn bytes(&self) -> &[u8] {
+        let all = self.model.shards()[self.shard].data(&self.entry);
+        match &self.range {
+            Some(r) => all.get(r.clone()).unwrap_or(&[]),
+            None => all,
+        }
+    }
+
+    fn mapping(&self) -> Option<&[u8]> {
+        self.model.shards()[self.shard].mapped_bytes()
+    }
+
+    fn read_at(&self, at: usize, dst: &mut [u8]) -> Option<std::io::Result<()>> {
+        let base = self.range.as_ref().map_or(0, |r| r.start);
+        let end = self
+            .range
+            .as_ref()
+            .map_or(self.entry.n_bytes as usize, |r| r.end);
+        if at.checked_add(dst.len()).is_none_or(|e| base + e > end) {
+            return None;
+        }
+        match self.model.shards()[self.shard].read_entry_at(&self.entry, (base + at) as u64, dst) {
             Ok(true) => Some(Ok(())),
             Ok(false) => None,
             Err(e) => Some(Err(e)),
@@ -145,6 +186,22 @@ impl Source<'_> {
         if let Source::Package(p) = self {
             let src = Arc::new(PackageTensor {
                 obj: p.tensor_object(&w.name)?,
+                range,
+            });
+            return Ok(QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?);
+        }
+        // A safetensors tensor whose stored type is the encoding, from a file's mapping and
+        // aligned for its elements (the kernels read weights as slices of them): borrowed.
+        if let Source::Safetensors(m) = self
+            && let Some((shard, e)) = m.locate(&w.name)
+            && e.dtype.ggml() == Some(w.encoding)
+            && m.shards()[shard].mapped_bytes().is_some()
+            && (part.as_ptr() as usize).is_multiple_of(e.dtype.size().max(1))
+        {
+            let src = Arc::new(SafetensorsTensor {
+                model: m.clone(),
+                shard,
+                entry: e.clone(),
                 range,
             });
             return Ok(QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?);
@@ -1070,7 +1127,7 @@ fn open_source(path: &Path) -> Result<(Source<'static>, SourceDesc)> {
             .map_err(|e| not_model(format!("config.json: {e}")))?;
         let m = SafetensorsModel::open(path)?;
         let desc = SourceDesc::from_safetensors(&cfg, &m)?;
-        return Ok((Source::Safetensors(m), desc));
+        return Ok((Source::Safetensors(Arc::new(m)), desc));
     }
     let mut magic = [0u8; 4];
     {
@@ -1090,5 +1147,5 @@ fn open_source(path: &Path) -> Result<(Source<'static>, SourceDesc)> {
         .map_err(|e| not_model(format!("not GGUF, and no config.json beside it: {e}")))?;
     let m = SafetensorsModel::open(path)?;
     let desc = SourceDesc::from_safetensors(&cfg, &m)?;
-    Ok((Source::Safetensors(m), desc))
+    Ok((Source::Safetensors(Arc::new(m)), desc))
 }

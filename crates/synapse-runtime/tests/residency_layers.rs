@@ -327,3 +327,47 @@ fn an_engine_pages_blocks_under_its_memory_budget_with_the_same_tokens() {
     };
     assert!(e.to_string().contains("memory budget"), "{e}");
 }
+
+/// A safetensors checkpoint loads lazily too: its projections borrow the file's mapping (not
+/// copied at load), a dense model's blocks page under a budget and a mixture of experts'
+/// routed experts page, each with the logits of the whole model run from its mapping, bit
+/// for bit.
+#[test]
+fn a_safetensors_checkpoint_loads_lazily_and_pages() {
+    let root = common::workspace_root().join("fixtures/tiny");
+    for family in ["llama", "olmoe"] {
+        let dir = root.join(family);
+        if !common::require(&dir.join("model.safetensors"), "tiny-model fixture") {
+            return;
+        }
+        let m = Arc::new(Model::load(&dir).unwrap());
+        let l = &m.layers[0];
+        assert!(
+            l.q.m.is_borrowed() && l.o.m.is_borrowed(),
+            "{family}: projections copied at load"
+        );
+        let file = dir.join("model.safetensors");
+        let (want, _) = run(&mut Executor::new(m.clone(), 2).unwrap(), 6, &file);
+        let mut ex = Executor::new(m.clone(), 2).unwrap();
+        if family == "llama" {
+            let blocks = m.layers.len();
+            let block = LayerPager::pageable_bytes(&m, 0..blocks) / blocks as u64;
+            ex.page_layers(Some(block + block / 2)).unwrap();
+        } else {
+            ex.page_experts(Some(u64::MAX)).unwrap();
+            let total = ex.expert_pager().unwrap().total_bytes();
+            ex.page_experts(Some(total / 2)).unwrap();
+        }
+        let (got, _) = run(&mut ex, 6, &file);
+        assert!(
+            got == want,
+            "{family}: paged from safetensors, other logits"
+        );
+        let st = ex
+            .paging_stats()
+            .or(ex.layer_pager().map(|p| p.stats()))
+            .unwrap();
+        assert!(st.misses > 0 && st.evictions > 0, "{family}: {st:?}");
+        eprintln!("{family} safetensors paged: {st:?}");
+    }
+}

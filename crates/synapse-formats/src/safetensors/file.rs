@@ -15,14 +15,15 @@ use crate::error::{FormatError, Result};
 pub const MAX_HEADER_LEN: u64 = 100_000_000;
 
 enum Backing {
-    Mmap(Mmap),
+    /// The file's mapping, and the file (for positional reads that touch no mapped page).
+    Mmap(Mmap, File),
     Bytes(Vec<u8>),
 }
 
 impl Backing {
     fn bytes(&self) -> &[u8] {
         match self {
-            Backing::Mmap(m) => m,
+            Backing::Mmap(m, _) => m,
             Backing::Bytes(b) => b,
         }
     }
@@ -84,7 +85,7 @@ impl SafetensorsFile {
             Backing::Bytes(Vec::new())
         } else {
             // SAFETY: read-only mapping; the file is assumed not to change while open.
-            Backing::Mmap(unsafe { Mmap::map(&file) }.map_err(io)?)
+            Backing::Mmap(unsafe { Mmap::map(&file) }.map_err(io)?, file)
         };
         Self::parse(backing, path.display().to_string())
     }
@@ -123,6 +124,44 @@ impl SafetensorsFile {
     /// Where this file came from (path or `<bytes>`).
     pub fn label(&self) -> &str {
         &self.label
+    }
+
+    /// The whole file mapping, for a file opened from disk (`None` for an in-memory image):
+    /// the extent within which a caller may drop an entry's mapped pages.
+    pub fn mapped_bytes(&self) -> Option<&[u8]> {
+        match &self.backing {
+            Backing::Mmap(m, _) => Some(m),
+            Backing::Bytes(_) => None,
+        }
+    }
+
+    /// Reads `dst.len()` bytes from byte `at` of entry `e` into `dst` through the file (a
+    /// positional read: the mapping's pages are not touched, so none becomes mapped).
+    /// `Ok(false)` for an in-memory image or a range outside the entry.
+    pub fn read_entry_at(
+        &self,
+        e: &SafetensorsEntry,
+        at: u64,
+        dst: &mut [u8],
+    ) -> std::io::Result<bool> {
+        let Backing::Mmap(_, file) = &self.backing else {
+            return Ok(false);
+        };
+        let end = at.checked_add(dst.len() as u64);
+        if end.is_none_or(|end| end > e.n_bytes) {
+            return Ok(false);
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileExt;
+            file.read_exact_at(dst, e.offset + at)?;
+            Ok(true)
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = file;
+            Ok(false)
+        }
     }
 
     fn parse(backing: Backing, label: String) -> Result<Self> {

@@ -210,6 +210,13 @@ impl SafetensorsModel {
         self.by_name.get(name).map(|&j| self.view(self.order[j]))
     }
 
+    /// Where a tensor lives: the index of its shard in [`Self::shards`] and its entry there.
+    pub fn locate(&self, name: &str) -> Option<(usize, &SafetensorsEntry)> {
+        let &j = self.by_name.get(name)?;
+        let (k, i) = self.order[j];
+        Some((k, &self.shards[k].entries()[i]))
+    }
+
     /// The union of the shards' `__metadata__` maps (first shard wins on conflicts).
     pub fn metadata(&self) -> BTreeMap<String, String> {
         let mut m = BTreeMap::new();
