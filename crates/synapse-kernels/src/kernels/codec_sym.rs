@@ -125,8 +125,22 @@ pub(crate) unsafe fn rows_scalar(
     }
 }
 
+/// The fold of [`fold`] on a register of 16 lanes: `(l + l+8)`, then `(v0+v4)`… as pairs.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+fn hsum(a: std::arch::x86_64::__m512) -> f32 {
+    use std::arch::x86_64::*;
+    let lo = _mm512_castps512_ps256(a);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    let v = _mm256_add_ps(lo, hi);
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
+
 /// [`rows_scalar`] on AVX-512 (F, BW, VBMI, VNNI), the same bits; up to 8 activation rows share
-/// each group's unpacking.
+/// each group's unpacking, and with one activation row four weight rows share its loads.
 ///
 /// # Safety
 /// As [`rows_scalar`], and the CPU has AVX-512 F, BW, VL, VBMI and VNNI.
@@ -162,6 +176,54 @@ pub(crate) unsafe fn rows_avx512(
         let idx = _mm512_loadu_si512(idx.as_ptr().cast());
         let ctl = _mm512_loadu_si512(ctl.as_ptr().cast());
         let cmask = _mm512_set1_epi8(((1u32 << b) - 1) as u8 as i8);
+        // The group's codes and its scale `d_w` (f16 → f32 is exact: the same value as the
+        // scalar path's).
+        let group = |grp: *const u8| {
+            let raw = _mm512_maskz_loadu_epi8(load_mask, grp.add(2).cast());
+            let codes = if b == 8 {
+                raw
+            } else {
+                let q = _mm512_permutexvar_epi8(idx, raw);
+                _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl, q), cmask)
+            };
+            let h = std::ptr::read_unaligned(grp.cast::<u16>());
+            let dw = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
+            (codes, dw)
+        };
+        // One activation row (decode): four weight rows at a time share each group's
+        // activation loads, and their four accumulators are independent chains. Each row's
+        // float order is the one-row path's.
+        let mut r = r0;
+        if n == 1 {
+            while r + 4 <= r1 {
+                let rows: [*const u8; 4] =
+                    std::array::from_fn(|j| w.as_ptr().add((r + j) * row_bytes));
+                let mut acc = [_mm512_setzero_ps(); 4];
+                for g in 0..ng {
+                    let pair = act.as_ptr().add(g * 2);
+                    let av = _mm512_inserti64x4(
+                        _mm512_castsi256_si512(_mm256_loadu_si256((*pair).qs.as_ptr().cast())),
+                        _mm256_loadu_si256((*pair.add(1)).qs.as_ptr().cast()),
+                        1,
+                    );
+                    let iv = _mm512_loadu_si512(init.as_ptr().add(g * 16).cast());
+                    let dav = _mm512_loadu_ps(da.as_ptr().add(g * 16));
+                    for (a, row) in acc.iter_mut().zip(rows) {
+                        let grp = row.add(g * gb);
+                        _mm_prefetch::<_MM_HINT_T1>(grp.wrapping_add(6144).cast());
+                        let (codes, dw) = group(grp);
+                        let lanes = _mm512_dpbusd_epi32(iv, codes, av);
+                        let d = _mm512_mul_ps(dw, dav);
+                        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), d, *a);
+                    }
+                }
+                for (j, a) in acc.iter().enumerate() {
+                    *y.add(r + j) = hsum(*a);
+                }
+                r += 4;
+            }
+        }
+        let r0 = r;
         let mut t0 = 0;
         while t0 < n {
             let nt = (n - t0).min(8);
@@ -171,16 +233,7 @@ pub(crate) unsafe fn rows_avx512(
                 for g in 0..ng {
                     let grp = row.add(g * gb);
                     _mm_prefetch::<_MM_HINT_T1>(grp.wrapping_add(6144).cast());
-                    let raw = _mm512_maskz_loadu_epi8(load_mask, grp.add(2).cast());
-                    let codes = if b == 8 {
-                        raw
-                    } else {
-                        let q = _mm512_permutexvar_epi8(idx, raw);
-                        _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl, q), cmask)
-                    };
-                    let dw = _mm512_set1_ps(
-                        f16::from_bits(std::ptr::read_unaligned(grp.cast::<u16>())).to_f32(),
-                    );
+                    let (codes, dw) = group(grp);
                     for (k, a) in acc.iter_mut().enumerate().take(nt) {
                         let t = t0 + k;
                         let pair = act.as_ptr().add((t * ng + g) * 2);
@@ -197,13 +250,7 @@ pub(crate) unsafe fn rows_avx512(
                     }
                 }
                 for (k, a) in acc.iter().enumerate().take(nt) {
-                    let lo = _mm512_castps512_ps256(*a);
-                    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(*a), 1));
-                    let v = _mm256_add_ps(lo, hi);
-                    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-                    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-                    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-                    *y.add((t0 + k) * ystride + r) = _mm_cvtss_f32(s);
+                    *y.add((t0 + k) * ystride + r) = hsum(*a);
                 }
             }
             t0 += nt;
