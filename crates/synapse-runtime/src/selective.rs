@@ -21,6 +21,7 @@
 use std::time::Instant;
 
 use crate::error::{Result, RuntimeError};
+use crate::escalation::finish;
 use crate::executor::{Executor, Row};
 use crate::generate::{Commit, GenerateParams, Generated, StopReason, Timings, prefill};
 use crate::head_draft::Shortlist;
@@ -225,17 +226,7 @@ pub fn generate_selective(
         pos += 1;
         timings.decode_tokens += 1;
     };
-    c.finish(stop, on_text);
-    timings.decode_s = t1.elapsed().as_secs_f64();
-    Ok((
-        Generated {
-            tokens: std::mem::take(&mut c.out),
-            reused_prefix: reused,
-            stop,
-            timings,
-        },
-        stats,
-    ))
+    Ok((finish(&mut c, stop, reused, timings, t1, on_text), stats))
 }
 
 /// The source's logits for the next position after `prompt` + `out`: its slot is brought up
@@ -416,15 +407,5 @@ pub fn generate_selective_head(
         pos += 1;
         timings.decode_tokens += 1;
     };
-    c.finish(stop, on_text);
-    timings.decode_s = t1.elapsed().as_secs_f64();
-    Ok((
-        Generated {
-            tokens: std::mem::take(&mut c.out),
-            reused_prefix: reused,
-            stop,
-            timings,
-        },
-        stats,
-    ))
+    Ok((finish(&mut c, stop, reused, timings, t1, on_text), stats))
 }
