@@ -200,13 +200,15 @@ fn unmap_pages(bytes: &[u8], page: usize, span: Option<(usize, usize)>) {
     }
 }
 
-/// Asks the kernel to read `bytes` of a file mapping into its page cache ahead of use
-/// (`MADV_WILLNEED`, rounded out to whole pages within `span`, the extent of the file
-/// mapping the bytes lie in — [`extent`]): for a file mapping it starts readahead and
-/// returns at once, mapping nothing. `false` (nothing advised) for bytes outside a file
-/// mapping (`span` `None`).
-fn will_need(bytes: &[u8], page: usize, span: Option<(usize, usize)>) -> bool {
-    let Some(span) = span else { return false };
+/// Asks the kernel to read `m`'s bytes into its page cache ahead of use (`MADV_WILLNEED`,
+/// rounded out to whole pages within the extent of the file mapping they lie in —
+/// [`extent`]): for a file mapping it starts readahead and returns at once, mapping nothing.
+/// `false` (nothing advised) for a matrix that is not a file mapping's.
+fn will_need(m: &QuantMatrix, page: usize) -> bool {
+    let bytes = m.raw_bytes();
+    let Some(span) = extent(m, page) else {
+        return false;
+    };
     let start = bytes.as_ptr() as usize;
     let lo = (start / page * page).max(span.0);
     let hi = ((start + bytes.len()).div_ceil(page) * page).min(span.1);
@@ -429,7 +431,7 @@ impl ExpertPager {
         }
         let mut any = false;
         for m in [&u.mapped.gate, &u.mapped.up, &u.mapped.down] {
-            any |= will_need(m.raw_bytes(), page, extent(m, page));
+            any |= will_need(m, page);
         }
         if any {
             u.advised = true;

@@ -279,6 +279,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?),
         None => None,
     };
+    // `SYNAPSE_PREFETCH=off`: a pager reads each miss only when it is needed (no router
+    // lookahead, no reads advised ahead; for `bench-moe-paging --prefetch off`).
+    if std::env::var("SYNAPSE_PREFETCH").is_ok_and(|v| v == "off") {
+        if let Some(p) = exec.expert_pager_mut() {
+            p.set_prefetch(false);
+        }
+        if let Some(p) = exec.layer_pager_mut() {
+            p.set_prefetch(false);
+        }
+    }
     let params = GenerateParams {
         max_tokens: args.n,
         sampling: SamplingParams {
@@ -705,13 +715,6 @@ fn budget_memory(
         {
             p.set_stream_mapped(false);
         }
-        // `SYNAPSE_PREFETCH=off`: no block's reads are advised ahead (`bench-paging
-        // --prefetch off`).
-        if std::env::var("SYNAPSE_PREFETCH").is_ok_and(|v| v == "off")
-            && let Some(p) = exec.layer_pager_mut()
-        {
-            p.set_prefetch(false);
-        }
         return Ok(ledger);
     }
     let left = budget.saturating_sub(fixed);
@@ -728,13 +731,6 @@ fn budget_memory(
                 mb(experts_total)
             )
         })?;
-        // `SYNAPSE_PREFETCH=off` reads each miss only when it is needed (no router
-        // lookahead, no advised reads; for `bench-moe-paging --prefetch off`).
-        if std::env::var("SYNAPSE_PREFETCH").is_ok_and(|v| v == "off")
-            && let Some(p) = exec.expert_pager_mut()
-        {
-            p.set_prefetch(false);
-        }
     }
     Ok(ledger)
 }

@@ -280,7 +280,7 @@ impl LayerPager {
         }
         let mut any = false;
         for l in linears(&u.mapped).expect("checked dense") {
-            any |= will_need(l.m.raw_bytes(), page, extent(&l.m, page));
+            any |= will_need(&l.m, page);
         }
         if any {
             u.advised = true;
