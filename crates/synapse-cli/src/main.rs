@@ -43,6 +43,9 @@ enum Command {
     Ablate(cmd::ablate::Args),
     /// Show the precision profile `--budget` / `--profile` selects, tensor by tensor.
     Profile(cmd::profile::Args),
+    /// Refine a budget's profile by the KL divergence it measures on calibration text, and save
+    /// it for `--profile FILE`.
+    Refine(cmd::refine::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (llama-server's flags).
     Serve(cmd::serve::Args),
     /// Join a cluster as a worker: register on etcd, run the plan's replica or layer range.
@@ -72,6 +75,7 @@ fn main() -> anyhow::Result<()> {
         Command::Importance(a) => cmd::importance::run(a),
         Command::Ablate(a) => cmd::ablate::run(a),
         Command::Profile(a) => cmd::profile::run(a),
+        Command::Refine(a) => cmd::refine::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Worker(a) => cmd::worker::run(a),
     }

@@ -272,3 +272,127 @@ fn a_budget_runs_the_stored_maps_profile_and_bad_requests_are_refused() {
     ));
     assert!(e.contains("synapse-cli importance"), "{e}");
 }
+
+#[test]
+fn refine_saves_a_measured_profile_that_profile_file_runs() {
+    let llama = root().join("fixtures/tiny/llama/model.q8_0.gguf");
+    let qwen = root().join("fixtures/tiny/qwen2/model.q8_0.gguf");
+    if !synapse_testdata::require(&llama, "tiny-model fixture") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("calibration.txt");
+    let words: Vec<String> = (0..600)
+        .map(|i| format!("word{} and more", i % 89))
+        .collect();
+    std::fs::write(&text, words.join(" ")).unwrap();
+    let (m, t) = (llama.to_str().unwrap(), text.to_str().unwrap());
+    let r = cli(
+        dir.path(),
+        &[
+            "importance",
+            "-m",
+            m,
+            "--calib",
+            t,
+            "--tokens",
+            "256",
+            "--ctx",
+            "32",
+            "--rows",
+            "64",
+            "--kl-chunks",
+            "1",
+        ],
+    );
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let out = dir.path().join("refined.json");
+    let o = out.to_str().unwrap();
+    let refine = |budget: &str| {
+        cli(
+            dir.path(),
+            &[
+                "refine", "-m", m, "--budget", budget, "--calib", t, "--ctx", "32", "--chunks",
+                "2", "--evals", "12", "-o", o, "--json",
+            ],
+        )
+    };
+    let j = json(&refine("60%"));
+    let (kl, best) = (
+        j["kl"].as_f64().unwrap(),
+        j["select_best_kl"].as_f64().unwrap(),
+    );
+    assert!(kl > 0.0 && kl <= best, "{kl} vs the selector's {best}");
+    assert!(j["resident_bytes"].as_u64().unwrap() <= j["budget_bytes"].as_u64().unwrap());
+    let evals = j["evaluations"].as_array().unwrap();
+    assert!(!evals.is_empty() && evals.len() <= 12);
+
+    // The file runs: the bytes it says, and the KL it measured on the same chunks.
+    let g = json(&cli(
+        dir.path(),
+        &[
+            "generate",
+            "-m",
+            m,
+            "--profile",
+            o,
+            "--json",
+            "-n",
+            "4",
+            "hello",
+        ],
+    ));
+    assert_eq!(g["weight_bytes"], j["resident_bytes"]);
+    let ppl = json(&cli(
+        dir.path(),
+        &[
+            "perplexity",
+            "-m",
+            m,
+            "-f",
+            t,
+            "--ctx",
+            "32",
+            "--chunks",
+            "2",
+            "--profile",
+            o,
+            "--json",
+        ],
+    ));
+    assert_eq!(ppl["kl"].as_f64().unwrap().to_bits(), kl.to_bits());
+    assert_eq!(ppl["profile"], g["profile"]);
+
+    // Another model's file, a missing file, a budget below every profile.
+    let e = err(&cli(
+        dir.path(),
+        &[
+            "generate",
+            "-m",
+            qwen.to_str().unwrap(),
+            "--profile",
+            o,
+            "-n",
+            "2",
+            "hi",
+        ],
+    ));
+    assert!(e.contains("was made for the model"), "{e}");
+    let missing = dir.path().join("nope.json");
+    let e = err(&cli(
+        dir.path(),
+        &[
+            "generate",
+            "-m",
+            m,
+            "--profile",
+            missing.to_str().unwrap(),
+            "-n",
+            "2",
+            "hi",
+        ],
+    ));
+    assert!(e.contains("saved profile's file"), "{e}");
+    let e = err(&refine("1"));
+    assert!(e.contains("below the smallest possible total"), "{e}");
+}

@@ -46,6 +46,7 @@ pub mod pipeline;
 pub mod precision;
 pub mod profile;
 pub mod promotion;
+pub mod refine;
 pub mod residency;
 pub mod sampling;
 pub mod selective;

@@ -66,6 +66,64 @@ pub fn log_softmax(logits: &[f32], tok: usize) -> f64 {
     f64::from(logits[tok] - max) - sum.ln()
 }
 
+/// Runs one chunk of `p.ctx` tokens through `exec` in slot 0 of `kv` (opened afresh), in passes
+/// of at most `p.batch` rows, its first token replaced by `p.bos`, and writes the logits of the
+/// rows from `ctx / 2` on into `out` (`(ctx − ctx / 2) · vocab` values). `rows` is scratch.
+pub(crate) fn chunk_logits(
+    exec: &mut Executor,
+    kv: &mut KvCache,
+    chunk: &[u32],
+    p: &PerplexityParams,
+    rows: &mut Vec<Row>,
+    out: &mut [f32],
+) -> Result<()> {
+    let ctx = p.ctx;
+    let batch = p.batch.clamp(1, ctx);
+    let first = ctx / 2;
+    kv.open(0)?;
+    let mut got = 0;
+    for b0 in (0..ctx).step_by(batch) {
+        let b1 = (b0 + batch).min(ctx);
+        rows.clear();
+        rows.extend((b0..b1).map(|pos| Row {
+            slot: 0,
+            pos: pos as u32,
+            token: match (pos, p.bos) {
+                (0, Some(bos)) => bos,
+                _ => chunk[pos],
+            },
+            logits: pos >= first,
+            order: prompt_order(pos, ctx, batch),
+        }));
+        let o = exec.forward(kv, rows)?;
+        out[got..got + o.len()].copy_from_slice(o);
+        got += o.len();
+    }
+    Ok(())
+}
+
+/// The checks [`perplexity_against`] makes of `p` against a text of `n_tokens`: a chunk of at
+/// least 2 tokens, and at least two chunks' worth of text.
+pub(crate) fn check_chunks(p: &PerplexityParams, n_tokens: usize) -> Result<()> {
+    let ctx = p.ctx;
+    if ctx < 2 {
+        return Err(RuntimeError::InvalidParam {
+            name: "ctx",
+            reason: format!("{ctx}: a chunk needs at least 2 tokens"),
+        });
+    }
+    if n_tokens < 2 * ctx {
+        return Err(RuntimeError::InvalidParam {
+            name: "ctx",
+            reason: format!(
+                "the text has {n_tokens} tokens; perplexity with a context of {ctx} needs at least {}",
+                2 * ctx
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Runs `tokens` through `exec` chunk by chunk and scores them (see the module docs);
 /// `on_chunk(i, running_ppl)` after each chunk.
 pub fn perplexity(
@@ -88,22 +146,7 @@ pub fn perplexity_against(
     mut on_chunk: impl FnMut(usize, f64),
 ) -> Result<PerplexityResult> {
     let ctx = p.ctx;
-    if ctx < 2 {
-        return Err(RuntimeError::InvalidParam {
-            name: "ctx",
-            reason: format!("{ctx}: a chunk needs at least 2 tokens"),
-        });
-    }
-    if tokens.len() < 2 * ctx {
-        return Err(RuntimeError::InvalidParam {
-            name: "ctx",
-            reason: format!(
-                "the text has {} tokens; perplexity with a context of {ctx} needs at least {}",
-                tokens.len(),
-                2 * ctx
-            ),
-        });
-    }
+    check_chunks(p, tokens.len())?;
     let batch = p.batch.clamp(1, ctx);
     let vocab = exec.model().vocab();
     let n_chunk = (tokens.len() / ctx).min(p.max_chunks.unwrap_or(usize::MAX));
@@ -139,31 +182,9 @@ pub fn perplexity_against(
     let mut rows = Vec::with_capacity(batch);
     for c in 0..n_chunk {
         let chunk = &tokens[c * ctx..(c + 1) * ctx];
-        kv.open(0)?;
-        if let Some(k) = ref_kv.as_mut() {
-            k.open(0)?;
-        }
-        let mut got = 0;
-        for b0 in (0..ctx).step_by(batch) {
-            let b1 = (b0 + batch).min(ctx);
-            rows.clear();
-            rows.extend((b0..b1).map(|pos| Row {
-                slot: 0,
-                pos: pos as u32,
-                token: match (pos, p.bos) {
-                    (0, Some(bos)) => bos,
-                    _ => chunk[pos],
-                },
-                logits: pos >= first,
-                order: prompt_order(pos, ctx, batch),
-            }));
-            let out = exec.forward(&mut kv, &rows)?;
-            logits[got..got + out.len()].copy_from_slice(out);
-            if let (Some(r), Some(k)) = (reference.as_deref_mut(), ref_kv.as_mut()) {
-                let o = r.forward(k, &rows)?;
-                ref_logits[got..got + o.len()].copy_from_slice(o);
-            }
-            got += out.len();
+        chunk_logits(exec, &mut kv, chunk, p, &mut rows, &mut logits)?;
+        if let (Some(r), Some(k)) = (reference.as_deref_mut(), ref_kv.as_mut()) {
+            chunk_logits(r, k, chunk, p, &mut rows, &mut ref_logits)?;
         }
         for i in 0..ctx - 1 - first {
             let row = &logits[i * vocab..(i + 1) * vocab];

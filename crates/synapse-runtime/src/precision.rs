@@ -12,6 +12,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 use synapse_codecs::EncodingId;
 use synapse_selector::{Constraints, Profile, Selector};
 use synapse_sensitivity::ImportanceMap;
@@ -105,6 +107,8 @@ pub enum Precision {
     Source,
     /// One Synapse encoding for every linear and routed expert.
     Uniform(EncodingId),
+    /// A profile saved to a file (`synapse-cli refine -o`), checked against the model.
+    Saved(Box<SavedProfile>),
     /// The selector's profile for a budget, from the model's importance map.
     Budget {
         /// The budget.
@@ -133,6 +137,49 @@ impl Precision {
             reason: format!("{id:?}: {e}"),
         })?;
         Ok(Precision::Uniform(id))
+    }
+}
+
+/// The format tag of a [`SavedProfile`] this build writes and reads.
+pub const SAVED_PROFILE_FORMAT: &str = "synapse.saved-profile.v1";
+
+/// A precision profile kept in a file, for the model it was made for: what `synapse-cli
+/// refine` writes and `--profile FILE` runs. Tensors it does not name stay at the source.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedProfile {
+    /// [`SAVED_PROFILE_FORMAT`].
+    pub format: String,
+    /// The IR fingerprint of the model the profile is for.
+    pub model_fingerprint: String,
+    /// The profile.
+    pub profile: Profile,
+    /// Resident weight bytes when it runs (the profile's and every weight outside it).
+    pub resident_bytes: u64,
+    /// How it was made (`refine`: the budget, the text, the measurements), for people.
+    pub made_by: String,
+    /// Its KL divergence from the source measured where it was made, when it was.
+    pub measured_kl: Option<f64>,
+}
+
+impl SavedProfile {
+    /// Parses a saved profile's JSON; another format or a malformed file is an error.
+    pub fn from_json(bytes: &[u8]) -> Result<Self> {
+        let bad = |why: String| RuntimeError::InvalidParam {
+            name: "profile",
+            reason: format!("not a saved precision profile: {why}"),
+        };
+        let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
+        match v.get("format").and_then(|f| f.as_str()) {
+            Some(SAVED_PROFILE_FORMAT) => {}
+            Some(f) => {
+                return Err(bad(format!(
+                    "format {f:?}, this build reads {SAVED_PROFILE_FORMAT:?}"
+                )));
+            }
+            None => return Err(bad("no \"format\" field".into())),
+        }
+        serde_json::from_value(v).map_err(|e| bad(e.to_string()))
     }
 }
 
@@ -176,6 +223,41 @@ pub(crate) fn mapped_bytes(model: &Model, map: &ImportanceMap) -> Result<u64> {
         total += t.source_bytes;
     }
     Ok(total)
+}
+
+/// A whole-model budget of `want` bytes split for the selector: the bytes of the weights `map`
+/// does not cover (fixed), and what is left for the mapped linears; a budget below the fixed
+/// weights and the map's smallest profile is [`SelectorError::BudgetTooSmall`] with the
+/// whole-model minimum.
+///
+/// [`SelectorError::BudgetTooSmall`]: synapse_selector::SelectorError::BudgetTooSmall
+pub(crate) fn linear_budget(model: &Model, map: &ImportanceMap, want: u64) -> Result<(u64, u64)> {
+    let all = model.weight_bytes() as u64;
+    let mapped = mapped_bytes(model, map)?;
+    let fixed = all - mapped.min(all);
+    let sel = Selector::new(map, &Constraints::default())?;
+    let minimum = sel.minimum_bytes();
+    match want.checked_sub(fixed) {
+        Some(linear) if linear >= minimum => Ok((fixed, linear)),
+        _ => Err(synapse_selector::SelectorError::BudgetTooSmall {
+            budget: want,
+            minimum: fixed + minimum,
+        }
+        .into()),
+    }
+}
+
+/// A selector error for the mapped linears, restated for the whole model (`fixed` bytes more).
+fn budget_error(e: synapse_selector::SelectorError, fixed: u64) -> synapse_selector::SelectorError {
+    match e {
+        synapse_selector::SelectorError::BudgetTooSmall { budget, minimum } => {
+            synapse_selector::SelectorError::BudgetTooSmall {
+                budget: budget + fixed,
+                minimum: minimum + fixed,
+            }
+        }
+        e => e,
+    }
 }
 
 /// `model` running `profile`: every assignment that is not the tensor's source encoding
@@ -231,29 +313,50 @@ pub fn apply(model: &Arc<Model>, p: &Precision, cache: Option<&VariantCache>) ->
                 variants,
             })
         }
+        Precision::Saved(saved) => {
+            if saved.model_fingerprint != model.ir.fingerprint {
+                return Err(RuntimeError::InvalidParam {
+                    name: "profile",
+                    reason: format!(
+                        "the saved profile was made for the model with fingerprint {}, not \
+                         this one ({})",
+                        saved.model_fingerprint, model.ir.fingerprint
+                    ),
+                });
+            }
+            let lin: BTreeMap<String, u64> = crate::importance::linears(model)
+                .into_iter()
+                .map(|(n, m)| (n, m.weight_bytes() as u64))
+                .collect();
+            let mut mapped = 0u64;
+            for name in saved.profile.assignments.keys() {
+                mapped += lin.get(name).ok_or_else(|| RuntimeError::InvalidParam {
+                    name: "profile",
+                    reason: format!("the saved profile names {name:?}, not a linear of this model"),
+                })?;
+            }
+            let (run, variants) = model_for_profile(
+                model,
+                &saved.profile,
+                |n| model.profile.encodings.get(n),
+                cache,
+            )?;
+            Ok(Applied {
+                model: run,
+                profile: Some(saved.profile.clone()),
+                fixed_bytes: all - mapped.min(all),
+                variants,
+            })
+        }
         Precision::Budget { budget, map } => {
-            let mapped = mapped_bytes(model, map)?;
-            let fixed = all - mapped.min(all);
-            let want = budget.bytes(all);
+            let (fixed, linear_budget) = linear_budget(model, map, budget.bytes(all))?;
             // Every option the map holds is a codec this build runs (checked with the
             // fingerprint in `mapped_bytes`), and the source encodings are the model's own: no
             // constraint beyond the map.
             let sel = Selector::new(map, &Constraints::default())?;
-            let linear_budget =
-                want.checked_sub(fixed)
-                    .ok_or(synapse_selector::SelectorError::BudgetTooSmall {
-                        budget: want,
-                        minimum: fixed + sel.minimum_bytes(),
-                    })?;
-            let profile = sel.select_best(linear_budget).map_err(|e| match e {
-                synapse_selector::SelectorError::BudgetTooSmall { minimum, .. } => {
-                    synapse_selector::SelectorError::BudgetTooSmall {
-                        budget: want,
-                        minimum: minimum + fixed,
-                    }
-                }
-                e => e,
-            })?;
+            let profile = sel
+                .select_best(linear_budget)
+                .map_err(|e| budget_error(e, fixed))?;
             let (run, variants) = model_for_profile(
                 model,
                 &profile,

@@ -284,9 +284,10 @@ pub struct PrecisionArgs {
     /// least-distortion profile from the model's importance map (`synapse-cli importance`).
     #[arg(long, conflicts_with = "profile")]
     pub budget: Option<String>,
-    /// `source` (the default), or `uniform:ENCODING` for one Synapse encoding on every linear
-    /// (e.g. `uniform:syn.q4.symmetric.g64.v1`).
-    #[arg(long, value_name = "source|uniform:ENCODING")]
+    /// `source` (the default), `uniform:ENCODING` for one Synapse encoding on every linear
+    /// (e.g. `uniform:syn.q4.symmetric.g64.v1`), or a saved profile's file (`synapse-cli refine
+    /// -o FILE`), made for this model.
+    #[arg(long, value_name = "source|uniform:ENCODING|FILE")]
     pub profile: Option<String>,
     /// The importance map `--budget` selects from (default: the package's own map when
     /// `--model` is a package that carries one, else the one `synapse-cli importance` stored
@@ -297,6 +298,19 @@ pub struct PrecisionArgs {
     /// the store's variant cache.
     #[arg(long)]
     pub no_variant_cache: bool,
+}
+
+/// `--profile`'s value: `source`, `uniform:ENCODING`, or the path of a saved profile.
+pub fn parse_profile(spec: &str) -> anyhow::Result<synapse_runtime::precision::Precision> {
+    use synapse_runtime::precision::{Precision, SavedProfile};
+    if spec != "source" && !spec.starts_with("uniform:") && Path::new(spec).is_file() {
+        let bytes = std::fs::read(spec).with_context(|| format!("reading {spec}"))?;
+        let saved = SavedProfile::from_json(&bytes).with_context(|| format!("--profile {spec}"))?;
+        return Ok(Precision::Saved(Box::new(saved)));
+    }
+    Precision::parse_profile(spec).with_context(|| {
+        format!("--profile {spec:?}: not `source`, `uniform:ENCODING` or a saved profile's file")
+    })
 }
 
 /// What [`PrecisionArgs::apply`] made, and how long it took.
@@ -375,7 +389,7 @@ impl PrecisionArgs {
                 budget,
                 map: Box::new(map),
             },
-            (None, Some(spec)) => Precision::parse_profile(spec)?,
+            (None, Some(spec)) => parse_profile(spec)?,
             (None, None) => Precision::Source,
         };
         let t0 = std::time::Instant::now();

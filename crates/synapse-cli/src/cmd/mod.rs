@@ -10,6 +10,7 @@ pub mod load;
 pub mod models;
 pub mod perplexity;
 pub mod profile;
+pub mod refine;
 pub mod serve;
 pub mod tensor;
 pub mod tokenize;
