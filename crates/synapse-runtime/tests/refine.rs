@@ -7,8 +7,6 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use synapse_runtime::perplexity::{PerplexityParams, perplexity_against};
 use synapse_runtime::precision::{Budget, Precision, SAVED_PROFILE_FORMAT, SavedProfile, apply};
 use synapse_runtime::refine::{KlProbe, RefineParams, refine};
