@@ -45,6 +45,11 @@ pub struct Args {
     /// llama.cpp re-quantizations to compare (llama_ftype suffixes; empty: none).
     #[arg(long, value_delimiter = ',', default_value = "Q4_K_M,Q3_K_M,Q2_K")]
     llama_quants: Vec<String>,
+    /// Also refine each importance-driven profile by measurement (`synapse-cli refine
+    /// --evals N` on the calibration text; its file under `<target>/refined/`) and add its row
+    /// (0: no refined rows).
+    #[arg(long, default_value_t = 0)]
+    refine: usize,
     /// Use this synapse-cli binary instead of building one.
     #[arg(long)]
     synapse_bin: Option<PathBuf>,
@@ -172,6 +177,30 @@ pub fn run(a: Args) -> Result<()> {
             .args(extra);
         run_json(&mut c)
     };
+    // `synapse-cli refine` for a budget: the saved profile's path.
+    let refined = |wb: u64| -> Result<String> {
+        let dir = crate::bench_vs_llama::target_dir().join("refined");
+        std::fs::create_dir_all(&dir)?;
+        let name = a.model.as_deref().unwrap_or("default").replace('/', "_");
+        let out = dir.join(format!("{name}-{wb}.json"));
+        eprintln!("bench-precision: refine {wb} -> {} ...", out.display());
+        let mut c = base("refine");
+        c.arg("--budget")
+            .arg(wb.to_string())
+            .arg("--calib")
+            .arg(text.join("calibration.txt"))
+            .arg("--evals")
+            .arg(a.refine.to_string())
+            .arg("-o")
+            .arg(&out)
+            .arg("--json");
+        let j = run_json(&mut c)?;
+        eprintln!(
+            "bench-precision: refined KL on calibration text {} (the selector's {}), {} measurements",
+            j["kl"], j["select_best_kl"], j["evaluations"].as_array().map_or(0, Vec::len)
+        );
+        Ok(out.to_string_lossy().into_owned())
+    };
     if a.llama_quants.iter().any(|q| !q.is_empty()) {
         // Fail now, not after the Synapse rows, when the oracle venv is missing.
         crate::oracle_env::python()?;
@@ -214,6 +243,14 @@ pub fn run(a: Args) -> Result<()> {
             format!("budget {wb} (importance)"),
             vec!["--budget".into(), wb.to_string()],
         )?;
+        if a.refine > 0 {
+            let file = refined(wb)?;
+            measure(
+                &mut rows,
+                format!("budget {wb} (importance, refined)"),
+                vec!["--profile".into(), file],
+            )?;
+        }
     }
     if !a.llama_quants.iter().all(|q| q.is_empty()) {
         let src = {
