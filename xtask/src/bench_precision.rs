@@ -197,7 +197,9 @@ pub fn run(a: Args) -> Result<()> {
         let j = run_json(&mut c)?;
         eprintln!(
             "bench-precision: refined KL on calibration text {} (the selector's {}), {} measurements",
-            j["kl"], j["select_best_kl"], j["evaluations"].as_array().map_or(0, Vec::len)
+            j["kl"],
+            j["select_best_kl"],
+            j["evaluations"].as_array().map_or(0, Vec::len)
         );
         Ok(out.to_string_lossy().into_owned())
     };

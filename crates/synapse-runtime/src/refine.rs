@@ -400,29 +400,35 @@ pub fn refine(
 
     // 1. Candidates.
     let mut candidates: Vec<(String, Levels)> = vec![("select_best".into(), s.levels_of(&best))];
-    // Encodings in every tensor's options, smallest in total first.
-    let mut totals: BTreeMap<&str, (u64, usize)> = BTreeMap::new();
+    // Every encoding of the map, smallest per source byte first (over the tensors that have
+    // it); those every tensor has, for the uniform candidate.
+    let mut totals: BTreeMap<&str, (u64, u64, usize)> = BTreeMap::new();
     for t in map.tensors.values() {
         for o in &t.options {
             let e = totals.entry(o.encoding.as_str()).or_default();
             e.0 += o.bytes;
-            e.1 += 1;
+            e.1 += t.source_bytes;
+            e.2 += 1;
         }
     }
-    let mut shared: Vec<(&str, u64)> = totals
+    let mut by_size: Vec<(&str, f64)> = totals
         .iter()
-        .filter(|(_, (_, n))| *n == map.tensors.len())
-        .map(|(e, (b, _))| (*e, *b))
+        .map(|(e, &(b, src, _))| (*e, b as f64 / src.max(1) as f64))
         .collect();
-    shared.sort_by_key(|&(e, b)| (b, e));
+    by_size.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(b.0)));
+    let shared: Vec<(&str, u64)> = by_size
+        .iter()
+        .filter(|(e, _)| totals[e].2 == map.tensors.len())
+        .map(|(e, _)| (*e, totals[e].0))
+        .collect();
     let sources: BTreeSet<String> = map
         .tensors
         .values()
         .map(|t| t.source_encoding.clone())
         .collect();
     let every: BTreeSet<String> = totals.keys().map(|e| e.to_string()).collect();
-    for k in 1..shared.len() {
-        let dropped: Vec<&str> = shared[..k].iter().map(|(e, _)| *e).collect();
+    for k in 1..by_size.len() {
+        let dropped: Vec<&str> = by_size[..k].iter().map(|(e, _)| *e).collect();
         let supported: BTreeSet<String> = every
             .iter()
             .filter(|e| !dropped.contains(&e.as_str()))
