@@ -18,8 +18,8 @@
 //! 3. **Exchanges.** Promotions in order of measured gain per byte, each paid for by the
 //!    demotions of least measured loss per byte until the budget holds again; an exchange whose
 //!    measured parts predict a gain is built and measured, and kept only when its KL is lower.
-//!    Then again from 2 around the new profile, until a round keeps nothing or the evaluations
-//!    run out.
+//!    Then again from 2 around the new profile, while a round keeps something and the
+//!    measurements left cover another round's sensitivities with a quarter to spare.
 //!
 //! The result never measures worse than the knapsack's profile or the uniform one that fits
 //! (both are candidates), always fits the budget, and is deterministic for a model, map, text
@@ -263,13 +263,8 @@ impl Search<'_> {
         self.evals.len() >= self.max_evals
     }
 
-    /// Measures `l` (which must fit); `progress` sees the record.
-    fn measure(
-        &mut self,
-        what: String,
-        l: &Levels,
-        progress: &mut dyn FnMut(&Evaluation, usize, usize),
-    ) -> Result<f64> {
+    /// Measures `l`: its KL divergence, recorded (not yet kept: see [`Search::report`]).
+    fn measure(&mut self, what: String, l: &Levels) -> Result<f64> {
         let p = self.profile(l);
         let (model, _) = crate::precision::model_for_profile(
             self.source,
@@ -284,17 +279,15 @@ impl Search<'_> {
             kl,
             kept: false,
         });
-        progress(
-            self.evals.last().expect("just pushed"),
-            self.evals.len(),
-            self.max_evals,
-        );
         Ok(kl)
     }
 
-    fn keep_last(&mut self) {
+    /// Marks the last measurement kept or not and shows it to `progress`.
+    fn report(&mut self, kept: bool, progress: &mut dyn FnMut(&Evaluation, usize, usize)) {
+        let (n, max) = (self.evals.len(), self.max_evals);
         if let Some(e) = self.evals.last_mut() {
-            e.kept = true;
+            e.kept = kept;
+            progress(e, n, max);
         }
     }
 
@@ -464,17 +457,18 @@ pub fn refine(
             continue;
         }
         debug_assert!(s.bytes(&l) <= linear_budget);
-        let kl = s.measure(what, &l, progress)?;
+        let kl = s.measure(what, &l)?;
         if seen.is_empty() {
             select_best_kl = kl;
         }
         seen.push(l.clone());
-        if current.as_ref().is_none_or(|c| kl < c.1) {
+        let better = current.as_ref().is_none_or(|c| kl < c.1);
+        s.report(better, progress);
+        if better {
             current = Some((l, kl));
         }
     }
     let (mut cur, mut cur_kl) = current.expect("the selector's profile was measured");
-    mark_kept(&mut s.evals, cur_kl);
 
     // 2–3. Rounds of sensitivities and exchanges.
     let groups: Vec<(String, Vec<usize>)> = crate::ablation::layer_groups(source)
@@ -489,7 +483,12 @@ pub fn refine(
         })
         .filter(|(_, m): &(String, Vec<usize>)| !m.is_empty())
         .collect();
-    while !s.exhausted() {
+    // A round after the first only when its sensitivities leave measurements for exchanges.
+    let per_round = 2 * groups.len();
+    let mut round = 0;
+    while !s.exhausted() && (round == 0 || s.max_evals - s.evals.len() >= per_round + per_round / 4)
+    {
+        round += 1;
         let base_bytes = s.bytes(&cur);
         let mut downs: Vec<Measured> = Vec::new();
         let mut ups: Vec<Measured> = Vec::new();
@@ -503,7 +502,8 @@ pub fn refine(
                 };
                 let nb = s.bytes(&n);
                 let dir = if down { "down" } else { "up" };
-                let kl = s.measure(format!("{name} {dir}"), &n, progress)?;
+                let kl = s.measure(format!("{name} {dir}"), &n)?;
+                s.report(false, progress);
                 if down {
                     downs.push(Measured {
                         group: gi,
@@ -567,9 +567,9 @@ pub fn refine(
                         .join(", ")
                 )
             };
-            let kl = s.measure(what, &n, progress)?;
+            let kl = s.measure(what, &n)?;
+            s.report(kl < cur_kl, progress);
             if kl < cur_kl {
-                s.keep_last();
                 cur = n;
                 cur_kl = kl;
                 touched[up.group] = true;
@@ -591,11 +591,4 @@ pub fn refine(
         select_best_kl,
         evaluations: s.evals,
     })
-}
-
-/// Marks the first candidate measured at `kl` as kept (the incumbent after the candidates).
-fn mark_kept(evals: &mut [Evaluation], kl: f64) {
-    if let Some(e) = evals.iter_mut().find(|e| e.kl == kl) {
-        e.kept = true;
-    }
 }
