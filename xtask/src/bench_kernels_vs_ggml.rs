@@ -20,6 +20,12 @@
 //! n = 1 calls are each followed by a timed plain streaming read of as many cold bytes through
 //! the same thread pool (`kbench_ggml --stream-ns 1`), reported as the median per-pair fraction:
 //! the tightest reference, same size, same threads, same coldness, seconds apart.
+//!
+//! `--types` also takes Synapse codec ids (`syn.q8.symmetric.g64.v1`, `syn.q4.symmetric.g64.v1`
+//! …: the encodings a precision profile runs): their weights are random values encoded by the
+//! codec, only Synapse runs them (ggml has no such encoding; put the ggml type of the same bits,
+//! `q8_0`/`q4_0`, beside them), and the n = 1 row gives the codec GEMV's weight GB/s and its
+//! fraction of the paired streaming read — the figure the precision issue's ≥ 80% goal is about.
 
 use crate::oracle_env;
 use anyhow::{Context, Result, anyhow, bail};
@@ -125,12 +131,21 @@ const MODEL: [(&str, usize, usize); 7] = [
     ("q6_K", 640, 2048),
 ];
 
+/// Whether `ty` is a Synapse codec id (only Synapse runs it: ggml has no such encoding).
+fn is_codec(ty: &str) -> bool {
+    ty.starts_with("syn.")
+}
+
 fn block_size(ty: &str) -> Result<usize> {
+    if is_codec(ty) {
+        // The symmetric group codecs' group (`syn.qN.symmetric.g64.v1`).
+        return Ok(64);
+    }
     match ty.to_ascii_lowercase().as_str() {
         "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q8_0" | "iq4_nl" => Ok(32),
         "q2_k" | "q3_k" | "q4_k" | "q5_k" | "q6_k" | "tq1_0" | "tq2_0" => Ok(256),
         _ => bail!(
-            "bench-kernels-vs-ggml supports q4_0 q4_1 q5_0 q5_1 q8_0 iq4_nl q2_K..q6_K tq1_0 tq2_0, not {ty}"
+            "bench-kernels-vs-ggml supports q4_0 q4_1 q5_0 q5_1 q8_0 iq4_nl q2_K..q6_K tq1_0 tq2_0 and Synapse codec ids (syn.q4.symmetric.g64.v1 …), not {ty}"
         ),
     }
 }
@@ -516,7 +531,10 @@ pub fn run(args: Args) -> Result<()> {
                 .arg(&c.dir),
             "kbench_ggml gen",
         )?;
-        let mut engines = vec!["synapse".to_string(), "ggml".to_string()];
+        let mut engines = vec!["synapse".to_string()];
+        if !is_codec(&c.ty) {
+            engines.push("ggml".into());
+        }
         if args
             .repack_types
             .iter()
@@ -625,7 +643,7 @@ pub fn run(args: Args) -> Result<()> {
                 json!({"copies": acc.copies, "runs_redone": acc.redone, "runs_flagged": acc.flagged, "per_n": per_n}),
             );
         }
-        let wbytes = get("ggml").map_or(0, |a| a.weight_bytes);
+        let wbytes = get("ggml").or(get("synapse")).map_or(0, |a| a.weight_bytes);
         for &n in &args.ns {
             let st = |e: &str| get(e).and_then(|a| a.times.get(&n)).and_then(|v| stats(v));
             let (s, g, r) = (st("synapse"), st("ggml"), st("ggml-repack"));

@@ -3,6 +3,9 @@
 //!
 //! `kbench_ggml gen TYPE ROWS K NMAX DIR` writes `DIR/w.bin` (random `TYPE` blocks with f16
 //! scales in [0.005, 0.015), `ROWS × K`) and `DIR/x.bin` (`NMAX × K` f32 activations in [-1, 1)).
+//! `TYPE` may also be a Synapse codec id (`syn.q4.symmetric.g64.v1`): then `w.bin` is random
+//! weights in [-0.05, 0.05) encoded by that codec, and `run` times the matrix a precision
+//! profile runs (`QuantMatrix::from_codec`); ggml has no such encoding, so only Synapse runs it.
 //!
 //! `kbench_ggml run TYPE ROWS K DIR [--threads T] [--ns 1,4,8,128] [--check-ns 1,2,..] [--cold-mib M]
 //! [--budget-ms B] [--min-calls A] [--max-calls Z] [--stream-ns 1]` builds enough distinct copies of the matrix
@@ -26,6 +29,52 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use synapse_formats::{ALL_TYPES, GgmlType};
 use synapse_kernels::{KernelCtx, KernelPath, QuantMatrix};
+
+/// A weight type: a ggml type, or a Synapse codec (by id).
+#[derive(Clone, Copy)]
+enum WType {
+    Ggml(GgmlType),
+    Codec(synapse_codecs::EncodingId),
+}
+
+impl WType {
+    fn parse(s: &str) -> Result<Self> {
+        if s.starts_with("syn.") {
+            return Ok(WType::Codec(synapse_codecs::EncodingId::parse(s)?));
+        }
+        Ok(WType::Ggml(parse_type(s)?))
+    }
+
+    fn seed(&self) -> u64 {
+        match self {
+            WType::Ggml(t) => t.id() as u64,
+            WType::Codec(id) => id
+                .to_string()
+                .bytes()
+                .fold(0u64, |h, b| h.wrapping_mul(31) ^ b as u64),
+        }
+    }
+
+    fn generate(&self, rows: usize, k: usize, seed: u64) -> Result<Vec<u8>> {
+        match *self {
+            WType::Ggml(t) => gen_weights(t, rows, k, seed),
+            WType::Codec(id) => {
+                let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                let w: Vec<f32> = (0..rows * k)
+                    .map(|_| rng.random::<f32>() * 0.1 - 0.05)
+                    .collect();
+                Ok(synapse_codecs::codec_for(id).encode_matrix(&w, rows, k)?)
+            }
+        }
+    }
+
+    fn matrix(&self, w: &[u8], rows: usize, k: usize) -> Result<QuantMatrix> {
+        Ok(match self {
+            WType::Ggml(t) => QuantMatrix::from_ggml(*t, w, rows, k)?,
+            WType::Codec(id) => QuantMatrix::from_codec(&id.to_string(), w, rows, k)?,
+        })
+    }
+}
 
 fn parse_type(s: &str) -> Result<GgmlType> {
     ALL_TYPES
@@ -124,13 +173,7 @@ fn list(s: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
-fn run(
-    ty: GgmlType,
-    rows: usize,
-    k: usize,
-    dir: &Path,
-    opt: &HashMap<String, String>,
-) -> Result<()> {
+fn run(ty: WType, rows: usize, k: usize, dir: &Path, opt: &HashMap<String, String>) -> Result<()> {
     let get = |key: &str, def: &str| opt.get(key).cloned().unwrap_or_else(|| def.to_string());
     let threads: usize = get("threads", "2").parse()?;
     let ns = list(&get("ns", "1,4,8,128"))?;
@@ -143,7 +186,7 @@ fn run(
 
     let w = std::fs::read(dir.join("w.bin")).context("reading w.bin")?;
     let x = read_f32(&dir.join("x.bin"))?;
-    let m0 = QuantMatrix::from_ggml(ty, &w, rows, k)?;
+    let m0 = ty.matrix(&w, rows, k)?;
     drop(w);
     let wbytes = m0.weight_bytes();
     let copies = (cold_mib << 20).div_ceil(wbytes).clamp(1, 1 << 16);
@@ -296,7 +339,7 @@ fn main() -> Result<()> {
     if rest.len() < 4 {
         bail!(usage);
     }
-    let ty = parse_type(&rest[0])?;
+    let ty = WType::parse(&rest[0])?;
     let rows: usize = rest[1].parse().context("ROWS")?;
     let k: usize = rest[2].parse().context("K")?;
     match mode.as_str() {
@@ -304,12 +347,7 @@ fn main() -> Result<()> {
             let nmax: usize = rest[3].parse().context("NMAX")?;
             let dir = PathBuf::from(rest.get(4).ok_or_else(|| anyhow!(usage))?);
             std::fs::create_dir_all(&dir)?;
-            let w = gen_weights(
-                ty,
-                rows,
-                k,
-                0x5EED ^ (ty.id() as u64) << 32 ^ (rows * k) as u64,
-            )?;
+            let w = ty.generate(rows, k, 0x5EED ^ ty.seed() << 32 ^ (rows * k) as u64)?;
             std::fs::write(dir.join("w.bin"), &w).context("writing w.bin")?;
             let mut rng = ChaCha8Rng::seed_from_u64(7);
             let x: Vec<f32> = (0..nmax * k)
