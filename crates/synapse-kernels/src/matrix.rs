@@ -543,14 +543,20 @@ impl QuantMatrix {
                 id: EncodingId::Symmetric { bits, group: 64 },
                 ..
             } if self.cols.is_multiple_of(kernels::codec_sym::GROUP) => {
-                return self.codec_sym(*bits, x, n, y, ctx);
+                return self.codec_sym(*bits, false, x, n, y, ctx);
+            }
+            Store::Codec {
+                id: EncodingId::Asymmetric { bits, group: 64 },
+                ..
+            } if (2..=8).contains(bits) && self.cols.is_multiple_of(kernels::codec_sym::GROUP) => {
+                return self.codec_sym(*bits, true, x, n, y, ctx);
             }
             // Ternary g64 groups are laid out exactly as 2-bit symmetric ones (`u = q + 2`).
             Store::Codec {
                 id: EncodingId::TernaryGroup { group: 64 },
                 ..
             } if self.cols.is_multiple_of(kernels::codec_sym::GROUP) => {
-                return self.codec_sym(2, x, n, y, ctx);
+                return self.codec_sym(2, false, x, n, y, ctx);
             }
             Store::Codec {
                 codec,
@@ -771,12 +777,13 @@ impl QuantMatrix {
         Ok(())
     }
 
-    /// A symmetric g64 codec matrix through the integer path (`kernels::codec_sym`): the
-    /// activations quantized once as Q8_0 blocks, AVX-512 VBMI/VNNI where the CPU has it, the
-    /// bit-identical scalar path elsewhere.
+    /// A symmetric (or, `asym`, asymmetric) g64 codec matrix through the integer path
+    /// (`kernels::codec_sym`): the activations quantized once as Q8_0 blocks, AVX-512
+    /// VBMI/VNNI, AVX2 or NEON where the CPU has them, the bit-identical scalar path elsewhere.
     fn codec_sym(
         &self,
         bits: u32,
+        asym: bool,
         x: &[f32],
         n: usize,
         y: &mut [f32],
@@ -791,21 +798,36 @@ impl QuantMatrix {
         #[cfg(target_arch = "x86_64")]
         let kernel: codec_sym::RowsFn = {
             use crate::dispatch::KernelPath;
-            match ctx.path() {
-                KernelPath::Avx512Vnni if codec_sym::has_avx512() => codec_sym::rows_avx512,
-                KernelPath::Avx512Vnni | KernelPath::AvxVnni | KernelPath::Avx2 => {
-                    codec_sym::rows_avx2
+            match (ctx.path(), asym) {
+                (KernelPath::Avx512Vnni, false) if codec_sym::has_avx512() => {
+                    codec_sym::rows_avx512::<false>
                 }
-                _ => codec_sym::rows_scalar,
+                (KernelPath::Avx512Vnni, true) if codec_sym::has_avx512() => {
+                    codec_sym::rows_avx512::<true>
+                }
+                (KernelPath::Avx512Vnni | KernelPath::AvxVnni | KernelPath::Avx2, false) => {
+                    codec_sym::rows_avx2::<false>
+                }
+                (KernelPath::Avx512Vnni | KernelPath::AvxVnni | KernelPath::Avx2, true) => {
+                    codec_sym::rows_avx2::<true>
+                }
+                (_, false) => codec_sym::rows_scalar::<false>,
+                (_, true) => codec_sym::rows_scalar::<true>,
             }
         };
         #[cfg(target_arch = "aarch64")]
-        let kernel: codec_sym::RowsFn = match ctx.path() {
-            crate::dispatch::KernelPath::Neon => codec_sym::rows_neon,
-            _ => codec_sym::rows_scalar,
+        let kernel: codec_sym::RowsFn = match (ctx.path(), asym) {
+            (crate::dispatch::KernelPath::Neon, false) => codec_sym::rows_neon::<false>,
+            (crate::dispatch::KernelPath::Neon, true) => codec_sym::rows_neon::<true>,
+            (_, false) => codec_sym::rows_scalar::<false>,
+            (_, true) => codec_sym::rows_scalar::<true>,
         };
         #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-        let kernel: codec_sym::RowsFn = codec_sym::rows_scalar;
+        let kernel: codec_sym::RowsFn = if asym {
+            codec_sym::rows_scalar::<true>
+        } else {
+            codec_sym::rows_scalar::<false>
+        };
         let (act_scratch, pack, pool) = ctx.parts2();
         act_scratch.set_len(n * ActKind::Q8x32.row_bytes(cols));
         quantize_rows(ActKind::Q8x32, x, cols, act_scratch.as_bytes_mut());
@@ -815,7 +837,7 @@ impl QuantMatrix {
         let (init, da) =
             bytemuck::cast_slice_mut::<u8, i32>(pack.as_bytes_mut()).split_at_mut(lanes);
         let da: &mut [f32] = bytemuck::cast_slice_mut(da);
-        codec_sym::prepare(bits, act, init, da);
+        codec_sym::prepare(bits, asym, act, init, da);
         let (init, da): (&[i32], &[f32]) = (init, da);
         let yp = SyncPtr(y.as_mut_ptr());
         let (w, rb) = (self.data.as_bytes(), self.row_bytes);

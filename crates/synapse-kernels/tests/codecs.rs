@@ -1,7 +1,8 @@
-//! Synapse's own codecs through the port: `syn.q{2..8}.symmetric`, `syn.ternary.absmean` (per
-//! group and per tensor), against f64 dots of the codec's decoded matrix; the integer path of
-//! the symmetric and ternary g64 codecs (activations quantized as Q8_0) bit-identical between its SIMD and
-//! scalar versions and for any number of activation rows beside it.
+//! Synapse's own codecs through the port: `syn.q{2..8}.symmetric`, `syn.q{2..8}.asymmetric`,
+//! `syn.ternary.absmean` (per group and per tensor), against f64 dots of the codec's decoded
+//! matrix; the integer path of the symmetric, asymmetric and ternary g64 codecs (activations
+//! quantized as Q8_0) bit-identical between its SIMD and scalar versions and for any number of
+//! activation rows beside it.
 
 mod common;
 
@@ -13,7 +14,9 @@ fn codec_matrices_match_decoded_f64_dots() {
     let mut ids: Vec<String> = (2..=8)
         .map(|b| format!("syn.q{b}.symmetric.g64.v1"))
         .collect();
+    ids.extend((2..=8).map(|b| format!("syn.q{b}.asymmetric.g64.v1")));
     ids.push("syn.q4.symmetric.g32.v1".into());
+    ids.push("syn.q4.asymmetric.g32.v1".into());
     ids.push("syn.ternary.absmean.g64.v1".into());
     ids.push("syn.ternary.absmean.tensor.v1".into());
     for id in &ids {
@@ -60,7 +63,7 @@ fn codec_matrices_match_decoded_f64_dots() {
 
 /// Whether `id` at `cols` takes the integer path (activations quantized as Q8_0 blocks).
 fn int_path(id: &str, cols: usize) -> bool {
-    (id.contains(".symmetric.g64.") || id.contains(".ternary.absmean.g64."))
+    (id.contains("symmetric.g64.") || id.contains(".ternary.absmean.g64."))
         && cols.is_multiple_of(64)
 }
 
@@ -77,10 +80,12 @@ fn q8_act_bound(w: &[f32], x: &[f32]) -> f64 {
 }
 
 #[test]
-fn symmetric_g64_integer_path_simd_equals_scalar_and_rows_are_independent() {
-    // The symmetric widths, and ternary g64 (the 2-bit layout with the absmean scale).
+fn g64_integer_path_simd_equals_scalar_and_rows_are_independent() {
+    // The symmetric and asymmetric widths, and ternary g64 (the 2-bit layout with the absmean
+    // scale).
     let ids = (2..=8u32)
         .map(|b| (b, format!("syn.q{b}.symmetric.g64.v1")))
+        .chain((2..=8u32).map(|b| (b, format!("syn.q{b}.asymmetric.g64.v1"))))
         .chain([(2, "syn.ternary.absmean.g64.v1".to_string())]);
     for (bits, id) in ids {
         let codec = resolve(&id).unwrap();

@@ -11,6 +11,11 @@
 //! The scalar path computes exactly this, so the SIMD path (AVX-512 VBMI + VNNI: `vpermb` and
 //! `vpmultishiftqb` unpack the LSB-first bit stream of any width in three instructions) equals
 //! it bit for bit; each row's result depends only on its own activations (batch invariance).
+//!
+//! The asymmetric codecs `syn.q{2..8}.asymmetric.g64.v1` (`x̂ = m + u·d`: an f16 scale and an
+//! f16 minimum, then the unsigned codes) take the same kernels with `ASYM = true`: the lanes
+//! start at 0 (`Σ u·a`), the prepared `init` holds each lane's plain activation sum `s`, and
+//! after each lane's `fma(float(Σ u·a), d_w·d_a, acc)` comes `fma(float(s), m_w·d_a, acc)`.
 
 use half::f16;
 
@@ -19,15 +24,22 @@ use crate::act::BlockQ8x32;
 /// Elements per group (the only group size this path takes).
 pub(crate) const GROUP: usize = 64;
 
-/// Bytes of one group of `bits`-bit codes: the f16 scale, then `64·bits/8` code bytes.
-pub(crate) fn group_bytes(bits: u32) -> usize {
-    2 + GROUP * bits as usize / 8
+/// Bytes before a group's codes: the f16 scale (symmetric), or the scale and the f16 minimum
+/// (asymmetric).
+const fn header(asym: bool) -> usize {
+    if asym { 4 } else { 2 }
 }
 
-/// Per activation row and group: the 16 lane starts (`−2^(b−1)·Σ` of each lane's 4 activation
-/// codes) into `init`, and the lanes' activation scales `[d₀ ×8, d₁ ×8]` into `da`.
-pub(crate) fn prepare(bits: u32, act: &[BlockQ8x32], init: &mut [i32], da: &mut [f32]) {
-    let bias = 1i32 << (bits - 1);
+/// Bytes of one group of `bits`-bit codes: the header, then `64·bits/8` code bytes.
+pub(crate) const fn group_bytes(bits: u32, asym: bool) -> usize {
+    header(asym) + GROUP * bits as usize / 8
+}
+
+/// Per activation row and group: into `init` the 16 lane starts `−2^(b−1)·Σ` of each lane's 4
+/// activation codes (symmetric) or those plain sums `Σ` (asymmetric), and the lanes'
+/// activation scales `[d₀ ×8, d₁ ×8]` into `da`.
+pub(crate) fn prepare(bits: u32, asym: bool, act: &[BlockQ8x32], init: &mut [i32], da: &mut [f32]) {
+    let bias = if asym { -1 } else { 1i32 << (bits - 1) };
     for (blocks, (iv, dv)) in act
         .chunks_exact(2)
         .zip(init.chunks_exact_mut(16).zip(da.chunks_exact_mut(16)))
@@ -84,7 +96,7 @@ fn fold(acc: &[f32; 16]) -> f32 {
 /// `w` holds rows of `ng` groups of `bits`-bit codes (`row_bytes` each); `y` is valid for
 /// writes at `t·ystride + r` (`t < n`, `r0 <= r < r1`), which this call alone writes.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn rows_scalar(
+pub(crate) unsafe fn rows_scalar<const ASYM: bool>(
     bits: u32,
     w: &[u8],
     row_bytes: usize,
@@ -97,7 +109,8 @@ pub(crate) unsafe fn rows_scalar(
     r0: usize,
     r1: usize,
 ) {
-    let gb = group_bytes(bits);
+    let gb = group_bytes(bits, ASYM);
+    let hdr = header(ASYM);
     let n = act.len() / (2 * ng).max(1);
     let mut codes = [0u8; GROUP];
     for r in r0..r1 {
@@ -107,16 +120,20 @@ pub(crate) unsafe fn rows_scalar(
             for g in 0..ng {
                 let grp = &row[g * gb..(g + 1) * gb];
                 let dw = f16::from_le_bytes([grp[0], grp[1]]).to_f32();
-                unpack(bits, &grp[2..], &mut codes);
+                let mw = f16::from_le_bytes([grp[2], grp[3]]).to_f32();
+                unpack(bits, &grp[hdr..], &mut codes);
                 let base = (t * ng + g) * 16;
                 for (l, a) in acc.iter_mut().enumerate() {
                     let blk = &act[(t * ng + g) * 2 + l / 8];
                     let j = 4 * (l % 8);
-                    let mut s = init[base + l];
+                    let mut s = if ASYM { 0 } else { init[base + l] };
                     for k in 0..4 {
                         s += codes[4 * l + k] as i32 * blk.qs[j + k] as i32;
                     }
                     *a = (s as f32).mul_add(dw * da[base + l], *a);
+                    if ASYM {
+                        *a = (init[base + l] as f32).mul_add(mw * da[base + l], *a);
+                    }
                 }
             }
             // SAFETY: the caller's contract.
@@ -147,7 +164,7 @@ fn hsum(a: std::arch::x86_64::__m512) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn rows_avx512(
+pub(crate) unsafe fn rows_avx512<const ASYM: bool>(
     bits: u32,
     w: &[u8],
     row_bytes: usize,
@@ -162,7 +179,8 @@ pub(crate) unsafe fn rows_avx512(
 ) {
     use std::arch::x86_64::*;
     let b = bits as usize;
-    let gb = group_bytes(bits);
+    let gb = group_bytes(bits, ASYM);
+    let hdr = header(ASYM);
     let n = act.len() / (2 * ng).max(1);
     // vpermb: byte 8j + k of the output takes stream byte b·j + k (8 codes of b bits are b
     // bytes, bit-aligned at qword j's start); vpmultishiftqb: byte k of each qword takes the
@@ -176,10 +194,10 @@ pub(crate) unsafe fn rows_avx512(
         let idx = _mm512_loadu_si512(idx.as_ptr().cast());
         let ctl = _mm512_loadu_si512(ctl.as_ptr().cast());
         let cmask = _mm512_set1_epi8(((1u32 << b) - 1) as u8 as i8);
-        // The group's codes and its scale `d_w` (f16 → f32 is exact: the same value as the
-        // scalar path's).
+        // The group's codes, its scale `d_w` and (asymmetric) its minimum `m_w` (f16 → f32 is
+        // exact: the same values as the scalar path's).
         let group = |grp: *const u8| {
-            let raw = _mm512_maskz_loadu_epi8(load_mask, grp.add(2).cast());
+            let raw = _mm512_maskz_loadu_epi8(load_mask, grp.add(hdr).cast());
             let codes = if b == 8 {
                 raw
             } else {
@@ -188,8 +206,15 @@ pub(crate) unsafe fn rows_avx512(
             };
             let h = std::ptr::read_unaligned(grp.cast::<u16>());
             let dw = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
-            (codes, dw)
+            let mw = if ASYM {
+                let h = std::ptr::read_unaligned(grp.add(2).cast::<u16>());
+                _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+            } else {
+                _mm512_setzero_ps()
+            };
+            (codes, dw, mw)
         };
+        let zero = _mm512_setzero_si512();
         // One activation row (decode): four weight rows at a time share each group's
         // activation loads, and their four accumulators are independent chains. Each row's
         // float order is the one-row path's.
@@ -208,13 +233,22 @@ pub(crate) unsafe fn rows_avx512(
                     );
                     let iv = _mm512_loadu_si512(init.as_ptr().add(g * 16).cast());
                     let dav = _mm512_loadu_ps(da.as_ptr().add(g * 16));
+                    // Asymmetric: lanes start at 0 and `init` is the activation sums.
+                    let (start, sums) = if ASYM {
+                        (zero, _mm512_cvtepi32_ps(iv))
+                    } else {
+                        (iv, _mm512_setzero_ps())
+                    };
                     for (a, row) in acc.iter_mut().zip(rows) {
                         let grp = row.add(g * gb);
                         _mm_prefetch::<_MM_HINT_T1>(grp.wrapping_add(6144).cast());
-                        let (codes, dw) = group(grp);
-                        let lanes = _mm512_dpbusd_epi32(iv, codes, av);
+                        let (codes, dw, mw) = group(grp);
+                        let lanes = _mm512_dpbusd_epi32(start, codes, av);
                         let d = _mm512_mul_ps(dw, dav);
                         *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), d, *a);
+                        if ASYM {
+                            *a = _mm512_fmadd_ps(sums, _mm512_mul_ps(mw, dav), *a);
+                        }
                     }
                 }
                 for (j, a) in acc.iter().enumerate() {
@@ -233,7 +267,7 @@ pub(crate) unsafe fn rows_avx512(
                 for g in 0..ng {
                     let grp = row.add(g * gb);
                     _mm_prefetch::<_MM_HINT_T1>(grp.wrapping_add(6144).cast());
-                    let (codes, dw) = group(grp);
+                    let (codes, dw, mw) = group(grp);
                     for (k, a) in acc.iter_mut().enumerate().take(nt) {
                         let t = t0 + k;
                         let pair = act.as_ptr().add((t * ng + g) * 2);
@@ -244,9 +278,14 @@ pub(crate) unsafe fn rows_avx512(
                         );
                         let base = (t * ng + g) * 16;
                         let iv = _mm512_loadu_si512(init.as_ptr().add(base).cast());
-                        let lanes = _mm512_dpbusd_epi32(iv, codes, av);
-                        let d = _mm512_mul_ps(dw, _mm512_loadu_ps(da.as_ptr().add(base)));
+                        let dav = _mm512_loadu_ps(da.as_ptr().add(base));
+                        let lanes = _mm512_dpbusd_epi32(if ASYM { zero } else { iv }, codes, av);
+                        let d = _mm512_mul_ps(dw, dav);
                         *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), d, *a);
+                        if ASYM {
+                            let m = _mm512_mul_ps(mw, dav);
+                            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), m, *a);
+                        }
                     }
                 }
                 for (k, a) in acc.iter().enumerate().take(nt) {
@@ -275,7 +314,7 @@ pub(crate) unsafe fn rows_avx512(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn rows_avx2(
+pub(crate) unsafe fn rows_avx2<const ASYM: bool>(
     bits: u32,
     w: &[u8],
     row_bytes: usize,
@@ -289,7 +328,8 @@ pub(crate) unsafe fn rows_avx2(
     r1: usize,
 ) {
     use std::arch::x86_64::*;
-    let gb = group_bytes(bits);
+    let gb = group_bytes(bits, ASYM);
+    let hdr = header(ASYM);
     let b = bits as usize;
     let n = act.len() / (2 * ng).max(1);
     // The 8 codes of a 128-bit lane take `b` bytes from a byte boundary (8·b bits), so every
@@ -333,10 +373,16 @@ pub(crate) unsafe fn rows_avx2(
                     _mm_prefetch::<_MM_HINT_T1>(gp.wrapping_add(6144).cast());
                     let h = std::ptr::read_unaligned(gp.cast::<u16>());
                     let dw = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
-                    let area = if safe || grp + 2 + 7 * b + 16 <= w.len() {
-                        gp.add(2)
+                    let mw = if ASYM {
+                        let h = std::ptr::read_unaligned(gp.add(2).cast::<u16>());
+                        _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
                     } else {
-                        tail[..8 * b].copy_from_slice(&w[grp + 2..grp + 2 + 8 * b]);
+                        _mm256_setzero_ps()
+                    };
+                    let area = if safe || grp + hdr + 7 * b + 16 <= w.len() {
+                        gp.add(hdr)
+                    } else {
+                        tail[..8 * b].copy_from_slice(&w[grp + hdr..grp + hdr + 8 * b]);
                         tail.as_ptr()
                     };
                     // The 32 codes of each half, in order (u8).
@@ -374,22 +420,32 @@ pub(crate) unsafe fn rows_avx2(
                         for (hf, ah) in a.iter_mut().enumerate() {
                             let blk = &act[(t * ng + g) * 2 + hf];
                             let q = _mm256_loadu_si256(blk.qs.as_ptr().cast());
+                            let iv = _mm256_loadu_si256(init.as_ptr().add(base + 8 * hf).cast());
                             let lanes = if b == 8 {
+                                // Σ (u − 128)·a; asymmetric lanes want Σ u·a: + 128·Σ a.
                                 let sq = _mm256_xor_si256(codes[hf], flip);
                                 let p = _mm256_maddubs_epi16(
                                     _mm256_abs_epi8(sq),
                                     _mm256_sign_epi8(q, sq),
                                 );
-                                _mm256_madd_epi16(p, ones)
+                                let l = _mm256_madd_epi16(p, ones);
+                                if ASYM {
+                                    _mm256_add_epi32(l, _mm256_slli_epi32(iv, 7))
+                                } else {
+                                    l
+                                }
                             } else {
                                 let p = _mm256_maddubs_epi16(codes[hf], q);
-                                let iv =
-                                    _mm256_loadu_si256(init.as_ptr().add(base + 8 * hf).cast());
-                                _mm256_add_epi32(_mm256_madd_epi16(p, ones), iv)
+                                let l = _mm256_madd_epi16(p, ones);
+                                if ASYM { l } else { _mm256_add_epi32(l, iv) }
                             };
-                            let d =
-                                _mm256_mul_ps(dw, _mm256_loadu_ps(da.as_ptr().add(base + 8 * hf)));
+                            let dav = _mm256_loadu_ps(da.as_ptr().add(base + 8 * hf));
+                            let d = _mm256_mul_ps(dw, dav);
                             *ah = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), d, *ah);
+                            if ASYM {
+                                let m = _mm256_mul_ps(mw, dav);
+                                *ah = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), m, *ah);
+                            }
                         }
                     }
                 }
@@ -419,13 +475,13 @@ pub(crate) unsafe fn rows_avx2(
 #[cfg(target_arch = "aarch64")]
 #[target_feature(enable = "neon")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn rows_neon(
+pub(crate) unsafe fn rows_neon<const ASYM: bool>(
     bits: u32,
     w: &[u8],
     row_bytes: usize,
     ng: usize,
     act: &[BlockQ8x32],
-    _init: &[i32],
+    init: &[i32],
     da: &[f32],
     y: *mut f32,
     ystride: usize,
@@ -433,7 +489,8 @@ pub(crate) unsafe fn rows_neon(
     r1: usize,
 ) {
     use std::arch::aarch64::*;
-    let gb = group_bytes(bits);
+    let gb = group_bytes(bits, ASYM);
+    let hdr = header(ASYM);
     let b = bits as usize;
     let n = act.len() / (2 * ng).max(1);
     let mut codes = [0u8; GROUP];
@@ -450,7 +507,8 @@ pub(crate) unsafe fn rows_neon(
                 for g in 0..ng {
                     let grp = &row[g * gb..(g + 1) * gb];
                     let dw = f16::from_le_bytes([grp[0], grp[1]]).to_f32();
-                    let area = &grp[2..];
+                    let mw = f16::from_le_bytes([grp[2], grp[3]]).to_f32();
+                    let area = &grp[hdr..];
                     // The 64 codes as signed bytes, in element order (4 × 16).
                     let mut q = [vdupq_n_s8(0); 4];
                     match b {
@@ -488,11 +546,19 @@ pub(crate) unsafe fn rows_neon(
                             let lo = vpaddlq_s16(vmull_s8(vget_low_s8(q[j]), vget_low_s8(x)));
                             let hi = vpaddlq_s16(vmull_high_s8(q[j], x));
                             let lanes = vpaddq_s32(lo, hi);
-                            let d = vmulq_f32(
-                                vdupq_n_f32(dw),
-                                vld1q_f32(da.as_ptr().add(base + 4 * j)),
-                            );
-                            *aj = vfmaq_f32(*aj, vcvtq_f32_s32(lanes), d);
+                            let dav = vld1q_f32(da.as_ptr().add(base + 4 * j));
+                            let d = vmulq_f32(vdupq_n_f32(dw), dav);
+                            if ASYM {
+                                // Σ (u − 2^(b−1))·a + 2^(b−1)·Σ a = Σ u·a; then the minimum's
+                                // term from the plain sums.
+                                let s = vld1q_s32(init.as_ptr().add(base + 4 * j));
+                                let l = vaddq_s32(lanes, vshlq_s32(s, vdupq_n_s32(b as i32 - 1)));
+                                *aj = vfmaq_f32(*aj, vcvtq_f32_s32(l), d);
+                                let m = vmulq_f32(vdupq_n_f32(mw), dav);
+                                *aj = vfmaq_f32(*aj, vcvtq_f32_s32(s), m);
+                            } else {
+                                *aj = vfmaq_f32(*aj, vcvtq_f32_s32(lanes), d);
+                            }
                         }
                     }
                 }
