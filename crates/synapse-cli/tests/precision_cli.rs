@@ -44,43 +44,55 @@ fn err(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-#[test]
-fn a_budget_runs_the_stored_maps_profile_and_bad_requests_are_refused() {
+/// The tiny llama and qwen2 fixtures, a temporary directory, and a calibration text of 600
+/// phrases over `words` distinct words in it; `None` without the fixtures.
+fn setup(words: usize) -> Option<(tempfile::TempDir, PathBuf, PathBuf, PathBuf)> {
     let llama = root().join("fixtures/tiny/llama/model.q8_0.gguf");
     let qwen = root().join("fixtures/tiny/qwen2/model.q8_0.gguf");
     if !synapse_testdata::require(&llama, "tiny-model fixture") {
-        return;
+        return None;
     }
     let dir = tempfile::tempdir().unwrap();
     let text = dir.path().join("calibration.txt");
-    let words: Vec<String> = (0..600)
-        .map(|i| format!("word{} and more", i % 97))
+    let phrases: Vec<String> = (0..600)
+        .map(|i| format!("word{} and more", i % words))
         .collect();
-    std::fs::write(&text, words.join(" ")).unwrap();
-    let (m, t) = (llama.to_str().unwrap(), text.to_str().unwrap());
-    let imp = |model: &str, out: Option<&Path>| {
-        let o = out.map(|p| p.to_str().unwrap().to_string());
-        let mut a = vec![
-            "importance",
-            "-m",
-            model,
-            "--calib",
-            t,
-            "--tokens",
-            "256",
-            "--ctx",
-            "32",
-            "--rows",
-            "64",
-            "--kl-chunks",
-            "1",
-        ];
-        if let Some(o) = &o {
-            a.extend(["-o", o.as_str()]);
-        }
-        let r = cli(dir.path(), &a);
-        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    std::fs::write(&text, phrases.join(" ")).unwrap();
+    Some((dir, llama, qwen, text))
+}
+
+/// `synapse-cli importance` of `model` on `text` (small settings), stored per model or in `out`.
+fn importance(dir: &Path, model: &str, text: &Path, out: Option<&Path>) {
+    let o = out.map(|p| p.to_str().unwrap().to_string());
+    let mut a = vec![
+        "importance",
+        "-m",
+        model,
+        "--calib",
+        text.to_str().unwrap(),
+        "--tokens",
+        "256",
+        "--ctx",
+        "32",
+        "--rows",
+        "64",
+        "--kl-chunks",
+        "1",
+    ];
+    if let Some(o) = &o {
+        a.extend(["-o", o.as_str()]);
+    }
+    let r = cli(dir, &a);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+}
+
+#[test]
+fn a_budget_runs_the_stored_maps_profile_and_bad_requests_are_refused() {
+    let Some((dir, llama, qwen, text)) = setup(97) else {
+        return;
     };
+    let (m, t) = (llama.to_str().unwrap(), text.to_str().unwrap());
+    let imp = |model: &str, out: Option<&Path>| importance(dir.path(), model, &text, out);
     imp(m, None);
     let stored: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
@@ -275,37 +287,11 @@ fn a_budget_runs_the_stored_maps_profile_and_bad_requests_are_refused() {
 
 #[test]
 fn refine_saves_a_measured_profile_that_profile_file_runs() {
-    let llama = root().join("fixtures/tiny/llama/model.q8_0.gguf");
-    let qwen = root().join("fixtures/tiny/qwen2/model.q8_0.gguf");
-    if !synapse_testdata::require(&llama, "tiny-model fixture") {
+    let Some((dir, llama, qwen, text)) = setup(89) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let text = dir.path().join("calibration.txt");
-    let words: Vec<String> = (0..600)
-        .map(|i| format!("word{} and more", i % 89))
-        .collect();
-    std::fs::write(&text, words.join(" ")).unwrap();
+    };
     let (m, t) = (llama.to_str().unwrap(), text.to_str().unwrap());
-    let r = cli(
-        dir.path(),
-        &[
-            "importance",
-            "-m",
-            m,
-            "--calib",
-            t,
-            "--tokens",
-            "256",
-            "--ctx",
-            "32",
-            "--rows",
-            "64",
-            "--kl-chunks",
-            "1",
-        ],
-    );
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    importance(dir.path(), m, &text, None);
     let out = dir.path().join("refined.json");
     let o = out.to_str().unwrap();
     let refine = |budget: &str| {
