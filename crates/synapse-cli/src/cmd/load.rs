@@ -304,6 +304,14 @@ pub struct PrecisionArgs {
 pub fn parse_profile(spec: &str) -> anyhow::Result<synapse_runtime::precision::Precision> {
     use synapse_runtime::precision::{Precision, SavedProfile};
     if spec != "source" && !spec.starts_with("uniform:") && Path::new(spec).is_file() {
+        // A saved profile is a few tens of KB; a file far larger is not one.
+        const MAX: u64 = 64 << 20;
+        let len = std::fs::metadata(spec)
+            .with_context(|| format!("reading {spec}"))?
+            .len();
+        if len > MAX {
+            bail!("--profile {spec}: {len} bytes is no saved profile (at most {MAX} bytes)");
+        }
         let bytes = std::fs::read(spec).with_context(|| format!("reading {spec}"))?;
         let saved = SavedProfile::from_json(&bytes).with_context(|| format!("--profile {spec}"))?;
         return Ok(Precision::Saved(Box::new(saved)));
