@@ -5,6 +5,7 @@
 //! kernels, scheduling, codecs or the network.
 #![deny(missing_docs)]
 
+mod backing;
 pub mod blocks;
 pub mod config;
 pub mod decode;

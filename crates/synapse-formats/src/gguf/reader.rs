@@ -87,7 +87,7 @@ impl GgufFile {
     /// The whole file as mapped (`None` for an in-memory image): the extent within which
     /// a tensor's mapped pages may be dropped.
     pub fn mapped_bytes(&self) -> Option<&[u8]> {
-        self.backing.file().map(|_| self.backing.bytes())
+        self.backing.mapping().map(|m| &m[..])
     }
 
     /// Size of the whole file in bytes.
@@ -133,24 +133,7 @@ impl GgufFile {
     /// tensor becomes mapped). `Ok(false)` when the file is an in-memory image or the range
     /// lies outside the tensor.
     pub fn read_tensor_at(&self, t: &TensorInfo, at: u64, dst: &mut [u8]) -> std::io::Result<bool> {
-        let Some(file) = self.backing.file() else {
-            return Ok(false);
-        };
-        let end = at.checked_add(dst.len() as u64);
-        if end.is_none_or(|e| e > t.n_bytes) {
-            return Ok(false);
-        }
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::FileExt;
-            file.read_exact_at(dst, t.offset + at)?;
-            Ok(true)
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = file;
-            Ok(false)
-        }
+        self.backing.read_at(t.offset, t.n_bytes, at, dst)
     }
 
     /// `general.architecture`, if present and a string.

@@ -15,30 +15,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-/// The bytes a [`GgufStrings`] lives in: a read-only file mapping or an owned buffer.
-pub(crate) enum Backing {
-    /// A memory-mapped file, with the open file kept for positional reads.
-    Mmap(memmap2::Mmap, std::fs::File),
-    /// An in-memory image (or the encoded strings of an array built in memory).
-    Bytes(Vec<u8>),
-}
-
-impl Backing {
-    pub(crate) fn bytes(&self) -> &[u8] {
-        match self {
-            Backing::Mmap(m, _) => m,
-            Backing::Bytes(b) => b,
-        }
-    }
-
-    /// The open file behind a mapping (`None` for an in-memory image).
-    pub(crate) fn file(&self) -> Option<&std::fs::File> {
-        match self {
-            Backing::Mmap(_, f) => Some(f),
-            Backing::Bytes(_) => None,
-        }
-    }
-}
+pub(crate) use crate::backing::Backing;
 
 /// Size of a string's length prefix in the GGUF encoding.
 const LEN_PREFIX: usize = 8;

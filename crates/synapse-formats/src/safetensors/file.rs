@@ -9,25 +9,11 @@ use memmap2::Mmap;
 use serde_json::Value;
 
 use super::dtype::Dtype;
+use crate::backing::Backing;
 use crate::error::{FormatError, Result};
 
 /// Largest JSON header accepted (the reference `safetensors` library's limit).
 pub const MAX_HEADER_LEN: u64 = 100_000_000;
-
-enum Backing {
-    /// The file's mapping, and the file (for positional reads that touch no mapped page).
-    Mmap(Mmap, File),
-    Bytes(Vec<u8>),
-}
-
-impl Backing {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Backing::Mmap(m, _) => m,
-            Backing::Bytes(b) => b,
-        }
-    }
-}
 
 /// A tensor entry of a safetensors header, validated against its file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,10 +115,7 @@ impl SafetensorsFile {
     /// The whole file mapping, for a file opened from disk (`None` for an in-memory image):
     /// the extent within which a caller may drop an entry's mapped pages.
     pub fn mapped_bytes(&self) -> Option<&[u8]> {
-        match &self.backing {
-            Backing::Mmap(m, _) => Some(m),
-            Backing::Bytes(_) => None,
-        }
+        self.backing.mapping().map(|m| &m[..])
     }
 
     /// Reads `dst.len()` bytes from byte `at` of entry `e` into `dst` through the file (a
@@ -144,24 +127,7 @@ impl SafetensorsFile {
         at: u64,
         dst: &mut [u8],
     ) -> std::io::Result<bool> {
-        let Backing::Mmap(_, file) = &self.backing else {
-            return Ok(false);
-        };
-        let end = at.checked_add(dst.len() as u64);
-        if end.is_none_or(|end| end > e.n_bytes) {
-            return Ok(false);
-        }
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::FileExt;
-            file.read_exact_at(dst, e.offset + at)?;
-            Ok(true)
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = file;
-            Ok(false)
-        }
+        self.backing.read_at(e.offset, e.n_bytes, at, dst)
     }
 
     fn parse(backing: Backing, label: String) -> Result<Self> {
