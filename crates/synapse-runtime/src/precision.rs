@@ -225,17 +225,21 @@ pub(crate) fn mapped_bytes(model: &Model, map: &ImportanceMap) -> Result<u64> {
     Ok(total)
 }
 
-/// A whole-model budget of `want` bytes split for the selector: the bytes of the weights `map`
-/// does not cover (fixed), and what is left for the mapped linears; a budget below the fixed
-/// weights and the map's smallest profile is [`SelectorError::BudgetTooSmall`] with the
-/// whole-model minimum.
+/// A whole-model budget of `want` bytes split for `sel` (the selector of `map`): the bytes of
+/// the weights `map` does not cover (fixed), and what is left for the mapped linears — at
+/// least `sel`'s smallest profile, so selecting within it cannot fail for want of bytes; a
+/// budget below that is [`SelectorError::BudgetTooSmall`] with the whole-model minimum.
 ///
 /// [`SelectorError::BudgetTooSmall`]: synapse_selector::SelectorError::BudgetTooSmall
-pub(crate) fn linear_budget(model: &Model, map: &ImportanceMap, want: u64) -> Result<(u64, u64)> {
+pub(crate) fn linear_budget(
+    model: &Model,
+    map: &ImportanceMap,
+    sel: &Selector,
+    want: u64,
+) -> Result<(u64, u64)> {
     let all = model.weight_bytes() as u64;
     let mapped = mapped_bytes(model, map)?;
     let fixed = all - mapped.min(all);
-    let sel = Selector::new(map, &Constraints::default())?;
     let minimum = sel.minimum_bytes();
     match want.checked_sub(fixed) {
         Some(linear) if linear >= minimum => Ok((fixed, linear)),
@@ -244,19 +248,6 @@ pub(crate) fn linear_budget(model: &Model, map: &ImportanceMap, want: u64) -> Re
             minimum: fixed + minimum,
         }
         .into()),
-    }
-}
-
-/// A selector error for the mapped linears, restated for the whole model (`fixed` bytes more).
-fn budget_error(e: synapse_selector::SelectorError, fixed: u64) -> synapse_selector::SelectorError {
-    match e {
-        synapse_selector::SelectorError::BudgetTooSmall { budget, minimum } => {
-            synapse_selector::SelectorError::BudgetTooSmall {
-                budget: budget + fixed,
-                minimum: minimum + fixed,
-            }
-        }
-        e => e,
     }
 }
 
@@ -349,14 +340,12 @@ pub fn apply(model: &Arc<Model>, p: &Precision, cache: Option<&VariantCache>) ->
             })
         }
         Precision::Budget { budget, map } => {
-            let (fixed, linear_budget) = linear_budget(model, map, budget.bytes(all))?;
             // Every option the map holds is a codec this build runs (checked with the
             // fingerprint in `mapped_bytes`), and the source encodings are the model's own: no
             // constraint beyond the map.
             let sel = Selector::new(map, &Constraints::default())?;
-            let profile = sel
-                .select_best(linear_budget)
-                .map_err(|e| budget_error(e, fixed))?;
+            let (fixed, linear_budget) = linear_budget(model, map, &sel, budget.bytes(all))?;
+            let profile = sel.select_best(linear_budget)?;
             let (run, variants) = model_for_profile(
                 model,
                 &profile,

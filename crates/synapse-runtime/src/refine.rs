@@ -346,8 +346,8 @@ pub fn refine(
             reason: "measured on another model".into(),
         });
     }
-    let (fixed, linear_budget) = crate::precision::linear_budget(source, map, budget)?;
     let full = Selector::new(map, &Constraints::default())?;
+    let (fixed, linear_budget) = crate::precision::linear_budget(source, map, &full, budget)?;
     let best = full.select_best(linear_budget)?;
 
     let ladders: Vec<Ladder> = map

@@ -142,6 +142,19 @@ pub(crate) unsafe fn rows_scalar<const ASYM: bool>(
     }
 }
 
+/// The f16 at `p` (a group's scale or minimum) as the low lane of a register (exact).
+///
+/// # Safety
+/// `p` is valid for reading 2 bytes; the CPU has F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "f16c")]
+unsafe fn half_at(p: *const u8) -> std::arch::x86_64::__m128 {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's contract.
+    let h = unsafe { std::ptr::read_unaligned(p.cast::<u16>()) };
+    _mm_cvtph_ps(_mm_cvtsi32_si128(h as i32))
+}
+
 /// The fold of [`fold`] on a register of 16 lanes: `(l + l+8)`, then `(v0+v4)`… as pairs.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
@@ -204,11 +217,9 @@ pub(crate) unsafe fn rows_avx512<const ASYM: bool>(
                 let q = _mm512_permutexvar_epi8(idx, raw);
                 _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl, q), cmask)
             };
-            let h = std::ptr::read_unaligned(grp.cast::<u16>());
-            let dw = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
+            let dw = _mm512_broadcastss_ps(half_at(grp));
             let mw = if ASYM {
-                let h = std::ptr::read_unaligned(grp.add(2).cast::<u16>());
-                _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+                _mm512_broadcastss_ps(half_at(grp.add(2)))
             } else {
                 _mm512_setzero_ps()
             };
@@ -371,11 +382,9 @@ pub(crate) unsafe fn rows_avx2<const ASYM: bool>(
                     // Decode streams the weights once: ask for them ~6 KB ahead (as the
                     // one-row ggml-type kernels do).
                     _mm_prefetch::<_MM_HINT_T1>(gp.wrapping_add(6144).cast());
-                    let h = std::ptr::read_unaligned(gp.cast::<u16>());
-                    let dw = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)));
+                    let dw = _mm256_broadcastss_ps(half_at(gp));
                     let mw = if ASYM {
-                        let h = std::ptr::read_unaligned(gp.add(2).cast::<u16>());
-                        _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+                        _mm256_broadcastss_ps(half_at(gp.add(2)))
                     } else {
                         _mm256_setzero_ps()
                     };
