@@ -142,35 +142,78 @@ pub fn measure_tensor(
     calib: &Calibration,
     codecs: &[&dyn Codec],
 ) -> Result<TensorImportance> {
-    let cols = calib.cols();
-    check_shape(w.len(), rows, cols, "weight elements")?;
-    // The reference energy and the Gram matrix are shared by every codec.
-    let g = (cols > 0 && use_gram(calib)).then(|| gram(calib));
-    let pick = measured_rows(rows);
-    let take = |m: &[f32]| -> Vec<f64> {
-        pick.iter()
-            .flat_map(|&r| m[r * cols..(r + 1) * cols].iter().map(|&a| f64::from(a)))
-            .collect()
-    };
-    let wf: Vec<f64> = if cols == 0 { Vec::new() } else { take(w) };
-    let den = if cols == 0 {
-        0.0
-    } else {
-        energy(&wf, calib, g.as_deref())
-    };
+    measure_parts(
+        &[TensorPart { w, rows, calib }],
+        source_encoding,
+        source_bytes,
+        codecs,
+    )
+}
+
+/// One part of a tensor that sees its own inputs: one routed expert's slice of a stacked
+/// expert tensor, with the rows routed to that expert.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorPart<'a> {
+    /// The part's weights, row-major `rows × calib.cols()`.
+    pub w: &'a [f32],
+    /// Its rows.
+    pub rows: usize,
+    /// Its inputs.
+    pub calib: &'a Calibration,
+}
+
+/// [`measure_tensor`] for a tensor made of parts, each encoded on its own (as the executor
+/// re-encodes each expert of a stacked tensor) and measured on its own inputs: an option's
+/// bytes are the parts' sum, its distortion the pooled ratio
+/// `Σ_p ‖(W_p − Q(W_p)) X_p‖² / Σ_p ‖W_p X_p‖²` — the relative error of every product the tensor
+/// takes part in, each part weighted by the energy of its own outputs.
+pub fn measure_parts(
+    parts: &[TensorPart<'_>],
+    source_encoding: &str,
+    source_bytes: u64,
+    codecs: &[&dyn Codec],
+) -> Result<TensorImportance> {
+    struct Prepared {
+        g: Option<Vec<f64>>,
+        pick: Vec<usize>,
+        wf: Vec<f64>,
+    }
+    let mut prepared = Vec::with_capacity(parts.len());
+    let mut den = 0.0f64;
+    for p in parts {
+        let cols = p.calib.cols();
+        check_shape(p.w.len(), p.rows, cols, "weight elements")?;
+        // The reference energy and the Gram matrix are shared by every codec.
+        let g = (cols > 0 && use_gram(p.calib)).then(|| gram(p.calib));
+        let pick = measured_rows(p.rows);
+        let wf = take_rows(p.w, &pick, cols);
+        if cols > 0 {
+            den += energy(&wf, p.calib, g.as_deref());
+        }
+        prepared.push(Prepared { g, pick, wf });
+    }
     let mut options = Vec::with_capacity(codecs.len());
     for codec in codecs {
-        let enc = codec.encode_matrix(w, rows, cols)?;
-        let q = codec.decode_matrix(&enc, rows, cols)?;
-        let num = if cols == 0 {
-            0.0
-        } else {
-            let err: Vec<f64> = wf.iter().zip(take(&q)).map(|(&a, b)| a - b).collect();
-            energy(&err, calib, g.as_deref())
-        };
+        let (mut bytes, mut num) = (0u64, 0.0f64);
+        for (p, pr) in parts.iter().zip(&prepared) {
+            let cols = p.calib.cols();
+            let enc = codec.encode_matrix(p.w, p.rows, cols)?;
+            bytes += enc.len() as u64;
+            if cols == 0 {
+                continue;
+            }
+            let q = codec.decode_matrix(&enc, p.rows, cols)?;
+            let err: Vec<f64> = pr
+                .wf
+                .iter()
+                .zip(take_rows(&q, &pr.pick, cols))
+                .map(|(&a, b)| a - b)
+                .collect();
+            num += energy(&err, p.calib, pr.g.as_deref());
+        }
         options.push(EncodingOption {
             encoding: codec.id().to_string(),
-            bytes: enc.len() as u64,
+            bytes,
             distortion: ratio(num, den),
         });
     }
@@ -188,6 +231,13 @@ pub fn measure_tensor(
         options,
         kl_weight: 1.0,
     })
+}
+
+/// Rows `pick` of the row-major matrix `m` (`cols` wide), widened to f64.
+fn take_rows(m: &[f32], pick: &[usize], cols: usize) -> Vec<f64> {
+    pick.iter()
+        .flat_map(|&r| m[r * cols..(r + 1) * cols].iter().map(|&a| f64::from(a)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -254,5 +304,64 @@ mod tests {
                 "{samples}x{cols}: {d} vs {g}"
             );
         }
+    }
+
+    #[test]
+    fn parts_pool_their_errors_and_energies() {
+        let cols = 64;
+        let mk = |n: usize, k: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| (((i * k) % 211) as f32 / 105.0 - 1.0) * (1.0 + (i % 7) as f32 / 3.0))
+                .collect()
+        };
+        // Two experts: different weights, different routed rows (one part's inputs large).
+        let (w1, w2) = (mk(6 * cols, 7919), mk(4 * cols, 104_729));
+        let c1 = Calibration::new(mk(80 * cols, 37), 80, cols).unwrap();
+        let x2: Vec<f32> = mk(3 * cols, 53).iter().map(|v| 9.0 * v).collect();
+        let c2 = Calibration::new(x2, 3, cols).unwrap();
+        let codec = synapse_codecs::resolve("syn.q3.symmetric.g64.v1").unwrap();
+        let parts = [
+            TensorPart {
+                w: &w1,
+                rows: 6,
+                calib: &c1,
+            },
+            TensorPart {
+                w: &w2,
+                rows: 4,
+                calib: &c2,
+            },
+        ];
+        let t = measure_parts(&parts, "f32", 1 << 20, &[&*codec]).unwrap();
+        let mut num = 0.0;
+        let mut den = 0.0;
+        let mut bytes = 0;
+        for p in &parts {
+            let enc = codec.encode_matrix(p.w, p.rows, cols).unwrap();
+            bytes += enc.len() as u64;
+            let q = codec.decode_matrix(&enc, p.rows, cols).unwrap();
+            let wf: Vec<f64> = p.w.iter().map(|&v| f64::from(v)).collect();
+            let e: Vec<f64> =
+                p.w.iter()
+                    .zip(&q)
+                    .map(|(&a, &b)| f64::from(a) - f64::from(b))
+                    .collect();
+            num += energy(&e, p.calib, None);
+            den += energy(&wf, p.calib, None);
+        }
+        assert_eq!(t.options[0].bytes, bytes);
+        let want = num / den;
+        assert!(
+            (t.options[0].distortion - want).abs() <= 1e-12 * want,
+            "{t:?} vs {want}"
+        );
+        // Not the mean of the parts' own ratios: the heavier part weighs more.
+        let d1 = measure_tensor(&w1, 6, "f32", 1 << 20, &c1, &[&*codec]).unwrap();
+        let d2 = measure_tensor(&w2, 4, "f32", 1 << 20, &c2, &[&*codec]).unwrap();
+        let mean = (d1.options[0].distortion + d2.options[0].distortion) / 2.0;
+        assert!((t.options[0].distortion - mean).abs() > 1e-6 * mean);
+        // One part is measure_tensor, bit for bit.
+        let one = measure_parts(&parts[..1], "f32", 1 << 20, &[&*codec]).unwrap();
+        assert_eq!(one, d1);
     }
 }

@@ -26,7 +26,7 @@ pub mod map;
 pub mod rank;
 
 pub use calibration::Calibration;
-pub use distortion::{measure_tensor, output_distortion};
+pub use distortion::{TensorPart, measure_parts, measure_tensor, output_distortion};
 pub use error::{Result, SensitivityError};
 pub use map::{
     EncodingOption, FORMAT_VERSION, ImportanceMap, ImportanceMapBuilder, Provenance,
