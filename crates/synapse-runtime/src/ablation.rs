@@ -28,31 +28,41 @@ pub struct Group {
 }
 
 /// The default grouping: per layer its attention linears (`blk.N.attn`: q, k, v, output) and
-/// its FFN linears (`blk.N.ffn`), and the LM head alone.
+/// its FFN's tensors (`blk.N.ffn`: the dense projections, or a mixture's router, shared expert
+/// and routed experts' tensors), and the LM head alone.
 pub fn layer_groups(model: &Model) -> Vec<Group> {
-    let mut groups: BTreeMap<(usize, usize), Group> = BTreeMap::new();
-    let mut head = Vec::new();
-    for (name, _) in crate::importance::linears(model) {
-        let layer = name
-            .strip_prefix("blk.")
-            .and_then(|r| r.split('.').next())
-            .and_then(|n| n.parse::<usize>().ok());
-        match layer {
-            Some(l) => {
-                let ffn = name.contains(".ffn_");
-                let g = groups.entry((l, ffn as usize)).or_insert_with(|| Group {
-                    name: format!("blk.{l}.{}", if ffn { "ffn" } else { "attn" }),
-                    tensors: Vec::new(),
-                });
-                g.tensors.push(name);
+    let ir = &model.ir;
+    let name = |id| ir.weight(id).name.clone();
+    let mut groups = Vec::with_capacity(2 * ir.layers.len() + 1);
+    for (l, r) in ir.layers.iter().enumerate() {
+        let ids = crate::load::layer_weight_ids(r);
+        let (attn, ffn) = ids.split_at(4);
+        groups.push(Group {
+            name: format!("blk.{l}.attn"),
+            tensors: attn.iter().map(|&id| name(id)).collect(),
+        });
+        let mut tensors: Vec<String> = ffn.iter().map(|&id| name(id)).collect();
+        if let synapse_model::FfnRegion::Moe(m) = &r.ffn {
+            for e in &m.experts {
+                for el in [&e.gate, &e.up, &e.down] {
+                    let n = name(el.weight);
+                    if !tensors.contains(&n) {
+                        tensors.push(n);
+                    }
+                }
             }
-            None => head.push(Group {
-                name: name.clone(),
-                tensors: vec![name],
-            }),
         }
+        groups.push(Group {
+            name: format!("blk.{l}.ffn"),
+            tensors,
+        });
     }
-    groups.into_values().chain(head).collect()
+    let head = name(ir.lm_head.linear.weight);
+    groups.push(Group {
+        name: head.clone(),
+        tensors: vec![head],
+    });
+    groups
 }
 
 /// One group's measurement.

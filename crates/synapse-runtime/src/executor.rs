@@ -754,6 +754,7 @@ impl Executor {
                         m.gelu_f16_table,
                         (counts, &mut self.experts.groups),
                         self.pager.as_mut().map(|p| (p, moe_layer - 1)),
+                        (&mut self.tap, il),
                     )?
                 }
             }

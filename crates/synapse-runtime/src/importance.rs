@@ -2,20 +2,27 @@
 //! [`CalibrationRecorder`] attached; each linear's weights (decoded from their source
 //! encoding) are measured under every codec of the candidate ladder on its own input rows
 //! (`synapse_sensitivity::measure_tensor`: exact size and activation-aware output distortion
-//! `‖(W − Q(W))X‖² / ‖WX‖²`); the measurements and their provenance (model fingerprint,
-//! calibration hash, sample count, codec versions) form an [`ImportanceMap`].
+//! `‖(W − Q(W))X‖² / ‖WX‖²`); a mixture's routed experts likewise, each expert's projections
+//! on the rows routed to that expert, a stacked tensor's experts pooled into one entry
+//! (`measure_parts`); the measurements and their provenance (model fingerprint, calibration
+//! hash, sample count, codec versions) form an [`ImportanceMap`].
 
 use std::sync::Arc;
 
+use std::collections::BTreeMap;
 use synapse_codecs::{Codec, EncodingId, codec_for, default_ladder};
 use synapse_kernels::QuantMatrix;
-use synapse_sensitivity::{Calibration, ImportanceMap, ImportanceMapBuilder, measure_tensor};
 
-use crate::calib::CalibrationRecorder;
+use synapse_sensitivity::{
+    Calibration, ImportanceMap, ImportanceMapBuilder, TensorPart, measure_parts, measure_tensor,
+};
+
+use crate::calib::{CalibrationRecorder, Site, SiteSamples};
 use crate::error::{Result, RuntimeError};
 use crate::executor::{Executor, Row, prompt_order};
 use crate::kv::{KvCache, KvDtype};
 use crate::load::Model;
+use crate::tap::Stage;
 
 /// How to build a map.
 #[derive(Debug, Clone)]
@@ -65,8 +72,8 @@ pub fn linears(model: &Model) -> Vec<(String, Arc<QuantMatrix>)> {
 
 /// The tensors holding a mixture of experts' routed experts (IR weight names, each once: a
 /// GGUF's stacked `ffn_*_exps`, or each expert's own tensors), in layer order. Not among
-/// [`linears`]: the importance map measures the linears only; a uniform profile re-encodes
-/// these too.
+/// [`linears`] (a stacked tensor is many matrices); the importance map measures them too,
+/// each expert on the rows routed to it.
 pub fn expert_tensors(model: &Model) -> Vec<String> {
     let ir = &model.ir;
     let mut v: Vec<String> = Vec::new();
@@ -142,7 +149,12 @@ pub fn build_importance_map_and_imatrix(
     run?;
     let sites = rec.sites();
     let mut imatrix = Imatrix::new();
-    for (_, s) in &sites {
+    for (site, s) in &sites {
+        if site.expert.is_some() {
+            // llama.cpp's imatrix keeps a stacked expert tensor's statistics by expert; the
+            // re-quantization baselines run on dense models only.
+            continue;
+        }
         let n = s.seen.max(1) as f64;
         let mean: Vec<f32> = s.sq.iter().map(|&v| (v / n) as f32).collect();
         for w in &s.weights {
@@ -167,7 +179,8 @@ pub fn build_importance_map_and_imatrix(
     );
     let codecs: Vec<Box<dyn Codec>> = p.ladder.iter().map(|&id| codec_for(id)).collect();
     let refs: Vec<&dyn Codec> = codecs.iter().map(|c| c.as_ref()).collect();
-    let total = by_name.len();
+    let experts = expert_projections(&model);
+    let total = by_name.len() + experts.len();
     let mut done = 0;
     // A head tied to the token embedding is one table with two uses: its options also carry
     // the lookup's distortion (below).
@@ -198,7 +211,147 @@ pub fn build_importance_map_and_imatrix(
             progress(done, total, name);
         }
     }
+    // Routed experts: a tensor's parts (a stacked tensor: one per expert) each measured on
+    // the rows routed to its expert, pooled (`measure_parts`).
+    let by_site: BTreeMap<&Site, &SiteSamples> = sites.iter().map(|(k, v)| (k, v)).collect();
+    for (name, parts) in &experts {
+        let mut inputs = Vec::with_capacity(parts.len());
+        let mut weights = Vec::with_capacity(parts.len());
+        let mut source_bytes = 0u64;
+        for p in parts {
+            weights.push(dequantize(&p.m)?);
+            inputs.push(expert_input(&model, &by_site, p)?);
+            source_bytes += p.m.weight_bytes() as u64;
+        }
+        let calibs = inputs
+            .into_iter()
+            .map(|(x, rows, cols)| Calibration::new(x, rows, cols))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let tp: Vec<TensorPart<'_>> = parts
+            .iter()
+            .zip(&weights)
+            .zip(&calibs)
+            .map(|((p, w), calib)| TensorPart {
+                w,
+                rows: p.m.rows(),
+                calib,
+            })
+            .collect();
+        let source = model
+            .profile
+            .encoding(name)
+            .map(str::to_owned)
+            .unwrap_or_else(|| "f32".into());
+        b.add(name, measure_parts(&tp, &source, source_bytes, &refs)?)?;
+        done += 1;
+        progress(done, total, name);
+    }
     Ok((b.finish(), imatrix))
+}
+
+/// `m`'s weights in f32, row-major.
+fn dequantize(m: &QuantMatrix) -> Result<Vec<f32>> {
+    let (rows, cols) = (m.rows(), m.cols());
+    let mut w = vec![0f32; rows * cols];
+    for (r, out) in w.chunks_exact_mut(cols).enumerate() {
+        m.dequantize_row(r, out)?;
+    }
+    Ok(w)
+}
+
+/// One routed expert's projection, a part of its tensor.
+struct ExpertProjection {
+    /// Layer index.
+    layer: usize,
+    /// Expert index in the layer's mixture.
+    expert: usize,
+    /// Its input: [`Stage::FfnNorm`] (gate, up) or [`Stage::FfnAct`] (down).
+    stage: Stage,
+    m: Arc<QuantMatrix>,
+}
+
+/// The routed experts' projections by tensor name (in [`expert_tensors`]' order; a stacked
+/// tensor's parts in expert order).
+fn expert_projections(model: &Model) -> Vec<(String, Vec<ExpertProjection>)> {
+    let ir = &model.ir;
+    let mut v: Vec<(String, Vec<ExpertProjection>)> = Vec::new();
+    for (layer, (l, r)) in model.layers.iter().zip(&ir.layers).enumerate() {
+        let (crate::load::FfnW::Moe(mw), synapse_model::FfnRegion::Moe(mr)) = (&l.ffn, &r.ffn)
+        else {
+            continue;
+        };
+        for (expert, (ew, er)) in mw.experts.iter().zip(&mr.experts).enumerate() {
+            for (m, el, stage) in [
+                (&ew.gate, &er.gate, Stage::FfnNorm),
+                (&ew.up, &er.up, Stage::FfnNorm),
+                (&ew.down, &er.down, Stage::FfnAct),
+            ] {
+                let name = &ir.weight(el.weight).name;
+                let part = ExpertProjection {
+                    layer,
+                    expert,
+                    stage,
+                    m: m.clone(),
+                };
+                match v.iter_mut().find(|(n, _)| n == name) {
+                    Some((_, parts)) => parts.push(part),
+                    None => v.push((name.clone(), vec![part])),
+                }
+            }
+        }
+    }
+    v
+}
+
+/// The calibration rows (`data, rows, cols`) of one expert projection: those routed to its
+/// expert. An expert the calibration text never routed to is measured on what it would have
+/// seen had every row been routed to it — the layer's normed input rows (the router's sample)
+/// and, for its down projection, its own gated activation of them (computed here in f32) —
+/// so that no expert's error goes unmeasured.
+fn expert_input(
+    model: &Model,
+    sites: &BTreeMap<&Site, &SiteSamples>,
+    p: &ExpertProjection,
+) -> Result<(Vec<f32>, usize, usize)> {
+    let site = |stage, expert| Site {
+        layer: Some(p.layer),
+        stage,
+        expert,
+    };
+    let own = sites.get(&site(p.stage, Some(p.expert as u32)));
+    if let Some(s) = own.filter(|s| s.rows() > 0) {
+        return Ok((s.data.clone(), s.rows(), s.cols));
+    }
+    let cols = p.m.cols();
+    let Some(x) = sites
+        .get(&site(Stage::FfnNorm, None))
+        .filter(|s| s.rows() > 0)
+    else {
+        return Ok((Vec::new(), 0, cols));
+    };
+    let rows = x.rows();
+    if p.stage == Stage::FfnNorm {
+        return Ok((x.data.clone(), rows, x.cols));
+    }
+    let crate::load::FfnW::Moe(mw) = &model.layers[p.layer].ffn else {
+        return Ok((Vec::new(), 0, cols));
+    };
+    let e = &mw.experts[p.expert];
+    let ff = e.gate.rows();
+    let project = |m: &QuantMatrix| -> Result<Vec<f32>> {
+        let w = dequantize(m)?;
+        let mut y = vec![0f32; rows * ff];
+        for (xr, yr) in x.data.chunks_exact(x.cols).zip(y.chunks_exact_mut(ff)) {
+            for (o, wr) in yr.iter_mut().zip(w.chunks_exact(x.cols)) {
+                *o = wr.iter().zip(xr).map(|(a, b)| a * b).sum();
+            }
+        }
+        Ok(y)
+    };
+    let (g, u) = (project(&e.gate)?, project(&e.up)?);
+    let mut h = vec![0f32; rows * ff];
+    crate::moe::gated(mw.act, &g, &u, &mut h, ff, model.gelu_f16_table);
+    Ok((h, rows, ff))
 }
 
 /// Adds to each option of a tied embedding / head table the distortion of its other use, the

@@ -38,6 +38,7 @@ use crate::executor::{Row, linear};
 use crate::kv::SlotId;
 use crate::load::MoeW;
 use crate::residency::ExpertPager;
+use crate::tap::{Stage, Tap};
 
 /// Grow-only scratch of the MoE blocks (a pass allocates nothing once the largest pass has
 /// been seen).
@@ -107,7 +108,14 @@ fn ensure(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 }
 
 /// `y = gate(act(g)) ⊙ u` row by row, in ggml's order for the activation.
-fn gated(act: Activation, g: &[f32], u: &[f32], h: &mut [f32], ff: usize, gelu_table: bool) {
+pub(crate) fn gated(
+    act: Activation,
+    g: &[f32],
+    u: &[f32],
+    h: &mut [f32],
+    ff: usize,
+    gelu_table: bool,
+) {
     for ((g, u), h) in g
         .chunks_exact(ff)
         .zip(u.chunks_exact(ff))
@@ -161,7 +169,9 @@ fn expert_matmul(
 /// into prompt batches of `ubatch` rows from position 0, `runs` their order classes)
 /// into `y` (`n × hidden`), counting into `stats` (this layer's row counts per expert, and
 /// the groups run); with a `pager` (and this layer's index among the MoE layers), each
-/// expert is made resident right before its group runs. `ggml_numerics`: the shared expert's sigmoid as llama.cpp computes it
+/// expert is made resident right before its group runs; a `tap` sees each routed expert's
+/// input and gated activation, and the shared expert's activation (`layer`: the block's index
+/// among all layers). `ggml_numerics`: the shared expert's sigmoid as llama.cpp computes it
 /// (GGUF sources) rather than `1 / (1 + e^-x)`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
@@ -177,6 +187,7 @@ pub(crate) fn forward(
     ggml_numerics: bool,
     stats: (&mut [u64], &mut u64),
     mut pager: Option<(&mut ExpertPager, usize)>,
+    (tap, layer): (&mut Option<Box<dyn Tap>>, usize),
 ) -> Result<()> {
     let n = xn.len() / hd;
     let ne = m.experts.len();
@@ -320,6 +331,9 @@ pub(crate) fn forward(
         for (j, &(r, _)) in group.iter().enumerate() {
             xg[j * hd..(j + 1) * hd].copy_from_slice(&xn[r as usize * hd..(r as usize + 1) * hd]);
         }
+        if let Some(t) = tap.as_mut() {
+            t.expert_tensor(Stage::FfnNorm, layer, e, me, xg);
+        }
         let g = ensure(&mut s.g, me * ff);
         expert_matmul(&ex.gate, xg, me, n_tiled, g, ctx)?;
         let u = ensure(&mut s.u, me * ff);
@@ -333,6 +347,9 @@ pub(crate) fn forward(
             ff,
             ggml_numerics,
         );
+        if let Some(t) = tap.as_mut() {
+            t.expert_tensor(Stage::FfnAct, layer, e, me, &s.h[..me * ff]);
+        }
         let yg = ensure(&mut s.yg, me * hd);
         expert_matmul(&ex.down, &s.h[..me * ff], me, n_tiled, yg, ctx)?;
         for (j, &(r, slot)) in group.iter().enumerate() {
@@ -370,6 +387,9 @@ pub(crate) fn forward(
             ff,
             ggml_numerics,
         );
+        if let Some(t) = tap.as_mut() {
+            t.tensor(Stage::FfnAct, Some(layer), n, &s.sh[..n * ff]);
+        }
         let sy = ensure(&mut s.sy, n * hd);
         linear(&sh.down, &s.sh[..n * ff], runs, sy, ctx)?;
         if let Some(gi) = &sh.gate_inp {

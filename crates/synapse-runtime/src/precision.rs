@@ -197,26 +197,57 @@ pub struct Applied {
     pub variants: VariantStats,
 }
 
-/// The linears of `model` that `map` covers, with their source bytes; an error if the map was
-/// measured on another model, or misses one of the model's linears.
+/// Every tensor a profile can assign — the linears and the routed experts' tensors — with its
+/// source bytes (a stacked expert tensor: all its experts').
+pub fn assignable(model: &Model) -> BTreeMap<String, u64> {
+    let mut v: BTreeMap<String, u64> = crate::importance::linears(model)
+        .into_iter()
+        .map(|(n, m)| (n, m.weight_bytes() as u64))
+        .collect();
+    let ir = &model.ir;
+    for (l, r) in model.layers.iter().zip(&ir.layers) {
+        if let (crate::load::FfnW::Moe(mw), synapse_model::FfnRegion::Moe(mr)) = (&l.ffn, &r.ffn) {
+            for (ew, er) in mw.experts.iter().zip(&mr.experts) {
+                for (m, el) in [(&ew.gate, &er.gate), (&ew.up, &er.up), (&ew.down, &er.down)] {
+                    *v.entry(ir.weight(el.weight).name.clone()).or_default() +=
+                        m.weight_bytes() as u64;
+                }
+            }
+        }
+    }
+    v
+}
+
+/// The tensors of `model` that `map` covers, with their source bytes; an error if the map was
+/// measured on another model, or misses one of the model's linears. A map measured before its
+/// routed experts were (one without any of them) leaves them at their source encoding, fixed
+/// bytes of the budget; one that has some of them must have all.
 pub(crate) fn mapped_bytes(model: &Model, map: &ImportanceMap) -> Result<u64> {
     map.check_applies_to(&model.ir.fingerprint)?;
+    let experts = crate::importance::expert_tensors(model);
+    let with_experts = experts.iter().any(|n| map.tensors.contains_key(n));
     let mut total = 0u64;
-    for (name, m) in crate::importance::linears(model) {
-        let t = map
-            .tensors
-            .get(&name)
-            .ok_or_else(|| RuntimeError::InvalidParam {
-                name: "importance map",
-                reason: format!("has no entry for the model's linear {name:?}"),
-            })?;
-        if t.source_bytes != m.weight_bytes() as u64 {
+    for (name, bytes) in assignable(model) {
+        let expert = experts.contains(&name);
+        let t = match map.tensors.get(&name) {
+            Some(t) => t,
+            None if expert && !with_experts => continue,
+            None => {
+                return Err(RuntimeError::InvalidParam {
+                    name: "importance map",
+                    reason: format!(
+                        "has no entry for the model's {} {name:?}",
+                        if expert { "expert tensor" } else { "linear" }
+                    ),
+                });
+            }
+        };
+        if t.source_bytes != bytes {
             return Err(RuntimeError::InvalidParam {
                 name: "importance map",
                 reason: format!(
-                    "{name:?}: {} source bytes in the map, {} in the model",
+                    "{name:?}: {} source bytes in the map, {bytes} in the model",
                     t.source_bytes,
-                    m.weight_bytes()
                 ),
             });
         }
@@ -315,15 +346,15 @@ pub fn apply(model: &Arc<Model>, p: &Precision, cache: Option<&VariantCache>) ->
                     ),
                 });
             }
-            let lin: BTreeMap<String, u64> = crate::importance::linears(model)
-                .into_iter()
-                .map(|(n, m)| (n, m.weight_bytes() as u64))
-                .collect();
+            let lin = assignable(model);
             let mut mapped = 0u64;
             for name in saved.profile.assignments.keys() {
                 mapped += lin.get(name).ok_or_else(|| RuntimeError::InvalidParam {
                     name: "profile",
-                    reason: format!("the saved profile names {name:?}, not a linear of this model"),
+                    reason: format!(
+                        "the saved profile names {name:?}, not a linear or expert tensor of this \
+                         model"
+                    ),
                 })?;
             }
             let (run, variants) = model_for_profile(

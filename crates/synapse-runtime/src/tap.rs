@@ -102,4 +102,19 @@ pub trait Tap: Send {
     /// rows of `data.len() / rows` values, in the pass's row order (for
     /// [`Stage::ResultNorm`] and [`Stage::ResultOutput`], only the rows that want logits).
     fn tensor(&mut self, stage: Stage, layer: Option<usize>, rows: usize, data: &[f32]);
+
+    /// Routed expert `expert` of layer `layer`'s mixture computed from `data`: `rows` rows, in
+    /// the order of the expert's group — at [`Stage::FfnNorm`] the normed rows routed to it
+    /// (its gate and up projections' input), at [`Stage::FfnAct`] its gated activation (its
+    /// down projection's input). Ignored unless a tap asks for it.
+    fn expert_tensor(
+        &mut self,
+        stage: Stage,
+        layer: usize,
+        expert: usize,
+        rows: usize,
+        data: &[f32],
+    ) {
+        let _ = (stage, layer, expert, rows, data);
+    }
 }

@@ -79,12 +79,12 @@ pub fn tiny_q8_model(family: &str) -> Option<(std::sync::Arc<synapse_runtime::Mo
 }
 
 /// The importance map of a tiny model on `toks` (48 rows per site, sessions of 32 positions),
-/// checking that the progress callback counts every linear.
+/// checking that the progress callback counts every linear and routed expert tensor.
 pub fn tiny_importance_map(
     model: &std::sync::Arc<synapse_runtime::Model>,
     toks: &[u32],
 ) -> synapse_sensitivity::ImportanceMap {
-    use synapse_runtime::importance::{ImportanceParams, build_importance_map, linears};
+    use synapse_runtime::importance::{ImportanceParams, build_importance_map};
     let mut exec = synapse_runtime::Executor::new(model.clone(), 2).unwrap();
     let p = ImportanceParams {
         max_rows: 48,
@@ -99,7 +99,7 @@ pub fn tiny_importance_map(
         seen = done;
     })
     .unwrap();
-    assert_eq!(seen, linears(model).len());
+    assert_eq!(seen, synapse_runtime::precision::assignable(model).len());
     map
 }
 
