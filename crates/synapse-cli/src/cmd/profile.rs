@@ -29,14 +29,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let applied = &prepared.applied;
     let m = &applied.model;
     let mut rows = Vec::new();
-    for (name, lin) in synapse_runtime::importance::linears(m) {
+    // Every tensor a profile can assign: the linears, then the routed experts' tensors.
+    let bytes = synapse_runtime::precision::assignable(m);
+    let names = synapse_runtime::importance::linears(m)
+        .into_iter()
+        .map(|(n, _)| n)
+        .chain(synapse_runtime::importance::expert_tensors(m));
+    for name in names {
         let enc = m.profile.encoding(&name).unwrap_or("f32").to_string();
         let d = applied
             .profile
             .as_ref()
             .and_then(|p| p.assignments.get(&name))
             .map(|x| x.distortion);
-        rows.push((name, enc, lin.weight_bytes() as u64, d));
+        let b = bytes.get(&name).copied().unwrap_or(0);
+        rows.push((name, enc, b, d));
     }
     if a.json {
         let j = serde_json::json!({
