@@ -382,3 +382,56 @@ fn refine_saves_a_measured_profile_that_profile_file_runs() {
     let e = err(&refine("1"));
     assert!(e.contains("below the smallest possible total"), "{e}");
 }
+
+/// A mixture of experts (the tiny Qwen2-MoE, F32, stacked experts): `importance` measures its
+/// routed expert tensors, `profile --budget` assigns them, and `generate --budget` below what
+/// the routed experts take at the source runs within it.
+#[test]
+fn a_budget_on_a_mixture_of_experts_demotes_its_experts() {
+    let Some((dir, _, _, text)) = setup(97) else {
+        return;
+    };
+    let moe = root().join("fixtures/tiny/qwen2moe/model.f32.gguf");
+    let m = moe.to_str().unwrap();
+    importance(dir.path(), m, &text, None);
+    let src = json(&cli(dir.path(), &["profile", "-m", m, "--json"]));
+    let source_bytes = src["weight_bytes"].as_u64().unwrap();
+    let experts: Vec<&Value> = src["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["name"].as_str().unwrap().contains("_exps"))
+        .collect();
+    assert_eq!(experts.len(), 6, "{src}");
+    let expert_bytes: u64 = experts.iter().map(|t| t["bytes"].as_u64().unwrap()).sum();
+    // Less than the routed experts alone take at the source.
+    let want = (expert_bytes * 9 / 10).to_string();
+    let p = json(&cli(
+        dir.path(),
+        &["profile", "-m", m, "--budget", &want, "--json"],
+    ));
+    assert!(p["weight_bytes"].as_u64().unwrap() <= expert_bytes * 9 / 10);
+    for t in p["tensors"].as_array().unwrap() {
+        if t["name"].as_str().unwrap().contains("_exps") {
+            assert_ne!(t["encoding"], "f32", "{t}");
+            assert!(t["distortion"].as_f64().unwrap() > 0.0, "{t}");
+        }
+    }
+    let g = json(&cli(
+        dir.path(),
+        &[
+            "generate",
+            "-m",
+            m,
+            "--budget",
+            &want,
+            "-n",
+            "8",
+            "--json",
+            "word1 and",
+        ],
+    ));
+    assert_eq!(g["profile"], p["profile"], "{g}");
+    assert!(g["weight_bytes"].as_u64().unwrap() <= expert_bytes * 9 / 10);
+    assert!(source_bytes > 2 * g["weight_bytes"].as_u64().unwrap());
+}

@@ -132,7 +132,11 @@ fn site_weights(model: &Model) -> BTreeMap<Site, (Vec<String>, usize, f64)> {
                 if let Some(sh) = &moe.shared {
                     m.insert(
                         site(Stage::FfnAct),
-                        (vec![name(sh.down.weight)], sh.down.in_features as usize, 1.0),
+                        (
+                            vec![name(sh.down.weight)],
+                            sh.down.in_features as usize,
+                            1.0,
+                        ),
                     );
                 }
                 let share = f64::from(moe.n_used) / moe.experts.len().max(1) as f64;
