@@ -195,6 +195,35 @@ impl QuantMatrix {
         })
     }
 
+    /// This matrix's encoding and shape over `src`, which holds a copy of this matrix's own
+    /// bytes (a paged copy, read back from the file this matrix borrows from): only the
+    /// length is checked — a codec's content was validated when this matrix was made. Given
+    /// other bytes, a codec matrix computes other values (its kernels read any code in range
+    /// and return errors for undecodable rows); it never reads out of bounds. The W1.58A8 form
+    /// holds converted codes, not its source's bytes, and has no copy: an error.
+    pub fn over_copy(&self, src: Arc<dyn WeightSource>) -> Result<Self> {
+        if matches!(self.store, Store::TernaryA8 { .. }) || src.bytes().len() != self.data.len() {
+            return Err(KernelError::BadArgument {
+                op: "over_copy",
+                msg: format!(
+                    "{} bytes for a {}×{} {:?} matrix of {} bytes",
+                    src.bytes().len(),
+                    self.rows,
+                    self.cols,
+                    self.encoding(),
+                    self.data.len()
+                ),
+            });
+        }
+        Ok(Self {
+            store: self.store.clone(),
+            rows: self.rows,
+            cols: self.cols,
+            row_bytes: self.row_bytes,
+            data: Data::Shared(src),
+        })
+    }
+
     /// Validates a codec matrix's bytes (length, and every row decodes); returns its store
     /// and bytes per row (0 when rows are not separable).
     fn check_codec(id: &str, bytes: &[u8], rows: usize, cols: usize) -> Result<(Store, usize)> {

@@ -40,7 +40,6 @@
 
 use std::sync::Arc;
 
-use synapse_formats::GgmlType;
 use synapse_kernels::{KernelCtx, QuantMatrix, WeightSource};
 
 use crate::error::{Result, RuntimeError};
@@ -92,8 +91,6 @@ struct Unit {
     mapped: ExpertW,
     /// Bytes of the three projections.
     bytes: u64,
-    /// The projections' encodings (checked to be ggml types when the pager is made).
-    types: [GgmlType; 3],
     /// `(slot, the copy's matrices over the slot's buffers)` while resident.
     copy: Option<(usize, ExpertW)>,
     last_use: u64,
@@ -270,12 +267,11 @@ fn copy_parallel(dst: &mut [u8], src: &[u8], ctx: &mut KernelCtx) {
 }
 
 /// `m`'s bytes copied into `buf` (read through the file, or copied from the mapping and its
-/// pages dropped again; see the module docs), and a matrix of encoding `ty` over the copy.
-/// Errors when the buffer is still lent to a matrix.
+/// pages dropped again; see the module docs), and `m`'s matrix over the copy (the same
+/// encoding, a ggml type or a codec's). Errors when the buffer is still lent to a matrix.
 fn fill_slot(
     buf: &mut Arc<SlotBuf>,
     m: &QuantMatrix,
-    ty: GgmlType,
     read_file: bool,
     page: usize,
     ctx: &mut KernelCtx,
@@ -292,12 +288,7 @@ fn fill_slot(
         copy_parallel(dst, src, ctx);
         unmap_pages(src, page, extent(m, page));
     }
-    Ok(Arc::new(QuantMatrix::from_ggml_shared(
-        ty,
-        buf.clone() as Arc<dyn WeightSource>,
-        m.rows(),
-        m.cols(),
-    )?))
+    Ok(Arc::new(m.over_copy(buf.clone() as Arc<dyn WeightSource>)?))
 }
 
 #[derive(Clone, Copy)]
@@ -326,27 +317,22 @@ impl ExpertPager {
             n_expert = m.experts.len();
             for e in &m.experts {
                 let mut bytes = 0u64;
-                let mut types = [GgmlType::F32; 3];
-                for (mat, ty) in [&e.gate, &e.up, &e.down].into_iter().zip(&mut types) {
-                    *ty = match mat.ggml_type() {
-                        Some(t) if mat.is_borrowed() => t,
-                        _ => {
-                            return Err(RuntimeError::InvalidParam {
-                                name: "memory",
-                                reason: "routed experts page only in their ggml encoding, \
-                                         from a memory-mapped GGUF or package (this model's \
-                                         experts were copied at load, or re-encoded by a \
-                                         precision profile)"
-                                    .into(),
-                            });
-                        }
-                    };
+                for mat in [&e.gate, &e.up, &e.down] {
+                    if !mat.is_borrowed() {
+                        return Err(RuntimeError::InvalidParam {
+                            name: "memory",
+                            reason: "routed experts page only from a memory-mapped file (a \
+                                     GGUF, a package, or the variant cache of a precision \
+                                     profile); this model's experts were copied at load, or \
+                                     re-encoded without a variant cache"
+                                .into(),
+                        });
+                    }
                     bytes += mat.weight_bytes() as u64;
                 }
                 units.push(Unit {
                     mapped: e.clone(),
                     bytes,
-                    types,
                     copy: None,
                     last_use: 0,
                     prev_use: 0,
@@ -560,14 +546,13 @@ impl ExpertPager {
         let (page, read_file) = (self.page, self.read_file);
         let u = &mut self.units[i];
         let mut mats: [Option<Arc<QuantMatrix>>; 3] = [None, None, None];
-        for (((buf, m), out), &ty) in self.slots[slot]
+        for ((buf, m), out) in self.slots[slot]
             .bufs
             .iter_mut()
             .zip([&u.mapped.gate, &u.mapped.up, &u.mapped.down])
             .zip(mats.iter_mut())
-            .zip(&u.types)
         {
-            *out = Some(fill_slot(buf, m, ty, read_file, page, ctx)?);
+            *out = Some(fill_slot(buf, m, read_file, page, ctx)?);
         }
         let [Some(gate), Some(up), Some(down)] = mats else {
             unreachable!("three projections");

@@ -106,6 +106,14 @@ impl WeightSource for Mapped {
     fn bytes(&self) -> &[u8] {
         &self.0
     }
+
+    fn mapping(&self) -> Option<&[u8]> {
+        Some(&self.0)
+    }
+
+    fn read_at(&self, at: usize, dst: &mut [u8]) -> Option<std::io::Result<()>> {
+        Some(self.0.read_at(at as u64, dst))
+    }
 }
 
 /// The bytes of `m` re-encoded as `id`.

@@ -303,3 +303,59 @@ fn a_packages_experts_page_as_its_ggufs_do() {
     let st = ex.paging_stats().unwrap();
     assert!(st.misses > 0 && st.evictions > 0, "{st:?}");
 }
+
+/// Experts re-encoded by a precision profile page like the file's own: through the variant
+/// cache, each a memory-mapped object, read back into the pager's slots — the same logits as
+/// the re-encoded model with every expert resident, within the budget; re-encoded without a
+/// cache (copies in memory, nothing to page from) they are refused.
+#[test]
+fn re_encoded_experts_page_from_the_variant_cache() {
+    use synapse_runtime::VariantCache;
+    use synapse_runtime::precision::{Precision, apply};
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, _) = model(tmp.path());
+    let cache = VariantCache::open(&tmp.path().join("store")).unwrap();
+    let p = Precision::parse_profile("uniform:syn.q4.symmetric.g64.v1").unwrap();
+    let q4 = apply(&m, &p, Some(&cache)).unwrap().model;
+    assert!(q4.expert_bytes() < m.expert_bytes());
+    let store = tmp.path().join("store");
+    let mut full = Executor::new(q4.clone(), 2).unwrap();
+    let (want, whole) = run(&mut full, &PROMPT, 16, &store);
+    // What the variant objects outside the experts (every other linear) may keep mapped, and
+    // what copying from a mapping may hold while it copies (see `mapped_experts_stay_within_the_budget`).
+    let others = (q4.weight_bytes() - q4.expert_bytes()) as u64;
+    for (frac, file_reads) in [(0.5, true), (0.25, true), (0.25, false)] {
+        let mut ex = Executor::new(q4.clone(), 2).unwrap();
+        ex.page_experts(Some(u64::MAX)).unwrap();
+        let total = ex.expert_pager().unwrap().total_bytes();
+        assert_eq!(total, q4.expert_bytes() as u64);
+        let budget = (total as f64 * frac) as u64;
+        ex.page_experts(Some(budget)).unwrap();
+        ex.expert_pager_mut().unwrap().set_file_reads(file_reads);
+        let (got, peak) = run(&mut ex, &PROMPT, 16, &store);
+        assert_eq!(got, want, "q4 experts at {frac} (file reads {file_reads})");
+        let allowed = others + if file_reads { 0 } else { 6 * (2 << 20) };
+        eprintln!(
+            "variant objects mapped: peak {:.2} MB, allowed {:.2} MB (whole model run: {:.2} MB)",
+            peak as f64 / 1e6,
+            allowed as f64 / 1e6,
+            whole as f64 / 1e6
+        );
+        assert!(peak <= allowed, "{peak} > {allowed}");
+        let p = ex.expert_pager().unwrap();
+        let st = p.stats();
+        assert!(p.resident_bytes() <= budget && p.held_bytes() <= budget);
+        assert!(st.misses > 0 && st.evictions > 0, "{st:?}");
+        eprintln!(
+            "q4 experts at {:.0}% ({file_reads}): hit rate {:.3}, {} misses, {:.1} MB paged in",
+            frac * 100.0,
+            st.hit_rate(),
+            st.misses,
+            st.bytes_in as f64 / 1e6
+        );
+    }
+    let owned = apply(&m, &p, None).unwrap().model;
+    let mut ex = Executor::new(owned, 1).unwrap();
+    let e = ex.page_experts(Some(u64::MAX)).unwrap_err().to_string();
+    assert!(e.contains("without a variant cache"), "{e}");
+}

@@ -254,6 +254,40 @@ fn a_package_pages_its_blocks_as_its_gguf_does() {
     );
 }
 
+/// Blocks re-encoded by a precision profile through the variant cache (each projection a
+/// memory-mapped object) page as the file's own do: the same logits as the re-encoded model
+/// run whole; re-encoded without a cache they are refused.
+#[test]
+fn re_encoded_blocks_page_from_the_variant_cache() {
+    use synapse_runtime::VariantCache;
+    use synapse_runtime::precision::{Precision, apply};
+    let Some((m, path)) = smollm() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = VariantCache::open(tmp.path()).unwrap();
+    let p = Precision::parse_profile("uniform:syn.q8.symmetric.g64.v1").unwrap();
+    let q8 = apply(&m, &p, Some(&cache)).unwrap().model;
+    let mut whole = Executor::new(q8.clone(), 2).unwrap();
+    let (want, _) = run(&mut whole, 6, &path);
+    let total = LayerPager::pageable_bytes(&q8, 0..q8.layers.len());
+    let block = total / q8.layers.len() as u64;
+    for (budget, file_reads) in [(total / 2, true), (3 * block, true), (3 * block, false)] {
+        let mut ex = Executor::new(q8.clone(), 2).unwrap();
+        ex.page_layers(Some(budget)).unwrap();
+        ex.layer_pager_mut().unwrap().set_file_reads(file_reads);
+        let (got, _) = run(&mut ex, 6, &path);
+        assert_eq!(
+            got, want,
+            "q8 blocks in {budget} B (file reads {file_reads})"
+        );
+        let st = ex.layer_pager().unwrap().stats();
+        assert!(st.misses > 0, "{st:?}");
+    }
+    let owned = apply(&m, &p, None).unwrap().model;
+    let mut ex = Executor::new(owned, 1).unwrap();
+    let e = ex.page_layers(Some(u64::MAX)).unwrap_err().to_string();
+    assert!(e.contains("without a variant cache"), "{e}");
+}
+
 #[test]
 fn what_cannot_page_is_refused() {
     let Some((m, _)) = smollm() else { return };

@@ -23,7 +23,6 @@
 
 use std::sync::Arc;
 
-use synapse_formats::GgmlType;
 use synapse_kernels::{KernelCtx, QuantMatrix};
 
 use super::{PagingStats, SlotBuf, extent, fill_slot, page_size, unmap_pages, will_need};
@@ -63,7 +62,6 @@ fn refuse(reason: impl Into<String>) -> RuntimeError {
 struct Unit {
     mapped: LayerW,
     bytes: u64,
-    types: [GgmlType; N],
     /// The block over its slot's buffers (norms and biases the model's) while resident.
     copy: Option<LayerW>,
     /// Its reads were advised ahead since it last ran.
@@ -184,25 +182,20 @@ impl LayerPager {
                     "a mixture of experts pages its routed experts, not its blocks",
                 ));
             };
-            let mut types = [GgmlType::F32; N];
             let mut bytes = 0u64;
-            for (lin, ty) in ls.iter().zip(&mut types) {
-                *ty = match lin.m.ggml_type() {
-                    Some(t) if lin.m.is_borrowed() => t,
-                    _ => {
-                        return Err(refuse(
-                            "dense blocks page only in their ggml encoding, from a \
-                             memory-mapped GGUF or package (this model's weights were copied \
-                             at load, or re-encoded by a precision profile)",
-                        ));
-                    }
-                };
+            for lin in &ls {
+                if !lin.m.is_borrowed() {
+                    return Err(refuse(
+                        "dense blocks page only from a memory-mapped file (a GGUF, a package, \
+                         or the variant cache of a precision profile); this model's weights \
+                         were copied at load, or re-encoded without a variant cache",
+                    ));
+                }
                 bytes += lin.m.weight_bytes() as u64;
             }
             units.push(Unit {
                 mapped: l.clone(),
                 bytes,
-                types,
                 copy: None,
                 advised: false,
             });
@@ -443,8 +436,8 @@ impl LayerPager {
         let mut copy = u.mapped.clone();
         let src = linears(&u.mapped).expect("checked dense");
         let dst = linears_mut(&mut copy).expect("checked dense");
-        for (((buf, m), out), &ty) in slot.0.iter_mut().zip(src).zip(dst).zip(&u.types) {
-            out.m = fill_slot(buf, &m.m, ty, read_file, page, ctx)?;
+        for ((buf, m), out) in slot.0.iter_mut().zip(src).zip(dst) {
+            out.m = fill_slot(buf, &m.m, read_file, page, ctx)?;
         }
         slot.1 = Some(i);
         u.copy = Some(copy);
