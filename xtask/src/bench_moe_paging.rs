@@ -3,6 +3,9 @@
 //! experts held to 100 / 50 / 25 / 12.5% of their bytes by `generate --memory`, each run
 //! alternating with an unbudgeted one; medians of decode tok/s, the pager's hit rate, load
 //! time and time to the first token, and each budget's speed over the unbudgeted runs'.
+//! With `--profile` every run is at that precision (re-encoded experts page from the
+//! variant cache), so a re-encoded model fully resident can be set beside the source's
+//! experts paged in the same memory.
 //!
 //! A dense model (`--model`, e.g. the default Gemma 3 270M) pages its blocks' projections
 //! instead: the fraction is of those bytes, and the fixed part holds the embedding and head.
@@ -62,6 +65,11 @@ pub struct Args {
     /// miss then reads the disk unless its read was advised ahead. 0: off.
     #[arg(long, default_value_t = 0)]
     cold_ms: u64,
+    /// Run every generate at this precision (`--profile`, e.g.
+    /// `uniform:syn.q4.symmetric.g64.v1`; its re-encoded experts page from the variant
+    /// cache): the fractions are then of the re-encoded experts' bytes.
+    #[arg(long)]
+    profile: Option<String>,
 }
 
 /// Drops `path`'s unmapped pages from the page cache every `every` until `stop` is set;
@@ -124,6 +132,9 @@ fn run_once(
         .args(["-t", &a.threads.to_string()]);
     if let Some(m) = memory {
         c.args(["--memory", &m.to_string()]);
+    }
+    if let Some(p) = &a.profile {
+        c.args(["--profile", p]);
     }
     c.env("SYNAPSE_BLOCK_STREAM", &a.block_stream);
     c.env("SYNAPSE_PREFETCH", if prefetch { "on" } else { "off" });
@@ -221,8 +232,11 @@ pub fn run(a: Args) -> Result<()> {
         bail!("{} has nothing to page", model.display());
     }
     println!(
-        "bench-moe-paging: {} | {} threads | {} decoded | {what} {:.1} MB, fixed part {:.1} MB | {} runs | prefetch {}{}",
+        "bench-moe-paging: {}{} | {} threads | {} decoded | {what} {:.1} MB, fixed part {:.1} MB | {} runs | prefetch {}{}",
         model.display(),
+        a.profile
+            .as_ref()
+            .map_or(String::new(), |p| format!(" at {p}")),
         a.threads,
         a.n_gen,
         experts as f64 / 1e6,
