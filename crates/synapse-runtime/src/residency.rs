@@ -197,6 +197,16 @@ fn unmap_pages(bytes: &[u8], page: usize, span: Option<(usize, usize)>) {
     }
 }
 
+/// Drops the pages of `m`'s file mapping its bytes lie in (rounded out as [`unmap_pages`]
+/// does), for a matrix read whole that the running model no longer reads (the source of a
+/// re-encoded tensor, hashed or decoded for its variant): its bytes stay in the page cache,
+/// a later read maps them again; only the process's resident size changes. Nothing for an
+/// owned matrix.
+pub(crate) fn release_mapped(m: &QuantMatrix) {
+    let page = page_size();
+    unmap_pages(m.raw_bytes(), page, extent(m, page));
+}
+
 /// Asks the kernel to read `m`'s bytes into its page cache ahead of use (`MADV_WILLNEED`,
 /// rounded out to whole pages within the extent of the file mapping they lie in —
 /// [`extent`]): for a file mapping it starts readahead and returns at once, mapping nothing.

@@ -135,17 +135,22 @@ fn reencode(
     cache: Option<&VariantCache>,
     stats: &mut VariantStats,
 ) -> Result<QuantMatrix> {
-    if let Some(c) = cache {
-        return c.get_or_encode(m, id, stats);
-    }
-    let bytes = encode(m, id)?;
-    stats.encoded += 1;
-    Ok(QuantMatrix::from_codec(
-        &id.to_string(),
-        &bytes,
-        m.rows(),
-        m.cols(),
-    )?)
+    let q = match cache {
+        Some(c) => c.get_or_encode(m, id, stats)?,
+        None => {
+            let bytes = encode(m, id)?;
+            stats.encoded += 1;
+            QuantMatrix::from_codec(&id.to_string(), &bytes, m.rows(), m.cols())?
+        }
+    };
+    // The source was read whole (hashed for the cache key, or decoded), and a cached variant
+    // too (validated): their mapped pages would stay in the resident size, the source's
+    // though the variant runs instead, the variant's before its first use — what a memory
+    // budget measures after loading. A variant's pages map again as it runs (or its pager
+    // reads it).
+    crate::residency::release_mapped(m);
+    crate::residency::release_mapped(&q);
+    Ok(q)
 }
 
 impl Model {
