@@ -22,13 +22,51 @@ pub fn resolve(id: &str) -> Result<Box<dyn Codec>> {
     Ok(codec_for(EncodingId::parse(id)?))
 }
 
-/// A default ladder of candidates, most precise first: symmetric 8…2 bits at group 64, then
-/// BitNet ternary at group 64.
+/// A default ladder of candidates, most precise (most bits per weight) first: symmetric 8…2
+/// bits at group 64, asymmetric (a minimum beside each scale) 6…2 bits at group 64 — each
+/// between the symmetric widths around it, and the better choice wherever a group's weights
+/// are not centred on zero — and BitNet ternary at group 64.
 pub fn default_ladder() -> Vec<EncodingId> {
     let mut v: Vec<EncodingId> = (2..=8u32)
-        .rev()
         .map(|bits| EncodingId::Symmetric { bits, group: 64 })
+        .chain((2..=6u32).map(|bits| EncodingId::Asymmetric { bits, group: 64 }))
         .collect();
     v.push(EncodingId::TernaryGroup { group: 64 });
+    v.sort_by(|a, b| b.bits_per_weight().total_cmp(&a.bits_per_weight()));
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_ladder_runs_from_most_to_fewest_bits_per_weight() {
+        let v = default_ladder();
+        let names: Vec<String> = v.iter().map(|e| e.to_string()).collect();
+        assert_eq!(
+            names,
+            [
+                "syn.q8.symmetric.g64.v1",
+                "syn.q7.symmetric.g64.v1",
+                "syn.q6.asymmetric.g64.v1",
+                "syn.q6.symmetric.g64.v1",
+                "syn.q5.asymmetric.g64.v1",
+                "syn.q5.symmetric.g64.v1",
+                "syn.q4.asymmetric.g64.v1",
+                "syn.q4.symmetric.g64.v1",
+                "syn.q3.asymmetric.g64.v1",
+                "syn.q3.symmetric.g64.v1",
+                "syn.q2.asymmetric.g64.v1",
+                "syn.q2.symmetric.g64.v1",
+                "syn.ternary.absmean.g64.v1",
+            ]
+        );
+        // Each a codec this build runs, sizes falling along the ladder.
+        let sizes: Vec<usize> = v
+            .iter()
+            .map(|&e| codec_for(e).matrix_size(4, 256).unwrap())
+            .collect();
+        assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+    }
 }

@@ -7,12 +7,11 @@
 //! (`measure_parts`); the measurements and their provenance (model fingerprint, calibration
 //! hash, sample count, codec versions) form an [`ImportanceMap`].
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use std::collections::BTreeMap;
 use synapse_codecs::{Codec, EncodingId, codec_for, default_ladder};
 use synapse_kernels::QuantMatrix;
-
 use synapse_sensitivity::{
     Calibration, ImportanceMap, ImportanceMapBuilder, TensorPart, measure_parts, measure_tensor,
 };
@@ -193,10 +192,7 @@ pub fn build_importance_map_and_imatrix(
                 continue;
             };
             let (rows, cols) = (m.rows(), m.cols());
-            let mut w = vec![0f32; rows * cols];
-            for (r, out) in w.chunks_exact_mut(cols).enumerate() {
-                m.dequantize_row(r, out)?;
-            }
+            let w = dequantize(m)?;
             let source = model
                 .profile
                 .encoding(name)
@@ -250,7 +246,7 @@ pub fn build_importance_map_and_imatrix(
 }
 
 /// `m`'s weights in f32, row-major.
-fn dequantize(m: &QuantMatrix) -> Result<Vec<f32>> {
+pub(crate) fn dequantize(m: &QuantMatrix) -> Result<Vec<f32>> {
     let (rows, cols) = (m.rows(), m.cols());
     let mut w = vec![0f32; rows * cols];
     for (r, out) in w.chunks_exact_mut(cols).enumerate() {

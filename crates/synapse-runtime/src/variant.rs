@@ -119,10 +119,7 @@ impl WeightSource for Mapped {
 /// The bytes of `m` re-encoded as `id`.
 fn encode(m: &QuantMatrix, id: EncodingId) -> Result<Vec<u8>> {
     let (rows, cols) = (m.rows(), m.cols());
-    let mut w = vec![0f32; rows * cols];
-    for (r, out) in w.chunks_exact_mut(cols).enumerate() {
-        m.dequantize_row(r, out)?;
-    }
+    let w = crate::importance::dequantize(m)?;
     Ok(codec_for(id)
         .encode_matrix(&w, rows, cols)
         .map_err(synapse_kernels::KernelError::from)?)
