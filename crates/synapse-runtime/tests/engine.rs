@@ -690,7 +690,6 @@ fn a_new_profile_serves_new_sessions_while_running_ones_keep_theirs() {
     assert_eq!(engine.info().profile, variant.profile.hash());
     assert_eq!(engine.info().weight_bytes, variant.weight_bytes() as u64);
     assert_eq!(engine.stats().profile_changes, 1);
-    // Over the memory budget: refused, nothing changes.
     let mut tight = cfg.clone();
     let kv = KvCache::new(&model, KvDtype::F32, tight.slots, tight.ctx, tight.ubatch)
         .unwrap()
@@ -699,9 +698,20 @@ fn a_new_profile_serves_new_sessions_while_running_ones_keep_theirs() {
     let scratch =
         model.pass_scratch_bytes(tight.step_tokens, tight.slots + 1, tight.ctx, tight.threads);
     tight.memory = Some(variant.weight_bytes() as u64 + kv as u64 + scratch);
-    let smaller = Engine::start(variant.clone(), pieces.clone(), tight).unwrap();
-    assert!(smaller.install(model.clone()).is_err());
-    assert_eq!(smaller.info().profile, variant.profile.hash());
+    // Over the memory budget, a profile pages its blocks within what the rest leaves, as the
+    // engine would at start under that budget (the source's blocks are the file's) ...
+    let smaller = Engine::start(variant.clone(), pieces.clone(), tight.clone()).unwrap();
+    smaller.install(model.clone()).unwrap();
+    assert_eq!(smaller.info().profile, model.profile.hash());
+    // ... and one whose blocks cannot page (re-encoded in memory, without a variant cache)
+    // is refused; nothing changes.
+    let fewer: std::collections::BTreeMap<_, _> = changes.into_iter().take(3).collect();
+    let larger = Arc::new(model.with_encodings(&fewer).unwrap());
+    assert!(larger.weight_bytes() > variant.weight_bytes());
+    let other = Engine::start(variant.clone(), pieces.clone(), tight).unwrap();
+    assert!(other.install(larger).is_err());
+    assert_eq!(other.info().profile, variant.profile.hash());
     engine.shutdown();
     smaller.shutdown();
+    other.shutdown();
 }

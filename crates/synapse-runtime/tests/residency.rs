@@ -359,3 +359,57 @@ fn re_encoded_experts_page_from_the_variant_cache() {
     let e = ex.page_experts(Some(u64::MAX)).unwrap_err().to_string();
     assert!(e.contains("without a variant cache"), "{e}");
 }
+
+/// A precision profile installed in an engine whose experts page (a budget below its
+/// weights) pages its own experts in what the rest leaves: the same tokens as an unbudgeted
+/// engine at that profile, the ledger on the new profile, its experts paged.
+#[test]
+fn a_profile_installed_under_a_memory_budget_pages_its_experts() {
+    use synapse_runtime::VariantCache;
+    use synapse_runtime::engine::{EngineConfig, Scheduler};
+    use synapse_runtime::precision::{Precision, apply};
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, _) = model(tmp.path());
+    let cache = VariantCache::open(&tmp.path().join("store")).unwrap();
+    let p = Precision::parse_profile("uniform:syn.q4.symmetric.g64.v1").unwrap();
+    let q4 = apply(&m, &p, Some(&cache)).unwrap().model;
+    let (want, _) = common::engine_greedy(&q4, None, 4, &PROMPT, 20);
+    let cfg = |memory| EngineConfig {
+        slots: 4,
+        ctx: 128,
+        ubatch: 32,
+        step_tokens: 64,
+        memory,
+        ..EngineConfig::default()
+    };
+    // The KV and scratch of this configuration, then a budget where a quarter of the
+    // source's experts fit (and half of q4's).
+    let probe = Scheduler::new(m.clone(), Arc::new(common::Ids), cfg(Some(u64::MAX))).unwrap();
+    let l = probe.ledger().unwrap();
+    drop(probe);
+    let src_exp = m.expert_bytes() as u64;
+    let budget = m.weight_bytes() as u64 - src_exp + l.kv + l.scratch + src_exp / 4;
+    let mut s = Scheduler::new(m.clone(), Arc::new(common::Ids), cfg(Some(budget))).unwrap();
+    assert!(
+        s.ledger().unwrap().experts_budget.is_some(),
+        "the source pages"
+    );
+    s.install(q4.clone()).unwrap();
+    let l = s.ledger().unwrap();
+    assert_eq!(l.experts, q4.expert_bytes() as u64);
+    let eb = l
+        .experts_budget
+        .expect("q4's experts do not all fit: they page");
+    assert!(eb >= q4.expert_bytes() as u64 / 2 && eb < q4.expert_bytes() as u64);
+    let got = common::engine_greedy_on(&mut s, 4, &PROMPT, 20);
+    assert_eq!(got, want, "q4 installed under {budget} B: other tokens");
+    let st = s.stats();
+    assert!(st.expert_misses > 0 && st.expert_evictions > 0, "{st:?}");
+    eprintln!(
+        "q4 installed under {:.1} MB: experts page in {:.1} of {:.1} MB; {} misses",
+        budget as f64 / 1e6,
+        eb as f64 / 1e6,
+        q4.expert_bytes() as f64 / 1e6,
+        st.expert_misses
+    );
+}

@@ -193,7 +193,8 @@ impl Engine {
     /// Installs `model` — the running model at another precision profile (e.g. a
     /// [`crate::promotion::Transition`]'s) — for the sessions admitted from now on; running
     /// sessions finish on their own profile. Blocks until the engine thread has installed it
-    /// (or refused it: another model, or over `EngineConfig::memory`).
+    /// (or refused it: another model, or over `EngineConfig::memory` where its weights
+    /// cannot page).
     pub fn install(&self, model: Arc<Model>) -> Result<()> {
         let (rtx, rrx) = mpsc::channel();
         let sent = match self.tx.lock() {

@@ -366,25 +366,19 @@ impl Scheduler {
         if let Some(budget) = cfg.memory
             && need > budget
         {
-            let fixed = weights - experts + kv_total + scratch;
-            let dense_fixed = (weights - layer_bytes)
-                + crate::residency::LayerPager::mapped_slack(&model)
-                + kv_total
-                + scratch;
             let alone = cfg.draft.is_none() && head.is_none();
-            if experts > 0 && alone && budget > fixed {
-                expert_budget = Some(budget - fixed);
-            } else if experts == 0 && layer_bytes > 0 && alone && budget > dense_fixed {
-                layer_budget = Some(budget - dense_fixed);
-            } else {
-                let per = kv.slot_bytes() as u64;
-                let fit = budget.saturating_sub(weights + scratch) / per.max(1);
-                return Err(invalid(format!(
-                    "memory budget {budget} B: weights take {weights} B, compute scratch \
-                     {scratch} B and each of {} slots {per} B of KV ({} positions); {fit} slots \
-                     fit (lower --parallel or --ctx-size)",
-                    cfg.slots, cfg.ctx
-                )));
+            match paging_budgets(&model, layers, weights, kv_total + scratch, budget, alone) {
+                Some((e, l)) => (expert_budget, layer_budget) = (e, l),
+                None => {
+                    let per = kv.slot_bytes() as u64;
+                    let fit = budget.saturating_sub(weights + scratch) / per.max(1);
+                    return Err(invalid(format!(
+                        "memory budget {budget} B: weights take {weights} B, compute scratch \
+                         {scratch} B and each of {} slots {per} B of KV ({} positions); {fit} \
+                         slots fit (lower --parallel or --ctx-size)",
+                        cfg.slots, cfg.ctx
+                    )));
+                }
             }
         }
         let eog = model.ir.special.eos.clone();
@@ -588,8 +582,9 @@ impl Scheduler {
     /// sessions get from the next admission on; running sessions finish on the profile they
     /// started with (their K/V belongs to it), and an executor no session uses any more is
     /// dropped. With `EngineConfig::memory` set, the new profile's weights plus the KV must fit
-    /// it (while sessions of the old profile run, weights the two profiles do not share are
-    /// resident twice).
+    /// it, or else its routed experts (a dense model's blocks) page within what the rest
+    /// leaves, as the first profile's would (while sessions of the old profile run, weights
+    /// the two profiles do not share are resident twice).
     pub fn install(&mut self, model: Arc<Model>) -> Result<()> {
         if self.pipelined {
             return Err(RuntimeError::InvalidParam {
@@ -618,16 +613,22 @@ impl Scheduler {
             .as_ref()
             .map_or(0, |d| d.model().weight_bytes() as u64);
         let scratch = self.ledger.map_or(0, |l| l.scratch);
+        // A profile that does not fit whole pages as the engine's first one would: its routed
+        // experts, or a dense model's blocks, within what the rest leaves.
+        let mut paging = (None, None);
         if let Some(budget) = self.cfg.memory
             && weights + draft + kv + scratch > budget
         {
-            return Err(RuntimeError::InvalidParam {
-                name: "install",
-                reason: format!(
-                    "memory budget {budget} B: the profile's weights take {weights} B, a draft's \
-                     {draft} B, the KV {kv} B and compute scratch {scratch} B"
-                ),
-            });
+            let layers = model.layers.len();
+            let alone = self.draft.is_none();
+            paging = paging_budgets(&model, layers, weights, kv + scratch, budget, alone)
+                .ok_or_else(|| RuntimeError::InvalidParam {
+                    name: "install",
+                    reason: format!(
+                        "memory budget {budget} B: the profile's weights take {weights} B, a \
+                         draft's {draft} B, the KV {kv} B and compute scratch {scratch} B"
+                    ),
+                })?;
         }
         // A profile installed before and still running sessions is reused as it is.
         let existing = self.execs.iter().position(|e| {
@@ -637,8 +638,22 @@ impl Scheduler {
         self.current = match existing {
             Some(i) => i,
             None => {
-                self.execs
-                    .push(Some(Executor::new(model, self.cfg.threads)?));
+                let (experts, layers) = (model.expert_bytes() as u64, model.layers.len());
+                let mut exec = Executor::new(model.clone(), self.cfg.threads)?;
+                exec.page_experts(paging.0)?;
+                exec.page_layers(paging.1)?;
+                if let Some(l) = self.ledger.as_mut() {
+                    l.weights = weights + draft;
+                    l.experts = experts;
+                    l.experts_budget = paging.0;
+                    l.layers = if experts == 0 {
+                        crate::residency::LayerPager::pageable_bytes(&model, 0..layers)
+                    } else {
+                        0
+                    };
+                    l.layers_budget = paging.1;
+                }
+                self.execs.push(Some(exec));
                 self.execs.len() - 1
             }
         };
@@ -1616,5 +1631,33 @@ impl Scheduler {
             s.draft_shortlist
                 .store(h.list.len() as u64, Ordering::Relaxed);
         }
+    }
+}
+
+/// Where `model`'s `weights` (a draft's and a shortlist's included) and `rest` (the KV and
+/// compute scratch) do not fit `budget`: what its routed experts — or a dense model's block
+/// projections, with the embedding and head's mapped folios kept — page within, the rest of
+/// the budget: `(experts, blocks)`, one of them set. `None` when neither can page (`alone`
+/// false: a draft or a pipeline shares the weights) or the rest alone does not fit.
+fn paging_budgets(
+    model: &Model,
+    layers: usize,
+    weights: u64,
+    rest: u64,
+    budget: u64,
+    alone: bool,
+) -> Option<(Option<u64>, Option<u64>)> {
+    let experts = model.expert_bytes() as u64;
+    let layer_bytes = crate::residency::LayerPager::pageable_bytes(model, 0..layers);
+    let fixed = weights - experts.min(weights) + rest;
+    let dense_fixed = (weights - layer_bytes.min(weights))
+        + crate::residency::LayerPager::mapped_slack(model)
+        + rest;
+    if experts > 0 && alone && budget > fixed {
+        Some((Some(budget - fixed), None))
+    } else if experts == 0 && layer_bytes > 0 && alone && budget > dense_fixed {
+        Some((None, Some(budget - dense_fixed)))
+    } else {
+        None
     }
 }

@@ -444,6 +444,19 @@ pub fn engine_greedy(
         ..EngineConfig::default()
     };
     let mut s = Scheduler::new(m.clone(), std::sync::Arc::new(Ids), cfg).unwrap();
+    let toks = engine_greedy_on(&mut s, n, prompt, tokens);
+    (toks, s.stats())
+}
+
+/// [`engine_greedy`]'s sessions on an existing scheduler (`n` slots at least): their tokens.
+#[allow(dead_code)]
+pub fn engine_greedy_on(
+    s: &mut synapse_runtime::engine::Scheduler,
+    n: u32,
+    prompt: &[u32],
+    tokens: usize,
+) -> Vec<Vec<u32>> {
+    use synapse_runtime::engine::{Event, Request};
     let mut sessions: Vec<_> = (0..n)
         .map(|i| {
             let mut p = prompt.to_vec();
@@ -468,5 +481,5 @@ pub fn engine_greedy(
             }
         }
     }
-    (toks, s.stats())
+    toks
 }
