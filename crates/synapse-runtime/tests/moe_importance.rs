@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use synapse_runtime::calib::CalibrationRecorder;
-use synapse_runtime::importance::{ImportanceParams, build_importance_map, expert_tensors};
+use synapse_runtime::importance::expert_tensors;
 use synapse_runtime::precision::{Budget, Precision, apply, assignable};
 use synapse_runtime::{Executor, KvCache, KvDtype, Model, Row, Stage, prompt_order};
 use synapse_sensitivity::ImportanceMap;
@@ -167,15 +167,12 @@ fn an_expert_the_text_never_routes_to_is_still_measured() {
         return;
     };
     let toks = &toks[..2];
+    let map = common::tiny_importance_map(&m, toks);
+    // The routing of those two tokens (one pass, as the map's capture ran them).
     let mut exec = Executor::new(m.clone(), 2).unwrap();
-    let p = ImportanceParams {
-        max_rows: 48,
-        batch: 16,
-        ctx: 32,
-        text_id: "two tokens".into(),
-        ..ImportanceParams::default()
-    };
-    let map = build_importance_map(&mut exec, toks, &p, |_, _, _| {}).unwrap();
+    let mut kv = KvCache::new(&m, KvDtype::F32, 1, 64, 256).unwrap();
+    kv.open(0).unwrap();
+    exec.forward(&mut kv, &prefill_rows(toks)).unwrap();
     let stats = exec.expert_stats().clone();
     let mut unrouted = 0;
     for (k, &(l, ne, _)) in moe_layers(&m).iter().enumerate() {
