@@ -173,6 +173,85 @@ fn moe_experts_page_within_the_budget_with_the_same_tokens() {
     assert!(!o.status.success());
 }
 
+/// A precision profile's re-encoded experts (objects of the variant cache) page under
+/// `--memory` as the file's own do: the same tokens as the profile unbudgeted, peak RSS above
+/// the start within the budget, and what loading the profile read (the source's pages, the
+/// cached variants') not counted as held.
+#[test]
+fn re_encoded_experts_page_within_the_budget_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shape = MoeShape::small();
+    let path = tmp.path().join(shape.file_name());
+    write(&shape, &path).unwrap();
+    let run = |memory: Option<&str>| {
+        let mut a = vec![
+            "generate",
+            "--model",
+            path.to_str().unwrap(),
+            "--profile",
+            "uniform:syn.q4.symmetric.g64.v1",
+            "-n",
+            "24",
+            "--ignore-eos",
+            "--json",
+            "--ctx",
+            "256",
+        ];
+        if let Some(b) = memory {
+            a.extend(["--memory", b]);
+        }
+        a.push("The quick brown fox jumps over the lazy dog");
+        let o = Command::new(BIN)
+            .args(&a)
+            .env("RUST_BACKTRACE", "0")
+            .env("SYNAPSE_STORE", tmp.path().join("store"))
+            .env_remove("SYNAPSE_MODEL")
+            .output()
+            .unwrap();
+        json(&o)
+    };
+    let free = run(None);
+    let source = json(&generate(&path, None));
+    assert_ne!(
+        free["tokens"], source["tokens"],
+        "q4 experts change the output"
+    );
+    let big = run(Some("4G"));
+    assert_eq!(big["tokens"], free["tokens"]);
+    let m = &big["memory"];
+    let experts = u(&m["experts_total"]);
+    assert!(
+        experts * 3 < 2 * u(&source["weight_bytes"]),
+        "q4 experts are smaller"
+    );
+    // Loading read every source expert (to key the cache) and every cached variant: none of
+    // it stays held.
+    assert!(u(&m["loaded"]) < experts / 4, "{m}");
+    let fixed = u(&m["loaded"]) + u(&m["weights_outside_experts"]) + u(&m["kv"]) + u(&m["scratch"]);
+    let budget = fixed + experts / 2;
+    let o = run(Some(&budget.to_string()));
+    assert_eq!(
+        o["tokens"], free["tokens"],
+        "half the q4 experts: other tokens"
+    );
+    let m = &o["memory"];
+    let used = u(&m["peak_rss"]) - u(&m["baseline_rss"]);
+    eprintln!(
+        "q4 experts at half: budget {:.1} MB, peak RSS above start {:.1} MB, experts held {:.1} \
+         of {:.1} MB, {} misses",
+        budget as f64 / 1e6,
+        used as f64 / 1e6,
+        u(&m["experts_held"]) as f64 / 1e6,
+        experts as f64 / 1e6,
+        m["paging"]["misses"]
+    );
+    assert!(
+        used <= budget,
+        "peak RSS rose {used} B over a {budget} B budget"
+    );
+    assert!(u(&m["paging"]["evictions"]) > 0);
+}
+
 #[test]
 fn the_default_model_runs_within_a_budget_and_pages_its_blocks_below_its_weights() {
     let model = synapse_testdata::default_model();
