@@ -252,6 +252,117 @@ fn re_encoded_experts_page_within_the_budget_too() {
     assert!(u(&m["paging"]["evictions"]) > 0);
 }
 
+/// `--budget fit`: the weights' budget is what `--memory` leaves beside the KV cache, the
+/// scratch and what loading left, so the selector's profile (experts included) is resident
+/// whole where the source's experts would page; without `--memory`, or with no room left, a
+/// clear error before anything runs.
+#[test]
+fn budget_fit_keeps_the_weights_resident_within_the_memory_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shape = MoeShape::small();
+    let path = tmp.path().join(shape.file_name());
+    write(&shape, &path).unwrap();
+    let text = tmp.path().join("calibration.txt");
+    let words: Vec<String> = (0..600)
+        .map(|i| format!("word{} and more", i % 97))
+        .collect();
+    std::fs::write(&text, words.join(" ")).unwrap();
+    let m = path.to_str().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(BIN)
+            .args(args)
+            .env("RUST_BACKTRACE", "0")
+            .env("SYNAPSE_STORE", tmp.path().join("store"))
+            .env("SYNAPSE_IMPORTANCE_DIR", tmp.path())
+            .env_remove("SYNAPSE_MODEL")
+            .output()
+            .unwrap()
+    };
+    let o = run(&[
+        "importance",
+        "-m",
+        m,
+        "--calib",
+        text.to_str().unwrap(),
+        "--tokens",
+        "256",
+        "--ctx",
+        "32",
+        "--rows",
+        "64",
+        "--kl-chunks",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let generate_at = |memory: &str, fit: bool| {
+        let mut a = vec![
+            "generate",
+            "--model",
+            m,
+            "-n",
+            "16",
+            "--ignore-eos",
+            "--json",
+            "--ctx",
+            "256",
+            "--memory",
+            memory,
+        ];
+        if fit {
+            a.extend(["--budget", "fit"]);
+        }
+        a.push("The quick brown fox");
+        run(&a)
+    };
+    let probe = json(&generate_at("4G", false));
+    let l = &probe["memory"];
+    let source = u(&probe["weight_bytes"]);
+    // Room for half the source's weights beside the rest.
+    let budget = u(&l["loaded"]) + u(&l["kv"]) + u(&l["scratch"]) + source / 2;
+    let b = budget.to_string();
+    let paged = json(&generate_at(&b, false));
+    assert!(
+        !paged["memory"]["paging"].is_null(),
+        "the source's experts page"
+    );
+    let o = generate_at(&b, true);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let fit = json(&o);
+    let room: u64 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("--budget fit: "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no --budget fit line: {err}"));
+    let w = u(&fit["weight_bytes"]);
+    let fm = &fit["memory"];
+    eprintln!(
+        "--budget fit under {:.1} MB: {:.1} MB for weights, {:.1} MB resident (source {:.1} \
+         MB), peak RSS above start {:.1} MB",
+        budget as f64 / 1e6,
+        room as f64 / 1e6,
+        w as f64 / 1e6,
+        source as f64 / 1e6,
+        (u(&fm["peak_rss"]) - u(&fm["baseline_rss"])) as f64 / 1e6
+    );
+    assert!(w <= room && w < source, "{w} of {room}");
+    assert!(fm["paging"].is_null(), "the fitted profile pages: {fm}");
+    assert_eq!(u(&fm["experts_budget"]), u(&fm["experts_total"]));
+    assert!(u(&fm["peak_rss"]) - u(&fm["baseline_rss"]) <= budget);
+    assert_ne!(fit["profile"], probe["profile"]);
+    // Without --memory, or with nothing left for weights: refused before anything runs.
+    let o = run(&["generate", "--model", m, "--budget", "fit", "hi"]);
+    assert!(!o.status.success() && o.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--memory"));
+    let o = generate_at(&(u(&l["kv"]) + u(&l["scratch"])).to_string(), true);
+    assert!(!o.status.success() && o.stdout.is_empty());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no room for weights"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
 #[test]
 fn the_default_model_runs_within_a_budget_and_pages_its_blocks_below_its_weights() {
     let model = synapse_testdata::default_model();

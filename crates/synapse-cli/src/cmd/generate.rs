@@ -134,7 +134,7 @@ pub enum Escalation {
 }
 
 /// Runs `generate`.
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
     let kv_dtype = match args.kv.as_str() {
         "f32" => KvDtype::F32,
         "f16" => KvDtype::F16,
@@ -165,6 +165,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let (model, tok) = load_model(args.model.as_deref(), args.store.as_deref())?;
     let source = Arc::new(model);
     let source_bytes = source.weight_bytes();
+    if args.precision.fits_memory() {
+        let Some(m) = memory else {
+            bail!("--budget fit takes the weights' budget from --memory: give --memory");
+        };
+        // The KV cache and scratch do not depend on the precision: the source's shapes.
+        let chunk = 512.min(args.ctx);
+        let kv = KvCache::new(&source, kv_dtype, 1, args.ctx, chunk)?.slot_bytes() as u64;
+        let scratch = source.pass_scratch_bytes(chunk, 1, args.ctx, args.threads);
+        let loaded = proc_status_bytes("VmRSS:").saturating_sub(baseline_rss);
+        args.precision = args.precision.fit_into(m, loaded + kv + scratch)?;
+    }
     let prepared = args
         .precision
         .apply(&source, args.model.as_deref(), args.store.as_deref())?;

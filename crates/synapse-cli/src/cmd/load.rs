@@ -280,8 +280,10 @@ pub fn perplexity_tokens(
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct PrecisionArgs {
     /// Resident weight bytes to fit: a byte count (`188743680`), with a unit (`180MB`,
-    /// `180MiB`), or a share of the source's weight bytes (`75%`). The selector picks the
-    /// least-distortion profile from the model's importance map (`synapse-cli importance`).
+    /// `180MiB`), a share of the source's weight bytes (`75%`), or `fit` (with `--memory`:
+    /// what the memory budget leaves beside the KV cache and compute scratch, so that the
+    /// weights are resident rather than paged). The selector picks the least-distortion
+    /// profile from the model's importance map (`synapse-cli importance`).
     #[arg(long, conflicts_with = "profile")]
     pub budget: Option<String>,
     /// `source` (the default), `uniform:ENCODING` for one Synapse encoding on every linear
@@ -342,7 +344,35 @@ impl Prepared {
     }
 }
 
+/// `--budget fit`.
+const FIT: &str = "fit";
+
 impl PrecisionArgs {
+    /// Whether `--budget fit` was given: the weights' budget is what `--memory` leaves.
+    pub fn fits_memory(&self) -> bool {
+        self.budget.as_deref() == Some(FIT)
+    }
+
+    /// `--budget fit` resolved: a memory budget of `memory` bytes of which `rest` go to what
+    /// is not weights (what loading left, the KV cache, compute scratch) leaves this budget
+    /// for the weights; other flags unchanged.
+    pub fn fit_into(&self, memory: u64, rest: u64) -> anyhow::Result<Self> {
+        let room = memory.checked_sub(rest).filter(|&r| r > 0).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--budget fit: --memory {memory} B leaves no room for weights beside {rest} B of \
+                 KV cache, compute scratch and what loading left"
+            )
+        })?;
+        eprintln!(
+            "--budget fit: {room} B for weights ({memory} B of --memory, {rest} B for the KV \
+             cache, compute scratch and what loading left)"
+        );
+        Ok(Self {
+            budget: Some(room.to_string()),
+            ..self.clone()
+        })
+    }
+
     /// `--budget` and the importance map it selects from (`--map`, the package's, or the
     /// stored one), when a budget is given.
     pub fn budget_and_map(
@@ -359,6 +389,11 @@ impl PrecisionArgs {
         let Some(b) = &self.budget else {
             return Ok(None);
         };
+        if b == FIT {
+            bail!(
+                "--budget fit takes the weights' budget from --memory (generate, serve): give --memory"
+            );
+        }
         let budget: synapse_runtime::precision::Budget = b.parse()?;
         let package = match &self.map {
             Some(_) => None,

@@ -130,7 +130,7 @@ pub fn parse_bytes(s: &str) -> anyhow::Result<u64> {
 }
 
 /// Runs `serve`.
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(mut args: Args) -> anyhow::Result<()> {
     if args.parallel == 0 {
         bail!("--parallel must be at least 1");
     }
@@ -223,6 +223,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return serve_cluster(args, etcd, info, tok, server_cfg);
     }
     let source = Arc::new(model);
+    if args.precision.fits_memory() {
+        let Some(m) = memory else {
+            bail!("--budget fit takes the weights' budget from --memory: give --memory");
+        };
+        // The engine's KV cache and scratch, as it will count them (the source's shapes: the
+        // precision does not change them).
+        let probe = EngineConfig {
+            slots: args.parallel,
+            ctx,
+            kv_dtype,
+            threads: args.threads,
+            ..EngineConfig::default()
+        };
+        let layers = source.layers.len();
+        let (kv, scratch) = synapse_runtime::engine::kv_and_scratch_bytes(&source, &probe, layers)?;
+        let loaded =
+            synapse_server::metrics::proc_status_bytes("VmRSS:").saturating_sub(baseline_rss);
+        args.precision = args.precision.fit_into(m, loaded + kv + scratch)?;
+    }
     // With --budget the engine runs under a precision controller, so later budgets
     // (`POST /v1/precision`) only promote or only demote from where it starts.
     let controller =

@@ -30,7 +30,7 @@ pub use api::{
     Canceller, Constraint, EngineConfig, EngineInfo, EngineStats, Event, FinishReason, Finished,
     Logprob, MemoryLedger, Request, Session, SessionSink, SubmitError, TokenEvent, TokenPieces,
 };
-pub use scheduler::{MAX_TOP_LOGPROBS, PipelineHead, Scheduler, validate};
+pub use scheduler::{MAX_TOP_LOGPROBS, PipelineHead, Scheduler, kv_and_scratch_bytes, validate};
 
 use crate::error::Result;
 use crate::load::Model;

@@ -260,23 +260,9 @@ impl Scheduler {
                 cfg.step_tokens, cfg.slots
             )));
         }
-        // A mixture of experts runs each prompt batch whole in one pass (see `moe`: an expert
-        // ggml tiles for 8+ rows of a batch needs all of them): a batch must then fit beside
-        // the most decode rows a step holds (every slot decoding, with its drafts).
+        // A mixture of experts runs each prompt batch whole in one pass ([`pass_chunk`]).
         let whole_batches = model.layers.iter().any(|l| matches!(l.ffn, FfnW::Moe(_)));
-        let chunk = cfg.ubatch.min(cfg.ctx);
-        let chunk = if whole_batches {
-            let per = 1 + if cfg.draft.is_some() || cfg.head_draft.is_some() {
-                cfg.draft_k
-            } else {
-                0
-            };
-            chunk
-                .min(cfg.step_tokens.saturating_sub(cfg.slots * per))
-                .max(1)
-        } else {
-            chunk
-        };
+        let chunk = pass_chunk(&model, &cfg);
         if let Some(d) = &cfg.draft {
             if d.ir.fingerprint != model.ir.fingerprint {
                 return Err(invalid(
@@ -347,13 +333,8 @@ impl Scheduler {
             ),
             None => (weights, None),
         };
-        let logit_rows = if head_drafter.is_some() {
-            head_rows
-        } else {
-            cfg.slots + 1
-        };
-        let kv_total = (kv.slot_bytes() * kv_slots) as u64;
-        let scratch = model.pass_scratch_bytes(cfg.step_tokens, logit_rows, cfg.ctx, cfg.threads);
+        let (kv_total, scratch) = kv_and_scratch_bytes(&model, &cfg, layers)?;
+        debug_assert_eq!(kv_total, (kv.slot_bytes() * kv_slots) as u64);
         let need = weights + kv_total + scratch;
         // A mixture of experts that does not fit whole pages its routed experts within what
         // the weights outside them, the KV and the compute scratch leave.
@@ -1659,5 +1640,57 @@ fn paging_budgets(
         Some((None, Some(budget - dense_fixed)))
     } else {
         None
+    }
+}
+
+/// What an engine of `cfg` over `model`'s layers `0..layers` holds beside its weights, in
+/// bytes: the KV cache of every slot (a draft profile's slots too) and an upper bound of one
+/// pass's compute scratch — what `EngineConfig::memory` must hold besides the weights.
+pub fn kv_and_scratch_bytes(
+    model: &Model,
+    cfg: &EngineConfig,
+    layers: usize,
+) -> Result<(u64, u64)> {
+    let kv_slots = if cfg.draft.is_some() {
+        2 * cfg.slots
+    } else {
+        cfg.slots
+    };
+    let kv = KvCache::for_layers(
+        model,
+        cfg.kv_dtype,
+        kv_slots,
+        cfg.ctx,
+        pass_chunk(model, cfg),
+        0..layers,
+    )?;
+    let logit_rows = if cfg.head_draft.is_some() {
+        (2 * cfg.draft_k).max(cfg.slots + 1)
+    } else {
+        cfg.slots + 1
+    };
+    Ok((
+        (kv.slot_bytes() * kv_slots) as u64,
+        model.pass_scratch_bytes(cfg.step_tokens, logit_rows, cfg.ctx, cfg.threads),
+    ))
+}
+
+/// The most prompt rows of one session a pass takes (the KV cache's `max_chunk`): `ubatch`,
+/// and for a mixture of experts — whose prompt batches run whole in one pass (see `moe`: an
+/// expert ggml tiles for 8+ rows of a batch needs all of them) — no more than fit beside the
+/// most decode rows a step holds (every slot decoding, with its drafts).
+fn pass_chunk(model: &Model, cfg: &EngineConfig) -> usize {
+    let chunk = cfg.ubatch.min(cfg.ctx);
+    if model.layers.iter().any(|l| matches!(l.ffn, FfnW::Moe(_))) {
+        let per = 1 + if cfg.draft.is_some() || cfg.head_draft.is_some() {
+            cfg.draft_k
+        } else {
+            0
+        };
+        chunk
+            .min(cfg.step_tokens.saturating_sub(cfg.slots * per))
+            .max(1)
+    } else {
+        chunk
     }
 }
