@@ -314,7 +314,7 @@ fn re_encoded_experts_page_from_the_variant_cache() {
     use synapse_runtime::precision::{Precision, apply};
     let tmp = tempfile::tempdir().unwrap();
     let (m, _) = model(tmp.path());
-    let cache = VariantCache::open(&tmp.path().join("store")).unwrap();
+    let cache = VariantCache::open(tmp.path().join("store")).unwrap();
     let p = Precision::parse_profile("uniform:syn.q4.symmetric.g64.v1").unwrap();
     let q4 = apply(&m, &p, Some(&cache)).unwrap().model;
     assert!(q4.expert_bytes() < m.expert_bytes());
@@ -370,7 +370,7 @@ fn a_profile_installed_under_a_memory_budget_pages_its_experts() {
     use synapse_runtime::precision::{Precision, apply};
     let tmp = tempfile::tempdir().unwrap();
     let (m, _) = model(tmp.path());
-    let cache = VariantCache::open(&tmp.path().join("store")).unwrap();
+    let cache = VariantCache::open(tmp.path().join("store")).unwrap();
     let p = Precision::parse_profile("uniform:syn.q4.symmetric.g64.v1").unwrap();
     let q4 = apply(&m, &p, Some(&cache)).unwrap().model;
     let (want, _) = common::engine_greedy(&q4, None, 4, &PROMPT, 20);

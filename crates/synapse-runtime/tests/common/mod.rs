@@ -434,7 +434,7 @@ pub fn engine_greedy(
     prompt: &[u32],
     tokens: usize,
 ) -> (Vec<Vec<u32>>, synapse_runtime::engine::EngineStats) {
-    use synapse_runtime::engine::{EngineConfig, Event, Request, Scheduler};
+    use synapse_runtime::engine::{EngineConfig, Scheduler};
     let cfg = EngineConfig {
         slots: n as usize,
         ctx: 128,
