@@ -22,12 +22,20 @@ use synapse_testdata::synthetic_moe::{MoeShape, write};
 const BIN: &str = env!("CARGO_BIN_EXE_synapse-cli");
 
 fn cli(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
+    cli_in(None, args)
+}
+
+/// `synapse-cli` with its store and stored importance maps in `dir` (when given).
+fn cli_in(dir: Option<&Path>, args: &[&str]) -> Output {
+    let mut c = Command::new(BIN);
+    c.args(args)
         .env("RUST_BACKTRACE", "0")
-        .env_remove("SYNAPSE_MODEL")
-        .output()
-        .unwrap()
+        .env_remove("SYNAPSE_MODEL");
+    if let Some(d) = dir {
+        c.env("SYNAPSE_STORE", d.join("store"))
+            .env("SYNAPSE_IMPORTANCE_DIR", d);
+    }
+    c.output().unwrap()
 }
 
 fn json(o: &Output) -> Value {
@@ -37,6 +45,12 @@ fn json(o: &Output) -> Value {
 }
 
 fn generate(model: &Path, memory: Option<&str>) -> Output {
+    generate_in(None, model, memory, &[])
+}
+
+/// 24 greedy tokens of `model` (`--ctx 256`, `--json`) under `memory`, with `extra` flags,
+/// store and maps in `dir`.
+fn generate_in(dir: Option<&Path>, model: &Path, memory: Option<&str>, extra: &[&str]) -> Output {
     let m = model.to_str().unwrap();
     let mut a = vec![
         "generate",
@@ -52,8 +66,9 @@ fn generate(model: &Path, memory: Option<&str>) -> Output {
     if let Some(b) = memory {
         a.extend(["--memory", b]);
     }
+    a.extend(extra);
     a.push("The quick brown fox jumps over the lazy dog");
-    cli(&a)
+    cli_in(dir, &a)
 }
 
 fn u(v: &Value) -> u64 {
@@ -183,33 +198,8 @@ fn re_encoded_experts_page_within_the_budget_too() {
     let shape = MoeShape::small();
     let path = tmp.path().join(shape.file_name());
     write(&shape, &path).unwrap();
-    let run = |memory: Option<&str>| {
-        let mut a = vec![
-            "generate",
-            "--model",
-            path.to_str().unwrap(),
-            "--profile",
-            "uniform:syn.q4.symmetric.g64.v1",
-            "-n",
-            "24",
-            "--ignore-eos",
-            "--json",
-            "--ctx",
-            "256",
-        ];
-        if let Some(b) = memory {
-            a.extend(["--memory", b]);
-        }
-        a.push("The quick brown fox jumps over the lazy dog");
-        let o = Command::new(BIN)
-            .args(&a)
-            .env("RUST_BACKTRACE", "0")
-            .env("SYNAPSE_STORE", tmp.path().join("store"))
-            .env_remove("SYNAPSE_MODEL")
-            .output()
-            .unwrap();
-        json(&o)
-    };
+    let q4 = ["--profile", "uniform:syn.q4.symmetric.g64.v1"];
+    let run = |memory: Option<&str>| json(&generate_in(Some(tmp.path()), &path, memory, &q4));
     let free = run(None);
     let source = json(&generate(&path, None));
     assert_ne!(
@@ -268,16 +258,7 @@ fn budget_fit_keeps_the_weights_resident_within_the_memory_budget() {
         .collect();
     std::fs::write(&text, words.join(" ")).unwrap();
     let m = path.to_str().unwrap();
-    let run = |args: &[&str]| {
-        Command::new(BIN)
-            .args(args)
-            .env("RUST_BACKTRACE", "0")
-            .env("SYNAPSE_STORE", tmp.path().join("store"))
-            .env("SYNAPSE_IMPORTANCE_DIR", tmp.path())
-            .env_remove("SYNAPSE_MODEL")
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| cli_in(Some(tmp.path()), args);
     let o = run(&[
         "importance",
         "-m",
@@ -294,25 +275,10 @@ fn budget_fit_keeps_the_weights_resident_within_the_memory_budget() {
         "1",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let fit_flags = ["--budget", "fit"];
     let generate_at = |memory: &str, fit: bool| {
-        let mut a = vec![
-            "generate",
-            "--model",
-            m,
-            "-n",
-            "16",
-            "--ignore-eos",
-            "--json",
-            "--ctx",
-            "256",
-            "--memory",
-            memory,
-        ];
-        if fit {
-            a.extend(["--budget", "fit"]);
-        }
-        a.push("The quick brown fox");
-        run(&a)
+        let extra: &[&str] = if fit { &fit_flags } else { &[] };
+        generate_in(Some(tmp.path()), &path, Some(memory), extra)
     };
     let probe = json(&generate_at("4G", false));
     let l = &probe["memory"];
