@@ -259,21 +259,7 @@ fn budget_fit_keeps_the_weights_resident_within_the_memory_budget() {
     std::fs::write(&text, words.join(" ")).unwrap();
     let m = path.to_str().unwrap();
     let run = |args: &[&str]| cli_in(Some(tmp.path()), args);
-    let o = run(&[
-        "importance",
-        "-m",
-        m,
-        "--calib",
-        text.to_str().unwrap(),
-        "--tokens",
-        "256",
-        "--ctx",
-        "32",
-        "--rows",
-        "64",
-        "--kl-chunks",
-        "1",
-    ]);
+    let o = run(&common::importance_args(m, text.to_str().unwrap()));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let fit_flags = ["--budget", "fit"];
     let generate_at = |memory: &str, fit: bool| {

@@ -3,6 +3,8 @@
 //! `profile --budget` find and apply it, and every way to get it wrong is a clear error before
 //! anything runs (a budget below every profile, another model's map, a malformed budget).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -64,21 +66,7 @@ fn setup(words: usize) -> Option<(tempfile::TempDir, PathBuf, PathBuf, PathBuf)>
 /// `synapse-cli importance` of `model` on `text` (small settings), stored per model or in `out`.
 fn importance(dir: &Path, model: &str, text: &Path, out: Option<&Path>) {
     let o = out.map(|p| p.to_str().unwrap().to_string());
-    let mut a = vec![
-        "importance",
-        "-m",
-        model,
-        "--calib",
-        text.to_str().unwrap(),
-        "--tokens",
-        "256",
-        "--ctx",
-        "32",
-        "--rows",
-        "64",
-        "--kl-chunks",
-        "1",
-    ];
+    let mut a = common::importance_args(model, text.to_str().unwrap()).to_vec();
     if let Some(o) = &o {
         a.extend(["-o", o.as_str()]);
     }

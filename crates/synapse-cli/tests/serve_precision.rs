@@ -44,23 +44,9 @@ fn budgets_move_while_serving() {
             .env_remove("SYNAPSE_MODEL");
         c
     };
-    let o = cmd(&[
-        "importance",
-        "-m",
-        m,
-        "--calib",
-        text.to_str().unwrap(),
-        "--tokens",
-        "256",
-        "--ctx",
-        "32",
-        "--rows",
-        "64",
-        "--kl-chunks",
-        "1",
-    ])
-    .output()
-    .unwrap();
+    let o = cmd(&common::importance_args(m, text.to_str().unwrap()))
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let src = cmd(&["generate", "-m", m, "--json", "-n", "2", "hi"])
         .output()

@@ -9,6 +9,26 @@ use std::process::Child;
 
 use serde_json::Value;
 
+/// `synapse-cli importance` of `model` on `text` with the tests' small settings (its first
+/// 256 tokens in sessions of 32, 64 rows per site, one chunk per KL-weight ablation).
+pub fn importance_args<'a>(model: &'a str, text: &'a str) -> [&'a str; 13] {
+    [
+        "importance",
+        "-m",
+        model,
+        "--calib",
+        text,
+        "--tokens",
+        "256",
+        "--ctx",
+        "32",
+        "--rows",
+        "64",
+        "--kl-chunks",
+        "1",
+    ]
+}
+
 /// One HTTP/1.1 request on its own connection: (status, body as JSON or as a string).
 pub fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
     let mut s = TcpStream::connect(addr).unwrap();
