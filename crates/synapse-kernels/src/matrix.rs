@@ -197,10 +197,10 @@ impl QuantMatrix {
 
     /// This matrix's encoding and shape over `src`, which holds a copy of this matrix's own
     /// bytes (a paged copy, read back from the file this matrix borrows from): only the
-    /// length is checked — a codec's content was validated when this matrix was made. Given
-    /// other bytes, a codec matrix computes other values (its kernels read any code in range
-    /// and return errors for undecodable rows); it never reads out of bounds. The W1.58A8 form
-    /// holds converted codes, not its source's bytes, and has no copy: an error.
+    /// length is checked, as for [`QuantMatrix::from_ggml_shared`] — a codec's content was
+    /// validated when this matrix was made, and the caller vouches that `src` holds the same
+    /// bytes. The W1.58A8 form holds converted codes, not its source's bytes, and has no
+    /// copy: an error.
     pub fn over_copy(&self, src: Arc<dyn WeightSource>) -> Result<Self> {
         if matches!(self.store, Store::TernaryA8 { .. }) || src.bytes().len() != self.data.len() {
             return Err(KernelError::BadArgument {
