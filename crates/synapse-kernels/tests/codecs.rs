@@ -153,3 +153,46 @@ fn malformed_codec_bytes_are_refused_at_load() {
     assert!(QuantMatrix::from_codec("syn.q4.symmetric.g64.v1", &bytes[1..], 1, 64).is_err());
     assert!(QuantMatrix::from_codec("syn.q9.symmetric.g64.v1", &bytes, 1, 64).is_err());
 }
+
+/// A copy of a matrix's bytes, as a pager's slot holds it.
+struct Copied(Vec<u8>);
+
+impl synapse_kernels::WeightSource for Copied {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// `over_copy`: the same encoding and shape over a copy of the bytes computes the same bits;
+/// a copy of another length, or of a W1.58A8 matrix (its codes are converted), is refused.
+#[test]
+fn a_matrix_over_a_copy_of_its_bytes_computes_the_same() {
+    let (rows, cols) = (8, 256);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919 % 1009) as f32 / 504.0) - 1.0)
+        .collect();
+    let x: Vec<f32> = (0..cols)
+        .map(|i| ((i * 31 % 97) as f32 / 48.0) - 1.0)
+        .collect();
+    let mut ctx = KernelCtx::new().unwrap();
+    for id in ["syn.q4.symmetric.g64.v1", "syn.q3.asymmetric.g64.v1"] {
+        let codec = resolve(id).unwrap();
+        let bytes = codec.encode_matrix(&w, rows, cols).unwrap();
+        let m = QuantMatrix::from_codec(id, &bytes, rows, cols).unwrap();
+        let c = m
+            .over_copy(std::sync::Arc::new(Copied(m.raw_bytes().to_vec())))
+            .unwrap();
+        assert!(c.is_borrowed() && c.encoding() == m.encoding());
+        let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+        m.matvec(&x, &mut a, &mut ctx).unwrap();
+        c.matvec(&x, &mut b, &mut ctx).unwrap();
+        assert_eq!(a, b, "{id}");
+        let short = m.raw_bytes()[1..].to_vec();
+        assert!(m.over_copy(std::sync::Arc::new(Copied(short))).is_err());
+    }
+    let t = synapse_codecs::resolve("syn.ternary.absmean.tensor.v1").unwrap();
+    let tb = t.encode_matrix(&w, rows, cols).unwrap();
+    let a8 = QuantMatrix::from_ternary_a8(&tb, rows, cols).unwrap();
+    let copy = a8.raw_bytes().to_vec();
+    assert!(a8.over_copy(std::sync::Arc::new(Copied(copy))).is_err());
+}
