@@ -313,6 +313,50 @@ fn budget_fit_keeps_the_weights_resident_within_the_memory_budget() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+
+    // `serve --budget fit`: the engine's own KV and scratch taken off, the profile resident
+    // whole ("everything fits"), requests answered on it with no expert paged.
+    let server = |memory: &str, fit: bool| {
+        let mut c = serve(&path, memory);
+        if fit {
+            c.args(["--budget", "fit"]);
+        }
+        c.env("SYNAPSE_STORE", tmp.path().join("store"))
+            .env("SYNAPSE_IMPORTANCE_DIR", tmp.path());
+        Server::started(c.spawn().unwrap())
+    };
+    let line = |log: &[String], prefix: &str| {
+        log.iter()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} line in {log:?}"))
+            .clone()
+    };
+    let (probe, _, log) = server("8G", false);
+    drop(probe);
+    let ledger = line(&log, "memory ledger:");
+    let rest = after(&line(&log, "memory: budget"), "loading left")
+        + after(&ledger, "KV")
+        + after(&ledger, "scratch");
+    let budget = rest + source / 2;
+    let (srv, addr, log) = server(&budget.to_string(), true);
+    let room = after(&line(&log, "--budget fit:"), "--budget fit:");
+    let ledger = line(&log, "memory ledger:");
+    assert!(ledger.contains("everything fits"), "{ledger}");
+    let weights = after(&ledger, "weights");
+    assert!(weights <= room && weights < source, "{weights} of {room}");
+    let (_, models) = http(&addr, "GET", "/v1/models", "");
+    assert_eq!(u(&models["data"][0]["meta"]["weight_bytes"]), weights);
+    assert!(completions(&addr).iter().all(|t| !t.is_empty()));
+    let (_, m) = http(&addr, "GET", "/metrics", "");
+    assert_eq!(
+        metric(m.as_str().unwrap(), "synapse_expert_misses_total"),
+        0.0
+    );
+    assert!(
+        srv.status_bytes("VmHWM:")
+            <= budget + after(&line(&log, "memory: budget"), "baseline RSS of")
+    );
+    drop(srv);
 }
 
 #[test]
