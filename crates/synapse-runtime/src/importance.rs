@@ -74,21 +74,10 @@ pub fn linears(model: &Model) -> Vec<(String, Arc<QuantMatrix>)> {
 /// [`linears`] (a stacked tensor is many matrices); the importance map measures them too,
 /// each expert on the rows routed to it.
 pub fn expert_tensors(model: &Model) -> Vec<String> {
-    let ir = &model.ir;
-    let mut v: Vec<String> = Vec::new();
-    for r in &ir.layers {
-        if let synapse_model::FfnRegion::Moe(m) = &r.ffn {
-            for e in &m.experts {
-                for el in [&e.gate, &e.up, &e.down] {
-                    let n = &ir.weight(el.weight).name;
-                    if !v.contains(n) {
-                        v.push(n.clone());
-                    }
-                }
-            }
-        }
-    }
-    v
+    expert_projections(model)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect()
 }
 
 /// Per linear (IR weight name), the mean of `x²` of each input column over every calibration
@@ -256,21 +245,23 @@ pub(crate) fn dequantize(m: &QuantMatrix) -> Result<Vec<f32>> {
 }
 
 /// One routed expert's projection, a part of its tensor.
-struct ExpertProjection {
+pub(crate) struct ExpertProjection {
     /// Layer index.
     layer: usize,
     /// Expert index in the layer's mixture.
     expert: usize,
     /// Its input: [`Stage::FfnNorm`] (gate, up) or [`Stage::FfnAct`] (down).
     stage: Stage,
-    m: Arc<QuantMatrix>,
+    /// Its weights.
+    pub(crate) m: Arc<QuantMatrix>,
 }
 
-/// The routed experts' projections by tensor name (in [`expert_tensors`]' order; a stacked
+/// The routed experts' projections by tensor name, each name once in layer order (a stacked
 /// tensor's parts in expert order).
-fn expert_projections(model: &Model) -> Vec<(String, Vec<ExpertProjection>)> {
+pub(crate) fn expert_projections(model: &Model) -> Vec<(String, Vec<ExpertProjection>)> {
     let ir = &model.ir;
     let mut v: Vec<(String, Vec<ExpertProjection>)> = Vec::new();
+    let mut at: BTreeMap<&str, usize> = BTreeMap::new();
     for (layer, (l, r)) in model.layers.iter().zip(&ir.layers).enumerate() {
         let (crate::load::FfnW::Moe(mw), synapse_model::FfnRegion::Moe(mr)) = (&l.ffn, &r.ffn)
         else {
@@ -282,16 +273,19 @@ fn expert_projections(model: &Model) -> Vec<(String, Vec<ExpertProjection>)> {
                 (&ew.up, &er.up, Stage::FfnNorm),
                 (&ew.down, &er.down, Stage::FfnAct),
             ] {
-                let name = &ir.weight(el.weight).name;
+                let name = ir.weight(el.weight).name.as_str();
                 let part = ExpertProjection {
                     layer,
                     expert,
                     stage,
                     m: m.clone(),
                 };
-                match v.iter_mut().find(|(n, _)| n == name) {
-                    Some((_, parts)) => parts.push(part),
-                    None => v.push((name.clone(), vec![part])),
+                match at.get(name) {
+                    Some(&i) => v[i].1.push(part),
+                    None => {
+                        at.insert(name, v.len());
+                        v.push((name.to_owned(), vec![part]));
+                    }
                 }
             }
         }

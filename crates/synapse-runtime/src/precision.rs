@@ -200,22 +200,14 @@ pub struct Applied {
 /// Every tensor a profile can assign — the linears and the routed experts' tensors — with its
 /// source bytes (a stacked expert tensor: all its experts').
 pub fn assignable(model: &Model) -> BTreeMap<String, u64> {
-    let mut v: BTreeMap<String, u64> = crate::importance::linears(model)
+    let experts = crate::importance::expert_projections(model)
+        .into_iter()
+        .map(|(n, parts)| (n, parts.iter().map(|p| p.m.weight_bytes() as u64).sum()));
+    crate::importance::linears(model)
         .into_iter()
         .map(|(n, m)| (n, m.weight_bytes() as u64))
-        .collect();
-    let ir = &model.ir;
-    for (l, r) in model.layers.iter().zip(&ir.layers) {
-        if let (crate::load::FfnW::Moe(mw), synapse_model::FfnRegion::Moe(mr)) = (&l.ffn, &r.ffn) {
-            for (ew, er) in mw.experts.iter().zip(&mr.experts) {
-                for (m, el) in [(&ew.gate, &er.gate), (&ew.up, &er.up), (&ew.down, &er.down)] {
-                    *v.entry(ir.weight(el.weight).name.clone()).or_default() +=
-                        m.weight_bytes() as u64;
-                }
-            }
-        }
-    }
-    v
+        .chain(experts)
+        .collect()
 }
 
 /// The tensors of `model` that `map` covers, with their source bytes; an error if the map was
@@ -224,7 +216,9 @@ pub fn assignable(model: &Model) -> BTreeMap<String, u64> {
 /// bytes of the budget; one that has some of them must have all.
 pub(crate) fn mapped_bytes(model: &Model, map: &ImportanceMap) -> Result<u64> {
     map.check_applies_to(&model.ir.fingerprint)?;
-    let experts = crate::importance::expert_tensors(model);
+    let experts: std::collections::BTreeSet<String> = crate::importance::expert_tensors(model)
+        .into_iter()
+        .collect();
     let with_experts = experts.iter().any(|n| map.tensors.contains_key(n));
     let mut total = 0u64;
     for (name, bytes) in assignable(model) {

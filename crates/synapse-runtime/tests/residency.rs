@@ -79,6 +79,8 @@ fn run(ex: &mut Executor, prompt: &[u32], steps: usize, file: &Path) -> (Vec<Vec
     (out, peak)
 }
 
+const Q4: &str = "uniform:syn.q4.symmetric.g64.v1";
+
 const PROMPT: [u32; 12] = [1, 40, 77, 300, 12, 9, 451, 38, 200, 17, 64, 5];
 
 #[test]
@@ -310,13 +312,10 @@ fn a_packages_experts_page_as_its_ggufs_do() {
 /// cache (copies in memory, nothing to page from) they are refused.
 #[test]
 fn re_encoded_experts_page_from_the_variant_cache() {
-    use synapse_runtime::VariantCache;
     use synapse_runtime::precision::{Precision, apply};
     let tmp = tempfile::tempdir().unwrap();
     let (m, _) = model(tmp.path());
-    let cache = VariantCache::open(tmp.path().join("store")).unwrap();
-    let p = Precision::parse_profile("uniform:syn.q4.symmetric.g64.v1").unwrap();
-    let q4 = apply(&m, &p, Some(&cache)).unwrap().model;
+    let q4 = common::through_cache(&m, Q4, &tmp.path().join("store"));
     assert!(q4.expert_bytes() < m.expert_bytes());
     let store = tmp.path().join("store");
     let mut full = Executor::new(q4.clone(), 2).unwrap();
@@ -354,7 +353,9 @@ fn re_encoded_experts_page_from_the_variant_cache() {
             st.bytes_in as f64 / 1e6
         );
     }
-    let owned = apply(&m, &p, None).unwrap().model;
+    let owned = apply(&m, &Precision::parse_profile(Q4).unwrap(), None)
+        .unwrap()
+        .model;
     let mut ex = Executor::new(owned, 1).unwrap();
     let e = ex.page_experts(Some(u64::MAX)).unwrap_err().to_string();
     assert!(e.contains("without a variant cache"), "{e}");
@@ -365,14 +366,10 @@ fn re_encoded_experts_page_from_the_variant_cache() {
 /// engine at that profile, the ledger on the new profile, its experts paged.
 #[test]
 fn a_profile_installed_under_a_memory_budget_pages_its_experts() {
-    use synapse_runtime::VariantCache;
     use synapse_runtime::engine::{EngineConfig, Scheduler};
-    use synapse_runtime::precision::{Precision, apply};
     let tmp = tempfile::tempdir().unwrap();
     let (m, _) = model(tmp.path());
-    let cache = VariantCache::open(tmp.path().join("store")).unwrap();
-    let p = Precision::parse_profile("uniform:syn.q4.symmetric.g64.v1").unwrap();
-    let q4 = apply(&m, &p, Some(&cache)).unwrap().model;
+    let q4 = common::through_cache(&m, Q4, &tmp.path().join("store"));
     let (want, _) = common::engine_greedy(&q4, None, 4, &PROMPT, 20);
     let cfg = |memory| EngineConfig {
         slots: 4,

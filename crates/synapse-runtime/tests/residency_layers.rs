@@ -259,13 +259,11 @@ fn a_package_pages_its_blocks_as_its_gguf_does() {
 /// run whole; re-encoded without a cache they are refused.
 #[test]
 fn re_encoded_blocks_page_from_the_variant_cache() {
-    use synapse_runtime::VariantCache;
     use synapse_runtime::precision::{Precision, apply};
     let Some((m, path)) = smollm() else { return };
     let tmp = tempfile::tempdir().unwrap();
-    let cache = VariantCache::open(tmp.path()).unwrap();
-    let p = Precision::parse_profile("uniform:syn.q8.symmetric.g64.v1").unwrap();
-    let q8 = apply(&m, &p, Some(&cache)).unwrap().model;
+    let spec = "uniform:syn.q8.symmetric.g64.v1";
+    let q8 = common::through_cache(&m, spec, tmp.path());
     let mut whole = Executor::new(q8.clone(), 2).unwrap();
     let (want, _) = run(&mut whole, 6, &path);
     let total = LayerPager::pageable_bytes(&q8, 0..q8.layers.len());
@@ -282,7 +280,9 @@ fn re_encoded_blocks_page_from_the_variant_cache() {
         let st = ex.layer_pager().unwrap().stats();
         assert!(st.misses > 0, "{st:?}");
     }
-    let owned = apply(&m, &p, None).unwrap().model;
+    let owned = apply(&m, &Precision::parse_profile(spec).unwrap(), None)
+        .unwrap()
+        .model;
     let mut ex = Executor::new(owned, 1).unwrap();
     let e = ex.page_layers(Some(u64::MAX)).unwrap_err().to_string();
     assert!(e.contains("without a variant cache"), "{e}");

@@ -165,17 +165,14 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let (model, tok) = load_model(args.model.as_deref(), args.store.as_deref())?;
     let source = Arc::new(model);
     let source_bytes = source.weight_bytes();
-    if args.precision.fits_memory() {
-        let Some(m) = memory else {
-            bail!("--budget fit takes the weights' budget from --memory: give --memory");
-        };
-        // The KV cache and scratch do not depend on the precision: the source's shapes.
+    // `--budget fit`: the KV cache and scratch do not depend on the precision (the source's
+    // shapes).
+    args.precision = args.precision.fit_into(memory, || {
         let chunk = 512.min(args.ctx);
         let kv = KvCache::new(&source, kv_dtype, 1, args.ctx, chunk)?.slot_bytes() as u64;
         let scratch = source.pass_scratch_bytes(chunk, 1, args.ctx, args.threads);
-        let loaded = proc_status_bytes("VmRSS:").saturating_sub(baseline_rss);
-        args.precision = args.precision.fit_into(m, loaded + kv + scratch)?;
-    }
+        Ok(proc_status_bytes("VmRSS:").saturating_sub(baseline_rss) + kv + scratch)
+    })?;
     let prepared = args
         .precision
         .apply(&source, args.model.as_deref(), args.store.as_deref())?;

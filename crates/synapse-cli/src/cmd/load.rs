@@ -346,6 +346,9 @@ impl Prepared {
 
 /// `--budget fit`.
 const FIT: &str = "fit";
+/// What `--budget fit` without `--memory` is told.
+const FIT_NEEDS_MEMORY: &str =
+    "--budget fit takes the weights' budget from --memory: give --memory";
 
 impl PrecisionArgs {
     /// Whether `--budget fit` was given: the weights' budget is what `--memory` leaves.
@@ -353,10 +356,22 @@ impl PrecisionArgs {
         self.budget.as_deref() == Some(FIT)
     }
 
-    /// `--budget fit` resolved: a memory budget of `memory` bytes of which `rest` go to what
-    /// is not weights (what loading left, the KV cache, compute scratch) leaves this budget
-    /// for the weights; other flags unchanged.
-    pub fn fit_into(&self, memory: u64, rest: u64) -> anyhow::Result<Self> {
+    /// These flags with `--budget fit` resolved (unchanged without it): of a `--memory` budget
+    /// of `memory` bytes, `rest()` go to what is not weights (what loading left, the KV cache,
+    /// compute scratch), and the rest is the weights' budget. Without `--memory`, or with no
+    /// room left, an error.
+    pub fn fit_into(
+        &self,
+        memory: Option<u64>,
+        rest: impl FnOnce() -> anyhow::Result<u64>,
+    ) -> anyhow::Result<Self> {
+        if !self.fits_memory() {
+            return Ok(self.clone());
+        }
+        let Some(memory) = memory else {
+            bail!("{FIT_NEEDS_MEMORY}");
+        };
+        let rest = rest()?;
         let room = memory.checked_sub(rest).filter(|&r| r > 0).ok_or_else(|| {
             anyhow::anyhow!(
                 "--budget fit: --memory {memory} B leaves no room for weights beside {rest} B of \
@@ -390,9 +405,7 @@ impl PrecisionArgs {
             return Ok(None);
         };
         if b == FIT {
-            bail!(
-                "--budget fit takes the weights' budget from --memory (generate, serve): give --memory"
-            );
+            bail!("{FIT_NEEDS_MEMORY} (generate, serve)");
         }
         let budget: synapse_runtime::precision::Budget = b.parse()?;
         let package = match &self.map {

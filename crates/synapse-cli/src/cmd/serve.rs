@@ -223,12 +223,9 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         return serve_cluster(args, etcd, info, tok, server_cfg);
     }
     let source = Arc::new(model);
-    if args.precision.fits_memory() {
-        let Some(m) = memory else {
-            bail!("--budget fit takes the weights' budget from --memory: give --memory");
-        };
-        // The engine's KV cache and scratch, as it will count them (the source's shapes: the
-        // precision does not change them).
+    // `--budget fit`: the engine's KV cache and scratch, as it will count them (the source's
+    // shapes: the precision does not change them).
+    args.precision = args.precision.fit_into(memory, || {
         let probe = EngineConfig {
             slots: args.parallel,
             ctx,
@@ -240,8 +237,8 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         let (kv, scratch) = synapse_runtime::engine::kv_and_scratch_bytes(&source, &probe, layers)?;
         let loaded =
             synapse_server::metrics::proc_status_bytes("VmRSS:").saturating_sub(baseline_rss);
-        args.precision = args.precision.fit_into(m, loaded + kv + scratch)?;
-    }
+        Ok(loaded + kv + scratch)
+    })?;
     // With --budget the engine runs under a precision controller, so later budgets
     // (`POST /v1/precision`) only promote or only demote from where it starts.
     let controller =

@@ -483,3 +483,18 @@ pub fn engine_greedy_on(
     }
     toks
 }
+
+/// `m` at the profile `spec` (`uniform:ENCODING`), re-encoded through a variant cache in `store`
+/// (so its re-encoded tensors are memory-mapped objects, as a pager needs them).
+#[allow(dead_code)]
+pub fn through_cache(
+    m: &std::sync::Arc<synapse_runtime::Model>,
+    spec: &str,
+    store: &Path,
+) -> std::sync::Arc<synapse_runtime::Model> {
+    use synapse_runtime::precision::{Precision, apply};
+    let cache = synapse_runtime::VariantCache::open(store).unwrap();
+    apply(m, &Precision::parse_profile(spec).unwrap(), Some(&cache))
+        .unwrap()
+        .model
+}
