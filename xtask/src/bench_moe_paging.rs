@@ -6,6 +6,9 @@
 //! With `--profile` every run is at that precision (re-encoded experts page from the
 //! variant cache), so a re-encoded model fully resident can be set beside the source's
 //! experts paged in the same memory.
+//! `--admission both` alternates runs with and without the pager's frequency filter. Each
+//! budgeted row's speed is set beside the unlimited runs' (the weights read from the file
+//! mapping) and beside the same mode's 100% row (every expert in the pager's copies).
 //!
 //! A dense model (`--model`, e.g. the default Gemma 3 270M) pages its blocks' projections
 //! instead: the fraction is of those bytes, and the fixed part holds the embedding and head.
@@ -59,6 +62,11 @@ pub struct Args {
     /// `both` (budgeted runs with and without, alternated).
     #[arg(long, default_value = "on")]
     prefetch: String,
+    /// The expert pager's frequency filter (a miss used no more often than the least used
+    /// resident expert runs from a scratch slot, nothing paged out): `on`, `off`
+    /// (`SYNAPSE_EXPERT_ADMISSION=off`: every miss replaces the LRU-2 victim), or `both`.
+    #[arg(long, default_value = "on")]
+    admission: String,
     /// Memory pressure: while a run goes, the model file's pages that no process maps are
     /// dropped from the page cache every this many milliseconds (`posix_fadvise(…,
     /// POSIX_FADV_DONTNEED)`), as on a machine whose page cache cannot hold the file: a
@@ -101,6 +109,29 @@ fn evicter(
     })
 }
 
+/// How a budgeted run pages: reads advised ahead, and the frequency filter.
+#[derive(Clone, Copy, Debug)]
+struct Mode {
+    prefetch: bool,
+    admission: bool,
+}
+
+impl Mode {
+    const DEFAULT: Mode = Mode {
+        prefetch: true,
+        admission: true,
+    };
+}
+
+fn on_off(v: &str, what: &str) -> Result<Vec<bool>> {
+    Ok(match v {
+        "on" => vec![true],
+        "off" => vec![false],
+        "both" => vec![true, false],
+        other => bail!("--{what} must be on, off or both, not {other:?}"),
+    })
+}
+
 struct Run {
     decode: f64,
     load: f64,
@@ -116,7 +147,7 @@ fn run_once(
     model: &PathBuf,
     a: &Args,
     memory: Option<u64>,
-    prefetch: bool,
+    mode: Mode,
 ) -> Result<(Value, f64)> {
     let mut c = Command::new(bin);
     c.args(["generate", "--model"])
@@ -137,7 +168,9 @@ fn run_once(
         c.args(["--profile", p]);
     }
     c.env("SYNAPSE_BLOCK_STREAM", &a.block_stream);
-    c.env("SYNAPSE_PREFETCH", if prefetch { "on" } else { "off" });
+    let on = |b: bool| if b { "on" } else { "off" };
+    c.env("SYNAPSE_PREFETCH", on(mode.prefetch));
+    c.env("SYNAPSE_EXPERT_ADMISSION", on(mode.admission));
     c.arg("The quick brown fox jumps over the lazy dog, and the dog sleeps on.");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ev = (a.cold_ms > 0).then(|| {
@@ -210,13 +243,16 @@ pub fn run(a: Args) -> Result<()> {
         }
     };
     // The ledger's fixed part and the experts' bytes.
-    let (probe, _) = run_once(&bin, &model, &a, Some(1 << 40), true)?;
-    let modes: Vec<bool> = match a.prefetch.as_str() {
-        "on" => vec![true],
-        "off" => vec![false],
-        "both" => vec![true, false],
-        other => bail!("--prefetch must be on, off or both, not {other:?}"),
-    };
+    let (probe, _) = run_once(&bin, &model, &a, Some(1 << 40), Mode::DEFAULT)?;
+    let mut modes = Vec::new();
+    for prefetch in on_off(&a.prefetch, "prefetch")? {
+        for admission in on_off(&a.admission, "admission")? {
+            modes.push(Mode {
+                prefetch,
+                admission,
+            });
+        }
+    }
     let m = &probe["memory"];
     let g = |k: &str| m[k].as_u64().unwrap_or(0);
     let mut fixed = g("loaded") + g("weights_outside_experts") + g("kv") + g("scratch");
@@ -232,7 +268,7 @@ pub fn run(a: Args) -> Result<()> {
         bail!("{} has nothing to page", model.display());
     }
     println!(
-        "bench-moe-paging: {}{} | {} threads | {} decoded | {what} {:.1} MB, fixed part {:.1} MB | {} runs | prefetch {}{}",
+        "bench-moe-paging: {}{} | {} threads | {} decoded | {what} {:.1} MB, fixed part {:.1} MB | {} runs | prefetch {} | filter {}{}",
         model.display(),
         a.profile
             .as_ref()
@@ -243,6 +279,7 @@ pub fn run(a: Args) -> Result<()> {
         fixed as f64 / 1e6,
         a.runs,
         a.prefetch,
+        a.admission,
         if a.cold_ms > 0 {
             format!(" | cold: unmapped pages dropped every {} ms", a.cold_ms)
         } else {
@@ -259,7 +296,7 @@ pub fn run(a: Args) -> Result<()> {
         let mut with: Vec<Vec<Run>> = modes.iter().map(|_| Vec::new()).collect();
         let mut without = Vec::new();
         for r in 0..a.runs {
-            let kinds = modes.iter().map(|&p| Some(p)).chain([None]);
+            let kinds = modes.iter().map(|&m| Some(m)).chain([None]);
             for (ki, kind) in kinds.enumerate() {
                 let mut tries = 0;
                 loop {
@@ -268,7 +305,7 @@ pub fn run(a: Args) -> Result<()> {
                         &model,
                         &a,
                         kind.is_some().then_some(budget),
-                        kind.unwrap_or(true),
+                        kind.unwrap_or(Mode::DEFAULT),
                     )?;
                     tries += 1;
                     if foreign > a.foreign_limit && tries < 4 {
@@ -280,10 +317,13 @@ pub fn run(a: Args) -> Result<()> {
                         "  {:>5.1}% run {r} {}: decode {:6.1} tok/s{}",
                         frac * 100.0,
                         match kind {
-                            Some(true) if modes.len() > 1 => "budgeted, prefetch on ",
-                            Some(false) if modes.len() > 1 => "budgeted, prefetch off",
-                            Some(_) => "budgeted ",
-                            None => "unlimited",
+                            Some(m) if modes.len() > 1 => format!(
+                                "budgeted, prefetch {:3}, filter {:3}",
+                                if m.prefetch { "on" } else { "off" },
+                                if m.admission { "on" } else { "off" }
+                            ),
+                            Some(_) => "budgeted ".into(),
+                            None => "unlimited".into(),
                         },
                         p.decode,
                         p.hit_rate
@@ -305,7 +345,8 @@ pub fn run(a: Args) -> Result<()> {
             let dec = md(with, &|r| r.decode);
             let row = serde_json::json!({
                 "fraction": frac,
-                "prefetch": modes[mi],
+                "prefetch": modes[mi].prefetch,
+                "admission": modes[mi].admission,
                 "budget": budget,
                 "decode_tok_s": dec,
                 "unlimited_decode_tok_s": base,
@@ -321,23 +362,42 @@ pub fn run(a: Args) -> Result<()> {
             rows.push(row);
         }
     }
+    // Beside the ratio to the unlimited runs (weights read from the file mapping), the
+    // ratio to the same mode's 100% row (every expert in the pager's copies) when measured.
+    for i in 0..rows.len() {
+        let same = |r: &Value| {
+            r["prefetch"] == rows[i]["prefetch"] && r["admission"] == rows[i]["admission"]
+        };
+        let full = rows
+            .iter()
+            .find(|r| same(r) && r["fraction"].as_f64().is_some_and(|f| f >= 1.0))
+            .and_then(|r| r["decode_tok_s"].as_f64());
+        if let (Some(full), Some(d)) = (full, rows[i]["decode_tok_s"].as_f64()) {
+            rows[i]["ratio_to_resident"] = serde_json::json!(d / full);
+        }
+    }
     println!(
-        "\n{what} resident | prefetch | budget MB | decode tok/s (unlimited) | ratio | hit rate | load s | first token s (unlimited) | peak RSS over start MB"
+        "\n{what} resident | prefetch | filter | budget MB | decode tok/s (unlimited) | ratio | vs 100% | hit rate | load s | first token s (unlimited) | peak RSS over start MB"
     );
     for r in &rows {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
-        println!(
-            "{:>15.1}% | {:>8} | {:>9.1} | {:>7.1} ({:>6.1}) | {:>5.2}× | {:>8.3} | {:>6.3} | {:>6.3} ({:.3}) | {:.1}{}",
-            f("fraction") * 100.0,
-            if r["prefetch"].as_bool() == Some(true) {
+        let on = |k: &str| {
+            if r[k].as_bool() == Some(true) {
                 "on"
             } else {
                 "off"
-            },
+            }
+        };
+        println!(
+            "{:>15.1}% | {:>8} | {:>6} | {:>9.1} | {:>7.1} ({:>6.1}) | {:>5.2}× | {:>6.2}× | {:>8.3} | {:>6.3} | {:>6.3} ({:.3}) | {:.1}{}",
+            f("fraction") * 100.0,
+            on("prefetch"),
+            on("admission"),
             f("budget") / 1e6,
             f("decode_tok_s"),
             f("unlimited_decode_tok_s"),
             f("ratio"),
+            f("ratio_to_resident"),
             f("hit_rate"),
             f("load_s"),
             f("first_token_s"),

@@ -551,6 +551,12 @@ fn a_server_pages_experts_within_its_budget_with_the_same_text() {
         advised > 0.0 && predicted > 0.0 && used <= predicted,
         "{advised} advised, {predicted} predicted, {used} used"
     );
+    // Misses the frequency filter did not admit ran from the scratch slot.
+    let bypassed = metric(&m, "synapse_expert_bypassed_total");
+    assert!(
+        bypassed > 0.0 && bypassed <= misses,
+        "{bypassed} bypassed of {misses} misses"
+    );
     let peak = srv.status_bytes("VmHWM:");
     assert!(metric(&m, "synapse_process_peak_resident_bytes") > 0.0);
     let used = peak - baseline;

@@ -135,6 +135,69 @@ fn budgeted_experts_give_the_same_logits() {
     }
 }
 
+/// The frequency filter: with it (the default) a miss of an expert used no more often than
+/// the least used resident one runs from the pager's scratch slot and pages nothing out;
+/// without it every miss replaces the LRU-2 victim. The same logits either way, every held
+/// byte (the scratch slot included) within the budget, and far fewer experts paged out.
+#[test]
+fn a_miss_the_filter_does_not_admit_pages_nothing_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, path) = model(tmp.path());
+    let mut full = Executor::new(m.clone(), 2).unwrap();
+    let (want, _) = run(&mut full, &PROMPT, 48, &path);
+    for frac in [0.5, 0.25] {
+        let mut st = Vec::new();
+        for admission in [true, false] {
+            let mut ex = Executor::new(m.clone(), 2).unwrap();
+            ex.page_experts(Some(u64::MAX)).unwrap();
+            let total = ex.expert_pager().unwrap().total_bytes();
+            let budget = (total as f64 * frac) as u64;
+            ex.page_experts(Some(budget)).unwrap();
+            let p = ex.expert_pager_mut().unwrap();
+            assert!(p.admitting(), "on by default");
+            p.set_admission(admission);
+            let (got, _) = run(&mut ex, &PROMPT, 48, &path);
+            assert_eq!(got, want, "{frac}, filter {admission}: other logits");
+            let p = ex.expert_pager().unwrap();
+            assert!(
+                p.held_bytes() <= budget && p.resident_bytes() <= budget,
+                "{frac}, filter {admission}: {} B held of {budget}",
+                p.held_bytes()
+            );
+            let s = p.stats();
+            assert_eq!(s.hits + s.misses, ex.expert_stats().groups);
+            eprintln!(
+                "experts at {:>4.1}%, filter {admission}: hit rate {:.3}, {} misses, {} of \
+                 them bypassed, {} evictions, {:.1} MB read",
+                frac * 100.0,
+                s.hit_rate(),
+                s.misses,
+                s.bypassed,
+                s.evictions,
+                s.bytes_in as f64 / 1e6
+            );
+            st.push(s);
+        }
+        let (on, off) = (st[0], st[1]);
+        assert!(on.bypassed > 0, "{frac}: {on:?}");
+        assert_eq!(off.bypassed, 0, "{frac}: {off:?}");
+        assert!(on.evictions > 0, "{frac}: the filter still admits: {on:?}");
+        assert!(
+            on.evictions * 2 < off.evictions,
+            "{frac}: filter {on:?}, none {off:?}"
+        );
+    }
+    // A budget that holds every expert keeps every expert: no scratch slot, nothing bypassed.
+    let mut ex = Executor::new(m.clone(), 2).unwrap();
+    ex.page_experts(Some(u64::MAX)).unwrap();
+    let total = ex.expert_pager().unwrap().total_bytes();
+    ex.page_experts(Some(total)).unwrap();
+    let (got, _) = run(&mut ex, &PROMPT, 48, &path);
+    assert_eq!(got, want);
+    let s = ex.paging_stats().unwrap();
+    assert_eq!((s.bypassed, s.evictions), (0, 0), "{s:?}");
+}
+
 #[test]
 fn mapped_experts_stay_within_the_budget() {
     let tmp = tempfile::tempdir().unwrap();

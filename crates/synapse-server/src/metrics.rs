@@ -121,6 +121,7 @@ pub fn render(stats: &EngineStats, info: &EngineInfo) -> String {
     counter!("synapse_expert_prefetches_total").absolute(stats.expert_prefetches);
     counter!("synapse_expert_predicted_total").absolute(stats.expert_predicted);
     counter!("synapse_expert_predicted_used_total").absolute(stats.expert_predicted_used);
+    counter!("synapse_expert_bypassed_total").absolute(stats.expert_bypassed);
     counter!("synapse_block_hits_total").absolute(stats.block_hits);
     counter!("synapse_block_misses_total").absolute(stats.block_misses);
     counter!("synapse_block_evictions_total").absolute(stats.block_evictions);

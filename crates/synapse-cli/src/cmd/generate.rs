@@ -297,6 +297,13 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             p.set_prefetch(false);
         }
     }
+    // `SYNAPSE_EXPERT_ADMISSION=off`: every expert miss is copied in over the LRU-2 victim
+    // (no frequency filter, no run from the mapping; for `bench-moe-paging --admission`).
+    if std::env::var("SYNAPSE_EXPERT_ADMISSION").is_ok_and(|v| v == "off")
+        && let Some(p) = exec.expert_pager_mut()
+    {
+        p.set_admission(false);
+    }
     let params = GenerateParams {
         max_tokens: args.n,
         sampling: SamplingParams {
@@ -475,6 +482,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
                         "prefetched_misses": p.prefetched_misses,
                         "predicted": p.predicted,
                         "predicted_used": p.predicted_used,
+                        "bypassed": p.bypassed,
                     })),
                     "baseline_rss": baseline_rss,
                     "peak_rss": proc_status_bytes("VmHWM:"),

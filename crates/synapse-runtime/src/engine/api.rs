@@ -418,6 +418,9 @@ pub struct EngineStats {
     pub expert_predicted: u64,
     /// Of those, the ones the layer then routed rows to.
     pub expert_predicted_used: u64,
+    /// Expert misses the pager's frequency filter did not admit (run from its scratch slot,
+    /// nothing paged out).
+    pub expert_bypassed: u64,
     /// A dense model's block uses (one per block per pass) that found it resident, under
     /// a memory budget its blocks do not fit whole.
     pub block_hits: u64,

@@ -847,6 +847,7 @@ impl Scheduler {
             st.expert_predicted.store(p.predicted, Ordering::Relaxed);
             st.expert_predicted_used
                 .store(p.predicted_used, Ordering::Relaxed);
+            st.expert_bypassed.store(p.bypassed, Ordering::Relaxed);
         }
         if let Some(p) = exec.layer_pager().map(|p| p.stats()) {
             let st = &self.stats;
