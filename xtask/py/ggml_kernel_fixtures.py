@@ -35,6 +35,8 @@ TYPES = ["f32", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", 
          "iq4_nl", "iq4_xs", "f16", "tq1_0", "tq2_0"]
 IDS = dict(B.TYPES, iq4_xs=23, tq1_0=34, tq2_0=35)
 ACTS = {"q8_0": (8, 34), "q8_1": (9, 36), "q8_k": (15, 292)}
+QROWS = 8
+QTYPES = ["q8_0", "q5_1", "q5_0", "q4_1", "q4_0"]
 
 
 class TraitsCpu(C.Structure):
@@ -113,6 +115,31 @@ def main() -> None:
         np.concatenate(ys).astype("<f4").tofile(out / f"y.{tname}.f32")
         index["types"][tname] = dict(ggml_type=tid, w=f"w.{tname}.bin", y=f"y.{tname}.f32", row_bytes=int(rb))
         print(f"  {tname:7s} w {w.size:6d} B, y {sum(len(v) for v in ys)} values", flush=True)
+    # ggml's reference quantizers of the legacy types (`ggml_quantize_chunk` without an
+    # importance matrix runs `quantize_row_<type>_ref`), on seeded rows with edge blocks: its
+    # own rng, so the outputs above do not move.
+    qr = np.random.default_rng(SEED + 1)
+    qs = qr.normal(0.0, 1.0, size=(QROWS, K)).astype(np.float32)
+    qs[0, :32] = 0.0                                     # all zero
+    qs[0, 32:64] = 1.5                                   # constant
+    qs[0, 64:96] = -np.abs(qs[0, 64:96]) * 3.0           # all negative (negative max)
+    qs[0, 96:128] = np.abs(qs[0, 96:128]) * 3.0          # all positive
+    qs[1, :32] *= 1e-6                                   # tiny
+    qs[1, 32:64] *= 3e3                                  # large
+    qs[1, 64:96] = np.round(qs[1, 64:96] * 4.0) / 4.0    # on a grid: ties at the half steps
+    qs[1, 96] = 1e-30                                    # one subnormal-scale element
+    qs[2] *= 0.02                                        # a typical weight row
+    qs.tofile(out / "quant.src.f32")
+    index["quant"] = dict(src="quant.src.f32", rows=QROWS, k=K, types={})
+    for tname in QTYPES:
+        tid = IDS[tname]
+        rb = base.ggml_row_size(tid, K)
+        w = np.zeros(QROWS * rb, dtype=np.uint8)
+        n = base.ggml_quantize_chunk(tid, qs.ctypes.data, w.ctypes.data, 0, QROWS, K, None)
+        assert n == w.size, (tname, n, w.size)
+        w.tofile(out / f"quant.{tname}.bin")
+        index["quant"]["types"][tname] = dict(file=f"quant.{tname}.bin", row_bytes=int(rb))
+        print(f"  quant {tname:5s} {w.size:6d} B", flush=True)
     import llama_cpp
     index["llama_cpp_python"] = llama_cpp.__version__
     (out / "index.json").write_text(json.dumps(index, indent=1))

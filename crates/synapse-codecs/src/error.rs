@@ -47,6 +47,16 @@ pub enum CodecError {
         /// The length given.
         actual: usize,
     },
+    /// A row does not hold whole blocks of a block type that has no partial block (ggml's).
+    #[error("`{id}` needs rows of a multiple of {block} elements, not {cols}")]
+    PartialBlock {
+        /// The encoding.
+        id: String,
+        /// Elements per row given.
+        cols: usize,
+        /// Its block size.
+        block: usize,
+    },
     /// The requested element count overflows `usize` once encoded.
     #[error("{elements} elements overflow the encoded size computation")]
     SizeOverflow {

@@ -7,12 +7,14 @@
 //! syn.q{bits}.asymmetric.g{group}.v1    same domain
 //! syn.ternary.absmean.g{group}.v1       same group domain (g64 is BitNet b1.58's member)
 //! syn.ternary.absmean.tensor.v1         one per-tensor scale
+//! ggml.{type}.v1                        type one of q8_0 q5_1 q5_0 q4_1 q4_0 (ggml's own blocks)
 //! ```
 
 use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{CodecError, Result};
+use crate::ggml::GgmlBlock;
 
 /// Smallest and largest code width of the `q{bits}` families.
 pub const BITS_RANGE: std::ops::RangeInclusive<u32> = 2..=8;
@@ -47,6 +49,8 @@ pub enum EncodingId {
     },
     /// `syn.ternary.absmean.tensor.v1`.
     TernaryTensor,
+    /// `ggml.{type}.v1`: one of ggml's legacy block types ([`crate::ggml`]).
+    Ggml(GgmlBlock),
 }
 
 fn parse_num(id: &str, s: &str, what: &str) -> Result<usize> {
@@ -97,6 +101,19 @@ impl EncodingId {
     pub fn parse(id: &str) -> Result<Self> {
         let unknown = || CodecError::UnknownEncoding { id: id.to_owned() };
         let parts: Vec<&str> = id.split('.').collect();
+        if let ["ggml", ty, v] = parts[..] {
+            let b = GgmlBlock::from_name(ty).ok_or_else(unknown)?;
+            let version = v.strip_prefix('v').ok_or_else(unknown)?;
+            if parse_num(id, version, "version")? != VERSION as usize {
+                return Err(CodecError::InvalidEncoding {
+                    id: id.to_owned(),
+                    reason: format!(
+                        "codec version {v} is not known (this build has v{VERSION})"
+                    ),
+                });
+            }
+            return Ok(EncodingId::Ggml(b));
+        }
         if parts.first() != Some(&"syn") || parts.len() < 4 {
             return Err(unknown());
         }
@@ -155,6 +172,7 @@ impl EncodingId {
             EncodingId::Asymmetric { bits, group } => bits as f64 + 32.0 / group as f64,
             EncodingId::TernaryGroup { group } => 2.0 + 16.0 / group as f64,
             EncodingId::TernaryTensor => 2.0,
+            EncodingId::Ggml(b) => b.bits_per_weight(),
         }
     }
 }
@@ -172,6 +190,7 @@ impl fmt::Display for EncodingId {
                 write!(f, "syn.ternary.absmean.g{group}.v{VERSION}")
             }
             EncodingId::TernaryTensor => write!(f, "syn.ternary.absmean.tensor.v{VERSION}"),
+            EncodingId::Ggml(b) => write!(f, "ggml.{}.v{VERSION}", b.name()),
         }
     }
 }

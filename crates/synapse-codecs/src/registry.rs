@@ -3,6 +3,7 @@
 use crate::asymmetric::Asymmetric;
 use crate::codec::Codec;
 use crate::error::Result;
+use crate::ggml::GgmlLegacy;
 use crate::id::EncodingId;
 use crate::symmetric::Symmetric;
 use crate::ternary::{TernaryGroup, TernaryTensor};
@@ -14,6 +15,7 @@ pub fn codec_for(id: EncodingId) -> Box<dyn Codec> {
         EncodingId::Asymmetric { bits, group } => Box::new(Asymmetric::from_parts(bits, group)),
         EncodingId::TernaryGroup { group } => Box::new(TernaryGroup::from_parts(group)),
         EncodingId::TernaryTensor => Box::new(TernaryTensor),
+        EncodingId::Ggml(b) => Box::new(GgmlLegacy::new(b)),
     }
 }
 

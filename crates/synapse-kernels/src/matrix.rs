@@ -7,7 +7,7 @@ use crate::error::{KernelError, Result};
 use crate::kernels::{self, Kernel};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use synapse_codecs::{Codec, EncodingId};
+use synapse_codecs::{Codec, EncodingId, GgmlBlock};
 use synapse_formats::GgmlType;
 
 /// A weight encoding: a ggml type or one of Synapse's own codecs.
@@ -253,6 +253,17 @@ impl QuantMatrix {
             }
         } else {
             codec.decode_matrix(bytes, rows, cols)?;
+        }
+        // ggml's own blocks (`ggml.q4_0.v1` …) run as the ggml type they are, on its kernels.
+        if let EncodingId::Ggml(b) = eid {
+            let ty = match b {
+                GgmlBlock::Q8_0 => GgmlType::Q8_0,
+                GgmlBlock::Q5_1 => GgmlType::Q5_1,
+                GgmlBlock::Q5_0 => GgmlType::Q5_0,
+                GgmlBlock::Q4_1 => GgmlType::Q4_1,
+                GgmlBlock::Q4_0 => GgmlType::Q4_0,
+            };
+            return Ok((Store::Ggml(ty), Self::check_ggml(ty, bytes.len(), rows, cols)?));
         }
         Ok((
             Store::Codec {

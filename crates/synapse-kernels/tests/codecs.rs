@@ -196,3 +196,44 @@ fn a_matrix_over_a_copy_of_its_bytes_computes_the_same() {
     let copy = a8.raw_bytes().to_vec();
     assert!(a8.over_copy(std::sync::Arc::new(Copied(copy))).is_err());
 }
+
+/// ggml's legacy block types as codecs (`ggml.q4_0.v1` …): the encoded bytes make the ggml
+/// type's own matrix (its kernels, every path), the same outputs bit for bit as
+/// `QuantMatrix::from_ggml` over those bytes; rows of partial blocks refused.
+#[test]
+fn ggml_codec_matrices_are_the_ggml_types_matrices() {
+    use synapse_formats::GgmlType;
+    for (id, ty) in [
+        ("ggml.q8_0.v1", GgmlType::Q8_0),
+        ("ggml.q5_1.v1", GgmlType::Q5_1),
+        ("ggml.q5_0.v1", GgmlType::Q5_0),
+        ("ggml.q4_1.v1", GgmlType::Q4_1),
+        ("ggml.q4_0.v1", GgmlType::Q4_0),
+    ] {
+        let (rows, cols) = (24, 512);
+        let codec = resolve(id).unwrap();
+        let w = common::generate_data(0.3, rows * cols, 1.0);
+        let bytes = codec.encode_matrix(&w, rows, cols).unwrap();
+        let m = QuantMatrix::from_codec(id, &bytes, rows, cols).unwrap();
+        assert_eq!(m.encoding(), Encoding::Ggml(ty), "{id}");
+        let g = QuantMatrix::from_ggml(ty, &bytes, rows, cols).unwrap();
+        let dec = codec.decode_matrix(&bytes, rows, cols).unwrap();
+        let mut row = vec![0f32; cols];
+        g.dequantize_row(rows - 1, &mut row).unwrap();
+        assert_eq!(&row[..], &dec[(rows - 1) * cols..], "{id}: decode");
+        for path in KernelPath::supported() {
+            for (n, threads) in [(1, 1), (3, 2), (16, 2)] {
+                let mut ctx = KernelCtx::with_path_and_threads(path, threads).unwrap();
+                let x: Vec<f32> = common::generate_data(1.7, n * cols, 1.0);
+                let (mut a, mut b) = (vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]);
+                m.matmul(&x, n, &mut a, &mut ctx).unwrap();
+                g.matmul(&x, n, &mut b, &mut ctx).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{id} {path:?} n={n}");
+            }
+        }
+        assert!(QuantMatrix::from_codec(id, &bytes[..bytes.len() - 1], rows, cols).is_err());
+        let odd = codec.encode_matrix(&w[..rows * 64], rows, 64).unwrap();
+        assert!(QuantMatrix::from_codec(id, &odd, rows, 48).is_err());
+    }
+}
