@@ -3,6 +3,9 @@ llama-cpp-python's `llama_model_quantize`), optionally with an importance matrix
 
 usage: requant.py SRC.gguf DST.gguf FTYPE [IMATRIX.json]
 
+With SYNAPSE_REQUANT_PURE=1, llama-quantize's `--pure`: every weight tensor in FTYPE's type,
+no per-tensor mixture (embeddings and output included).
+
 FTYPE is a llama_ftype suffix (Q4_K_M, Q3_K_M, Q2_K, ...). IMATRIX.json maps tensor names to
 the per-column mean of x^2 (`synapse-cli importance --imatrix-out`), the data llama.cpp's
 imatrix tool would hand to the quantizer. Writes DST and prints one JSON line
@@ -22,6 +25,7 @@ def main() -> None:
     qp = L.llama_model_quantize_default_params()
     qp.ftype = getattr(L, "LLAMA_FTYPE_MOSTLY_" + ftype)
     qp.allow_requantize = True
+    qp.pure = os.environ.get("SYNAPSE_REQUANT_PURE") == "1"
     qp.nthread = 2
     keep = []
     n_im = 0

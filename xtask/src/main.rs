@@ -20,6 +20,7 @@ mod oracle_fixtures;
 mod parity_fixtures;
 mod perplexity_fixtures;
 mod quant_models;
+mod requant_digests;
 mod synthetic_bitnet;
 mod synthetic_moe;
 mod test;
@@ -71,6 +72,9 @@ enum Command {
     BuildLlamaServer(bench_server::BuildArgs),
     /// Regenerate fixtures/ggml-kernels: ggml's mul_mat outputs and activation quantizers.
     GgmlKernelFixtures(ggml_kernel_fixtures::Args),
+    /// llama.cpp's pure re-quantization of a real model to each ggml legacy type, as
+    /// per-tensor digests (`fixtures/requant/`).
+    RequantDigests(requant_digests::Args),
     /// Regenerate fixtures/quant: one model in every ggml type no real model holds, by llama.cpp.
     QuantModels(quant_models::Args),
     /// Time Synapse's quantized matmul against ggml's on Gemma 3 270M's shapes, side by side.
@@ -128,6 +132,7 @@ fn main() -> anyhow::Result<()> {
         Command::BenchServer(a) => bench_server::run(a),
         Command::BuildLlamaServer(a) => bench_server::build(a),
         Command::GgmlKernelFixtures(a) => ggml_kernel_fixtures::run(a),
+        Command::RequantDigests(a) => requant_digests::run(a),
         Command::QuantModels(a) => quant_models::run(a),
         Command::BenchKernelsVsGgml(a) => bench_kernels_vs_ggml::run(a),
         Command::TextCorpus(a) => text_corpus::run(a),

@@ -271,7 +271,11 @@ impl GroupRule for GgmlLegacy {
                 };
                 let qs = &b[at..at + 16];
                 for (j, o) in out.iter_mut().enumerate() {
-                    let lo = if j < 16 { qs[j] & 0x0F } else { qs[j - 16] >> 4 };
+                    let lo = if j < 16 {
+                        qs[j] & 0x0F
+                    } else {
+                        qs[j - 16] >> 4
+                    };
                     let hi = ((qh >> j) & 1) as u8;
                     let q = i32::from(lo | (hi << 4));
                     *o = if affine {

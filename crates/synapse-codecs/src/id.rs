@@ -107,9 +107,7 @@ impl EncodingId {
             if parse_num(id, version, "version")? != VERSION as usize {
                 return Err(CodecError::InvalidEncoding {
                     id: id.to_owned(),
-                    reason: format!(
-                        "codec version {v} is not known (this build has v{VERSION})"
-                    ),
+                    reason: format!("codec version {v} is not known (this build has v{VERSION})"),
                 });
             }
             return Ok(EncodingId::Ggml(b));

@@ -54,7 +54,9 @@ fn encoder_reproduces_ggml_quantize_chunk_and_decoder_ggml_dequantize() {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&dec), bits(&reference), "{}: decode", b.name());
         // `linear` is the decoded weights' dot.
-        let x: Vec<f32> = (0..k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+        let x: Vec<f32> = (0..k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect();
         let mut y = vec![0f32; rows];
         codec.linear(&want, rows, &x, &mut y).unwrap();
         for (r, &yr) in y.iter().enumerate() {
@@ -99,7 +101,11 @@ fn ids_sizes_and_refusals() {
         // Rows of whole blocks only, as ggml.
         assert!(matches!(
             c.matrix_size(1, 48),
-            Err(CodecError::PartialBlock { cols: 48, block: 32, .. })
+            Err(CodecError::PartialBlock {
+                cols: 48,
+                block: 32,
+                ..
+            })
         ));
         assert!(matches!(
             c.encode_matrix(&[0.0; 40], 1, 40),

@@ -263,7 +263,10 @@ impl QuantMatrix {
                 GgmlBlock::Q4_1 => GgmlType::Q4_1,
                 GgmlBlock::Q4_0 => GgmlType::Q4_0,
             };
-            return Ok((Store::Ggml(ty), Self::check_ggml(ty, bytes.len(), rows, cols)?));
+            return Ok((
+                Store::Ggml(ty),
+                Self::check_ggml(ty, bytes.len(), rows, cols)?,
+            ));
         }
         Ok((
             Store::Codec {

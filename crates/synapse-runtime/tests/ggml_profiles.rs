@@ -1,0 +1,117 @@
+//! `--profile uniform:ggml.<type>.v1` is llama.cpp's own re-quantization: SmolLM2-135M-Instruct
+//! (Q4_1) re-encoded to each ggml legacy type holds, tensor for tensor, the bytes of llama.cpp's
+//! `llama-quantize --allow-requantize --pure` of the same file (per-tensor sha256 from `cargo
+//! xtask requant-digests`, `fixtures/requant/`), and runs as that type's matrices; the profile's
+//! sessions are bit-identical alone and beside each other like any model's.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use synapse_codecs::{EncodingId, GgmlBlock};
+use synapse_kernels::Encoding;
+use synapse_runtime::precision::{Precision, apply};
+use synapse_runtime::{Executor, KvCache, KvDtype, Model, Row};
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[test]
+fn uniform_ggml_profiles_are_llama_cpps_requantization() {
+    let path = common::known_model("smollm2-135m-instruct");
+    if !common::require(&path, "SmolLM2-135M-Instruct") {
+        return;
+    }
+    let fx = common::workspace_root().join("fixtures/requant/smollm2-135m-instruct-q4_1.json");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&fx).unwrap()).unwrap();
+    let src_sha = hex(&Sha256::digest(std::fs::read(&path).unwrap()));
+    assert_eq!(
+        doc["source"]["sha256"].as_str().unwrap(),
+        src_sha,
+        "the fixture was made from another file"
+    );
+    let model = Arc::new(Model::load(&path).unwrap());
+    for b in GgmlBlock::ALL {
+        let want = &doc["types"][b.name()]["tensors"];
+        let id = EncodingId::Ggml(b);
+        let applied = apply(&model, &Precision::Uniform(id), None).unwrap();
+        let m = &applied.model;
+        let mut seen = 0;
+        let mut mats: BTreeMap<String, Arc<synapse_kernels::QuantMatrix>> =
+            synapse_runtime::importance::linears(m)
+                .into_iter()
+                .collect();
+        // The tied head is the embedding table too: llama.cpp stores it as `token_embd`.
+        if let Some(h) = mats.remove("output.weight") {
+            mats.entry("token_embd.weight".into()).or_insert(h);
+        }
+        for (name, mat) in &mats {
+            let w = &want[name.as_str()];
+            assert!(w.is_object(), "{}: llama.cpp has no {name}", b.name());
+            assert_eq!(w["type"].as_str().unwrap(), b.name(), "{name}");
+            assert!(
+                matches!(mat.encoding(), Encoding::Ggml(_)),
+                "{name} runs as {:?}",
+                mat.encoding()
+            );
+            assert_eq!(
+                hex(&Sha256::digest(mat.raw_bytes())),
+                w["sha256"].as_str().unwrap(),
+                "{}: {name}: other bytes than llama.cpp's",
+                b.name()
+            );
+            seen += 1;
+        }
+        // Every matrix llama.cpp re-quantized is one the profile re-encoded.
+        let matrices = want
+            .as_object()
+            .unwrap()
+            .values()
+            .filter(|t| t["type"].as_str() == Some(b.name()))
+            .count();
+        assert_eq!(seen, matrices, "{}", b.name());
+        eprintln!(
+            "uniform:{id}: {seen} tensors, every one llama.cpp's bytes ({} weight bytes)",
+            m.weight_bytes()
+        );
+    }
+    // The profile's sessions: the same logits alone and in one pass together.
+    let m = apply(
+        &model,
+        &Precision::Uniform(EncodingId::Ggml(GgmlBlock::Q4_0)),
+        None,
+    )
+    .unwrap()
+    .model;
+    let prompts: [&[u32]; 2] = [&[1, 504, 3458, 282, 260, 3287], &[1, 9690, 28, 355]];
+    let mut ex = Executor::new(m.clone(), 2).unwrap();
+    let alone: Vec<Vec<f32>> = prompts
+        .iter()
+        .map(|p| {
+            let mut kv = KvCache::new(&m, KvDtype::F32, 1, 64, 64).unwrap();
+            kv.open(0).unwrap();
+            ex.forward(&mut kv, &common::prompt_rows(p))
+                .unwrap()
+                .to_vec()
+        })
+        .collect();
+    let mut kv = KvCache::new(&m, KvDtype::F32, 2, 64, 64).unwrap();
+    kv.open(0).unwrap();
+    kv.open(1).unwrap();
+    let mut rows: Vec<Row> = Vec::new();
+    for (s, p) in prompts.iter().enumerate() {
+        rows.extend(common::prompt_rows(p).into_iter().map(|mut r| {
+            r.slot = s as _;
+            r
+        }));
+    }
+    let together = ex.forward(&mut kv, &rows).unwrap().to_vec();
+    let v = m.vocab();
+    for (s, a) in alone.iter().enumerate() {
+        assert_eq!(&together[s * v..(s + 1) * v], &a[..], "session {s}");
+    }
+}
