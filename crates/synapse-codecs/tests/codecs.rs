@@ -160,6 +160,7 @@ proptest! {
             EncodingId::Asymmetric { .. } => n.div_ceil(group) * (4 + group * bits as usize / 8),
             EncodingId::TernaryGroup { .. } => n.div_ceil(group) * (2 + group / 4),
             EncodingId::TernaryTensor => 4 + n.div_ceil(4),
+            EncodingId::Ggml(_) => unreachable!("not drawn here: tests/ggml_oracle.rs"),
         };
         prop_assert_eq!(enc.len(), expected);
         prop_assert_eq!(codec.decode(&enc, n).unwrap().len(), n);

@@ -187,9 +187,10 @@ pub fn build_importance_map_and_imatrix(
                 .encoding(name)
                 .map(str::to_owned)
                 .unwrap_or_else(|| "f32".into());
-            let mut t = measure_tensor(&w, rows, &source, m.weight_bytes() as u64, &calib, &refs)?;
+            let fit = fitting(&refs, rows, cols);
+            let mut t = measure_tensor(&w, rows, &source, m.weight_bytes() as u64, &calib, &fit)?;
             if tied && *name == head_name {
-                add_lookup_distortion(&mut t, &w, cols, tokens, &refs)?;
+                add_lookup_distortion(&mut t, &w, cols, tokens, &fit)?;
             }
             b.add(name, t)?;
             done += 1;
@@ -227,11 +228,25 @@ pub fn build_importance_map_and_imatrix(
             .encoding(name)
             .map(str::to_owned)
             .unwrap_or_else(|| "f32".into());
-        b.add(name, measure_parts(&tp, &source, source_bytes, &refs)?)?;
+        let fit = match parts.first() {
+            Some(p) => fitting(&refs, p.m.rows(), p.m.cols()),
+            None => refs.clone(),
+        };
+        b.add(name, measure_parts(&tp, &source, source_bytes, &fit)?)?;
         done += 1;
         progress(done, total, name);
     }
     Ok((b.finish(), imatrix))
+}
+
+/// The ladder's codecs that can hold a `rows × cols` matrix (ggml's block types need rows of
+/// whole 32-element blocks; a tensor whose rows are not is measured without them).
+fn fitting<'a>(codecs: &[&'a dyn Codec], rows: usize, cols: usize) -> Vec<&'a dyn Codec> {
+    codecs
+        .iter()
+        .copied()
+        .filter(|c| c.matrix_size(rows, cols).is_ok())
+        .collect()
 }
 
 /// `m`'s weights in f32, row-major.
