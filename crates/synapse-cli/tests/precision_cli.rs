@@ -423,3 +423,95 @@ fn a_budget_on_a_mixture_of_experts_demotes_its_experts() {
     assert!(g["weight_bytes"].as_u64().unwrap() <= expert_bytes * 9 / 10);
     assert!(source_bytes > 2 * g["weight_bytes"].as_u64().unwrap());
 }
+
+/// `importance --ladder LIST` measures exactly those candidates (beside the source), a budget
+/// then picks among them — a ggml type among them runs as that type — and a bad list is
+/// refused before anything runs.
+#[test]
+fn a_chosen_ladder_is_what_the_map_measures_and_budgets_pick_from() {
+    let Some((dir, llama, _, text)) = setup(97) else {
+        return;
+    };
+    let m = llama.to_str().unwrap();
+    let map = dir.path().join("ladder-map.json");
+    let ladder = "syn.q8.symmetric.g64.v1,ggml.q4_0.v1";
+    let mut a = common::importance_args(m, text.to_str().unwrap()).to_vec();
+    a.extend(["--ladder", ladder, "-o", map.to_str().unwrap()]);
+    let r = cli(dir.path(), &a);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let doc: Value = serde_json::from_slice(&std::fs::read(&map).unwrap()).unwrap();
+    let tensors = doc["tensors"].as_object().unwrap();
+    assert!(!tensors.is_empty());
+    for (name, t) in tensors {
+        let encs: Vec<&str> = t["options"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["encoding"].as_str().unwrap())
+            .collect();
+        let source = t["source_encoding"].as_str().unwrap();
+        let chosen: Vec<&str> = encs.iter().copied().filter(|e| *e != source).collect();
+        // Most bits per weight first; every tiny row is whole 32-element blocks.
+        assert_eq!(
+            chosen,
+            ["syn.q8.symmetric.g64.v1", "ggml.q4_0.v1"],
+            "{name}: {encs:?}"
+        );
+    }
+    // A budget below the source's bytes: the profile holds only the listed encodings, and the
+    // ggml one among them.
+    let src = json(&cli(dir.path(), &["profile", "-m", m, "--json"]));
+    let want = (src["weight_bytes"].as_u64().unwrap() * 7 / 10).to_string();
+    let mp = map.to_str().unwrap();
+    let p = json(&cli(
+        dir.path(),
+        &["profile", "-m", m, "--budget", &want, "--map", mp, "--json"],
+    ));
+    let used: Vec<&str> = p["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["encoding"].as_str().unwrap())
+        .collect();
+    assert!(used.contains(&"ggml.q4_0.v1"), "{used:?}");
+    for e in &used {
+        assert!(
+            ["syn.q8.symmetric.g64.v1", "ggml.q4_0.v1", "q8_0"].contains(e),
+            "{e} was not in the ladder"
+        );
+    }
+    let g = json(&cli(
+        dir.path(),
+        &[
+            "generate",
+            "-m",
+            m,
+            "--budget",
+            &want,
+            "--map",
+            mp,
+            "-n",
+            "8",
+            "--json",
+            "word1 and",
+        ],
+    ));
+    assert_eq!(g["profile"], p["profile"], "{g}");
+    // Refused before any pass: an unknown ID, one named twice, an empty list.
+    for bad in ["syn.q9.symmetric.g64.v1", "ggml.q4_0.v1,ggml.q4_0.v1", ","] {
+        let mut a = common::importance_args(m, text.to_str().unwrap()).to_vec();
+        a.extend(["--ladder", bad]);
+        let e = err(&cli(dir.path(), &a));
+        assert!(e.contains("--ladder"), "{bad}: {e}");
+    }
+    // KL weights at an encoding the ladder does not measure: refused too.
+    let mut a = common::importance_args(m, text.to_str().unwrap()).to_vec();
+    a.extend([
+        "--ladder",
+        ladder,
+        "--kl-encoding",
+        "syn.q3.symmetric.g64.v1",
+    ]);
+    let e = err(&cli(dir.path(), &a));
+    assert!(e.contains("--kl-encoding"), "{e}");
+}

@@ -173,6 +173,18 @@ pub fn measure_parts(
     source_bytes: u64,
     codecs: &[&dyn Codec],
 ) -> Result<TensorImportance> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    measure_parts_on(parts, source_encoding, source_bytes, codecs, threads)
+}
+
+/// [`measure_parts`] with the codecs measured on up to `threads` threads.
+pub(crate) fn measure_parts_on(
+    parts: &[TensorPart<'_>],
+    source_encoding: &str,
+    source_bytes: u64,
+    codecs: &[&dyn Codec],
+    threads: usize,
+) -> Result<TensorImportance> {
     struct Prepared {
         g: Option<Vec<f64>>,
         pick: Vec<usize>,
@@ -192,8 +204,7 @@ pub fn measure_parts(
         }
         prepared.push(Prepared { g, pick, wf });
     }
-    let mut options = Vec::with_capacity(codecs.len());
-    for codec in codecs {
+    let measure = |codec: &dyn Codec| -> Result<EncodingOption> {
         let (mut bytes, mut num) = (0u64, 0.0f64);
         for (p, pr) in parts.iter().zip(&prepared) {
             let cols = p.calib.cols();
@@ -211,12 +222,44 @@ pub fn measure_parts(
                 .collect();
             num += energy(&err, p.calib, pr.g.as_deref());
         }
-        options.push(EncodingOption {
+        Ok(EncodingOption {
             encoding: codec.id().to_string(),
             bytes,
             distortion: ratio(num, den),
+        })
+    };
+    // The codecs are measured side by side on the machine's cores (each option is computed
+    // alone, in the same order of operations whatever the thread count: the same bits).
+    let threads = threads.min(codecs.len()).max(1);
+    let mut options = if threads == 1 {
+        codecs
+            .iter()
+            .map(|c| measure(*c))
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        let measure = &measure;
+        let per_thread: Vec<Vec<Result<EncodingOption>>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads)
+                .map(|t| {
+                    s.spawn(move || {
+                        codecs
+                            .iter()
+                            .skip(t)
+                            .step_by(threads)
+                            .map(|c| measure(*c))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
         });
-    }
+        let mut its: Vec<_> = per_thread.into_iter().map(Vec::into_iter).collect();
+        (0..codecs.len())
+            .map(|i| its[i % threads].next().expect("one result per codec"))
+            .collect::<Result<Vec<_>>>()?
+    };
     options.retain(|o| o.bytes < source_bytes);
     options.sort_by(|a, b| {
         b.bytes
@@ -363,5 +406,46 @@ mod tests {
         // One part is measure_tensor, bit for bit.
         let one = measure_parts(&parts[..1], "f32", 1 << 20, &[&*codec]).unwrap();
         assert_eq!(one, d1);
+    }
+
+    /// The codecs measured on several threads: the same options, bit for bit and in the same
+    /// order, as on one; an error of any codec is the result's.
+    #[test]
+    fn codecs_measured_side_by_side_give_the_same_map_entry() {
+        let cols = 64;
+        let w: Vec<f32> = (0..8 * cols)
+            .map(|i| ((i * 7919) % 211) as f32 / 105.0 - 1.0)
+            .collect();
+        let x: Vec<f32> = (0..40 * cols)
+            .map(|i| ((i * 37) % 97) as f32 / 48.0 - 1.0)
+            .collect();
+        let c = Calibration::new(x, 40, cols).unwrap();
+        let codecs: Vec<Box<dyn Codec>> = synapse_codecs::default_ladder()
+            .into_iter()
+            .map(synapse_codecs::codec_for)
+            .collect();
+        let refs: Vec<&dyn Codec> = codecs.iter().map(|c| c.as_ref()).collect();
+        let parts = [TensorPart {
+            w: &w,
+            rows: 8,
+            calib: &c,
+        }];
+        let one = measure_parts_on(&parts, "f32", 1 << 20, &refs, 1).unwrap();
+        assert!(one.options.len() > 5, "{one:?}");
+        for threads in [2, 3, 7, 64] {
+            let many = measure_parts_on(&parts, "f32", 1 << 20, &refs, threads).unwrap();
+            assert_eq!(many, one, "{threads} threads");
+        }
+        // A codec that cannot hold the shape fails the measurement on any thread count.
+        let odd: Vec<f32> = w[..8 * 48].to_vec();
+        let c48 = Calibration::new(vec![0.5; 40 * 48], 40, 48).unwrap();
+        let parts = [TensorPart {
+            w: &odd,
+            rows: 8,
+            calib: &c48,
+        }];
+        for threads in [1, 2, 5] {
+            assert!(measure_parts_on(&parts, "f32", 1 << 20, &refs, threads).is_err());
+        }
     }
 }

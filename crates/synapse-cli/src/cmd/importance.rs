@@ -58,12 +58,69 @@ pub struct Args {
     /// and its KL divergence per unit of predicted distortion becomes its tensors' weight).
     #[arg(long)]
     no_kl_weights: bool,
-    /// The encoding the KL weights are measured at.
-    #[arg(long, default_value = "syn.q4.symmetric.g64.v1")]
-    kl_encoding: String,
+    /// The encoding the KL weights are measured at (one the map measures; default
+    /// `syn.q4.symmetric.g64.v1`, or with a `--ladder` without it the ladder's encoding
+    /// nearest to it in bits per weight).
+    #[arg(long)]
+    kl_encoding: Option<String>,
     /// Chunks of `--ctx` calibration tokens each KL-weight ablation scores.
     #[arg(long, default_value_t = 2)]
     kl_chunks: usize,
+    /// The candidate encodings measured: `default` (the default ladder: symmetric g64 8…2,
+    /// asymmetric g64 6…2, ggml's q8_0/q5_1/q5_0/q4_1/q4_0, ternary g64), or a comma-separated
+    /// list of encoding IDs (fewer candidates measure faster; a budget then picks among them).
+    #[arg(long, default_value = "default")]
+    ladder: String,
+}
+
+/// The encoding the KL weights are measured at: `--kl-encoding` (which must be among the
+/// candidates measured, when they are known here), else `syn.q4.symmetric.g64.v1`, or the
+/// candidate nearest to it in bits per weight when the ladder lacks it.
+fn kl_encoding(
+    given: Option<&str>,
+    ladder: Option<&[synapse_codecs::EncodingId]>,
+) -> anyhow::Result<synapse_codecs::EncodingId> {
+    use synapse_codecs::EncodingId;
+    let q4 = EncodingId::Symmetric { bits: 4, group: 64 };
+    match (given, ladder) {
+        (Some(s), l) => {
+            let e = EncodingId::parse(s).with_context(|| format!("--kl-encoding {s:?}"))?;
+            if l.is_some_and(|l| !l.contains(&e)) {
+                bail!("--kl-encoding {s} is not among the encodings --ladder measures");
+            }
+            Ok(e)
+        }
+        (None, Some(l)) if !l.contains(&q4) => l
+            .iter()
+            .copied()
+            .min_by(|a, b| {
+                let d = |e: &EncodingId| (e.bits_per_weight() - q4.bits_per_weight()).abs();
+                d(a).total_cmp(&d(b))
+            })
+            .context("--ladder names no encoding"),
+        (None, _) => Ok(q4),
+    }
+}
+
+/// `--ladder`'s candidates: the default ladder, or the listed IDs (each valid, none twice),
+/// most bits per weight first.
+fn parse_ladder(spec: &str) -> anyhow::Result<Vec<synapse_codecs::EncodingId>> {
+    if spec == "default" {
+        return Ok(synapse_codecs::default_ladder());
+    }
+    let mut v = Vec::new();
+    for s in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let id = synapse_codecs::EncodingId::parse(s).with_context(|| format!("--ladder {s:?}"))?;
+        if v.contains(&id) {
+            bail!("--ladder names {s} twice");
+        }
+        v.push(id);
+    }
+    if v.is_empty() {
+        bail!("--ladder names no encoding (`default`, or IDs separated by commas)");
+    }
+    v.sort_by(|a, b| b.bits_per_weight().total_cmp(&a.bits_per_weight()));
+    Ok(v)
 }
 
 /// Runs `importance`.
@@ -74,6 +131,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             a.calib.display()
         );
     }
+    let ladder = parse_ladder(&a.ladder)?;
+    let kl_encoding = kl_encoding(
+        a.kl_encoding.as_deref(),
+        (!a.reweight).then_some(&ladder[..]),
+    )?;
     let bytes =
         std::fs::read(&a.calib).with_context(|| format!("reading {}", a.calib.display()))?;
     let text = String::from_utf8(bytes).context("the calibration text is not UTF-8")?;
@@ -90,7 +152,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         batch: a.ctx.min(512),
         ctx: a.ctx,
         text_id: blake3::hash(text.as_bytes()).to_hex().to_string(),
-        ..ImportanceParams::default()
+        ladder,
     };
     let p = if a.imatrix_only {
         ImportanceParams {
@@ -140,8 +202,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut map = map;
     if !a.no_kl_weights {
         use synapse_runtime::ablation::{kl_weights, layer_groups};
-        let enc = synapse_codecs::EncodingId::parse(&a.kl_encoding)
-            .with_context(|| format!("--kl-encoding {:?}", a.kl_encoding))?;
+        let enc = kl_encoding;
         let (all, p) =
             super::load::perplexity_tokens(&tok, &text, a.ctx, Some(a.kl_chunks.max(1)))?;
         let groups = layer_groups(&model);
