@@ -24,9 +24,9 @@
 //! from its page cache, and no page of the mapping is touched, so none becomes mapped);
 //! **out** hands the victim's slot to the next. Slots are never freed, so paging neither
 //! grows the heap nor leaves freed memory behind in the allocator: what the pager holds, the
-//! scratch slot included, is at most the budget. The MoE room runs a paged expert from its copy, which holds
-//! the file's bytes: residency never changes a result, only where the bytes come from and
-//! what a miss costs. A source without a file read (or a failed read) copies from the
+//! scratch slot included, is at most the budget. The MoE room runs a paged expert from its
+//! copy, which holds the file's bytes: residency never changes a result, only where the bytes
+//! come from and what a miss costs. A source without a file read (or a failed read) copies from the
 //! mapping instead and then drops the mapping's pages of those ranges again
 //! (`madvise(MADV_DONTNEED)` rounded out to 2 MiB, within the file mapping they lie in).
 //!
