@@ -158,6 +158,24 @@ fn trunc(v: f32) -> u8 {
     v as u8
 }
 
+/// A block's codes `q(x_j)` appended in ggml's layout: for 5-bit codes the fifth bits first
+/// (`qh`, bit `j` of element `j`), then the low nibbles, element `j` and `j + 16` sharing byte
+/// `j`.
+fn pack(xs: &[f32], q: impl Fn(f32) -> u8, five: bool, out: &mut Vec<u8>) {
+    let mut qh = 0u32;
+    let mut qs = [0u8; 16];
+    for j in 0..16 {
+        let (a, b) = (q(xs[j]), q(xs[16 + j]));
+        qs[j] = (a & 0x0F) | ((b & 0x0F) << 4);
+        qh |= u32::from((a & 0x10) >> 4) << j;
+        qh |= u32::from((b & 0x10) >> 4) << (j + 16);
+    }
+    if five {
+        out.extend_from_slice(&qh.to_le_bytes());
+    }
+    out.extend_from_slice(&qs);
+}
+
 impl GroupRule for GgmlLegacy {
     fn group(&self) -> usize {
         BLOCK
@@ -195,19 +213,7 @@ impl GroupRule for GgmlLegacy {
                 let d = signed_max(xs) / neg;
                 let id = inv(d);
                 out.extend_from_slice(&f16_bytes(d));
-                let q = |v: f32| trunc(v * id + half).min(top);
-                let mut qh = 0u32;
-                let mut qs = [0u8; 16];
-                for j in 0..16 {
-                    let (a, b) = (q(xs[j]), q(xs[16 + j]));
-                    qs[j] = (a & 0x0F) | ((b & 0x0F) << 4);
-                    qh |= u32::from((a & 0x10) >> 4) << j;
-                    qh |= u32::from((b & 0x10) >> 4) << (j + 16);
-                }
-                if five {
-                    out.extend_from_slice(&qh.to_le_bytes());
-                }
-                out.extend_from_slice(&qs);
+                pack(xs, |v| trunc(v * id + half).min(top), five, out);
             }
             GgmlBlock::Q4_1 | GgmlBlock::Q5_1 => {
                 let five = self.ty == GgmlBlock::Q5_1;
@@ -221,18 +227,7 @@ impl GroupRule for GgmlLegacy {
                     // q4_1 clamps as ggml does; q5_1's codes need no clamp there.
                     if five { c } else { c.min(15) }
                 };
-                let mut qh = 0u32;
-                let mut qs = [0u8; 16];
-                for j in 0..16 {
-                    let (a, b) = (q(xs[j]), q(xs[16 + j]));
-                    qs[j] = (a & 0x0F) | ((b & 0x0F) << 4);
-                    qh |= u32::from((a & 0x10) >> 4) << j;
-                    qh |= u32::from((b & 0x10) >> 4) << (j + 16);
-                }
-                if five {
-                    out.extend_from_slice(&qh.to_le_bytes());
-                }
-                out.extend_from_slice(&qs);
+                pack(xs, q, five, out);
             }
         }
         Ok(())
