@@ -15,6 +15,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use synapse_codecs::EncodingId;
+use synapse_kernels::QuantMatrix;
 use synapse_selector::{Constraints, Profile, Selector};
 use synapse_sensitivity::ImportanceMap;
 
@@ -302,6 +303,45 @@ pub(crate) fn model_for_profile<'a>(
     Ok((Arc::new(m), v))
 }
 
+/// A uniform profile's changes: every linear and every routed expert tensor that `id` can
+/// hold (ggml's block types need rows of whole 32-element blocks; the others stay at the
+/// source, as llama-quantize leaves them unquantized). An error when none can.
+pub(crate) fn uniform_changes(
+    model: &Model,
+    id: EncodingId,
+) -> Result<BTreeMap<String, EncodingId>> {
+    let tensors = crate::importance::linears(model)
+        .into_iter()
+        .map(|(n, m)| (n, vec![m]))
+        .chain(
+            crate::importance::expert_projections(model)
+                .into_iter()
+                .map(|(n, parts)| (n, parts.into_iter().map(|p| p.m).collect())),
+        );
+    uniform_over(id, tensors)
+}
+
+/// [`uniform_changes`] over named tensors, each one or more matrices (a stacked expert
+/// tensor's experts): those whose every matrix `id` can hold.
+fn uniform_over(
+    id: EncodingId,
+    tensors: impl Iterator<Item = (String, Vec<Arc<QuantMatrix>>)>,
+) -> Result<BTreeMap<String, EncodingId>> {
+    let codec = synapse_codecs::codec_for(id);
+    let fits = |m: &QuantMatrix| codec.matrix_size(m.rows(), m.cols()).is_ok();
+    let changes: BTreeMap<String, EncodingId> = tensors
+        .filter(|(_, ms)| ms.iter().all(|m| fits(m)))
+        .map(|(n, _)| (n, id))
+        .collect();
+    if changes.is_empty() {
+        return Err(RuntimeError::InvalidParam {
+            name: "profile",
+            reason: format!("no tensor of this model can be held in {id}"),
+        });
+    }
+    Ok(changes)
+}
+
 /// The model `p` asks for (see the module docs); re-encoded tensors come from `cache` when it
 /// holds them and are stored there otherwise.
 pub fn apply(model: &Arc<Model>, p: &Precision, cache: Option<&VariantCache>) -> Result<Applied> {
@@ -314,13 +354,7 @@ pub fn apply(model: &Arc<Model>, p: &Precision, cache: Option<&VariantCache>) ->
             variants: VariantStats::default(),
         }),
         Precision::Uniform(id) => {
-            // Every linear and every routed expert.
-            let changes: BTreeMap<String, EncodingId> = crate::importance::linears(model)
-                .into_iter()
-                .map(|(n, _)| n)
-                .chain(crate::importance::expert_tensors(model))
-                .map(|n| (n, *id))
-                .collect();
+            let changes = uniform_changes(model, *id)?;
             let (m, variants) = model.with_encodings_cached(&changes, cache)?;
             Ok(Applied {
                 model: Arc::new(m),
@@ -384,5 +418,41 @@ pub fn apply(model: &Arc<Model>, p: &Precision, cache: Option<&VariantCache>) ->
                 variants,
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use synapse_formats::GgmlType;
+
+    fn f32_matrix(rows: usize, cols: usize) -> Arc<QuantMatrix> {
+        let w: Vec<u8> = (0..rows * cols)
+            .flat_map(|i| (i as f32 * 0.01).to_le_bytes())
+            .collect();
+        Arc::new(QuantMatrix::from_ggml(GgmlType::F32, &w, rows, cols).unwrap())
+    }
+
+    /// A uniform profile takes every tensor its encoding can hold: ggml's block types skip a
+    /// tensor whose rows are not whole 32-element blocks (any part of it), Synapse's grouped
+    /// codecs take every one; none that fits is an error.
+    #[test]
+    fn a_uniform_profile_leaves_the_tensors_its_encoding_cannot_hold() {
+        let tensors = || {
+            vec![
+                ("a".to_string(), vec![f32_matrix(4, 48)]),
+                ("b".to_string(), vec![f32_matrix(4, 64)]),
+                ("c".to_string(), vec![f32_matrix(4, 64), f32_matrix(4, 64)]),
+                ("d".to_string(), vec![f32_matrix(4, 64), f32_matrix(4, 48)]),
+            ]
+            .into_iter()
+        };
+        let q4_0 = EncodingId::parse("ggml.q4_0.v1").unwrap();
+        let got: Vec<String> = uniform_over(q4_0, tensors()).unwrap().into_keys().collect();
+        assert_eq!(got, ["b", "c"]);
+        let syn = EncodingId::Symmetric { bits: 4, group: 64 };
+        assert_eq!(uniform_over(syn, tensors()).unwrap().len(), 4);
+        let odd = vec![("a".to_string(), vec![f32_matrix(4, 48)])].into_iter();
+        assert!(uniform_over(q4_0, odd).is_err());
     }
 }
