@@ -428,3 +428,25 @@ fn add_lookup_distortion(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tensor is measured under the ladder's codecs that can hold its shape: ggml's block
+    /// types only for rows of whole 32-element blocks, Synapse's grouped codecs always.
+    #[test]
+    fn a_tensor_is_measured_under_the_codecs_that_hold_its_shape() {
+        let codecs: Vec<Box<dyn Codec>> = default_ladder().into_iter().map(codec_for).collect();
+        let refs: Vec<&dyn Codec> = codecs.iter().map(|c| c.as_ref()).collect();
+        let ggml = |v: &[&dyn Codec]| {
+            v.iter()
+                .filter(|c| matches!(c.id(), EncodingId::Ggml(_)))
+                .count()
+        };
+        let whole = fitting(&refs, 4, 64);
+        assert_eq!((whole.len(), ggml(&whole)), (refs.len(), 5));
+        let odd = fitting(&refs, 4, 48);
+        assert_eq!((odd.len(), ggml(&odd)), (refs.len() - 5, 0));
+    }
+}
