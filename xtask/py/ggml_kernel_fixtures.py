@@ -36,7 +36,7 @@ TYPES = ["f32", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", 
 IDS = dict(B.TYPES, iq4_xs=23, tq1_0=34, tq2_0=35)
 ACTS = {"q8_0": (8, 34), "q8_1": (9, 36), "q8_k": (15, 292)}
 QROWS = 8
-QTYPES = ["q8_0", "q5_1", "q5_0", "q4_1", "q4_0"]
+QTYPES = ["q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "q6_k", "q5_k", "q4_k"]
 
 
 class TraitsCpu(C.Structure):
@@ -115,7 +115,7 @@ def main() -> None:
         np.concatenate(ys).astype("<f4").tofile(out / f"y.{tname}.f32")
         index["types"][tname] = dict(ggml_type=tid, w=f"w.{tname}.bin", y=f"y.{tname}.f32", row_bytes=int(rb))
         print(f"  {tname:7s} w {w.size:6d} B, y {sum(len(v) for v in ys)} values", flush=True)
-    # ggml's reference quantizers of the legacy types (`ggml_quantize_chunk` without an
+    # ggml's reference quantizers of the legacy and K-quant types (`ggml_quantize_chunk` without an
     # importance matrix runs `quantize_row_<type>_ref`), on seeded rows with edge blocks: its
     # own rng, so the outputs above do not move.
     qr = np.random.default_rng(SEED + 1)

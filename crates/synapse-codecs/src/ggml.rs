@@ -1,9 +1,12 @@
-//! ggml's legacy block types as target encodings: `ggml.q8_0.v1`, `ggml.q5_1.v1`,
-//! `ggml.q5_0.v1`, `ggml.q4_1.v1`, `ggml.q4_0.v1` — ggml's own byte layout (32 elements a
-//! block, `block_q4_0` and friends in `ggml-common.h`), encoded as ggml's reference quantizers
-//! (`quantize_row_q4_0_ref` …, what `ggml_quantize_chunk` runs without an importance matrix)
-//! encode, bit for bit, and decoded as ggml dequantizes. A matrix in one of them runs on the
-//! kernels' ggml paths, and a profile of them is what llama.cpp itself can run.
+//! ggml's block types as target encodings: the legacy `ggml.q8_0.v1`, `ggml.q5_1.v1`,
+//! `ggml.q5_0.v1`, `ggml.q4_1.v1`, `ggml.q4_0.v1` (32 elements a block) and the K-quants
+//! `ggml.q6_k.v1`, `ggml.q5_k.v1`, `ggml.q4_k.v1` (256-element super-blocks, see
+//! [`crate::ggml_k`]) — ggml's own byte layout (`block_q4_0` and friends in `ggml-common.h`),
+//! encoded as ggml's reference quantizers (`quantize_row_q4_0_ref` …, what
+//! `ggml_quantize_chunk` runs without an importance matrix) encode, bit for bit, and decoded
+//! as ggml dequantizes. A matrix in one of them runs on the kernels' ggml paths, and a
+//! profile of them is what llama.cpp itself can run. (Q3_K and Q2_K are left out: the
+//! kernels run them in scalar code only.)
 //!
 //! Blocks (little-endian; `d`, `m` FP16):
 //!
@@ -17,7 +20,7 @@
 //!
 //! where for `j < 16` `lo_j` is the low nibble of `qs[j]` and for `j ≥ 16` the high nibble of
 //! `qs[j − 16]`, and `hi_j` is bit `j` of `qh`. Rows must hold whole blocks (a multiple of 32
-//! elements), as ggml requires. A stored scale or minimum that is NaN or infinite is refused
+//! elements, 256 for the K-quants), as ggml requires. A stored scale or minimum that is NaN or infinite is refused
 //! (a negative `d` is ggml's normal case for q4_0/q5_0: the value of largest magnitude maps to
 //! code 0).
 
@@ -25,12 +28,13 @@ use half::f16;
 
 use crate::codec::{self, Codec, GroupRule, check_finite, check_len, elements};
 use crate::error::{CodecError, Result};
+use crate::ggml_k::{self, QK_K};
 use crate::id::EncodingId;
 
-/// Elements per ggml block.
+/// Elements per ggml legacy block.
 pub const BLOCK: usize = 32;
 
-/// One of ggml's legacy block types.
+/// One of ggml's block types with a SIMD kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GgmlBlock {
     /// `block_q8_0`: 8-bit codes, one scale.
@@ -43,16 +47,25 @@ pub enum GgmlBlock {
     Q4_1,
     /// `block_q4_0`: 4-bit codes, one scale.
     Q4_0,
+    /// `block_q6_K`: 6-bit codes, 16 8-bit sub-block scales, one FP16 scale.
+    Q6K,
+    /// `block_q5_K`: 5-bit codes, 8 6-bit sub-block scales and minimums, FP16 scale and minimum.
+    Q5K,
+    /// `block_q4_K`: 4-bit codes, 8 6-bit sub-block scales and minimums, FP16 scale and minimum.
+    Q4K,
 }
 
 impl GgmlBlock {
-    /// Every legacy type, from most to fewest bits per weight.
-    pub const ALL: [GgmlBlock; 5] = [
+    /// Every type, from most to fewest bits per weight (at equal bits the legacy type first).
+    pub const ALL: [GgmlBlock; 8] = [
         GgmlBlock::Q8_0,
+        GgmlBlock::Q6K,
         GgmlBlock::Q5_1,
         GgmlBlock::Q5_0,
+        GgmlBlock::Q5K,
         GgmlBlock::Q4_1,
         GgmlBlock::Q4_0,
+        GgmlBlock::Q4K,
     ];
 
     /// ggml's name (`q4_0`), as in the encoding ID `ggml.q4_0.v1`.
@@ -63,6 +76,9 @@ impl GgmlBlock {
             GgmlBlock::Q5_0 => "q5_0",
             GgmlBlock::Q4_1 => "q4_1",
             GgmlBlock::Q4_0 => "q4_0",
+            GgmlBlock::Q6K => "q6_k",
+            GgmlBlock::Q5K => "q5_k",
+            GgmlBlock::Q4K => "q4_k",
         }
     }
 
@@ -79,16 +95,27 @@ impl GgmlBlock {
             GgmlBlock::Q5_0 => 22,
             GgmlBlock::Q4_1 => 20,
             GgmlBlock::Q4_0 => 18,
+            GgmlBlock::Q6K => 210,
+            GgmlBlock::Q5K => 176,
+            GgmlBlock::Q4K => 144,
         }
     }
 
-    /// Stored bits per weight (`8 · block bytes / 32`).
+    /// Elements of one block: 32, or 256 for the K-quants.
+    pub fn block_elems(self) -> usize {
+        match self {
+            GgmlBlock::Q6K | GgmlBlock::Q5K | GgmlBlock::Q4K => QK_K,
+            _ => BLOCK,
+        }
+    }
+
+    /// Stored bits per weight (`8 · block bytes / block elements`).
     pub fn bits_per_weight(self) -> f64 {
-        (8 * self.block_bytes()) as f64 / BLOCK as f64
+        (8 * self.block_bytes()) as f64 / self.block_elems() as f64
     }
 }
 
-/// The codec of one ggml legacy type.
+/// The codec of one ggml block type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GgmlLegacy {
     ty: GgmlBlock,
@@ -106,13 +133,14 @@ impl GgmlLegacy {
     }
 
     fn check_cols(&self, cols: usize) -> Result<()> {
-        if cols.is_multiple_of(BLOCK) {
+        let block = self.ty.block_elems();
+        if cols.is_multiple_of(block) {
             Ok(())
         } else {
             Err(CodecError::PartialBlock {
                 id: self.id().to_string(),
                 cols,
-                block: BLOCK,
+                block,
             })
         }
     }
@@ -178,7 +206,7 @@ fn pack(xs: &[f32], q: impl Fn(f32) -> u8, five: bool, out: &mut Vec<u8>) {
 
 impl GroupRule for GgmlLegacy {
     fn group(&self) -> usize {
-        BLOCK
+        self.ty.block_elems()
     }
 
     fn group_bytes(&self) -> usize {
@@ -193,7 +221,7 @@ impl GroupRule for GgmlLegacy {
         out: &mut Vec<u8>,
     ) -> Result<()> {
         // Whole blocks only (checked by the caller).
-        debug_assert_eq!(xs.len(), BLOCK);
+        debug_assert_eq!(xs.len(), self.ty.block_elems());
         let inv = |d: f32| if d != 0.0 { 1.0 / d } else { 0.0 };
         match self.ty {
             GgmlBlock::Q8_0 => {
@@ -229,6 +257,10 @@ impl GroupRule for GgmlLegacy {
                 };
                 pack(xs, q, five, out);
             }
+            GgmlBlock::Q6K => ggml_k::encode_q6k(xs, out),
+            GgmlBlock::Q5K | GgmlBlock::Q4K => {
+                ggml_k::encode_q45k(xs, self.ty == GgmlBlock::Q5K, out)
+            }
         }
         Ok(())
     }
@@ -241,6 +273,13 @@ impl GroupRule for GgmlLegacy {
         gi: usize,
         _codes: &mut [u8],
     ) -> Result<()> {
+        match self.ty {
+            GgmlBlock::Q6K => return ggml_k::decode_q6k(b, out, gi),
+            GgmlBlock::Q5K | GgmlBlock::Q4K => {
+                return ggml_k::decode_q45k(b, self.ty == GgmlBlock::Q5K, out, gi);
+            }
+            _ => {}
+        }
         let d = read_f16(b, 0, gi)?;
         match self.ty {
             GgmlBlock::Q8_0 => {
@@ -280,6 +319,7 @@ impl GroupRule for GgmlLegacy {
                     };
                 }
             }
+            GgmlBlock::Q6K | GgmlBlock::Q5K | GgmlBlock::Q4K => unreachable!("decoded above"),
         }
         Ok(())
     }
@@ -292,7 +332,7 @@ impl GroupRule for GgmlLegacy {
         gi: usize,
         codes: &mut [u8],
     ) -> Result<f32> {
-        let mut w = [0.0f32; BLOCK];
+        let mut w = [0.0f32; QK_K];
         self.decode_group(bytes, &mut w[..xs.len()], base, gi, codes)?;
         let mut acc = [0.0f32; 8];
         for (c, x) in w.chunks_exact(8).zip(xs.chunks_exact(8)) {

@@ -49,7 +49,7 @@ pub enum EncodingId {
     },
     /// `syn.ternary.absmean.tensor.v1`.
     TernaryTensor,
-    /// `ggml.{type}.v1`: one of ggml's legacy block types ([`crate::ggml`]).
+    /// `ggml.{type}.v1`: one of ggml's block types with a SIMD kernel ([`crate::ggml`]).
     Ggml(GgmlBlock),
 }
 

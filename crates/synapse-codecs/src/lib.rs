@@ -34,6 +34,7 @@ pub mod candidates;
 pub mod codec;
 pub mod error;
 pub mod ggml;
+mod ggml_k;
 pub mod id;
 mod pack;
 pub mod registry;

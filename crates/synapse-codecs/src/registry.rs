@@ -27,9 +27,9 @@ pub fn resolve(id: &str) -> Result<Box<dyn Codec>> {
 /// A default ladder of candidates, most precise (most bits per weight) first: symmetric 8…2
 /// bits at group 64, asymmetric (a minimum beside each scale) 6…2 bits at group 64 — each
 /// between the symmetric widths around it, and the better choice wherever a group's weights
-/// are not centred on zero — ggml's legacy block types (q8_0, q5_1, q5_0, q4_1, q4_0: groups
-/// of 32, what llama.cpp runs too; only for rows of whole blocks), and BitNet ternary at
-/// group 64.
+/// are not centred on zero — ggml's block types with SIMD kernels (q8_0, q6_k, q5_1, q5_0,
+/// q5_k, q4_1, q4_0, q4_k: blocks of 32, the K-quants of 256, what llama.cpp runs too; only
+/// for rows of whole blocks), and BitNet ternary at group 64.
 pub fn default_ladder() -> Vec<EncodingId> {
     let mut v: Vec<EncodingId> = (2..=8u32)
         .map(|bits| EncodingId::Symmetric { bits, group: 64 })
@@ -55,15 +55,18 @@ mod tests {
                 "ggml.q8_0.v1",
                 "syn.q8.symmetric.g64.v1",
                 "syn.q7.symmetric.g64.v1",
+                "ggml.q6_k.v1",
                 "syn.q6.asymmetric.g64.v1",
                 "syn.q6.symmetric.g64.v1",
                 "ggml.q5_1.v1",
                 "syn.q5.asymmetric.g64.v1",
                 "ggml.q5_0.v1",
+                "ggml.q5_k.v1",
                 "syn.q5.symmetric.g64.v1",
                 "ggml.q4_1.v1",
                 "syn.q4.asymmetric.g64.v1",
                 "ggml.q4_0.v1",
+                "ggml.q4_k.v1",
                 "syn.q4.symmetric.g64.v1",
                 "syn.q3.asymmetric.g64.v1",
                 "syn.q3.symmetric.g64.v1",

@@ -1,4 +1,4 @@
-//! ggml's legacy block types as codecs, against ggml itself: `ggml_quantize_chunk`'s bytes
+//! ggml's block types as codecs (legacy and K-quants), against ggml itself: `ggml_quantize_chunk`'s bytes
 //! (`fixtures/ggml-kernels/quant.*`, `cargo xtask ggml-kernel-fixtures`) reproduced bit for
 //! bit by the encoder, and the decoder equal to `synapse-formats`' ggml dequantizer (itself
 //! tested against ggml's) on ggml's bytes.
@@ -19,6 +19,9 @@ fn ggml_type(b: GgmlBlock) -> GgmlType {
         GgmlBlock::Q5_0 => GgmlType::Q5_0,
         GgmlBlock::Q4_1 => GgmlType::Q4_1,
         GgmlBlock::Q4_0 => GgmlType::Q4_0,
+        GgmlBlock::Q6K => GgmlType::Q6_K,
+        GgmlBlock::Q5K => GgmlType::Q5_K,
+        GgmlBlock::Q4K => GgmlType::Q4_K,
     }
 }
 
@@ -91,41 +94,49 @@ fn ids_sizes_and_refusals() {
         let id = format!("ggml.{}.v1", b.name());
         let e = EncodingId::parse(&id).unwrap();
         assert_eq!(e.to_string(), id);
+        let n = b.block_elems();
+        let k = matches!(b, GgmlBlock::Q6K | GgmlBlock::Q5K | GgmlBlock::Q4K);
+        assert_eq!(n, if k { 256 } else { 32 }, "{id}");
         assert_eq!(
             e.bits_per_weight(),
-            (8 * b.block_bytes()) as f64 / 32.0,
+            (8 * b.block_bytes()) as f64 / n as f64,
             "{id}"
         );
         let c = GgmlLegacy::new(b);
-        assert_eq!(c.matrix_size(3, 64).unwrap(), 3 * 2 * b.block_bytes());
+        assert_eq!(c.matrix_size(3, 2 * n).unwrap(), 3 * 2 * b.block_bytes());
         // Rows of whole blocks only, as ggml.
+        let part = n + 16;
         assert!(matches!(
-            c.matrix_size(1, 48),
-            Err(CodecError::PartialBlock {
-                cols: 48,
-                block: 32,
-                ..
-            })
+            c.matrix_size(1, part),
+            Err(CodecError::PartialBlock { cols, block, .. }) if cols == part && block == n
         ));
         assert!(matches!(
-            c.encode_matrix(&[0.0; 40], 1, 40),
+            c.encode_matrix(&vec![0.0; part], 1, part),
             Err(CodecError::PartialBlock { .. })
         ));
         // Non-finite input and a non-finite stored scale are refused.
-        let mut w = vec![0.5f32; 32];
+        let mut w = vec![0.5f32; n];
         w[3] = f32::NAN;
         assert!(matches!(
-            c.encode_matrix(&w, 1, 32),
+            c.encode_matrix(&w, 1, n),
             Err(CodecError::NonFinite { index: 3, .. })
         ));
-        let mut bytes = c.encode_matrix(&[0.25f32; 32], 1, 32).unwrap();
-        bytes[..2].copy_from_slice(&half::f16::INFINITY.to_le_bytes());
+        let mut bytes = c.encode_matrix(&vec![0.25f32; n], 1, n).unwrap();
+        // The FP16 scale: first in every block but Q6_K's, whose `d` ends it.
+        let at = if b == GgmlBlock::Q6K { 208 } else { 0 };
+        bytes[at..at + 2].copy_from_slice(&half::f16::INFINITY.to_le_bytes());
         assert!(matches!(
-            c.decode_matrix(&bytes, 1, 32),
+            c.decode_matrix(&bytes, 1, n),
             Err(CodecError::InvalidScale { group: 0 })
         ));
     }
-    for bad in ["ggml.q4_2.v1", "ggml.q4_k.v1", "ggml.q4_0", "ggml.q4_0.v2"] {
+    for bad in [
+        "ggml.q4_2.v1",
+        "ggml.q3_k.v1",
+        "ggml.q4_0",
+        "ggml.q4_0.v2",
+        "ggml.q4_K.v1",
+    ] {
         assert!(EncodingId::parse(bad).is_err(), "{bad}");
     }
 }

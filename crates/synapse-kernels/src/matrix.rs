@@ -262,6 +262,9 @@ impl QuantMatrix {
                 GgmlBlock::Q5_0 => GgmlType::Q5_0,
                 GgmlBlock::Q4_1 => GgmlType::Q4_1,
                 GgmlBlock::Q4_0 => GgmlType::Q4_0,
+                GgmlBlock::Q6K => GgmlType::Q6_K,
+                GgmlBlock::Q5K => GgmlType::Q5_K,
+                GgmlBlock::Q4K => GgmlType::Q4_K,
             };
             return Ok((
                 Store::Ggml(ty),

@@ -209,6 +209,9 @@ fn ggml_codec_matrices_are_the_ggml_types_matrices() {
         ("ggml.q5_0.v1", GgmlType::Q5_0),
         ("ggml.q4_1.v1", GgmlType::Q4_1),
         ("ggml.q4_0.v1", GgmlType::Q4_0),
+        ("ggml.q6_k.v1", GgmlType::Q6_K),
+        ("ggml.q5_k.v1", GgmlType::Q5_K),
+        ("ggml.q4_k.v1", GgmlType::Q4_K),
     ] {
         let (rows, cols) = (24, 512);
         let codec = resolve(id).unwrap();
@@ -233,7 +236,9 @@ fn ggml_codec_matrices_are_the_ggml_types_matrices() {
             }
         }
         assert!(QuantMatrix::from_codec(id, &bytes[..bytes.len() - 1], rows, cols).is_err());
-        let odd = codec.encode_matrix(&w[..rows * 64], rows, 64).unwrap();
-        assert!(QuantMatrix::from_codec(id, &odd, rows, 48).is_err());
+        // A size that is not the matrix's (another shape's bytes) is refused.
+        let half = codec.encode_matrix(&w[..rows * 256], rows, 256).unwrap();
+        assert!(QuantMatrix::from_codec(id, &half, rows, 48).is_err());
+        assert!(QuantMatrix::from_codec(id, &half, rows, cols).is_err());
     }
 }
