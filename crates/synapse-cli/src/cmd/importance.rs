@@ -67,8 +67,9 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     kl_chunks: usize,
     /// The candidate encodings measured: `default` (the default ladder: symmetric g64 8…2,
-    /// asymmetric g64 6…2, ggml's q8_0/q5_1/q5_0/q4_1/q4_0, ternary g64), or a comma-separated
-    /// list of encoding IDs (fewer candidates measure faster; a budget then picks among them).
+    /// asymmetric g64 6…2, ggml's q8_0/q6_k/q5_1/q5_0/q5_k/q4_1/q4_0/q4_k, ternary g64), or a
+    /// comma-separated list of encoding IDs (fewer candidates measure faster; a budget then
+    /// picks among them).
     #[arg(long, default_value = "default")]
     ladder: String,
 }
