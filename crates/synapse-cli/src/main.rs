@@ -46,6 +46,9 @@ enum Command {
     /// Refine a budget's profile by the KL divergence it measures on calibration text, and save
     /// it for `--profile FILE`.
     Refine(cmd::refine::Args),
+    /// Write a precision profile of ggml types (`--budget`, `--profile uniform:ggml.…`) as a
+    /// GGUF that llama.cpp loads.
+    ExportGguf(cmd::export_gguf::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (llama-server's flags).
     Serve(cmd::serve::Args),
     /// Join a cluster as a worker: register on etcd, run the plan's replica or layer range.
@@ -76,6 +79,7 @@ fn main() -> anyhow::Result<()> {
         Command::Ablate(a) => cmd::ablate::run(a),
         Command::Profile(a) => cmd::profile::run(a),
         Command::Refine(a) => cmd::refine::run(a),
+        Command::ExportGguf(a) => cmd::export_gguf::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Worker(a) => cmd::worker::run(a),
     }

@@ -515,3 +515,243 @@ fn a_chosen_ladder_is_what_the_map_measures_and_budgets_pick_from() {
     let e = err(&cli(dir.path(), &a));
     assert!(e.contains("--kl-encoding"), "{e}");
 }
+
+/// The source's metadata, every key but the alignment, is in `exported`, and the export
+/// records `profile` as its `synapse.profile`.
+fn assert_metadata_kept(src: &Path, exported: &Path, profile: &str) {
+    use synapse_formats::gguf::{GgufFile, GgufValue};
+    let (s, e) = (
+        GgufFile::open(src).unwrap(),
+        GgufFile::open(exported).unwrap(),
+    );
+    for (k, v) in s.metadata() {
+        if k != "general.alignment" {
+            assert_eq!(e.get(k), Some(v), "{k}");
+        }
+    }
+    assert_eq!(
+        e.get("synapse.profile"),
+        Some(&GgufValue::String(profile.into()))
+    );
+    assert_eq!(e.tensors().len(), s.tensors().len());
+}
+
+#[test]
+fn a_budget_exports_a_gguf_of_the_ggml_types_its_map_measured() {
+    use synapse_formats::GgmlType;
+    use synapse_formats::gguf::{GgufFile, TensorType};
+    let Some((dir, llama, _, text)) = setup(97) else {
+        return;
+    };
+    let m = llama.to_str().unwrap();
+    let map = dir.path().join("export-map.json");
+    let mut a = common::importance_args(m, text.to_str().unwrap()).to_vec();
+    let ladder = "syn.q8.symmetric.g64.v1,ggml.q5_0.v1,ggml.q4_0.v1";
+    a.extend(["--ladder", ladder, "-o", map.to_str().unwrap()]);
+    let r = cli(dir.path(), &a);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    // The same map without its Synapse codec: what the export selects from.
+    let mut doc: Value = serde_json::from_slice(&std::fs::read(&map).unwrap()).unwrap();
+    for t in doc["tensors"].as_object_mut().unwrap().values_mut() {
+        t["options"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|o| o["encoding"].as_str().unwrap().starts_with("ggml."));
+    }
+    let ggml_map = dir.path().join("ggml-map.json");
+    std::fs::write(&ggml_map, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let src = json(&cli(dir.path(), &["profile", "-m", m, "--json"]));
+    let want = (src["weight_bytes"].as_u64().unwrap() * 7 / 10).to_string();
+    let out = dir.path().join("exported.gguf");
+    let o = out.to_str().unwrap();
+    let (mp, gp) = (map.to_str().unwrap(), ggml_map.to_str().unwrap());
+    let e = cli(
+        dir.path(),
+        &[
+            "export-gguf",
+            "-m",
+            m,
+            "--budget",
+            &want,
+            "--map",
+            mp,
+            "-o",
+            o,
+        ],
+    );
+    assert!(e.status.success(), "{}", String::from_utf8_lossy(&e.stderr));
+    // It is the ggml-only selection's profile: generate on the source with that map runs the
+    // same profile, and the exported file's own tokens are that profile's tokens.
+    let generate = |model: &str, extra: &[&str]| {
+        let mut v = vec![
+            "generate",
+            "-m",
+            model,
+            "-n",
+            "12",
+            "--ignore-eos",
+            "--json",
+        ];
+        v.extend_from_slice(extra);
+        v.push("word1 and");
+        json(&cli(dir.path(), &v))
+    };
+    let g = generate(m, &["--budget", &want, "--map", gp]);
+    let profile = g["profile"].as_str().unwrap();
+    assert_metadata_kept(&llama, &out, profile);
+    let x = generate(o, &[]);
+    assert_eq!(
+        x["tokens"], g["tokens"],
+        "the exported file runs the profile"
+    );
+    assert_eq!(x["prompt_tokens"], g["prompt_tokens"]);
+    assert!(x["weight_bytes"].as_u64().unwrap() <= want.parse::<u64>().unwrap());
+    // Every matrix in a ggml type, some of them re-encoded to Q4_0 or Q5_0.
+    let f = GgufFile::open(&out).unwrap();
+    let s = GgufFile::open(&llama).unwrap();
+    let mut changed = 0;
+    for (t, st) in f.tensors().iter().zip(s.tensors()) {
+        assert_eq!((&t.name, &t.dims), (&st.name, &st.dims));
+        assert!(matches!(t.ty, TensorType::Ggml(_)), "{}", t.name);
+        if t.ty != st.ty {
+            assert!(
+                [GgmlType::Q4_0, GgmlType::Q5_0]
+                    .map(TensorType::Ggml)
+                    .contains(&t.ty),
+                "{}: {:?}",
+                t.name,
+                t.ty
+            );
+            changed += 1;
+        }
+    }
+    assert!(changed > 0);
+    // Refused, and nothing written: a Synapse codec (no GGUF type), an existing file without
+    // --force, a map that measured no ggml type.
+    let bad = dir.path().join("bad.gguf");
+    let b = bad.to_str().unwrap();
+    let r = err(&cli(
+        dir.path(),
+        &[
+            "export-gguf",
+            "-m",
+            m,
+            "--profile",
+            "uniform:syn.q4.symmetric.g64.v1",
+            "-o",
+            b,
+        ],
+    ));
+    assert!(r.contains("Synapse codec"), "{r}");
+    assert!(!bad.exists());
+    let r = err(&cli(
+        dir.path(),
+        &[
+            "export-gguf",
+            "-m",
+            m,
+            "--budget",
+            &want,
+            "--map",
+            mp,
+            "-o",
+            o,
+        ],
+    ));
+    assert!(r.contains("exists"), "{r}");
+    let syn_map = dir.path().join("syn-map.json");
+    let mut a = common::importance_args(m, text.to_str().unwrap()).to_vec();
+    a.extend([
+        "--ladder",
+        "syn.q4.symmetric.g64.v1",
+        "-o",
+        syn_map.to_str().unwrap(),
+    ]);
+    assert!(cli(dir.path(), &a).status.success());
+    let r = err(&cli(
+        dir.path(),
+        &[
+            "export-gguf",
+            "-m",
+            m,
+            "--budget",
+            &want,
+            "--map",
+            syn_map.to_str().unwrap(),
+            "-o",
+            b,
+        ],
+    ));
+    assert!(r.contains("no ggml type"), "{r}");
+    assert!(!bad.exists());
+}
+
+/// `export-gguf --profile uniform:ggml.<type>.v1` of SmolLM2-135M-Instruct is, tensor for
+/// tensor, llama.cpp's own `llama-quantize --allow-requantize --pure` of the same file (its
+/// types and sha256 from `cargo xtask requant-digests`, `fixtures/requant/`): a legacy type
+/// and a K-quant (whose fallback tensors llama.cpp re-quantizes and the export leaves at the
+/// source, so those only match in name and shape).
+#[test]
+fn uniform_ggml_exports_are_llama_cpps_requantization_tensor_for_tensor() {
+    use sha2::{Digest, Sha256};
+    use synapse_formats::gguf::GgufFile;
+    let src = synapse_testdata::model("smollm2-135m-instruct");
+    if !synapse_testdata::require(&src, "SmolLM2-135M-Instruct") {
+        return;
+    }
+    let fx = root().join("fixtures/requant/smollm2-135m-instruct-q4_1.json");
+    let doc: Value = serde_json::from_slice(&std::fs::read(fx).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let s = GgufFile::open(&src).unwrap();
+    for ty in ["q4_0", "q4_k"] {
+        let out = dir.path().join(format!("{ty}.gguf"));
+        let id = format!("uniform:ggml.{ty}.v1");
+        let (m, o) = (src.to_str().unwrap(), out.to_str().unwrap());
+        let e = cli(
+            dir.path(),
+            &[
+                "export-gguf",
+                "-m",
+                m,
+                "--profile",
+                &id,
+                "--no-variant-cache",
+                "-o",
+                o,
+            ],
+        );
+        assert!(e.status.success(), "{}", String::from_utf8_lossy(&e.stderr));
+        let p = json(&cli(
+            dir.path(),
+            &["profile", "-m", m, "--profile", &id, "--json"],
+        ));
+        assert_metadata_kept(&src, &out, p["profile"].as_str().unwrap());
+        let f = GgufFile::open(&out).unwrap();
+        let want = doc["types"][ty]["tensors"].as_object().unwrap();
+        assert_eq!(f.tensors().len(), want.len());
+        let (mut same, mut kept) = (0, 0);
+        for (t, st) in f.tensors().iter().zip(s.tensors()) {
+            let w = &want[t.name.as_str()];
+            let sha = format!("{:x}", Sha256::digest(f.tensor_data(t)));
+            if w["type"].as_str() == Some(ty) || w["type"].as_str() == Some("f32") {
+                assert_eq!(
+                    t.ty.to_string().to_lowercase(),
+                    w["type"].as_str().unwrap(),
+                    "{}",
+                    t.name
+                );
+                assert_eq!(sha, w["sha256"].as_str().unwrap(), "{}: {ty}", t.name);
+                same += 1;
+            } else {
+                // llama.cpp's fallback for rows that are not whole super-blocks: the export
+                // keeps the source's tensor.
+                assert_eq!((t.ty, f.tensor_data(t)), (st.ty, s.tensor_data(st)));
+                kept += 1;
+            }
+        }
+        eprintln!("export {id}: {same} tensors llama.cpp's bytes, {kept} kept at the source");
+        if ty == "q4_0" {
+            assert_eq!(kept, 0, "every tensor is llama.cpp's pure Q4_0");
+        }
+    }
+}

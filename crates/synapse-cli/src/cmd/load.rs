@@ -183,6 +183,34 @@ impl ModelArgs {
     }
 }
 
+/// The GGUF file `model` names (default: the default model): an error for a safetensors
+/// checkpoint or a package, which have no GGUF to start from.
+pub fn source_gguf(model: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let model_path = match model {
+        Some(p) => p.to_path_buf(),
+        None => default_model()?,
+    };
+    match model_ref(&model_path)? {
+        ModelRef::Source(p) if p.is_file() => {
+            let mut magic = [0u8; 4];
+            std::io::Read::read_exact(
+                &mut std::fs::File::open(&p).with_context(|| format!("opening {}", p.display()))?,
+                &mut magic,
+            )
+            .with_context(|| format!("reading {}", p.display()))?;
+            if &magic != b"GGUF" {
+                bail!("{}: not a GGUF file", p.display());
+            }
+            Ok(p)
+        }
+        _ => bail!(
+            "{}: not a GGUF file (export-gguf starts from a GGUF: its metadata and tensors are \
+             what the export copies)",
+            model_path.display()
+        ),
+    }
+}
+
 /// The Synapse package `model` names (opened, not loaded as a model), when it names one
 /// rather than a source file.
 pub fn model_package(

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 pub mod ablate;
 pub mod cas;
+pub mod export_gguf;
 pub mod fetch_model;
 pub mod generate;
 pub mod import;
