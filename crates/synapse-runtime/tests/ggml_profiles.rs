@@ -3,7 +3,9 @@
 //! tensor, the bytes of llama.cpp's `llama-quantize --allow-requantize --pure` of the same file
 //! (per-tensor sha256 from `cargo xtask requant-digests`, `fixtures/requant/`), and runs as that
 //! type's matrices; the profile's sessions are bit-identical alone and beside each other like
-//! any model's. A K-quant takes only matrices whose rows are whole 256-element super-blocks
+//! any model's; and for the legacy types they compute llama.cpp's own logits and greedy tokens
+//! on that re-quantized file, bit for bit. A K-quant takes only matrices whose rows are whole
+//! 256-element super-blocks
 //! (SmolLM2's `ffn_down`): llama.cpp stores the rest in a legacy type instead, the profile leaves
 //! them at the source.
 
@@ -135,4 +137,81 @@ fn uniform_ggml_profiles_are_llama_cpps_requantization() {
     for (s, a) in alone.iter().enumerate() {
         assert_eq!(&together[s * v..(s + 1) * v], &a[..], "session {s}");
     }
+}
+
+/// A uniform profile of a legacy type runs as llama.cpp runs its own re-quantization: on two
+/// prompts the last position's logits (all of them, by sha256 of their bytes) and 16 greedy
+/// tokens equal what llama.cpp computed on the `llama-quantize --pure` file in its exact
+/// configuration (`cargo xtask requant-digests`).
+#[test]
+fn uniform_ggml_profiles_compute_llama_cpps_logits_on_its_requantization() {
+    let path = common::known_model("smollm2-135m-instruct");
+    if !common::require(&path, "SmolLM2-135M-Instruct") {
+        return;
+    }
+    let fx = common::workspace_root().join("fixtures/requant/smollm2-135m-instruct-q4_1.json");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&fx).unwrap()).unwrap();
+    let model = Arc::new(Model::load(&path).unwrap());
+    let mut checked = 0;
+    for b in GgmlBlock::ALL {
+        let Some(runs) = doc["types"][b.name()]["runs"].as_array() else {
+            continue;
+        };
+        let m = apply(&model, &Precision::Uniform(EncodingId::Ggml(b)), None)
+            .unwrap()
+            .model;
+        let mut ex = Executor::new(m.clone(), 2).unwrap();
+        for run in runs {
+            let prompt: Vec<u32> = run["prompt"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let want: Vec<u32> = run["tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            let mut kv = KvCache::new(&m, KvDtype::F32, 1, 64, 64).unwrap();
+            kv.open(0).unwrap();
+            let first = ex
+                .forward(&mut kv, &common::prompt_rows(&prompt))
+                .unwrap()
+                .to_vec();
+            let bytes: Vec<u8> = first.iter().flat_map(|x| x.to_le_bytes()).collect();
+            assert_eq!(
+                hex(&Sha256::digest(&bytes)),
+                run["logits_sha256"].as_str().unwrap(),
+                "{}: {prompt:?}: the prompt's logits are not llama.cpp's",
+                b.name()
+            );
+            let argmax = |l: &[f32]| {
+                l.iter()
+                    .enumerate()
+                    .fold(
+                        (0, f32::NEG_INFINITY),
+                        |a, (i, &v)| if v > a.1 { (i, v) } else { a },
+                    )
+                    .0 as u32
+            };
+            let mut got = vec![argmax(&first)];
+            while got.len() < want.len() {
+                let pos = (prompt.len() + got.len() - 1) as u32;
+                let l = ex
+                    .forward(&mut kv, &[Row::decode(0, pos, *got.last().unwrap())])
+                    .unwrap()
+                    .to_vec();
+                got.push(argmax(&l));
+            }
+            assert_eq!(got, want, "{}: {prompt:?}", b.name());
+            checked += 1;
+        }
+        eprintln!(
+            "uniform:ggml.{}.v1: llama.cpp's logits and tokens",
+            b.name()
+        );
+    }
+    assert_eq!(checked, 10, "two prompts for each of the five legacy types");
 }
