@@ -433,8 +433,9 @@ fn add_lookup_distortion(
 mod tests {
     use super::*;
 
-    /// A tensor is measured under the ladder's codecs that can hold its shape: ggml's block
-    /// types only for rows of whole 32-element blocks, Synapse's grouped codecs always.
+    /// A tensor is measured under the ladder's codecs that can hold its shape: ggml's legacy
+    /// block types only for rows of whole 32-element blocks, its K-quants only for rows of
+    /// whole 256-element super-blocks, Synapse's grouped codecs always.
     #[test]
     fn a_tensor_is_measured_under_the_codecs_that_hold_its_shape() {
         let codecs: Vec<Box<dyn Codec>> = default_ladder().into_iter().map(codec_for).collect();
@@ -444,9 +445,11 @@ mod tests {
                 .filter(|c| matches!(c.id(), EncodingId::Ggml(_)))
                 .count()
         };
-        let whole = fitting(&refs, 4, 64);
-        assert_eq!((whole.len(), ggml(&whole)), (refs.len(), 5));
+        let whole = fitting(&refs, 4, 512);
+        assert_eq!((whole.len(), ggml(&whole)), (refs.len(), 8));
+        let blocks = fitting(&refs, 4, 64);
+        assert_eq!((blocks.len(), ggml(&blocks)), (refs.len() - 3, 5));
         let odd = fitting(&refs, 4, 48);
-        assert_eq!((odd.len(), ggml(&odd)), (refs.len() - 5, 0));
+        assert_eq!((odd.len(), ggml(&odd)), (refs.len() - 8, 0));
     }
 }
