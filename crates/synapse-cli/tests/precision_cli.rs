@@ -74,6 +74,13 @@ fn importance(dir: &Path, model: &str, text: &Path, out: Option<&Path>) {
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
 }
 
+/// `synapse-cli importance` of `model` on `text` measuring only `ladder`, written to `out`.
+fn ladder_map(dir: &Path, model: &str, text: &Path, ladder: &str, out: &Path) -> Output {
+    let mut a = common::importance_args(model, text.to_str().unwrap()).to_vec();
+    a.extend(["--ladder", ladder, "-o", out.to_str().unwrap()]);
+    cli(dir, &a)
+}
+
 #[test]
 fn a_budget_runs_the_stored_maps_profile_and_bad_requests_are_refused() {
     let Some((dir, llama, qwen, text)) = setup(97) else {
@@ -435,9 +442,7 @@ fn a_chosen_ladder_is_what_the_map_measures_and_budgets_pick_from() {
     let m = llama.to_str().unwrap();
     let map = dir.path().join("ladder-map.json");
     let ladder = "syn.q8.symmetric.g64.v1,ggml.q4_0.v1";
-    let mut a = common::importance_args(m, text.to_str().unwrap()).to_vec();
-    a.extend(["--ladder", ladder, "-o", map.to_str().unwrap()]);
-    let r = cli(dir.path(), &a);
+    let r = ladder_map(dir.path(), m, &text, ladder, &map);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let doc: Value = serde_json::from_slice(&std::fs::read(&map).unwrap()).unwrap();
     let tensors = doc["tensors"].as_object().unwrap();
@@ -545,10 +550,8 @@ fn a_budget_exports_a_gguf_of_the_ggml_types_its_map_measured() {
     };
     let m = llama.to_str().unwrap();
     let map = dir.path().join("export-map.json");
-    let mut a = common::importance_args(m, text.to_str().unwrap()).to_vec();
     let ladder = "syn.q8.symmetric.g64.v1,ggml.q5_0.v1,ggml.q4_0.v1";
-    a.extend(["--ladder", ladder, "-o", map.to_str().unwrap()]);
-    let r = cli(dir.path(), &a);
+    let r = ladder_map(dir.path(), m, &text, ladder, &map);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     // The same map without its Synapse codec: what the export selects from.
     let mut doc: Value = serde_json::from_slice(&std::fs::read(&map).unwrap()).unwrap();
@@ -565,20 +568,23 @@ fn a_budget_exports_a_gguf_of_the_ggml_types_its_map_measured() {
     let out = dir.path().join("exported.gguf");
     let o = out.to_str().unwrap();
     let (mp, gp) = (map.to_str().unwrap(), ggml_map.to_str().unwrap());
-    let e = cli(
-        dir.path(),
-        &[
-            "export-gguf",
-            "-m",
-            m,
-            "--budget",
-            &want,
-            "--map",
-            mp,
-            "-o",
-            o,
-        ],
-    );
+    let export = |map: &str, out: &str| {
+        cli(
+            dir.path(),
+            &[
+                "export-gguf",
+                "-m",
+                m,
+                "--budget",
+                &want,
+                "--map",
+                map,
+                "-o",
+                out,
+            ],
+        )
+    };
+    let e = export(mp, o);
     assert!(e.status.success(), "{}", String::from_utf8_lossy(&e.stderr));
     // It is the ggml-only selection's profile: generate on the source with that map runs the
     // same profile, and the exported file's own tokens are that profile's tokens.
@@ -644,44 +650,16 @@ fn a_budget_exports_a_gguf_of_the_ggml_types_its_map_measured() {
     ));
     assert!(r.contains("Synapse codec"), "{r}");
     assert!(!bad.exists());
-    let r = err(&cli(
-        dir.path(),
-        &[
-            "export-gguf",
-            "-m",
-            m,
-            "--budget",
-            &want,
-            "--map",
-            mp,
-            "-o",
-            o,
-        ],
-    ));
+    let r = err(&export(mp, o));
     assert!(r.contains("exists"), "{r}");
     let syn_map = dir.path().join("syn-map.json");
-    let mut a = common::importance_args(m, text.to_str().unwrap()).to_vec();
-    a.extend([
-        "--ladder",
-        "syn.q4.symmetric.g64.v1",
-        "-o",
-        syn_map.to_str().unwrap(),
-    ]);
-    assert!(cli(dir.path(), &a).status.success());
-    let r = err(&cli(
-        dir.path(),
-        &[
-            "export-gguf",
-            "-m",
-            m,
-            "--budget",
-            &want,
-            "--map",
-            syn_map.to_str().unwrap(),
-            "-o",
-            b,
-        ],
-    ));
+    let ladder = "syn.q4.symmetric.g64.v1";
+    assert!(
+        ladder_map(dir.path(), m, &text, ladder, &syn_map)
+            .status
+            .success()
+    );
+    let r = err(&export(syn_map.to_str().unwrap(), b));
     assert!(r.contains("no ggml type"), "{r}");
     assert!(!bad.exists());
 }

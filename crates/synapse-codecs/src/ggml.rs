@@ -150,7 +150,8 @@ fn f16_bytes(v: f32) -> [u8; 2] {
     f16::from_f32(v).to_le_bytes()
 }
 
-fn read_f16(b: &[u8], at: usize, gi: usize) -> Result<f32> {
+/// The FP16 at byte `at` of group `gi`'s bytes; a NaN or infinite one is refused.
+pub(crate) fn read_f16(b: &[u8], at: usize, gi: usize) -> Result<f32> {
     let v = f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
     if v.is_finite() {
         Ok(v)

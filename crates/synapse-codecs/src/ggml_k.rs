@@ -25,7 +25,8 @@
 
 use half::f16;
 
-use crate::error::{CodecError, Result};
+use crate::error::Result;
+use crate::ggml::read_f16;
 
 /// Elements per super-block.
 pub(crate) const QK_K: usize = 256;
@@ -339,15 +340,6 @@ pub(crate) fn encode_q6k(x: &[f32], out: &mut Vec<u8>) {
     out.extend_from_slice(&qh);
     out.extend(sc.iter().map(|&s| s as u8));
     out.extend_from_slice(&d16.to_le_bytes());
-}
-
-fn read_f16(b: &[u8], at: usize, gi: usize) -> Result<f32> {
-    let v = f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
-    if v.is_finite() {
-        Ok(v)
-    } else {
-        Err(CodecError::InvalidScale { group: gi })
-    }
 }
 
 /// Decodes the first `out.len()` values of a Q4_K/Q5_K super-block as ggml does.
