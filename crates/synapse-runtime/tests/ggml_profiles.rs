@@ -25,14 +25,23 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-#[test]
-fn uniform_ggml_profiles_are_llama_cpps_requantization() {
+/// SmolLM2-135M-Instruct's path and its re-quantization fixture (`None`: the model is absent
+/// outside CI).
+fn model_and_fixture() -> Option<(std::path::PathBuf, Value)> {
     let path = common::known_model("smollm2-135m-instruct");
     if !common::require(&path, "SmolLM2-135M-Instruct") {
-        return;
+        return None;
     }
     let fx = common::workspace_root().join("fixtures/requant/smollm2-135m-instruct-q4_1.json");
-    let doc: Value = serde_json::from_slice(&std::fs::read(&fx).unwrap()).unwrap();
+    let doc = serde_json::from_slice(&std::fs::read(&fx).unwrap()).unwrap();
+    Some((path, doc))
+}
+
+#[test]
+fn uniform_ggml_profiles_are_llama_cpps_requantization() {
+    let Some((path, doc)) = model_and_fixture() else {
+        return;
+    };
     let src_sha = hex(&Sha256::digest(std::fs::read(&path).unwrap()));
     assert_eq!(
         doc["source"]["sha256"].as_str().unwrap(),
@@ -145,12 +154,9 @@ fn uniform_ggml_profiles_are_llama_cpps_requantization() {
 /// configuration (`cargo xtask requant-digests`).
 #[test]
 fn uniform_ggml_profiles_compute_llama_cpps_logits_on_its_requantization() {
-    let path = common::known_model("smollm2-135m-instruct");
-    if !common::require(&path, "SmolLM2-135M-Instruct") {
+    let Some((path, doc)) = model_and_fixture() else {
         return;
-    }
-    let fx = common::workspace_root().join("fixtures/requant/smollm2-135m-instruct-q4_1.json");
-    let doc: Value = serde_json::from_slice(&std::fs::read(&fx).unwrap()).unwrap();
+    };
     let model = Arc::new(Model::load(&path).unwrap());
     let mut checked = 0;
     for b in GgmlBlock::ALL {
