@@ -96,12 +96,12 @@ fn write(
         GgufFile::open(src_path).with_context(|| format!("opening {}", src_path.display()))?;
     // The profile's matrices by the GGUF's tensor names (a tied head is the embedding table).
     let tied = !file.tensors().iter().any(|t| t.name == "output.weight");
-    let mut re: BTreeMap<String, Arc<synapse_kernels::QuantMatrix>> = BTreeMap::new();
+    let mut re: BTreeMap<String, (TensorType, Arc<synapse_kernels::QuantMatrix>)> = BTreeMap::new();
     for (name, mat) in synapse_runtime::importance::linears(m) {
         if !changed(&name) {
             continue;
         }
-        let Encoding::Ggml(_) = mat.encoding() else {
+        let Encoding::Ggml(ty) = mat.encoding() else {
             bail!(
                 "{name}: the profile assigns {}, a Synapse codec, which has no GGUF type; \
                  export-gguf writes profiles of ggml types only (`--budget` picks among them, \
@@ -114,7 +114,7 @@ fn write(
         } else {
             name
         };
-        re.insert(name, mat);
+        re.insert(name, (TensorType::from(ty), mat));
     }
     let mut w = GgufWriter::new();
     if file.alignment() != 32 {
@@ -130,12 +130,9 @@ fn write(
     let (mut n_re, mut bytes) = (0usize, 0u64);
     for t in file.tensors() {
         let (ty, data) = match re.remove(&t.name) {
-            Some(mat) => {
-                let Encoding::Ggml(ty) = mat.encoding() else {
-                    unreachable!("checked above")
-                };
+            Some((ty, mat)) => {
                 n_re += 1;
-                (TensorType::from(ty), mat.raw_bytes().to_vec())
+                (ty, mat.raw_bytes().to_vec())
             }
             None => (t.ty, file.tensor_data(t).to_vec()),
         };
