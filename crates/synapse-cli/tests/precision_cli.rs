@@ -502,6 +502,32 @@ fn a_chosen_ladder_is_what_the_map_measures_and_budgets_pick_from() {
         ],
     ));
     assert_eq!(g["profile"], p["profile"], "{g}");
+    // `--ladder ggml`: ggml's types alone (the tiny model's 64-wide rows hold the 32-element
+    // block types, not the K-quants' super-blocks; q8_0, the source's own size, is no saving).
+    let ggml_map = dir.path().join("ggml-ladder-map.json");
+    let r = ladder_map(dir.path(), m, &text, "ggml", &ggml_map);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let doc: Value = serde_json::from_slice(&std::fs::read(&ggml_map).unwrap()).unwrap();
+    for (name, t) in doc["tensors"].as_object().unwrap() {
+        let source = t["source_encoding"].as_str().unwrap();
+        let encs: Vec<&str> = t["options"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["encoding"].as_str().unwrap())
+            .filter(|e| *e != source)
+            .collect();
+        assert_eq!(
+            encs,
+            [
+                "ggml.q5_1.v1",
+                "ggml.q5_0.v1",
+                "ggml.q4_1.v1",
+                "ggml.q4_0.v1"
+            ],
+            "{name}"
+        );
+    }
     // Refused before any pass: an unknown ID, one named twice, an empty list.
     for bad in ["syn.q9.symmetric.g64.v1", "ggml.q4_0.v1,ggml.q4_0.v1", ","] {
         let mut a = common::importance_args(m, text.to_str().unwrap()).to_vec();

@@ -67,9 +67,10 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     kl_chunks: usize,
     /// The candidate encodings measured: `default` (the default ladder: symmetric g64 8…2,
-    /// asymmetric g64 6…2, ggml's q8_0/q6_k/q5_1/q5_0/q5_k/q4_1/q4_0/q4_k, ternary g64), or a
-    /// comma-separated list of encoding IDs (fewer candidates measure faster; a budget then
-    /// picks among them).
+    /// asymmetric g64 6…2, ggml's q8_0/q6_k/q5_1/q5_0/q5_k/q4_1/q4_0/q4_k, ternary g64),
+    /// `ggml` (ggml's eight types alone: every budget's profile is one llama.cpp runs, see
+    /// `export-gguf`), or a comma-separated list of encoding IDs (fewer candidates measure
+    /// faster; a budget then picks among them).
     #[arg(long, default_value = "default")]
     ladder: String,
 }
@@ -103,11 +104,17 @@ fn kl_encoding(
     }
 }
 
-/// `--ladder`'s candidates: the default ladder, or the listed IDs (each valid, none twice),
-/// most bits per weight first.
+/// `--ladder`'s candidates: the default ladder, ggml's types alone, or the listed IDs (each
+/// valid, none twice), most bits per weight first.
 fn parse_ladder(spec: &str) -> anyhow::Result<Vec<synapse_codecs::EncodingId>> {
-    if spec == "default" {
-        return Ok(synapse_codecs::default_ladder());
+    match spec {
+        "default" => return Ok(synapse_codecs::default_ladder()),
+        "ggml" => {
+            return Ok(synapse_codecs::GgmlBlock::ALL
+                .map(synapse_codecs::EncodingId::Ggml)
+                .to_vec());
+        }
+        _ => {}
     }
     let mut v = Vec::new();
     for s in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
