@@ -46,12 +46,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let src_path = source_gguf(a.model.model.as_deref())?;
     let (model, _) = a.model.load()?;
     let model = Arc::new(model);
-    let mut precision = a.precision.clone();
-    if precision.budget.is_some() {
-        // Select among the ggml types only: write the map, filtered, where the budget reads it.
-        let (_, mut map) = precision
-            .budget_and_map(&model, a.model.model.as_deref(), a.model.store.as_deref())?
-            .context("a budget without a map")?;
+    // `--budget` selects among the map's ggml types only.
+    let only_ggml = |map: &mut synapse_sensitivity::ImportanceMap| {
         let mut kept = 0usize;
         for t in map.tensors.values_mut() {
             t.options.retain(|o| o.encoding.starts_with("ggml."));
@@ -60,18 +56,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         if kept == 0 {
             bail!(
                 "the importance map measured no ggml type (its candidates are Synapse codecs \
-                 only): run `synapse-cli importance` with the default ladder or a `--ladder` \
-                 of ggml types (ggml.q8_0.v1, ggml.q6_k.v1, …, ggml.q4_k.v1)"
+                 only): run `synapse-cli importance` with the default ladder or `--ladder ggml`"
             );
         }
-        let tmp = tempfile::NamedTempFile::new()?;
-        serde_json::to_writer(tmp.as_file(), &map)?;
-        precision.map = Some(tmp.path().to_path_buf());
-        let prepared =
-            precision.apply(&model, a.model.model.as_deref(), a.model.store.as_deref())?;
-        return write(&a, &src_path, &model, &prepared.applied.model);
-    }
-    let prepared = precision.apply(&model, a.model.model.as_deref(), a.model.store.as_deref())?;
+        Ok(())
+    };
+    let prepared = a.precision.apply_narrowed(
+        &model,
+        a.model.model.as_deref(),
+        a.model.store.as_deref(),
+        only_ggml,
+    )?;
     write(&a, &src_path, &model, &prepared.applied.model)
 }
 

@@ -467,12 +467,27 @@ impl PrecisionArgs {
         model_arg: Option<&Path>,
         store: Option<&Path>,
     ) -> anyhow::Result<Prepared> {
+        self.apply_narrowed(model, model_arg, store, |_| Ok(()))
+    }
+
+    /// [`Self::apply`] with the importance map `--budget` selects from first passed through
+    /// `narrow` (which may drop candidates, or refuse the map).
+    pub fn apply_narrowed(
+        &self,
+        model: &std::sync::Arc<Model>,
+        model_arg: Option<&Path>,
+        store: Option<&Path>,
+        narrow: impl FnOnce(&mut synapse_sensitivity::ImportanceMap) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Prepared> {
         use synapse_runtime::precision::{Precision, apply};
         let p = match (self.budget_and_map(model, model_arg, store)?, &self.profile) {
-            (Some((budget, map)), _) => Precision::Budget {
-                budget,
-                map: Box::new(map),
-            },
+            (Some((budget, mut map)), _) => {
+                narrow(&mut map)?;
+                Precision::Budget {
+                    budget,
+                    map: Box::new(map),
+                }
+            }
             (None, Some(spec)) => parse_profile(spec)?,
             (None, None) => Precision::Source,
         };
