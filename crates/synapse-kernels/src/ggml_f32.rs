@@ -632,7 +632,13 @@ pub fn scores_f32(keys: &[f32], offs: &[usize], q: &[f32], scale: f32, out: &mut
     if has_avx512() && hd >= 64 {
         // SAFETY: the CPU has AVX-512F (checked at run time); every key row is in range
         // (asserted above).
-        unsafe { avx512::scores(keys, &offs[..n], q, scale, &mut out[..n]) };
+        unsafe {
+            if hd.is_multiple_of(64) {
+                avx512::scores_multi(keys, &offs[..n], &[q], hd, scale, &mut [&mut out[..n]]);
+            } else {
+                avx512::scores(keys, &offs[..n], q, scale, &mut out[..n]);
+            }
+        }
         return;
     }
     for (o, &at) in out[..n].iter_mut().zip(offs) {
@@ -647,6 +653,53 @@ pub fn scores_f32(keys: &[f32], offs: &[usize], q: &[f32], scale: f32, out: &mut
 pub fn scores_f32_multi(keys: &[f32], offs: &[usize], qs: &[&[f32]], scale: f32, out: &mut [f32]) {
     let n = offs.len();
     assert!(out.len() >= qs.len() * n, "score rows out of range");
+    let mut rest = out;
+    for qc in qs.chunks(16) {
+        let (head, tail) = rest.split_at_mut(qc.len() * n);
+        rest = tail;
+        let mut rows: [&mut [f32]; 16] = Default::default();
+        for (r, o) in rows.iter_mut().zip(head.chunks_mut(n.max(1))) {
+            *r = o;
+        }
+        scores_f32_into(keys, offs, qc, scale, &mut rows[..qc.len()]);
+    }
+}
+
+/// [`scores_f32_multi`] with each query's scores written to its own row: `outs[i][j]` is
+/// query `i`'s score of key `j` (each row at least `offs.len()` long), so a caller's score
+/// matrix is filled in place.
+///
+/// # Panics
+/// If a key row is out of range, `outs` is shorter than `qs`, or a row is shorter than
+/// `offs`.
+pub fn scores_f32_into(
+    keys: &[f32],
+    offs: &[usize],
+    qs: &[&[f32]],
+    scale: f32,
+    outs: &mut [&mut [f32]],
+) {
+    let n = offs.len();
+    assert!(
+        outs.len() >= qs.len() && outs.iter().take(qs.len()).all(|o| o.len() >= n),
+        "score rows out of range"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512()
+        && let Some(hd) = qs.first().map(|q| q.len())
+        && hd >= 64
+        && hd.is_multiple_of(64)
+        && qs.iter().all(|q| q.len() == hd)
+    {
+        assert!(
+            offs.iter().all(|&o| o + hd <= keys.len()),
+            "key offset out of range"
+        );
+        // SAFETY: the CPU has AVX-512F (checked at run time); every key row is in range
+        // and every output row holds `n` scores (asserted above).
+        unsafe { avx512::scores_multi(keys, offs, qs, hd, scale, outs) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if has_avx512() && qs.iter().all(|q| q.len() >= 64) {
         let hd = qs.iter().map(|q| q.len()).max().unwrap_or(64);
@@ -659,17 +712,16 @@ pub fn scores_f32_multi(keys: &[f32], offs: &[usize], qs: &[&[f32]], scale: f32,
         let b = (4096 / hd).max(16) / 16 * 16;
         for j0 in (0..n).step_by(b) {
             let j1 = (j0 + b).min(n);
-            for (i, q) in qs.iter().enumerate() {
-                let o = &mut out[i * n + j0..i * n + j1];
+            for (q, o) in qs.iter().zip(outs.iter_mut()) {
                 // SAFETY: the CPU has AVX-512F (checked at run time); every key row is in
                 // range for the longest query (asserted above).
-                unsafe { avx512::scores(keys, &offs[j0..j1], q, scale, o) };
+                unsafe { avx512::scores(keys, &offs[j0..j1], q, scale, &mut o[j0..j1]) };
             }
         }
         return;
     }
-    for (i, q) in qs.iter().enumerate() {
-        scores_f32(keys, offs, q, scale, &mut out[i * n..(i + 1) * n]);
+    for (q, o) in qs.iter().zip(outs.iter_mut()) {
+        scores_f32(keys, offs, q, scale, &mut o[..n]);
     }
 }
 
@@ -760,6 +812,96 @@ mod avx512 {
             }
         }
         out
+    }
+
+    /// `reduce16` of sixteen registers into one: lane `4m + i` of the result is the sum of
+    /// `v[4i + m]` (the same additions as [`reduce16x16`]; the last two levels as a 4×4
+    /// transpose inside each 128-bit lane and two vertical adds, so no lane is extracted).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn reduce16x16_t(v: &[__m512; 16]) -> __m512 {
+        let w: [__m512; 8] = std::array::from_fn(|i| {
+            let (a, b) = (v[2 * i], v[2 * i + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+            )
+        });
+        // u[i], 128-bit lane m: t4 of v[4i + m].
+        let u: [__m512; 4] = std::array::from_fn(|i| {
+            let (a, b) = (w[2 * i], w[2 * i + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+                _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+            )
+        });
+        // Per 128-bit lane m: t[e] element i = t4[e] of v[4i + m].
+        let x0 = _mm512_unpacklo_ps(u[0], u[1]);
+        let x1 = _mm512_unpackhi_ps(u[0], u[1]);
+        let x2 = _mm512_unpacklo_ps(u[2], u[3]);
+        let x3 = _mm512_unpackhi_ps(u[2], u[3]);
+        let pd = _mm512_castps_pd;
+        let ps = _mm512_castpd_ps;
+        let t0 = ps(_mm512_unpacklo_pd(pd(x0), pd(x2)));
+        let t1 = ps(_mm512_unpackhi_pd(pd(x0), pd(x2)));
+        let t2 = ps(_mm512_unpacklo_pd(pd(x1), pd(x3)));
+        let t3 = ps(_mm512_unpackhi_pd(pd(x1), pd(x3)));
+        // (t0 + t2) + (t1 + t3), as `_mm512_reduce_add_ps`'s last two levels.
+        _mm512_add_ps(_mm512_add_ps(t0, t2), _mm512_add_ps(t1, t3))
+    }
+
+    /// [`super::scores_f32_multi`] for queries of one width `hd`, a multiple of 64: sixteen
+    /// keys at a time, every query scoring them while they are in L1, the sixteen sums
+    /// reduced into one register (no lane extracted), scaled and stored as one vector. The
+    /// rest of the keys (fewer than sixteen) as [`scores`]. Bit-identical to [`scores`] per
+    /// query. (Software prefetch of the rows ahead measured no gain: 2,048 keys × 64 heads
+    /// out of cache, 11 GB/s with or without it at distances of 16–256 keys.)
+    ///
+    /// # Safety
+    /// AVX-512F is available; every query is `hd` floats, `hd % 64 == 0`; `offs[j] + hd <=
+    /// keys.len()` for every j; `outs[i]` holds `offs.len()` floats for every query `i`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scores_multi(
+        keys: &[f32],
+        offs: &[usize],
+        qs: &[&[f32]],
+        hd: usize,
+        scale: f32,
+        outs: &mut [&mut [f32]],
+    ) {
+        let n = offs.len();
+        let kp = keys.as_ptr();
+        let sv = _mm512_set1_ps(scale);
+        let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        let mut j = 0;
+        while j + 16 <= n {
+            for (q, o) in qs.iter().zip(outs.iter_mut()) {
+                let mut f = [_mm512_setzero_ps(); 16];
+                for g in 0..4 {
+                    // SAFETY: key rows in range (caller).
+                    let v = unsafe {
+                        fold4(
+                            [0, 1, 2, 3].map(|m| kp.add(offs[j + 4 * g + m])),
+                            q.as_ptr(),
+                            hd,
+                        )
+                    };
+                    f[4 * g..4 * g + 4].copy_from_slice(&v);
+                }
+                // Lane 4m + i of the reduction is key 4i + m: back to key order.
+                let r = _mm512_permutexvar_ps(order, reduce16x16_t(&f));
+                let r = _mm512_mul_ps(r, sv);
+                // SAFETY: j + 16 <= n <= o.len() (caller).
+                unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(j), r) };
+            }
+            j += 16;
+        }
+        if j < n {
+            for (q, o) in qs.iter().zip(outs.iter_mut()) {
+                // SAFETY: forwarded contract.
+                unsafe { scores(keys, &offs[j..], q, scale, &mut o[j..n]) };
+            }
+        }
     }
 
     /// # Safety
@@ -1044,6 +1186,15 @@ mod tests {
             let qs: Vec<&[f32]> = qv.iter().map(|q| q.as_slice()).collect();
             let mut multi = vec![0f32; nq * n];
             scores_f32_multi(&cache, &offs, &qs, 0.125, &mut multi);
+            // The same scores into rows of a wider matrix (query i in row nq − 1 − i, at
+            // column 3 of rows n + 5 wide).
+            let w = n + 5;
+            let mut wide = vec![f32::NAN; nq * w];
+            {
+                let mut rows: Vec<&mut [f32]> =
+                    wide.chunks_mut(w).rev().map(|r| &mut r[3..]).collect();
+                scores_f32_into(&cache, &offs, &qs, 0.125, &mut rows);
+            }
             for (i, q) in qs.iter().enumerate() {
                 let mut one = vec![0f32; n];
                 scores_f32(&cache, &offs, q, 0.125, &mut one);
@@ -1052,6 +1203,11 @@ mod tests {
                         multi[i * n + j].to_bits(),
                         one[j].to_bits(),
                         "hd {hd} q {i} key {j}"
+                    );
+                    assert_eq!(
+                        wide[(nq - 1 - i) * w + 3 + j].to_bits(),
+                        one[j].to_bits(),
+                        "into: hd {hd} q {i} key {j}"
                     );
                 }
             }

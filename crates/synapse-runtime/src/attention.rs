@@ -201,9 +201,7 @@ fn split(
     ctx.parallel_for(units1, cost, &|u0, u1| {
         SCRATCH.with(|cell| {
             let mut scratch = cell.borrow_mut();
-            let AttnScratch {
-                scores: tmp, offs, ..
-            } = &mut *scratch;
+            let AttnScratch { offs, .. } = &mut *scratch;
             let mut u = 0;
             for (it, base) in blocks {
                 let Some(slot) = kv.slots[rows[it.r0].slot as usize].as_ref() else {
@@ -220,40 +218,33 @@ fn split(
                             let (c0, c1) = (ch * c, ((ch + 1) * c).min(n_keys));
                             offs.clear();
                             offs.extend((lo + c0..lo + c1).map(|p| g.k_at(kvh, g.row_of(p))));
-                            let nr = it.r1 - it.r0;
-                            let nq = nr * group;
-                            if tmp.len() < nq * (c1 - c0) {
-                                tmp.resize(nq * (c1 - c0), 0.0);
-                            }
-                            let mut qs: [&[f32]; 64] = [&[]; 64];
+                            let nq = (it.r1 - it.r0) * group;
+                            let w = c1 - c0;
+                            let mut qs: [&[f32]; 16] = [&[]; 16];
+                            let mut outs: [&mut [f32]; 16] = Default::default();
                             let mut done = 0;
                             while done < nq {
-                                let m = (nq - done).min(64);
-                                for (k, qslot) in qs.iter_mut().enumerate().take(m) {
+                                let m = (nq - done).min(16);
+                                for k in 0..m {
                                     let i = done + k;
-                                    let (r, h) = (it.r0 + i / group, kvh * group + i % group);
-                                    let a = r * qd + h * hdim;
-                                    *qslot = &q[a..a + hdim];
+                                    let (ri, h) = (i / group, kvh * group + i % group);
+                                    let a = (it.r0 + ri) * qd + h * hdim;
+                                    qs[k] = &q[a..a + hdim];
+                                    let dst = base + (ri * l.n_heads + h) * n_keys + c0;
+                                    // SAFETY: unit (block, kvh, chunk) alone writes these
+                                    // cells of its queries' score rows, inside n_scores.
+                                    outs[k] = unsafe {
+                                        std::slice::from_raw_parts_mut(sp.get().add(dst), w)
+                                    };
                                 }
-                                let w = c1 - c0;
-                                ggml_f32::scores_f32_multi(
+                                // Straight into the score rows (no staging copy).
+                                ggml_f32::scores_f32_into(
                                     kb,
                                     offs,
                                     &qs[..m],
                                     l.scale,
-                                    &mut tmp[done * w..(done + m) * w],
+                                    &mut outs[..m],
                                 );
-                                for k in 0..m {
-                                    let i = done + k;
-                                    let (ri, h) = (i / group, kvh * group + i % group);
-                                    let dst = base + (ri * l.n_heads + h) * n_keys + c0;
-                                    // SAFETY: unit (block, kvh, chunk) alone writes these
-                                    // cells of its queries' score rows, inside n_scores.
-                                    let d = unsafe {
-                                        std::slice::from_raw_parts_mut(sp.get().add(dst), w)
-                                    };
-                                    d.copy_from_slice(&tmp[k * w..(k + 1) * w]);
-                                }
                                 done += m;
                             }
                         }
