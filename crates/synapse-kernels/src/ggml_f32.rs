@@ -850,6 +850,95 @@ mod avx512 {
         _mm512_add_ps(_mm512_add_ps(t0, t2), _mm512_add_ps(t1, t3))
     }
 
+    /// The last two levels of [`reduce16x16_t`] from its four `u` registers, lanes back in
+    /// key order (lane `c` is the sum of the register of key `c`), scaled.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn finish16(u: &[__m512; 4], order: __m512i, sv: __m512) -> __m512 {
+        let x0 = _mm512_unpacklo_ps(u[0], u[1]);
+        let x1 = _mm512_unpackhi_ps(u[0], u[1]);
+        let x2 = _mm512_unpacklo_ps(u[2], u[3]);
+        let x3 = _mm512_unpackhi_ps(u[2], u[3]);
+        let pd = _mm512_castps_pd;
+        let ps = _mm512_castpd_ps;
+        let t0 = ps(_mm512_unpacklo_pd(pd(x0), pd(x2)));
+        let t1 = ps(_mm512_unpackhi_pd(pd(x0), pd(x2)));
+        let t2 = ps(_mm512_unpacklo_pd(pd(x1), pd(x3)));
+        let t3 = ps(_mm512_unpackhi_pd(pd(x1), pd(x3)));
+        let r = _mm512_add_ps(_mm512_add_ps(t0, t2), _mm512_add_ps(t1, t3));
+        _mm512_mul_ps(_mm512_permutexvar_ps(order, r), sv)
+    }
+
+    /// [`scores_multi`] for `hd == 64` (one 64-element step per dot): a quad of keys is
+    /// loaded into registers once and every query's folds are formed from it, each quad's
+    /// four folds reduced at once to the register [`reduce16x16_t`] calls `u`; after four
+    /// quads, each query's sixteen scores are finished and stored. A key row is loaded once
+    /// per call instead of once per query. The same operations per score as [`scores`].
+    ///
+    /// # Safety
+    /// As [`scores_multi`] with `hd == 64`.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn scores_multi64(
+        keys: &[f32],
+        offs: &[usize],
+        qs: &[&[f32]],
+        scale: f32,
+        outs: &mut [&mut [f32]],
+    ) {
+        let n = offs.len();
+        let kp = keys.as_ptr();
+        let sv = _mm512_set1_ps(scale);
+        let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        let z = _mm512_setzero_ps();
+        let mut ub = [[z; 4]; 16];
+        for (qc, oc) in qs.chunks(16).zip(outs.chunks_mut(16)) {
+            let mut j = 0;
+            while j + 16 <= n {
+                for g in 0..4 {
+                    let k: [[__m512; 4]; 4] = std::array::from_fn(|m| {
+                        let row = kp.wrapping_add(offs[j + 4 * g + m]);
+                        // SAFETY: the key row's 64 floats are in range (caller).
+                        std::array::from_fn(|c| unsafe { _mm512_loadu_ps(row.add(16 * c)) })
+                    });
+                    for (q, u) in qc.iter().zip(ub.iter_mut()) {
+                        // SAFETY: the query has 64 floats (caller).
+                        let qv: [__m512; 4] = std::array::from_fn(|c| unsafe {
+                            _mm512_loadu_ps(q.as_ptr().add(16 * c))
+                        });
+                        let f: [__m512; 4] = std::array::from_fn(|m| {
+                            let a: [__m512; 4] =
+                                std::array::from_fn(|c| _mm512_fmadd_ps(k[m][c], qv[c], z));
+                            _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]))
+                        });
+                        let w0 = _mm512_add_ps(
+                            _mm512_shuffle_f32x4::<0b11_10_11_10>(f[0], f[1]),
+                            _mm512_shuffle_f32x4::<0b01_00_01_00>(f[0], f[1]),
+                        );
+                        let w1 = _mm512_add_ps(
+                            _mm512_shuffle_f32x4::<0b11_10_11_10>(f[2], f[3]),
+                            _mm512_shuffle_f32x4::<0b01_00_01_00>(f[2], f[3]),
+                        );
+                        u[g] = _mm512_add_ps(
+                            _mm512_shuffle_f32x4::<0b11_01_11_01>(w0, w1),
+                            _mm512_shuffle_f32x4::<0b10_00_10_00>(w0, w1),
+                        );
+                    }
+                }
+                for (u, o) in ub.iter().zip(oc.iter_mut()).take(qc.len()) {
+                    // SAFETY: j + 16 <= n <= o.len() (caller).
+                    unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(j), finish16(u, order, sv)) };
+                }
+                j += 16;
+            }
+            if j < n {
+                for (q, o) in qc.iter().zip(oc.iter_mut()) {
+                    // SAFETY: forwarded contract.
+                    unsafe { scores(keys, &offs[j..], q, scale, &mut o[j..n]) };
+                }
+            }
+        }
+    }
+
     /// [`super::scores_f32_multi`] for queries of one width `hd`, a multiple of 64: sixteen
     /// keys at a time, every query scoring them while they are in L1, the sixteen sums
     /// reduced into one register (no lane extracted), scaled and stored as one vector. The
@@ -869,6 +958,11 @@ mod avx512 {
         scale: f32,
         outs: &mut [&mut [f32]],
     ) {
+        if hd == 64 {
+            // SAFETY: forwarded contract.
+            unsafe { scores_multi64(keys, offs, qs, scale, outs) };
+            return;
+        }
         let n = offs.len();
         let kp = keys.as_ptr();
         let sv = _mm512_set1_ps(scale);
@@ -1178,7 +1272,13 @@ mod tests {
             st ^= st << 17;
             ((st >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 3.0
         };
-        for (hd, n, nq) in [(64, 300, 5), (256, 70, 3), (80, 41, 2), (128, 17, 9)] {
+        for (hd, n, nq) in [
+            (64, 300, 5),
+            (64, 45, 20),
+            (256, 70, 3),
+            (80, 41, 2),
+            (128, 17, 9),
+        ] {
             let width = hd * 3;
             let cache: Vec<f32> = (0..(n + 2) * width).map(|_| rnd()).collect();
             let offs: Vec<usize> = (0..n).map(|j| ((j * 5) % (n + 2)) * width + hd).collect();
