@@ -939,6 +939,14 @@ mod avx512 {
         }
     }
 
+    /// `reduce16` of sixteen registers, lane `c` of the result from `v[c]`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn reduce16x16_ordered(v: &[__m512; 16]) -> __m512 {
+        let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        _mm512_permutexvar_ps(order, reduce16x16_t(v))
+    }
+
     /// [`super::scores_f32_multi`] for queries of one width `hd`, a multiple of 64: sixteen
     /// keys at a time, every query scoring them while they are in L1, the sixteen sums
     /// reduced into one register (no lane extracted), scaled and stored as one vector. The
@@ -1099,7 +1107,23 @@ mod avx512 {
         if n == 0 {
             return;
         }
-        let max = sc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        // The largest score (NaNs skipped, as `f32::max` does: a NaN lane of `v` yields the
+        // running maximum), sixteen lanes at a time.
+        let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut mv = ninf;
+        let mut i = 0;
+        while i < n {
+            let m: __mmask16 = if n - i >= 16 {
+                0xffff
+            } else {
+                ((1u32 << (n - i)) - 1) as u16
+            };
+            // SAFETY: only the masked-in elements (inside sc) are read.
+            let v = unsafe { _mm512_mask_loadu_ps(ninf, m, sc.as_ptr().add(i)) };
+            mv = _mm512_max_ps(v, mv);
+            i += 16;
+        }
+        let max = _mm512_reduce_max_ps(mv);
         let mx = _mm512_set1_ps(max);
         let p = sc.as_mut_ptr();
         let mut sum = 0f64;

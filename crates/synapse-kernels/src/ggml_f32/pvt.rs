@@ -233,10 +233,32 @@ mod avx512 {
             }
             b0 = b1;
         }
-        // Reduce every (query, dim) lane set.
+        // Reduce every (query, dim) lane set: sixteen dims at a time in registers (the same
+        // additions as `reduce_lanes`), the rest one by one.
         let l = lanes;
+        let sp = state.as_ptr();
         for (qi, q) in qs.iter_mut().enumerate() {
-            for d in 0..hd {
+            let mut d = 0;
+            while d + 16 <= hd {
+                let v: [__m512; 16] = std::array::from_fn(|k| {
+                    let at = sp.wrapping_add((qi * hd + d + k) * l);
+                    // SAFETY: lane set (qi, d + k) is inside state (qs.len()·hd·lanes).
+                    unsafe {
+                        if l == 64 {
+                            let c: [__m512; 4] =
+                                std::array::from_fn(|c| _mm512_loadu_ps(at.add(16 * c)));
+                            _mm512_add_ps(_mm512_add_ps(c[0], c[2]), _mm512_add_ps(c[1], c[3]))
+                        } else {
+                            _mm512_loadu_ps(at)
+                        }
+                    }
+                });
+                let r = crate::ggml_f32::avx512::reduce16x16_ordered(&v);
+                // SAFETY: d + 16 <= hd = q.out.len().
+                unsafe { _mm512_storeu_ps(q.out.as_mut_ptr().add(d), r) };
+                d += 16;
+            }
+            for d in d..hd {
                 q.out[d] = super::reduce_lanes(&state[(qi * hd + d) * l..][..l]);
             }
         }
