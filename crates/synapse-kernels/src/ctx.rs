@@ -19,6 +19,9 @@ pub struct KernelCtx {
     /// Second scratch: activations re-laid out for the tiled GEMM (x86 only).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pack: AlignedBuf,
+    /// Third scratch: the per-matrix lane starts of a shared-input call (x86 only).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    shared: AlignedBuf,
     pool: Pool,
 }
 
@@ -55,6 +58,7 @@ impl KernelCtx {
             path,
             act: AlignedBuf::default(),
             pack: AlignedBuf::default(),
+            shared: AlignedBuf::default(),
             pool: Pool::new(threads.max(1), pool)?,
         })
     }
@@ -88,6 +92,11 @@ impl KernelCtx {
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(crate) fn parts2(&mut self) -> (&mut AlignedBuf, &mut AlignedBuf, &Pool) {
         (&mut self.act, &mut self.pack, &self.pool)
+    }
+
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) fn parts3(&mut self) -> (&mut AlignedBuf, &mut AlignedBuf, &mut AlignedBuf, &Pool) {
+        (&mut self.act, &mut self.pack, &mut self.shared, &self.pool)
     }
 }
 

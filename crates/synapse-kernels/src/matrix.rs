@@ -545,6 +545,145 @@ impl QuantMatrix {
         Ok(())
     }
 
+    /// [`Self::matmul_runs`] of several matrices over the same input rows (a layer's q, k and
+    /// v; an FFN's gate and up): `ys[i]` gets `x·W_iᵀ`. When every matrix takes the few-row
+    /// integer kernels for these rows (the 32-block types' `gemv32`, Q4_K/Q6_K's `gemvk`, on
+    /// AVX-512 VNNI), the activations are quantized once per kind and all the matrices' rows
+    /// run in one parallel region — one wake-up and one join instead of one per matrix, which
+    /// for a small model's decode step is a tenth of its time. Otherwise one
+    /// [`Self::matmul_runs`] per matrix. The same kernel runs each row on the same operands
+    /// either way, so the bits are the same (tested).
+    pub fn matmul_runs_shared(
+        ms: &[&QuantMatrix],
+        x: &[f32],
+        runs: &[(usize, OrderClass)],
+        ys: &mut [&mut [f32]],
+        ctx: &mut KernelCtx,
+    ) -> Result<()> {
+        check_len("matmul_runs_shared", "outputs", ms.len(), ys.len())?;
+        #[cfg(target_arch = "x86_64")]
+        if let Some(plan) = SharedPlan::of(ms, runs, ctx) {
+            let n: usize = runs.iter().map(|r| r.0).sum();
+            for (m, y) in ms.iter().zip(ys.iter()) {
+                check_len("matmul_runs_shared", "x", n * m.cols, x.len())?;
+                check_len("matmul_runs_shared", "y", n * m.rows, y.len())?;
+            }
+            Self::shared_region(ms, &plan, x, n, ys, ctx);
+            return Ok(());
+        }
+        for (m, y) in ms.iter().zip(ys.iter_mut()) {
+            m.matmul_runs(x, runs, y, ctx)?;
+        }
+        Ok(())
+    }
+
+    /// The one parallel region of [`Self::matmul_runs_shared`]: matrix `i`'s rows at global
+    /// rows `start_i..` (starts on multiples of 8, the chunks' granule, so each matrix's row
+    /// ranges begin where its own call's would).
+    #[cfg(target_arch = "x86_64")]
+    fn shared_region(
+        ms: &[&QuantMatrix],
+        plan: &SharedPlan,
+        x: &[f32],
+        n: usize,
+        ys: &mut [&mut [f32]],
+        ctx: &mut KernelCtx,
+    ) {
+        use crate::act::BlockQ8x32;
+        use kernels::{gemv32, gemvk};
+        let cols = ms[0].cols;
+        let nb32 = cols / 32;
+        let (act32_buf, actk_buf, init_buf, pool) = ctx.parts3();
+        // Quantized activations, once per kind.
+        if plan.any32 {
+            act32_buf.set_len(n * ActKind::Q8x32.row_bytes(cols));
+            quantize_rows(ActKind::Q8x32, x, cols, act32_buf.as_bytes_mut());
+        }
+        if plan.anyk {
+            actk_buf.set_len(n * ActKind::Q8K.row_bytes(cols));
+            quantize_rows(ActKind::Q8K, x, cols, actk_buf.as_bytes_mut());
+        }
+        let act32: &[BlockQ8x32] = if plan.any32 {
+            bytemuck::cast_slice(act32_buf.as_bytes())
+        } else {
+            &[]
+        };
+        let actk: &[u8] = if plan.anyk { actk_buf.as_bytes() } else { &[] };
+        // Lane starts of each gemv32 matrix (they depend on its type's code bias).
+        let per_init = n * nb32 * 8;
+        init_buf.set_len(ms.len() * per_init * 4);
+        let inits: &mut [i32] = bytemuck::cast_slice_mut(init_buf.as_bytes_mut());
+        for (i, m) in ms.iter().enumerate() {
+            if plan.kinds[i] == SharedKind::Gemv32 {
+                gemv32::lane_init(
+                    plan.tys[i],
+                    act32,
+                    &mut inits[i * per_init..(i + 1) * per_init],
+                );
+            }
+            debug_assert_eq!(m.cols, cols);
+        }
+        let inits: &[i32] = inits;
+        let mut starts = [0usize; MAX_SHARED];
+        let mut at = 0;
+        for (i, m) in ms.iter().enumerate() {
+            starts[i] = at;
+            at = (at + m.rows).next_multiple_of(8);
+        }
+        let total = at;
+        let yps: [SyncPtr; MAX_SHARED] = std::array::from_fn(|i| {
+            SyncPtr(
+                ys.get_mut(i)
+                    .map_or(std::ptr::null_mut(), |y| y.as_mut_ptr()),
+            )
+        });
+        let flops: usize = ms.iter().map(|m| 2 * m.rows * cols * n).sum();
+        let tiled_order = plan.order_rows >= kernels::MANY_ROWS;
+        pool.run_rows(total, 8, flops, &|r0, r1| {
+            for (i, m) in ms.iter().enumerate() {
+                let (a, b) = (r0.max(starts[i]), r1.min(starts[i] + m.rows));
+                if a >= b {
+                    continue;
+                }
+                let (a, b) = (a - starts[i], b - starts[i]);
+                let (w, rb, rows) = (m.data.as_bytes(), m.row_bytes, m.rows);
+                let yp = yps[i];
+                // SAFETY: the plan admits only AVX-512 VNNI contexts (which KernelCtx holds
+                // only when the CPU supports it); the activations hold n rows of this kind;
+                // chunks write disjoint rows of each matrix's outputs.
+                unsafe {
+                    match plan.kinds[i] {
+                        SharedKind::Gemv32 => gemv32::rows(
+                            plan.tys[i],
+                            w,
+                            rb,
+                            nb32,
+                            act32,
+                            &inits[i * per_init..(i + 1) * per_init],
+                            yp.get(),
+                            rows,
+                            a,
+                            b,
+                        ),
+                        SharedKind::Gemvk => gemvk::rows(
+                            plan.tys[i],
+                            w,
+                            rb,
+                            cols / 256,
+                            actk,
+                            n,
+                            tiled_order,
+                            yp.get(),
+                            rows,
+                            a,
+                            b,
+                        ),
+                    }
+                }
+            }
+        });
+    }
+
     /// Order classes that sum this encoding's outputs alike map to the same key.
     fn order_key(&self, class: OrderClass) -> usize {
         let ty = match &self.store {
@@ -965,6 +1104,85 @@ unsafe impl Send for SyncBytes {}
 // SAFETY: as above.
 #[cfg(target_arch = "x86_64")]
 unsafe impl Sync for SyncBytes {}
+
+/// Most matrices one [`QuantMatrix::matmul_runs_shared`] region takes.
+#[cfg(target_arch = "x86_64")]
+const MAX_SHARED: usize = 4;
+
+/// Which few-row kernel a matrix of a shared region runs.
+#[cfg(target_arch = "x86_64")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SharedKind {
+    Gemv32,
+    Gemvk,
+}
+
+/// A shared region's plan: each matrix's type and kernel, exactly the ones its own
+/// [`QuantMatrix::matmul_as`] call would pick for these rows.
+#[cfg(target_arch = "x86_64")]
+struct SharedPlan {
+    tys: [GgmlType; MAX_SHARED],
+    kinds: [SharedKind; MAX_SHARED],
+    any32: bool,
+    anyk: bool,
+    order_rows: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl SharedPlan {
+    /// The plan, or None when some matrix would take another path (then each runs alone).
+    fn of(ms: &[&QuantMatrix], runs: &[(usize, OrderClass)], ctx: &KernelCtx) -> Option<Self> {
+        use kernels::{gemv32, gemvk};
+        if ms.len() < 2
+            || ms.len() > MAX_SHARED
+            || ctx.path() != crate::dispatch::KernelPath::Avx512Vnni
+        {
+            return None;
+        }
+        // One order class for all the rows (then `matmul_runs` makes one call per matrix).
+        let class = runs.first()?.1;
+        if runs.iter().any(|r| r.1 != class) {
+            return None;
+        }
+        let n: usize = runs.iter().map(|r| r.0).sum();
+        let cols = ms[0].cols;
+        if n == 0 {
+            return None;
+        }
+        let order_rows = class.rows().max(1);
+        let tiled_order = order_rows >= kernels::MANY_ROWS;
+        let mut plan = SharedPlan {
+            tys: [GgmlType::F32; MAX_SHARED],
+            kinds: [SharedKind::Gemv32; MAX_SHARED],
+            any32: false,
+            anyk: false,
+            order_rows,
+        };
+        for (i, m) in ms.iter().enumerate() {
+            let Store::Ggml(ty) = m.store else {
+                return None;
+            };
+            if m.cols != cols || m.rows == 0 {
+                return None;
+            }
+            // `matmul_as`'s own choice, in its order.
+            if gemv32::takes(n, cols) && gemv32::supports(ty) {
+                plan.kinds[i] = SharedKind::Gemv32;
+                plan.any32 = true;
+            } else if (n < gemvk::UNTIL || !tiled_order)
+                && gemvk::supports(ty)
+                && ty != GgmlType::TQ2_0
+            {
+                plan.kinds[i] = SharedKind::Gemvk;
+                plan.anyk = true;
+            } else {
+                return None;
+            }
+            plan.tys[i] = ty;
+        }
+        Some(plan)
+    }
+}
 
 #[derive(Clone, Copy)]
 struct SyncPtr(*mut f32);

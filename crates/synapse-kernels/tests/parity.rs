@@ -409,6 +409,80 @@ fn matmul_as_keeps_the_requested_order_for_any_row_count() {
     }
 }
 
+/// `matmul_runs_shared` (q/k/v or gate/up over the same input rows in one parallel region)
+/// gives each matrix the bits of its own `matmul_runs`, on every path, in every order class,
+/// for row counts on both sides of the few-row kernels' bounds, with matrices whose row counts
+/// are not multiples of the chunk granule and mixes of kernels (32-block types, Q4_K/Q6_K, and
+/// sets with a type neither few-row kernel takes, which run one call per matrix).
+#[test]
+fn shared_input_matmuls_equal_separate_calls() {
+    use GgmlType as T;
+    use synapse_kernels::OrderClass;
+    let sets: [&[(GgmlType, usize)]; 5] = [
+        &[(T::Q4_1, 21), (T::Q8_0, 11), (T::Q5_0, 40)],
+        &[(T::Q4_K, 19), (T::Q6_K, 8)],
+        &[(T::Q4_K, 13), (T::Q5_0, 7), (T::Q6_K, 33)],
+        &[(T::Q5_K, 16), (T::Q4_0, 9)],
+        &[(T::Q4_0, 64), (T::F32, 5)],
+    ];
+    let cols = 512;
+    for path in KernelPath::supported() {
+        for (si, set) in sets.iter().enumerate() {
+            let ms: Vec<QuantMatrix> = set
+                .iter()
+                .enumerate()
+                .map(|(i, &(ty, rows))| {
+                    let w = random_weights(ty, rows, cols, 90 + (si * 8 + i) as u64);
+                    QuantMatrix::from_ggml(ty, &w, rows, cols).unwrap()
+                })
+                .collect();
+            let refs: Vec<&QuantMatrix> = ms.iter().collect();
+            for class in [OrderClass::One, OrderClass::Few, OrderClass::Many] {
+                for n in [1usize, 3, 9, 20, 37] {
+                    let x: Vec<f32> = (0..n)
+                        .flat_map(|t| generate_data(0.3 + t as f32, cols, 2.0))
+                        .collect();
+                    let runs = [(n, class)];
+                    let mut ctx = KernelCtx::with_path_and_threads(path, 2).unwrap();
+                    let mut got: Vec<Vec<f32>> =
+                        ms.iter().map(|m| vec![f32::NAN; n * m.rows()]).collect();
+                    {
+                        let mut ys: Vec<&mut [f32]> =
+                            got.iter_mut().map(|y| y.as_mut_slice()).collect();
+                        QuantMatrix::matmul_runs_shared(&refs, &x, &runs, &mut ys, &mut ctx)
+                            .unwrap();
+                    }
+                    for (i, m) in ms.iter().enumerate() {
+                        let mut want = vec![f32::NAN; n * m.rows()];
+                        m.matmul_runs(&x, &runs, &mut want, &mut ctx).unwrap();
+                        assert_same_bits(
+                            &got[i],
+                            &want,
+                            &format!("{path} set {si} matrix {i} {class:?} n={n}"),
+                        );
+                    }
+                }
+            }
+            // A wrong output count is a typed error.
+            let mut ctx = KernelCtx::with_path_and_threads(path, 2).unwrap();
+            let x = generate_data(0.1, cols, 1.0);
+            let mut y0 = vec![0f32; ms[0].rows()];
+            let err = QuantMatrix::matmul_runs_shared(
+                &refs,
+                &x,
+                &[(1, OrderClass::One)],
+                &mut [&mut y0[..]],
+                &mut ctx,
+            );
+            assert!(
+                err.is_err(),
+                "set {si}: one output for {} matrices",
+                ms.len()
+            );
+        }
+    }
+}
+
 /// `gather_rows` (a vocabulary shortlist of an LM head): each gathered row gives the bits its
 /// source row gives, in every order class, on every path, whatever rows sit beside it (odd
 /// and even counts, repeats, reversed order); an empty or out-of-range selection is refused.

@@ -548,27 +548,20 @@ impl Executor {
                 &mut self.ctx,
             );
             tap(&mut self.tap, Stage::AttnNorm, Some(il), n, &s.xn[..n * hd]);
-            linear(
-                &l.q,
-                &s.xn[..n * hd],
-                &s.runs,
-                ensure(&mut s.q, n * qd),
-                &mut self.ctx,
-            )?;
-            linear(
-                &l.k,
-                &s.xn[..n * hd],
-                &s.runs,
-                ensure(&mut s.k, n * kvd),
-                &mut self.ctx,
-            )?;
-            linear(
-                &l.v,
-                &s.xn[..n * hd],
-                &s.runs,
-                ensure(&mut s.v, n * kvd),
-                &mut self.ctx,
-            )?;
+            {
+                let (q, k, v) = (
+                    ensure(&mut s.q, n * qd),
+                    ensure(&mut s.k, n * kvd),
+                    ensure(&mut s.v, n * kvd),
+                );
+                linear_shared(
+                    &[&l.q, &l.k, &l.v],
+                    &s.xn[..n * hd],
+                    &s.runs,
+                    &mut [q, k, v],
+                    &mut self.ctx,
+                )?;
+            }
             if let Some(c) = l.clip_qkv {
                 // (q and k are clamped after their norms, in `rope_row`.)
                 for x in &mut s.v[..n * kvd] {
@@ -684,20 +677,16 @@ impl Executor {
                     sub_norm,
                 } => {
                     let ff = gate.m.rows();
-                    linear(
-                        gate,
-                        &s.xn[..n * hd],
-                        &s.runs,
-                        ensure(&mut s.g, n * ff),
-                        &mut self.ctx,
-                    )?;
-                    linear(
-                        up,
-                        &s.xn[..n * hd],
-                        &s.runs,
-                        ensure(&mut s.u, n * ff),
-                        &mut self.ctx,
-                    )?;
+                    {
+                        let (g, u) = (ensure(&mut s.g, n * ff), ensure(&mut s.u, n * ff));
+                        linear_shared(
+                            &[gate, up],
+                            &s.xn[..n * hd],
+                            &s.runs,
+                            &mut [g, u],
+                            &mut self.ctx,
+                        )?;
+                    }
                     tap(&mut self.tap, Stage::FfnGate, Some(il), n, &s.g[..n * ff]);
                     tap(&mut self.tap, Stage::FfnUp, Some(il), n, &s.u[..n * ff]);
                     let hp = OutPtr(ensure(&mut s.h, n * ff).as_mut_ptr());
@@ -1165,6 +1154,40 @@ pub(crate) fn linear(
         for yr in y.chunks_exact_mut(b.len()) {
             for (y, &b) in yr.iter_mut().zip(b) {
                 *y += b;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`linear`] of several projections over the same input rows (q/k/v, gate/up): one
+/// parallel region for all of them where the kernels allow
+/// (`QuantMatrix::matmul_runs_shared`, same bits), then each bias. A W1.58A8 projection
+/// (which quantises its input first) runs through [`linear`].
+pub(crate) fn linear_shared(
+    ls: &[&LinearW],
+    x: &[f32],
+    runs: &[(usize, OrderClass)],
+    ys: &mut [&mut [f32]],
+    ctx: &mut KernelCtx,
+) -> Result<()> {
+    if ls.len() > 4 || ls.iter().any(|l| l.act_a8) {
+        for (l, y) in ls.iter().zip(ys.iter_mut()) {
+            linear(l, x, runs, y, ctx)?;
+        }
+        return Ok(());
+    }
+    let mut ms: [&QuantMatrix; 4] = [&ls[0].m; 4];
+    for (slot, l) in ms.iter_mut().zip(ls) {
+        *slot = &l.m;
+    }
+    QuantMatrix::matmul_runs_shared(&ms[..ls.len().min(4)], x, runs, ys, ctx)?;
+    for (l, y) in ls.iter().zip(ys.iter_mut()) {
+        if let Some(b) = &l.bias {
+            for yr in y.chunks_exact_mut(b.len()) {
+                for (y, &b) in yr.iter_mut().zip(b) {
+                    *y += b;
+                }
             }
         }
     }
