@@ -777,65 +777,34 @@ mod avx512 {
         a.map(|s| _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3])))
     }
 
-    /// `reduce16` of sixteen registers at once, lane k of the result from `v[k]`: the same
-    /// additions per register (halves, then quarters, then `(t0 + t2) + (t1 + t3)`), done
-    /// for 2, 4 and 16 registers per instruction.
+    /// `_mm512_reduce_add_ps`'s first level for two registers side by side: 256-bit lanes
+    /// `[a[8..] + a[..8], b[8..] + b[..8]]`.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn reduce16x16(v: &[__m512; 16]) -> [f32; 16] {
-        // t8 of keys 2i and 2i+1 side by side: [v_a[8..] + v_a[..8], v_b[8..] + v_b[..8]].
-        let w: [__m512; 8] = std::array::from_fn(|i| {
-            let (a, b) = (v[2 * i], v[2 * i + 1]);
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
-                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
-            )
-        });
-        // t4 of keys 4i..4i+4, one per 128-bit lane: t8[4..] + t8[..4].
-        let u: [__m512; 4] = std::array::from_fn(|i| {
-            let (a, b) = (w[2 * i], w[2 * i + 1]);
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
-                _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
-            )
-        });
-        let mut out = [0f32; 16];
-        for (i, z) in u.iter().enumerate() {
-            // (t0 + t2) + (t1 + t3) in element 0 of each 128-bit lane.
-            let s = _mm512_add_ps(*z, _mm512_permute_ps::<0b01_00_11_10>(*z));
-            let r = _mm512_add_ps(s, _mm512_permute_ps::<0b00_00_00_01>(s));
-            let mut t = [0f32; 16];
-            // SAFETY: `t` holds 16 floats.
-            unsafe { _mm512_storeu_ps(t.as_mut_ptr(), r) };
-            for m in 0..4 {
-                out[4 * i + m] = t[4 * m];
-            }
-        }
-        out
+    fn halves2(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+        )
     }
 
-    /// `reduce16` of sixteen registers into one: lane `4m + i` of the result is the sum of
-    /// `v[4i + m]` (the same additions as [`reduce16x16`]; the last two levels as a 4×4
-    /// transpose inside each 128-bit lane and two vertical adds, so no lane is extracted).
+    /// The second level for four registers from two [`halves2`] results: 128-bit lane m holds
+    /// `t8[4..] + t8[..4]` of register m (`a` holding registers 0 and 1, `b` 2 and 3).
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn reduce16x16_t(v: &[__m512; 16]) -> __m512 {
-        let w: [__m512; 8] = std::array::from_fn(|i| {
-            let (a, b) = (v[2 * i], v[2 * i + 1]);
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
-                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
-            )
-        });
-        // u[i], 128-bit lane m: t4 of v[4i + m].
-        let u: [__m512; 4] = std::array::from_fn(|i| {
-            let (a, b) = (w[2 * i], w[2 * i + 1]);
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
-                _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
-            )
-        });
-        // Per 128-bit lane m: t[e] element i = t4[e] of v[4i + m].
+    fn quarters4(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+        )
+    }
+
+    /// The last two levels, `(t0 + t2) + (t1 + t3)`, of sixteen registers whose `t4`s are in
+    /// `u` (register `4i + m` in 128-bit lane m of `u[i]`), as a 4×4 transpose inside each
+    /// 128-bit lane and two vertical adds: lane `4m + i` of the result is register `4i + m`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn last_levels(u: &[__m512; 4]) -> __m512 {
         let x0 = _mm512_unpacklo_ps(u[0], u[1]);
         let x1 = _mm512_unpackhi_ps(u[0], u[1]);
         let x2 = _mm512_unpacklo_ps(u[2], u[3]);
@@ -846,32 +815,31 @@ mod avx512 {
         let t1 = ps(_mm512_unpackhi_pd(pd(x0), pd(x2)));
         let t2 = ps(_mm512_unpacklo_pd(pd(x1), pd(x3)));
         let t3 = ps(_mm512_unpackhi_pd(pd(x1), pd(x3)));
-        // (t0 + t2) + (t1 + t3), as `_mm512_reduce_add_ps`'s last two levels.
         _mm512_add_ps(_mm512_add_ps(t0, t2), _mm512_add_ps(t1, t3))
     }
 
-    /// The last two levels of [`reduce16x16_t`] from its four `u` registers, lanes back in
-    /// key order (lane `c` is the sum of the register of key `c`), scaled.
+    /// [`last_levels`]' lane order back to register order.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn finish16(u: &[__m512; 4], order: __m512i, sv: __m512) -> __m512 {
-        let x0 = _mm512_unpacklo_ps(u[0], u[1]);
-        let x1 = _mm512_unpackhi_ps(u[0], u[1]);
-        let x2 = _mm512_unpacklo_ps(u[2], u[3]);
-        let x3 = _mm512_unpackhi_ps(u[2], u[3]);
-        let pd = _mm512_castps_pd;
-        let ps = _mm512_castpd_ps;
-        let t0 = ps(_mm512_unpacklo_pd(pd(x0), pd(x2)));
-        let t1 = ps(_mm512_unpackhi_pd(pd(x0), pd(x2)));
-        let t2 = ps(_mm512_unpacklo_pd(pd(x1), pd(x3)));
-        let t3 = ps(_mm512_unpackhi_pd(pd(x1), pd(x3)));
-        let r = _mm512_add_ps(_mm512_add_ps(t0, t2), _mm512_add_ps(t1, t3));
-        _mm512_mul_ps(_mm512_permutexvar_ps(order, r), sv)
+    fn key_order(r: __m512) -> __m512 {
+        let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        _mm512_permutexvar_ps(order, r)
+    }
+
+    /// `reduce16` (`_mm512_reduce_add_ps`) of sixteen registers at once, lane c of the result
+    /// from `v[c]`: the same additions per register, done for 2, 4 and 16 registers per
+    /// instruction.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn reduce16x16_ordered(v: &[__m512; 16]) -> __m512 {
+        let w: [__m512; 8] = std::array::from_fn(|i| halves2(v[2 * i], v[2 * i + 1]));
+        let u: [__m512; 4] = std::array::from_fn(|i| quarters4(w[2 * i], w[2 * i + 1]));
+        key_order(last_levels(&u))
     }
 
     /// [`scores_multi`] for `hd == 64` (one 64-element step per dot): a quad of keys is
     /// loaded into registers once and every query's folds are formed from it, each quad's
-    /// four folds reduced at once to the register [`reduce16x16_t`] calls `u`; after four
+    /// four folds reduced at once to the register [`last_levels`] takes as `u[g]`; after four
     /// quads, each query's sixteen scores are finished and stored. A key row is loaded once
     /// per call instead of once per query. The same operations per score as [`scores`].
     ///
@@ -888,7 +856,6 @@ mod avx512 {
         let n = offs.len();
         let kp = keys.as_ptr();
         let sv = _mm512_set1_ps(scale);
-        let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
         let z = _mm512_setzero_ps();
         let mut ub = [[z; 4]; 16];
         for (qc, oc) in qs.chunks(16).zip(outs.chunks_mut(16)) {
@@ -910,23 +877,13 @@ mod avx512 {
                                 std::array::from_fn(|c| _mm512_fmadd_ps(k[m][c], qv[c], z));
                             _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]))
                         });
-                        let w0 = _mm512_add_ps(
-                            _mm512_shuffle_f32x4::<0b11_10_11_10>(f[0], f[1]),
-                            _mm512_shuffle_f32x4::<0b01_00_01_00>(f[0], f[1]),
-                        );
-                        let w1 = _mm512_add_ps(
-                            _mm512_shuffle_f32x4::<0b11_10_11_10>(f[2], f[3]),
-                            _mm512_shuffle_f32x4::<0b01_00_01_00>(f[2], f[3]),
-                        );
-                        u[g] = _mm512_add_ps(
-                            _mm512_shuffle_f32x4::<0b11_01_11_01>(w0, w1),
-                            _mm512_shuffle_f32x4::<0b10_00_10_00>(w0, w1),
-                        );
+                        u[g] = quarters4(halves2(f[0], f[1]), halves2(f[2], f[3]));
                     }
                 }
                 for (u, o) in ub.iter().zip(oc.iter_mut()).take(qc.len()) {
+                    let r = _mm512_mul_ps(key_order(last_levels(u)), sv);
                     // SAFETY: j + 16 <= n <= o.len() (caller).
-                    unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(j), finish16(u, order, sv)) };
+                    unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(j), r) };
                 }
                 j += 16;
             }
@@ -937,14 +894,6 @@ mod avx512 {
                 }
             }
         }
-    }
-
-    /// `reduce16` of sixteen registers, lane `c` of the result from `v[c]`.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    pub(super) fn reduce16x16_ordered(v: &[__m512; 16]) -> __m512 {
-        let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-        _mm512_permutexvar_ps(order, reduce16x16_t(v))
     }
 
     /// [`super::scores_f32_multi`] for queries of one width `hd`, a multiple of 64: sixteen
@@ -974,7 +923,6 @@ mod avx512 {
         let n = offs.len();
         let kp = keys.as_ptr();
         let sv = _mm512_set1_ps(scale);
-        let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
         let mut j = 0;
         while j + 16 <= n {
             for (q, o) in qs.iter().zip(outs.iter_mut()) {
@@ -990,9 +938,7 @@ mod avx512 {
                     };
                     f[4 * g..4 * g + 4].copy_from_slice(&v);
                 }
-                // Lane 4m + i of the reduction is key 4i + m: back to key order.
-                let r = _mm512_permutexvar_ps(order, reduce16x16_t(&f));
-                let r = _mm512_mul_ps(r, sv);
+                let r = _mm512_mul_ps(reduce16x16_ordered(&f), sv);
                 // SAFETY: j + 16 <= n <= o.len() (caller).
                 unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(j), r) };
             }
@@ -1043,7 +989,9 @@ mod avx512 {
                 };
                 f[4 * g..4 * g + 4].copy_from_slice(&v);
             }
-            let d = reduce16x16(&f);
+            let mut d = [0f32; 16];
+            // SAFETY: `d` holds 16 floats.
+            unsafe { _mm512_storeu_ps(d.as_mut_ptr(), reduce16x16_ordered(&f)) };
             for c in 0..16 {
                 out[j + c] = tail(offs[j + c], d[c]) * scale;
             }

@@ -1150,6 +1150,12 @@ pub(crate) fn linear(
     } else {
         m.matmul_runs(x, runs, y, ctx)?;
     }
+    add_bias(l, y);
+    Ok(())
+}
+
+/// `y += b` per output row when the projection has a bias.
+fn add_bias(l: &LinearW, y: &mut [f32]) {
     if let Some(b) = &l.bias {
         for yr in y.chunks_exact_mut(b.len()) {
             for (y, &b) in yr.iter_mut().zip(b) {
@@ -1157,7 +1163,6 @@ pub(crate) fn linear(
             }
         }
     }
-    Ok(())
 }
 
 /// [`linear`] of several projections over the same input rows (q/k/v, gate/up): one
@@ -1183,13 +1188,7 @@ pub(crate) fn linear_shared(
     }
     QuantMatrix::matmul_runs_shared(&ms[..ls.len().min(4)], x, runs, ys, ctx)?;
     for (l, y) in ls.iter().zip(ys.iter_mut()) {
-        if let Some(b) = &l.bias {
-            for yr in y.chunks_exact_mut(b.len()) {
-                for (y, &b) in yr.iter_mut().zip(b) {
-                    *y += b;
-                }
-            }
-        }
+        add_bias(l, y);
     }
     Ok(())
 }
