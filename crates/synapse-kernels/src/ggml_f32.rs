@@ -774,7 +774,14 @@ mod avx512 {
             }
             i += 64;
         }
-        a.map(|s| _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3])))
+        a.map(|s| fold(s))
+    }
+
+    /// `GGML_F32x16_REDUCE`'s folding of four accumulators: `(s0 + s2) + (s1 + s3)`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) fn fold(s: [__m512; 4]) -> __m512 {
+        _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3]))
     }
 
     /// `_mm512_reduce_add_ps`'s first level for two registers side by side: 256-bit lanes
@@ -837,7 +844,8 @@ mod avx512 {
         key_order(last_levels(&u))
     }
 
-    /// [`scores_multi`] for `hd == 64` (one 64-element step per dot): a quad of keys is
+    /// [`scores_multi`]'s whole blocks of sixteen keys for `hd == 64` (one 64-element step
+    /// per dot): a quad of keys is
     /// loaded into registers once and every query's folds are formed from it, each quad's
     /// four folds reduced at once to the register [`last_levels`] takes as `u[g]`; after four
     /// quads, each query's sixteen scores are finished and stored. A key row is loaded once
@@ -853,14 +861,14 @@ mod avx512 {
         scale: f32,
         outs: &mut [&mut [f32]],
     ) {
-        let n = offs.len();
+        let full = offs.len() / 16 * 16;
         let kp = keys.as_ptr();
         let sv = _mm512_set1_ps(scale);
         let z = _mm512_setzero_ps();
         let mut ub = [[z; 4]; 16];
         for (qc, oc) in qs.chunks(16).zip(outs.chunks_mut(16)) {
             let mut j = 0;
-            while j + 16 <= n {
+            while j < full {
                 for g in 0..4 {
                     let k: [[__m512; 4]; 4] = std::array::from_fn(|m| {
                         let row = kp.wrapping_add(offs[j + 4 * g + m]);
@@ -873,25 +881,17 @@ mod avx512 {
                             _mm512_loadu_ps(q.as_ptr().add(16 * c))
                         });
                         let f: [__m512; 4] = std::array::from_fn(|m| {
-                            let a: [__m512; 4] =
-                                std::array::from_fn(|c| _mm512_fmadd_ps(k[m][c], qv[c], z));
-                            _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]))
+                            fold(std::array::from_fn(|c| _mm512_fmadd_ps(k[m][c], qv[c], z)))
                         });
                         u[g] = quarters4(halves2(f[0], f[1]), halves2(f[2], f[3]));
                     }
                 }
                 for (u, o) in ub.iter().zip(oc.iter_mut()).take(qc.len()) {
                     let r = _mm512_mul_ps(key_order(last_levels(u)), sv);
-                    // SAFETY: j + 16 <= n <= o.len() (caller).
+                    // SAFETY: j + 16 <= offs.len() <= o.len() (caller).
                     unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(j), r) };
                 }
                 j += 16;
-            }
-            if j < n {
-                for (q, o) in qc.iter().zip(oc.iter_mut()) {
-                    // SAFETY: forwarded contract.
-                    unsafe { scores(keys, &offs[j..], q, scale, &mut o[j..n]) };
-                }
             }
         }
     }
@@ -915,16 +915,17 @@ mod avx512 {
         scale: f32,
         outs: &mut [&mut [f32]],
     ) {
-        if hd == 64 {
-            // SAFETY: forwarded contract.
-            unsafe { scores_multi64(keys, offs, qs, scale, outs) };
-            return;
-        }
         let n = offs.len();
+        let full = n / 16 * 16;
         let kp = keys.as_ptr();
         let sv = _mm512_set1_ps(scale);
         let mut j = 0;
-        while j + 16 <= n {
+        if hd == 64 {
+            // SAFETY: forwarded contract.
+            unsafe { scores_multi64(keys, offs, qs, scale, outs) };
+            j = full;
+        }
+        while j < full {
             for (q, o) in qs.iter().zip(outs.iter_mut()) {
                 let mut f = [_mm512_setzero_ps(); 16];
                 for g in 0..4 {

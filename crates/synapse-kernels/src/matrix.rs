@@ -561,9 +561,13 @@ impl QuantMatrix {
         ctx: &mut KernelCtx,
     ) -> Result<()> {
         check_len("matmul_runs_shared", "outputs", ms.len(), ys.len())?;
+        // One order class for all the rows (`matmul_runs` then makes one call per matrix).
         #[cfg(target_arch = "x86_64")]
-        if let Some(plan) = SharedPlan::of(ms, runs, ctx) {
-            let n: usize = runs.iter().map(|r| r.0).sum();
+        if let Some(&(_, class)) = runs.first()
+            && runs.iter().all(|r| r.1 == class)
+            && let n = runs.iter().map(|r| r.0).sum()
+            && let Some(plan) = SharedPlan::of(ms, n, class.rows(), ctx.path())
+        {
             for (m, y) in ms.iter().zip(ys.iter()) {
                 check_len("matmul_runs_shared", "x", n * m.cols, x.len())?;
                 check_len("matmul_runs_shared", "y", n * m.rows, y.len())?;
@@ -577,9 +581,10 @@ impl QuantMatrix {
         Ok(())
     }
 
-    /// The one parallel region of [`Self::matmul_runs_shared`]: matrix `i`'s rows at global
-    /// rows `start_i..` (starts on multiples of 8, the chunks' granule, so each matrix's row
-    /// ranges begin where its own call's would).
+    /// The one parallel region of [`Self::matmul_runs_shared`] (and of [`Self::matmul_as`]'s
+    /// few-row kernels, a region of one matrix): matrix `i`'s rows at global rows `start_i..`
+    /// (starts on multiples of 8, the chunks' granule, so each matrix's row ranges begin where
+    /// its own call's would).
     #[cfg(target_arch = "x86_64")]
     fn shared_region(
         ms: &[&QuantMatrix],
@@ -602,6 +607,9 @@ impl QuantMatrix {
         if plan.anyk {
             actk_buf.set_len(n * ActKind::Q8K.row_bytes(cols));
             quantize_rows(ActKind::Q8K, x, cols, actk_buf.as_bytes_mut());
+            if plan.tq2 {
+                kernels::prepare_tq2(actk_buf.as_bytes_mut(), n * cols / 256);
+            }
         }
         let act32: &[BlockQ8x32] = if plan.any32 {
             bytemuck::cast_slice(act32_buf.as_bytes())
@@ -614,7 +622,7 @@ impl QuantMatrix {
         init_buf.set_len(ms.len() * per_init * 4);
         let inits: &mut [i32] = bytemuck::cast_slice_mut(init_buf.as_bytes_mut());
         for (i, m) in ms.iter().enumerate() {
-            if plan.kinds[i] == SharedKind::Gemv32 {
+            if plan.kinds[i] == FewRowKernel::Gemv32 {
                 gemv32::lane_init(
                     plan.tys[i],
                     act32,
@@ -625,12 +633,11 @@ impl QuantMatrix {
         }
         let inits: &[i32] = inits;
         let mut starts = [0usize; MAX_SHARED];
-        let mut at = 0;
+        let mut total = 0usize;
         for (i, m) in ms.iter().enumerate() {
-            starts[i] = at;
-            at = (at + m.rows).next_multiple_of(8);
+            starts[i] = total.next_multiple_of(8);
+            total = starts[i] + m.rows;
         }
-        let total = at;
         let yps: [SyncPtr; MAX_SHARED] = std::array::from_fn(|i| {
             SyncPtr(
                 ys.get_mut(i)
@@ -653,7 +660,7 @@ impl QuantMatrix {
                 // chunks write disjoint rows of each matrix's outputs.
                 unsafe {
                     match plan.kinds[i] {
-                        SharedKind::Gemv32 => gemv32::rows(
+                        FewRowKernel::Gemv32 => gemv32::rows(
                             plan.tys[i],
                             w,
                             rb,
@@ -665,7 +672,7 @@ impl QuantMatrix {
                             a,
                             b,
                         ),
-                        SharedKind::Gemvk => gemvk::rows(
+                        FewRowKernel::Gemvk => gemvk::rows(
                             plan.tys[i],
                             w,
                             rb,
@@ -762,46 +769,12 @@ impl QuantMatrix {
             k.dot4 = None;
         }
         #[cfg(target_arch = "x86_64")]
-        if kernels::gemv32::takes(n, self.cols)
-            && ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
-            && kernels::gemv32::supports(ty)
-        {
-            return self.gemv32(ty, x, n, y, ctx);
+        if let Some(plan) = SharedPlan::of(&[self], n, order_rows, ctx.path()) {
+            Self::shared_region(&[self], &plan, x, n, &mut [y], ctx);
+            return Ok(());
         }
         #[cfg(target_arch = "x86_64")]
         let tiled_order = order_rows >= kernels::MANY_ROWS;
-        #[cfg(target_arch = "x86_64")]
-        // TQ2_0 at every row count: ggml has one order for it, and the row-pair kernel
-        // measured 1.5–1.9× the per-row tiles at 32 and 128 rows (kbench, 2 threads).
-        if (n < kernels::gemvk::UNTIL || !tiled_order || ty == GgmlType::TQ2_0)
-            && ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
-            && kernels::gemvk::supports(ty)
-        {
-            let (act_scratch, pool) = ctx.parts();
-            let arb = ActKind::Q8K.row_bytes(self.cols);
-            act_scratch.set_len(n * arb);
-            quantize_rows(ActKind::Q8K, x, self.cols, act_scratch.as_bytes_mut());
-            if ty == GgmlType::TQ2_0 {
-                kernels::prepare_tq2(act_scratch.as_bytes_mut(), n * self.cols / 256);
-            }
-            let a = act_scratch.as_bytes();
-            let yp = SyncPtr(y.as_mut_ptr());
-            let (w, rb, rows, nb) = (
-                self.data.as_bytes(),
-                self.row_bytes,
-                self.rows,
-                self.cols / 256,
-            );
-            pool.run_rows(rows, 8, 2 * rows * self.cols * n, &|r0, r1| {
-                // SAFETY: this path is taken only on Avx512Vnni, which KernelCtx holds only
-                // when the CPU supports it; `a` holds n·nb Q8_K blocks; chunks write
-                // disjoint rows of every output row.
-                unsafe {
-                    kernels::gemvk::rows(ty, w, rb, nb, a, n, tiled_order, yp.get(), rows, r0, r1)
-                };
-            });
-            return Ok(());
-        }
         #[cfg(target_arch = "x86_64")]
         // The tiled GEMM from 8 rows for Q5_K (half a 16-row group; Q4_K/Q6_K below 32 rows
         // took the few-row kernel above), from a full group for the 32-block types (at 8 rows
@@ -925,39 +898,6 @@ impl QuantMatrix {
                     tiled::rows(ty, w, rb, nb, packed, n, rows, yp.get(), r0, r1)
                 }
             };
-        });
-        Ok(())
-    }
-
-    /// Fewer than 16 activation rows against Q8_0/Q5_0/Q4_0 on AVX-512 VNNI: two weight rows
-    /// per register, up to 8 activation rows per pass (see `kernels::gemv32`), ggml's per-row
-    /// order.
-    #[cfg(target_arch = "x86_64")]
-    fn gemv32(
-        &self,
-        ty: GgmlType,
-        x: &[f32],
-        n: usize,
-        y: &mut [f32],
-        ctx: &mut KernelCtx,
-    ) -> Result<()> {
-        use crate::act::BlockQ8x32;
-        use kernels::gemv32;
-        let nb = self.cols / 32;
-        let (act_scratch, pack, pool) = ctx.parts2();
-        act_scratch.set_len(n * ActKind::Q8x32.row_bytes(self.cols));
-        quantize_rows(ActKind::Q8x32, x, self.cols, act_scratch.as_bytes_mut());
-        let act: &[BlockQ8x32] = bytemuck::cast_slice(act_scratch.as_bytes());
-        pack.set_len(n * nb * 8 * 4);
-        let init: &mut [i32] = bytemuck::cast_slice_mut(pack.as_bytes_mut());
-        gemv32::lane_init(ty, act, init);
-        let init: &[i32] = init;
-        let yp = SyncPtr(y.as_mut_ptr());
-        let (w, rb, rows) = (self.data.as_bytes(), self.row_bytes, self.rows);
-        pool.run_rows(rows, 8, 2 * rows * self.cols * n, &|r0, r1| {
-            // SAFETY: this path is taken only on Avx512Vnni, which KernelCtx holds only when
-            // the CPU supports it; `act`/`init` hold n·nb blocks; chunks write disjoint rows.
-            unsafe { gemv32::rows(ty, w, rb, nb, act, init, yp.get(), rows, r0, r1) };
         });
         Ok(())
     }
@@ -1105,80 +1045,94 @@ unsafe impl Send for SyncBytes {}
 #[cfg(target_arch = "x86_64")]
 unsafe impl Sync for SyncBytes {}
 
-/// Most matrices one [`QuantMatrix::matmul_runs_shared`] region takes.
+/// Most matrices one [`QuantMatrix::shared_region`] takes.
 #[cfg(target_arch = "x86_64")]
 const MAX_SHARED: usize = 4;
 
-/// Which few-row kernel a matrix of a shared region runs.
+/// The few-row integer kernels of AVX-512 VNNI, run through [`QuantMatrix::shared_region`].
 #[cfg(target_arch = "x86_64")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SharedKind {
+enum FewRowKernel {
+    /// `kernels::gemv32`: the 32-block types below the tiled GEMM's row counts.
     Gemv32,
+    /// `kernels::gemvk`: Q4_K/Q6_K below 32 rows or outside the tiled order; TQ2_0 always.
     Gemvk,
 }
 
-/// A shared region's plan: each matrix's type and kernel, exactly the ones its own
-/// [`QuantMatrix::matmul_as`] call would pick for these rows.
+#[cfg(target_arch = "x86_64")]
+impl FewRowKernel {
+    /// The few-row kernel `ty` runs on for `n` rows of `cols` summed in the order of an
+    /// `order_rows`-row call, if any: [`QuantMatrix::matmul_as`]'s one choice.
+    fn of(
+        ty: GgmlType,
+        n: usize,
+        cols: usize,
+        order_rows: usize,
+        path: crate::dispatch::KernelPath,
+    ) -> Option<Self> {
+        use kernels::{gemv32, gemvk};
+        if path != crate::dispatch::KernelPath::Avx512Vnni {
+            return None;
+        }
+        if gemv32::takes(n, cols) && gemv32::supports(ty) {
+            return Some(Self::Gemv32);
+        }
+        // TQ2_0 at every row count: ggml has one order for it, and the row-pair kernel
+        // measured 1.5–1.9× the per-row tiles at 32 and 128 rows (kbench, 2 threads).
+        let tiled_order = order_rows >= kernels::MANY_ROWS;
+        ((n < gemvk::UNTIL || !tiled_order || ty == GgmlType::TQ2_0) && gemvk::supports(ty))
+            .then_some(Self::Gemvk)
+    }
+}
+
+/// A region's plan: each matrix's type and few-row kernel ([`FewRowKernel::of`]).
 #[cfg(target_arch = "x86_64")]
 struct SharedPlan {
     tys: [GgmlType; MAX_SHARED],
-    kinds: [SharedKind; MAX_SHARED],
+    kinds: [FewRowKernel; MAX_SHARED],
     any32: bool,
     anyk: bool,
+    /// A TQ2_0 matrix (alone in its region: its Q8_K activations are re-laid out for it).
+    tq2: bool,
     order_rows: usize,
 }
 
 #[cfg(target_arch = "x86_64")]
 impl SharedPlan {
-    /// The plan, or None when some matrix would take another path (then each runs alone).
-    fn of(ms: &[&QuantMatrix], runs: &[(usize, OrderClass)], ctx: &KernelCtx) -> Option<Self> {
-        use kernels::{gemv32, gemvk};
-        if ms.len() < 2
-            || ms.len() > MAX_SHARED
-            || ctx.path() != crate::dispatch::KernelPath::Avx512Vnni
-        {
+    /// The plan for `n` rows in the order of `order_rows`-row calls, or None when some
+    /// matrix takes another path (then each runs its own call).
+    fn of(
+        ms: &[&QuantMatrix],
+        n: usize,
+        order_rows: usize,
+        path: crate::dispatch::KernelPath,
+    ) -> Option<Self> {
+        let cols = ms.first()?.cols;
+        if ms.len() > MAX_SHARED || n == 0 {
             return None;
         }
-        // One order class for all the rows (then `matmul_runs` makes one call per matrix).
-        let class = runs.first()?.1;
-        if runs.iter().any(|r| r.1 != class) {
-            return None;
-        }
-        let n: usize = runs.iter().map(|r| r.0).sum();
-        let cols = ms[0].cols;
-        if n == 0 {
-            return None;
-        }
-        let order_rows = class.rows().max(1);
-        let tiled_order = order_rows >= kernels::MANY_ROWS;
+        let order_rows = order_rows.max(1);
         let mut plan = SharedPlan {
             tys: [GgmlType::F32; MAX_SHARED],
-            kinds: [SharedKind::Gemv32; MAX_SHARED],
+            kinds: [FewRowKernel::Gemv32; MAX_SHARED],
             any32: false,
             anyk: false,
+            tq2: false,
             order_rows,
         };
         for (i, m) in ms.iter().enumerate() {
             let Store::Ggml(ty) = m.store else {
                 return None;
             };
-            if m.cols != cols || m.rows == 0 {
+            if m.cols != cols || m.rows == 0 || (ty == GgmlType::TQ2_0 && ms.len() > 1) {
                 return None;
             }
-            // `matmul_as`'s own choice, in its order.
-            if gemv32::takes(n, cols) && gemv32::supports(ty) {
-                plan.kinds[i] = SharedKind::Gemv32;
-                plan.any32 = true;
-            } else if (n < gemvk::UNTIL || !tiled_order)
-                && gemvk::supports(ty)
-                && ty != GgmlType::TQ2_0
-            {
-                plan.kinds[i] = SharedKind::Gemvk;
-                plan.anyk = true;
-            } else {
-                return None;
-            }
+            let kind = FewRowKernel::of(ty, n, cols, order_rows, path)?;
+            plan.any32 |= kind == FewRowKernel::Gemv32;
+            plan.anyk |= kind == FewRowKernel::Gemvk;
+            plan.tq2 |= ty == GgmlType::TQ2_0;
             plan.tys[i] = ty;
+            plan.kinds[i] = kind;
         }
         Some(plan)
     }

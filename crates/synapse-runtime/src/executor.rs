@@ -555,10 +555,10 @@ impl Executor {
                     ensure(&mut s.v, n * kvd),
                 );
                 linear_shared(
-                    &[&l.q, &l.k, &l.v],
+                    [&l.q, &l.k, &l.v],
                     &s.xn[..n * hd],
                     &s.runs,
-                    &mut [q, k, v],
+                    [q, k, v],
                     &mut self.ctx,
                 )?;
             }
@@ -679,13 +679,7 @@ impl Executor {
                     let ff = gate.m.rows();
                     {
                         let (g, u) = (ensure(&mut s.g, n * ff), ensure(&mut s.u, n * ff));
-                        linear_shared(
-                            &[gate, up],
-                            &s.xn[..n * hd],
-                            &s.runs,
-                            &mut [g, u],
-                            &mut self.ctx,
-                        )?;
+                        linear_shared([gate, up], &s.xn[..n * hd], &s.runs, [g, u], &mut self.ctx)?;
                     }
                     tap(&mut self.tap, Stage::FfnGate, Some(il), n, &s.g[..n * ff]);
                     tap(&mut self.tap, Stage::FfnUp, Some(il), n, &s.u[..n * ff]);
@@ -1167,27 +1161,23 @@ fn add_bias(l: &LinearW, y: &mut [f32]) {
 
 /// [`linear`] of several projections over the same input rows (q/k/v, gate/up): one
 /// parallel region for all of them where the kernels allow
-/// (`QuantMatrix::matmul_runs_shared`, same bits), then each bias. A W1.58A8 projection
-/// (which quantises its input first) runs through [`linear`].
-pub(crate) fn linear_shared(
-    ls: &[&LinearW],
+/// (`QuantMatrix::matmul_runs_shared`, same bits), then each bias. W1.58A8 projections
+/// (which quantise their input first) run through [`linear`].
+pub(crate) fn linear_shared<const N: usize>(
+    ls: [&LinearW; N],
     x: &[f32],
     runs: &[(usize, OrderClass)],
-    ys: &mut [&mut [f32]],
+    mut ys: [&mut [f32]; N],
     ctx: &mut KernelCtx,
 ) -> Result<()> {
-    if ls.len() > 4 || ls.iter().any(|l| l.act_a8) {
-        for (l, y) in ls.iter().zip(ys.iter_mut()) {
+    if ls.iter().any(|l| l.act_a8) {
+        for (l, y) in ls.iter().zip(ys) {
             linear(l, x, runs, y, ctx)?;
         }
         return Ok(());
     }
-    let mut ms: [&QuantMatrix; 4] = [&ls[0].m; 4];
-    for (slot, l) in ms.iter_mut().zip(ls) {
-        *slot = &l.m;
-    }
-    QuantMatrix::matmul_runs_shared(&ms[..ls.len().min(4)], x, runs, ys, ctx)?;
-    for (l, y) in ls.iter().zip(ys.iter_mut()) {
+    QuantMatrix::matmul_runs_shared(&ls.map(|l| &*l.m), x, runs, &mut ys, ctx)?;
+    for (l, y) in ls.iter().zip(ys) {
         add_bias(l, y);
     }
     Ok(())

@@ -152,6 +152,7 @@ fn reduce_lanes(st: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{PvtQuery, PvtRun};
+    use crate::ggml_f32::avx512::{fold, reduce16x16_ordered};
     use std::arch::x86_64::*;
 
     /// Cells per block: a block's probabilities (every query's) and one value row's slice of
@@ -245,15 +246,13 @@ mod avx512 {
                     // SAFETY: lane set (qi, d + k) is inside state (qs.len()·hd·lanes).
                     unsafe {
                         if l == 64 {
-                            let c: [__m512; 4] =
-                                std::array::from_fn(|c| _mm512_loadu_ps(at.add(16 * c)));
-                            _mm512_add_ps(_mm512_add_ps(c[0], c[2]), _mm512_add_ps(c[1], c[3]))
+                            fold(std::array::from_fn(|c| _mm512_loadu_ps(at.add(16 * c))))
                         } else {
                             _mm512_loadu_ps(at)
                         }
                     }
                 });
-                let r = crate::ggml_f32::avx512::reduce16x16_ordered(&v);
+                let r = reduce16x16_ordered(&v);
                 // SAFETY: d + 16 <= hd = q.out.len().
                 unsafe { _mm512_storeu_ps(q.out.as_mut_ptr().add(d), r) };
                 d += 16;
