@@ -23,37 +23,67 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-#[test]
-fn budgets_move_while_serving() {
-    let model = root().join("fixtures/tiny/llama/model.q8_0.gguf");
-    if !synapse_testdata::require(&model, "tiny-model fixture") {
-        return;
+/// The tiny model, a directory holding its importance map and store, and the source's
+/// profile hash and weight bytes (`None`, skipped locally, without the fixture).
+struct Setup {
+    model: PathBuf,
+    dir: tempfile::TempDir,
+    source_profile: String,
+    source_bytes: u64,
+}
+
+impl Setup {
+    fn new() -> Option<Self> {
+        let model = root().join("fixtures/tiny/llama/model.q8_0.gguf");
+        if !synapse_testdata::require(&model, "tiny-model fixture") {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let m = model.to_str().unwrap();
+        let text = dir.path().join("calibration.txt");
+        let words: Vec<String> = (0..600)
+            .map(|i| format!("word{} and more", i % 97))
+            .collect();
+        std::fs::write(&text, words.join(" ")).unwrap();
+        let mut s = Setup {
+            model: model.clone(),
+            dir,
+            source_profile: String::new(),
+            source_bytes: 0,
+        };
+        let o = s
+            .cmd(&common::importance_args(m, text.to_str().unwrap()))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let src = s
+            .cmd(&["generate", "-m", m, "--json", "-n", "2", "hi"])
+            .output()
+            .unwrap();
+        let src: Value = serde_json::from_slice(&src.stdout).unwrap();
+        s.source_profile = src["profile"].as_str().unwrap().to_string();
+        s.source_bytes = src["weight_bytes"].as_u64().unwrap();
+        Some(s)
     }
-    let dir = tempfile::tempdir().unwrap();
-    let m = model.to_str().unwrap();
-    let text = dir.path().join("calibration.txt");
-    let words: Vec<String> = (0..600)
-        .map(|i| format!("word{} and more", i % 97))
-        .collect();
-    std::fs::write(&text, words.join(" ")).unwrap();
-    let cmd = |args: &[&str]| {
+
+    fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(BIN);
         c.args(args)
-            .env("SYNAPSE_IMPORTANCE_DIR", dir.path())
-            .env("SYNAPSE_STORE", dir.path().join("store"))
+            .env("SYNAPSE_IMPORTANCE_DIR", self.dir.path())
+            .env("SYNAPSE_STORE", self.dir.path().join("store"))
             .env_remove("SYNAPSE_MODEL");
         c
+    }
+}
+
+#[test]
+fn budgets_move_while_serving() {
+    let Some(setup) = Setup::new() else {
+        return;
     };
-    let o = cmd(&common::importance_args(m, text.to_str().unwrap()))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let src = cmd(&["generate", "-m", m, "--json", "-n", "2", "hi"])
-        .output()
-        .unwrap();
-    let src: Value = serde_json::from_slice(&src.stdout).unwrap();
-    let source_profile = src["profile"].as_str().unwrap().to_string();
-    let source_bytes = src["weight_bytes"].as_u64().unwrap();
+    let m = setup.model.to_str().unwrap();
+    let cmd = |args: &[&str]| setup.cmd(args);
+    let (source_profile, source_bytes) = (setup.source_profile.clone(), setup.source_bytes);
 
     let child = cmd(&[
         "serve",
@@ -133,4 +163,118 @@ fn budgets_move_while_serving() {
     }
     assert_eq!(models(&addr)["profile"], start_profile.as_str());
     drop(server);
+}
+
+/// `serve --budget free`: the budget follows the machine's free memory (here, with gigabytes
+/// free, the whole source of a tiny model); `/v1/models` and `/metrics` show the follower's
+/// readings; a budget posted by hand is refused (the follower owns it); a reserve larger than
+/// the machine is a clear error before serving, and `generate --budget free` is refused.
+#[test]
+fn the_budget_follows_free_memory_while_serving() {
+    let Some(setup) = Setup::new() else {
+        return;
+    };
+    let m = setup.model.to_str().unwrap();
+    let child = setup
+        .cmd(&[
+            "serve",
+            "-m",
+            m,
+            "--budget",
+            "free",
+            "--free-interval",
+            "0.1",
+            "--port",
+            "0",
+            "-np",
+            "2",
+            "-c",
+            "256",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (server, addr, _) = Server::started(child);
+    let models = |addr: &str| http(addr, "GET", "/v1/models", "").1["data"][0]["meta"].clone();
+    let t0 = std::time::Instant::now();
+    let meta = loop {
+        let meta = models(&addr);
+        if meta["budget_follows_free_memory"]["readings"].as_u64() >= Some(1) {
+            break meta;
+        }
+        assert!(t0.elapsed().as_secs() < 60, "no reading: {meta}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let f = &meta["budget_follows_free_memory"];
+    assert_eq!(meta["profile"], setup.source_profile.as_str(), "{meta}");
+    assert_eq!(
+        f["budget_bytes"].as_u64(),
+        Some(setup.source_bytes),
+        "{meta}"
+    );
+    assert!(f["free_bytes"].as_u64().unwrap() > 0, "{meta}");
+    assert_eq!(f["pressed"], false);
+    assert!(f["error"].is_null(), "{meta}");
+    let (_, metrics) = http(&addr, "GET", "/metrics", "");
+    let metrics = metrics.as_str().map(str::to_string).unwrap_or_default();
+    for g in [
+        "synapse_memory_free_bytes",
+        "synapse_precision_budget_bytes",
+        "synapse_memory_readings_total",
+    ] {
+        assert!(metrics.contains(g), "{g}: {metrics}");
+    }
+    assert!(
+        metrics.contains(&format!(
+            "synapse_precision_budget_bytes {}",
+            setup.source_bytes
+        )),
+        "{metrics}"
+    );
+    let (st, e) = http(&addr, "POST", "/v1/precision", r#"{"budget": "50%"}"#);
+    assert_eq!(st, 400, "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("follows free memory"),
+        "{e}"
+    );
+    let (st, v) = http(
+        &addr,
+        "POST",
+        "/v1/completions",
+        r#"{"prompt": "word1 and", "max_tokens": 4, "temperature": 0}"#,
+    );
+    assert_eq!(st, 200, "{v}");
+    drop(server);
+
+    // More reserved than any machine has: refused before serving.
+    let o = setup
+        .cmd(&[
+            "serve",
+            "-m",
+            m,
+            "--budget",
+            "free",
+            "--free-reserve",
+            "1000T",
+            "--port",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--budget free") && err.contains("no room"),
+        "{err}"
+    );
+    let o = setup
+        .cmd(&["generate", "-m", m, "--budget", "free", "-n", "2", "hi"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("serve"), "{err}");
 }

@@ -30,6 +30,12 @@ use crate::error::{Result, RuntimeError};
 use crate::load::Model;
 use crate::variant::{VariantCache, VariantStats};
 
+mod follow;
+pub use follow::{
+    Demand, FollowOutcome, FollowPolicy, FollowStatus, MemoryFollower, MemoryReading, cgroup_room,
+    follow_budget, meminfo_field,
+};
+
 /// When a larger budget may promote.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PromotionPolicy {
@@ -163,6 +169,16 @@ impl PrecisionController {
         self.fixed + self.current.total_bytes
     }
 
+    /// Resident weight bytes of the smallest profile the map allows (the least budget).
+    pub fn minimum_bytes(&self) -> u64 {
+        self.fixed + self.selector.minimum_bytes()
+    }
+
+    /// Resident weight bytes of the source (every tensor in its source encoding).
+    pub fn maximum_bytes(&self) -> u64 {
+        self.fixed + self.selector.maximum_bytes()
+    }
+
     /// The policy.
     pub fn policy(&self) -> PromotionPolicy {
         self.policy
@@ -284,6 +300,8 @@ pub struct BudgetDriver {
     engine: Arc<crate::engine::Engine>,
     cache: Option<VariantCache>,
     source_bytes: u64,
+    /// Set while a [`MemoryFollower`] drives the budget.
+    follow: std::sync::Mutex<Option<FollowStatus>>,
 }
 
 impl BudgetDriver {
@@ -299,6 +317,38 @@ impl BudgetDriver {
             engine,
             cache,
             source_bytes,
+            follow: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The controller, locked.
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, PrecisionController>> {
+        self.controller
+            .lock()
+            .map_err(|_| RuntimeError::InvalidParam {
+                name: "budget",
+                reason: "a previous budget change panicked".into(),
+            })
+    }
+
+    /// Resident weight bytes of the smallest profile and of the source.
+    pub fn bounds(&self) -> Result<(u64, u64)> {
+        let c = self.lock()?;
+        Ok((c.minimum_bytes(), c.maximum_bytes()))
+    }
+
+    /// What the memory follower last saw and did; `None` when no follower drives the budget.
+    pub fn following(&self) -> Option<FollowStatus> {
+        self.follow.lock().ok().and_then(|f| f.clone())
+    }
+
+    fn follow_status(&self) -> FollowStatus {
+        self.following().unwrap_or_default()
+    }
+
+    fn set_follow_status(&self, st: FollowStatus) {
+        if let Ok(mut f) = self.follow.lock() {
+            *f = Some(st);
         }
     }
 
@@ -311,13 +361,7 @@ impl BudgetDriver {
     /// profile is built (seconds when its tensors are not in the variant cache).
     pub fn set_budget(&self, budget: crate::precision::Budget) -> Result<Option<Transition>> {
         let bytes = budget.bytes(self.source_bytes);
-        let mut c = self
-            .controller
-            .lock()
-            .map_err(|_| RuntimeError::InvalidParam {
-                name: "budget",
-                reason: "a previous budget change panicked".into(),
-            })?;
+        let mut c = self.lock()?;
         c.drive(&self.engine, bytes, Instant::now(), self.cache.as_ref())
     }
 }

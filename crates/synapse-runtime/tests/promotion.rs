@@ -197,3 +197,184 @@ fn the_cooldown_delays_a_promotion_and_an_impossible_budget_changes_nothing() {
     // Too small from the start: a typed error.
     assert!(PrecisionController::new(&m, &map, 1000, policy, t0).is_err());
 }
+
+/// `serve --budget free`'s follower: readings of free memory become budgets (the weights now,
+/// plus what is free, less the reserve and the KV the slots may still take). Memory freeing
+/// promotes, memory taken demotes, too little holds the smallest profile ("pressed"); no
+/// reading is applied while sessions still run on a profile the engine has left; the thread
+/// form applies a probe's readings until it is dropped.
+#[test]
+fn the_budget_follows_free_memory() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use synapse_runtime::engine::{Engine, EngineConfig, Event, Request};
+    use synapse_runtime::promotion::{
+        BudgetDriver, FollowOutcome, FollowPolicy, MemoryReading, follow_budget,
+    };
+    let Some((m, map, source)) = setup() else {
+        return;
+    };
+    let policy = PromotionPolicy {
+        hysteresis_bytes: source / 100,
+        cooldown: Duration::ZERO,
+    };
+    let c = PrecisionController::new(&m, &map, pct(source, 50), policy, Instant::now()).unwrap();
+    let (minimum, start_bytes) = (c.minimum_bytes(), c.resident_bytes());
+    assert_eq!(c.maximum_bytes(), source);
+    let start_model = c.model(c.profile(), None).unwrap().0;
+    let cfg = EngineConfig {
+        slots: 1,
+        ctx: 256,
+        ubatch: 32,
+        step_tokens: 64,
+        ..EngineConfig::default()
+    };
+    let engine = Arc::new(Engine::start(start_model, Arc::new(common::Ids), cfg).unwrap());
+    let driver = Arc::new(BudgetDriver::new(c, engine.clone(), None));
+    let kv_total = engine.stats().kv_budget_bytes;
+    assert!(kv_total > 0);
+    let fp = FollowPolicy {
+        reserve: 4096,
+        cap: source,
+        interval: Duration::from_millis(20),
+    };
+    let reading = |free: u64| MemoryReading {
+        available: free + 1000,
+        own_file_rss: 1000,
+        cgroup_room: None,
+    };
+    let source_hash = synapse_runtime::PrecisionProfile::source(&m.ir).hash();
+
+    // As much free as the budget it runs at needs: nothing changes.
+    match driver
+        .follow_step(&fp, &reading(fp.reserve + kv_total))
+        .unwrap()
+    {
+        FollowOutcome::Applied {
+            budget,
+            pressed,
+            transition,
+        } => {
+            assert_eq!(budget, start_bytes);
+            assert!(!pressed);
+            assert!(transition.is_none(), "no room to promote into");
+        }
+        o => panic!("{o:?}"),
+    }
+    // Memory frees: promoted to the source.
+    let o = driver
+        .follow_step(&fp, &reading(source + fp.reserve + kv_total))
+        .unwrap();
+    let FollowOutcome::Applied {
+        budget,
+        transition: Some(t),
+        ..
+    } = o
+    else {
+        panic!("{o:?}")
+    };
+    assert_eq!(budget, source);
+    assert_eq!(t.direction, Direction::Promote);
+    assert_eq!(engine.info().profile, source_hash);
+    assert_eq!(driver.following().unwrap().changes, 1);
+
+    // A session runs on the source while memory is taken (nothing free, and a reserve that
+    // leaves 60%): demoted at once; until that session ends, its profile's weights stay, so
+    // readings wait.
+    let mut s = engine
+        .submit(Request {
+            stop_at_eog: false,
+            ..Request::greedy(vec![1, 5, 9, 13], 240)
+        })
+        .unwrap();
+    let mut n = 0;
+    let next = |s: &mut synapse_runtime::engine::Session, n: &mut usize| match s.blocking_next() {
+        Some(Event::Token(_)) => {
+            *n += 1;
+            true
+        }
+        Some(Event::Admitted { .. }) => false,
+        Some(Event::Done(_)) | None => true,
+        Some(Event::Error(e)) => panic!("{e}"),
+    };
+    while !next(&mut s, &mut n) {}
+    let want = pct(source, 60);
+    let taken = FollowPolicy {
+        reserve: source - want,
+        ..fp
+    };
+    let o = driver.follow_step(&taken, &reading(0)).unwrap();
+    assert!(
+        matches!(&o, FollowOutcome::Applied { transition: Some(t), .. } if t.direction == Direction::Demote),
+        "{o:?}"
+    );
+    assert!(engine.info().weight_bytes <= want);
+    // Far less than the smallest profile free: held there, "pressed".
+    let tight = FollowPolicy {
+        reserve: source,
+        ..fp
+    };
+    let mut settling = 0;
+    loop {
+        let before = engine.stats().retired_profiles;
+        let o = driver.follow_step(&tight, &reading(0)).unwrap();
+        match o {
+            FollowOutcome::Settling => {
+                assert!(before > 0 || engine.stats().retired_profiles > 0);
+                settling += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            FollowOutcome::Applied {
+                budget,
+                pressed,
+                transition,
+            } => {
+                // A left profile's session alive from before the reading to after it: the
+                // reading must have waited.
+                let after = engine.stats().retired_profiles;
+                assert!(
+                    before == 0 || after == 0,
+                    "applied while a left profile ran"
+                );
+                assert_eq!(budget, minimum);
+                assert!(pressed);
+                assert_eq!(transition.map(|t| t.direction), Some(Direction::Demote));
+                break;
+            }
+        }
+    }
+    while let Some(e) = s.blocking_next() {
+        match e {
+            Event::Token(_) => n += 1,
+            Event::Error(e) => panic!("{e}"),
+            _ => {}
+        }
+    }
+    assert_eq!(n, 240, "the session finished on its own profile");
+    eprintln!("{settling} readings waited for the left profile's session");
+    assert!(engine.info().weight_bytes <= minimum);
+    assert!(driver.following().unwrap().pressed);
+
+    // The thread: a probe's readings applied until the follower is dropped.
+    let free = Arc::new(AtomicU64::new(0));
+    let f2 = free.clone();
+    let follower = driver.follow_memory(fp, move || Ok(reading(f2.load(Ordering::Relaxed))));
+    free.store(source + fp.reserve + kv_total, Ordering::Relaxed);
+    let t0 = Instant::now();
+    while engine.info().profile != source_hash {
+        assert!(t0.elapsed() < Duration::from_secs(30), "never promoted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(follower);
+    let readings = driver.following().unwrap().readings;
+    free.store(0, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(driver.following().unwrap().readings, readings, "stopped");
+    assert_eq!(engine.info().profile, source_hash);
+    // The budget formula itself.
+    let d = synapse_runtime::promotion::Demand {
+        weights: 10,
+        kv_total: 5,
+        kv_open: 5,
+    };
+    assert_eq!(follow_budget(100, &d, &fp, 0), 0, "the reserve comes first");
+}

@@ -85,10 +85,22 @@ pub fn rejected(reason: &'static str) {
 }
 
 /// Renders the Prometheus text with the engine's current numbers and its precision (resident
-/// weight bytes, and the profile hash as an info-style gauge: `…{profile="<hash>"} 1`).
-pub fn render(stats: &EngineStats, info: &EngineInfo) -> String {
+/// weight bytes, and the profile hash as an info-style gauge: `…{profile="<hash>"} 1`), and
+/// under `--budget free` what the memory follower last read and set.
+pub fn render(
+    stats: &EngineStats,
+    info: &EngineInfo,
+    follow: Option<&synapse_runtime::promotion::FollowStatus>,
+) -> String {
     use metrics::{counter, gauge};
     gauge!("synapse_weight_bytes").set(info.weight_bytes as f64);
+    if let Some(f) = follow {
+        gauge!("synapse_memory_free_bytes").set(f.free as f64);
+        gauge!("synapse_precision_budget_bytes").set(f.budget as f64);
+        gauge!("synapse_precision_budget_pressed").set(u8::from(f.pressed) as f64);
+        counter!("synapse_memory_readings_total").absolute(f.readings);
+        counter!("synapse_precision_follow_changes_total").absolute(f.changes);
+    }
     gauge!("synapse_precision_profile_info", "profile" => info.profile.clone()).set(1.0);
     gauge!("synapse_queue_depth").set(stats.queued as f64);
     gauge!("synapse_active_sessions").set(stats.active as f64);

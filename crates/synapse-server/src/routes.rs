@@ -16,6 +16,10 @@ use crate::state::AppState;
 /// `GET /v1/models`.
 pub async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
     let info = state.engine().info();
+    let follow = state
+        .precision()
+        .and_then(|d| d.following())
+        .map(|f| json!({"free_bytes": f.free, "budget_bytes": f.budget, "pressed": f.pressed, "readings": f.readings, "changes": f.changes, "error": f.error}));
     Json(json!({
         "object": "list",
         "data": [{
@@ -31,6 +35,7 @@ pub async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
                 "kernel_path": info.kernel_path,
                 "profile": info.profile,
                 "draft_profile": info.draft_profile,
+                "budget_follows_free_memory": follow,
             },
         }],
     }))
@@ -50,7 +55,8 @@ pub async fn health(State(state): State<AppState>) -> Json<serde_json::Value> {
 /// `GET /metrics`.
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let engine = state.engine();
-    let text = crate::metrics::render(&engine.stats(), &engine.info());
+    let follow = state.precision().and_then(|d| d.following());
+    let text = crate::metrics::render(&engine.stats(), &engine.info(), follow.as_ref());
     (
         [(
             header::CONTENT_TYPE,
@@ -115,6 +121,12 @@ pub async fn precision(
             "this server runs a fixed precision: start it with --budget to change budgets",
         ));
     };
+    if driver.following().is_some() {
+        return Err(ServerError::invalid(
+            "budget",
+            "this server's budget follows free memory (--budget free): it takes no other",
+        ));
+    }
     let budget: synapse_runtime::precision::Budget = match &req.budget {
         serde_json::Value::String(s) => s.parse(),
         serde_json::Value::Number(n) => n.to_string().parse(),

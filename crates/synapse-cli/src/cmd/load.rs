@@ -308,10 +308,12 @@ pub fn perplexity_tokens(
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct PrecisionArgs {
     /// Resident weight bytes to fit: a byte count (`188743680`), with a unit (`180MB`,
-    /// `180MiB`), a share of the source's weight bytes (`75%`), or `fit` (with `--memory`:
+    /// `180MiB`), a share of the source's weight bytes (`75%`), `fit` (with `--memory`:
     /// what the memory budget leaves beside the KV cache and compute scratch, so that the
-    /// weights are resident rather than paged). The selector picks the least-distortion
-    /// profile from the model's importance map (`synapse-cli importance`).
+    /// weights are resident rather than paged), or `free` (`serve`: what the machine has
+    /// free, less `--free-reserve` and the KV cache, followed while serving — precision comes
+    /// back when memory frees and goes when it is taken). The selector picks the
+    /// least-distortion profile from the model's importance map (`synapse-cli importance`).
     #[arg(long, conflicts_with = "profile")]
     pub budget: Option<String>,
     /// `source` (the default), `uniform:ENCODING` for one Synapse encoding on every linear
@@ -374,6 +376,8 @@ impl Prepared {
 
 /// `--budget fit`.
 const FIT: &str = "fit";
+/// `--budget free`.
+const FREE: &str = "free";
 /// What `--budget fit` without `--memory` is told.
 const FIT_NEEDS_MEMORY: &str =
     "--budget fit takes the weights' budget from --memory: give --memory";
@@ -382,6 +386,19 @@ impl PrecisionArgs {
     /// Whether `--budget fit` was given: the weights' budget is what `--memory` leaves.
     pub fn fits_memory(&self) -> bool {
         self.budget.as_deref() == Some(FIT)
+    }
+
+    /// Whether `--budget free` asks for a budget that follows free memory.
+    pub fn follows_free_memory(&self) -> bool {
+        self.budget.as_deref() == Some(FREE)
+    }
+
+    /// These flags with the budget set to `bytes` (`--budget free` resolved for the start).
+    pub fn with_budget(&self, bytes: u64) -> Self {
+        Self {
+            budget: Some(bytes.to_string()),
+            ..self.clone()
+        }
     }
 
     /// These flags with `--budget fit` resolved (unchanged without it): of a `--memory` budget
@@ -434,6 +451,9 @@ impl PrecisionArgs {
         };
         if b == FIT {
             bail!("{FIT_NEEDS_MEMORY} (generate, serve)");
+        }
+        if b == FREE {
+            bail!("--budget free follows free memory while serving: `serve` only");
         }
         let budget: synapse_runtime::precision::Budget = b.parse()?;
         let package = match &self.map {

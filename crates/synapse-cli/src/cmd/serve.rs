@@ -9,7 +9,10 @@ use anyhow::{Context, bail};
 use clap::Args as ClapArgs;
 use synapse_runtime::KvDtype;
 use synapse_runtime::engine::{Engine, EngineConfig};
-use synapse_runtime::promotion::{BudgetDriver, PrecisionController, PromotionPolicy};
+use synapse_runtime::promotion::{
+    BudgetDriver, Demand, FollowPolicy, MemoryReading, PrecisionController, PromotionPolicy,
+    follow_budget,
+};
 use synapse_server::{AppState, ServerConfig, TokenizerPieces};
 
 use super::load::{default_model, load_model};
@@ -78,6 +81,13 @@ pub struct Args {
     /// when `POST /v1/precision` raises the budget (a lower budget demotes at once).
     #[arg(long, default_value_t = 30)]
     promotion_cooldown: u64,
+    /// With `--budget free`: memory left free for the rest of the machine (beside the KV
+    /// cache and compute scratch, which are counted whole), e.g. `1G`.
+    #[arg(long, default_value = "1G")]
+    free_reserve: String,
+    /// With `--budget free`: seconds between readings of free memory.
+    #[arg(long, default_value_t = 5.0)]
+    free_interval: f64,
     /// Serve a cluster instead of a local engine: etcd endpoints of the workers
     /// (`synapse-cli worker`) that run the model; this process only routes (it reads the
     /// model's tokenizer and facts from `-m`, the same model the workers run).
@@ -239,6 +249,72 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             synapse_server::metrics::proc_status_bytes("VmRSS:").saturating_sub(baseline_rss);
         Ok(loaded + kv + scratch)
     })?;
+    // `--budget free`: the budget free memory allows now; a follower moves it while serving.
+    let follow = if args.precision.follows_free_memory() {
+        let reserve = parse_bytes(&args.free_reserve)?;
+        if !(args.free_interval.is_finite() && args.free_interval >= 0.01) {
+            bail!("--free-interval must be at least 0.01 s");
+        }
+        let probe = EngineConfig {
+            slots: args.parallel,
+            ctx,
+            kv_dtype,
+            threads: args.threads,
+            ..EngineConfig::default()
+        };
+        let (kv, scratch) =
+            synapse_runtime::engine::kv_and_scratch_bytes(&source, &probe, source.layers.len())?;
+        let source_bytes = source.weight_bytes() as u64;
+        // Within --memory: what it leaves beside the KV, scratch and what loading left.
+        let cap = match memory {
+            Some(m) => {
+                let loaded = synapse_server::metrics::proc_status_bytes("VmRSS:")
+                    .saturating_sub(baseline_rss);
+                let room = m.saturating_sub(loaded + kv + scratch);
+                if room == 0 {
+                    bail!(
+                        "--budget free: --memory {m} B leaves no room for weights beside {kv} B \
+                         of KV cache, {scratch} B of compute scratch and {loaded} B that \
+                         loading left"
+                    );
+                }
+                room.min(source_bytes)
+            }
+            None => source_bytes,
+        };
+        let policy = FollowPolicy {
+            reserve: reserve + scratch,
+            cap,
+            interval: Duration::from_secs_f64(args.free_interval),
+        };
+        let reading = MemoryReading::read().context("--budget free reads the free memory")?;
+        let demand = Demand {
+            weights: 0,
+            kv_total: kv,
+            kv_open: 0,
+        };
+        let budget = follow_budget(reading.free(), &demand, &policy, 0);
+        if budget == 0 {
+            bail!(
+                "--budget free: {:.1} MB free leave no room for weights beside the reserve \
+                 ({:.1} MB with compute scratch) and the KV cache ({:.1} MB)",
+                reading.free() as f64 / 1e6,
+                policy.reserve as f64 / 1e6,
+                kv as f64 / 1e6
+            );
+        }
+        eprintln!(
+            "--budget free: {budget} B for weights now ({} B free, {} B reserved, {kv} B of \
+             KV cache; at most {cap} B), followed every {} s",
+            reading.free(),
+            policy.reserve,
+            args.free_interval
+        );
+        args.precision = args.precision.with_budget(budget);
+        Some(policy)
+    } else {
+        None
+    };
     // With --budget the engine runs under a precision controller, so later budgets
     // (`POST /v1/precision`) only promote or only demote from where it starts.
     let controller =
@@ -250,13 +326,21 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
                 let source_bytes = source.weight_bytes() as u64;
                 let mut policy = PromotionPolicy::for_source_bytes(source_bytes);
                 policy.cooldown = Duration::from_secs(args.promotion_cooldown);
-                Some(PrecisionController::new(
+                let c = PrecisionController::new(
                     &source,
                     &map,
                     budget.bytes(source_bytes),
                     policy,
                     std::time::Instant::now(),
-                )?)
+                );
+                Some(match (c, &follow) {
+                    (Ok(c), _) => c,
+                    (Err(e), Some(_)) => bail!(
+                        "--budget free: what is free, less --free-reserve and the KV cache, is \
+                         too little for this model: {e}"
+                    ),
+                    (Err(e), None) => return Err(e.into()),
+                })
             }
             None => None,
         };
@@ -360,8 +444,15 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         );
     }
     let state = AppState::new(engine.clone(), tok, server_cfg)?;
+    let mut follower = None;
     let state = match controller {
-        Some(c) => state.with_precision(Arc::new(BudgetDriver::new(c, engine, cache)))?,
+        Some(c) => {
+            let driver = Arc::new(BudgetDriver::new(c, engine, cache));
+            if let Some(policy) = follow {
+                follower = Some(driver.follow_memory(policy, MemoryReading::read));
+            }
+            state.with_precision(driver)?
+        }
         None => state,
     };
 
@@ -378,7 +469,9 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         synapse_server::serve(listener, state, synapse_server::shutdown_signal()).await?;
         eprintln!("server stopped");
         anyhow::Ok(())
-    })
+    })?;
+    drop(follower);
+    Ok(())
 }
 
 /// The server's settings: the model's id and aliases from its path, and the flags.

@@ -393,6 +393,9 @@ pub struct EngineStats {
     pub kv_budget_bytes: u64,
     /// Precision profiles installed since the start (promotions and demotions).
     pub profile_changes: u64,
+    /// Precision profiles the engine has left that sessions still run on (their weights
+    /// stay resident until those sessions end).
+    pub retired_profiles: u64,
     /// Draft tokens proposed (exact escalation).
     pub drafted: u64,
     /// Draft tokens the verifying profile accepted.

@@ -653,6 +653,15 @@ impl Scheduler {
                 *e = None;
             }
         }
+        let retired = self
+            .execs
+            .iter()
+            .enumerate()
+            .filter(|(i, e)| *i != self.current && e.is_some())
+            .count();
+        self.stats
+            .retired_profiles
+            .store(retired as u64, Ordering::Relaxed);
     }
 
     /// One scheduling step: drop cancelled sessions, admit waiting ones into free slots, run

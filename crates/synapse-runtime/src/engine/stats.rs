@@ -26,6 +26,8 @@ pub(crate) struct SharedStats {
     pub profile: Mutex<String>,
     pub weight_bytes: AtomicU64,
     pub profile_changes: AtomicU64,
+    /// Profiles left that sessions still run on.
+    pub retired_profiles: AtomicU64,
     pub drafted: AtomicU64,
     pub draft_accepted: AtomicU64,
     pub draft_acceptance_ppm: AtomicU64,
@@ -75,6 +77,7 @@ impl SharedStats {
             kv_bytes: g(&self.kv_bytes),
             kv_budget_bytes: g(&self.kv_budget_bytes),
             profile_changes: g(&self.profile_changes),
+            retired_profiles: g(&self.retired_profiles),
             drafted: g(&self.drafted),
             draft_accepted: g(&self.draft_accepted),
             draft_acceptance_ppm: g(&self.draft_acceptance_ppm),
