@@ -896,6 +896,60 @@ mod avx512 {
         }
     }
 
+    /// Sixteen keys (`offs`) against `Q` (1..=4) queries of width `hd` (a multiple of 64, not
+    /// 64), key after key: each key row is read once, front to back, and every query forms
+    /// its four ggml accumulators from the same loads (`fold4`'s operations per key and
+    /// query, so the same bits), then each query's sixteen sums are reduced into one register,
+    /// scaled and stored at column `j` of its row. Reading the keys in order, one row at a
+    /// time, keeps the hardware prefetcher streaming (four rows side by side at one offset, as
+    /// `fold4` reads them, streamed 7.3 GB/s on one core at head_dim 256, 4 queries).
+    ///
+    /// # Safety
+    /// AVX-512F; `offs.len() == 16`, every key row `hd` floats in range; `qs.len() == Q`,
+    /// every query `hd` floats; `outs.len() >= Q`, each row at least `j + 16` floats.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn block_keys<const Q: usize>(
+        kp: *const f32,
+        offs: &[usize],
+        qs: &[&[f32]],
+        hd: usize,
+        sv: __m512,
+        outs: &mut [&mut [f32]],
+        j: usize,
+    ) {
+        let z = _mm512_setzero_ps();
+        let qp: [*const f32; Q] = std::array::from_fn(|i| qs[i].as_ptr());
+        let mut f = [[z; 16]; Q];
+        for (m, &off) in offs.iter().enumerate() {
+            let row = kp.wrapping_add(off);
+            let mut a = [[z; 4]; Q];
+            let mut i = 0;
+            while i < hd {
+                // SAFETY: i + 64 <= hd: inside the key row and every query (caller).
+                unsafe {
+                    let kv: [__m512; 4] =
+                        std::array::from_fn(|c| _mm512_loadu_ps(row.add(i + 16 * c)));
+                    for (acc, q) in a.iter_mut().zip(qp) {
+                        for c in 0..4 {
+                            let qv = _mm512_loadu_ps(q.add(i + 16 * c));
+                            acc[c] = _mm512_fmadd_ps(kv[c], qv, acc[c]);
+                        }
+                    }
+                }
+                i += 64;
+            }
+            for (fq, acc) in f.iter_mut().zip(a) {
+                fq[m] = fold(acc);
+            }
+        }
+        for (fq, o) in f.iter().zip(outs.iter_mut()) {
+            let r = _mm512_mul_ps(reduce16x16_ordered(fq), sv);
+            // SAFETY: j + 16 <= o.len() (caller).
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(j), r) };
+        }
+    }
+
     /// [`super::scores_f32_multi`] for queries of one width `hd`, a multiple of 64: sixteen
     /// keys at a time, every query scoring them while they are in L1, the sixteen sums
     /// reduced into one register (no lane extracted), scaled and stored as one vector. The
@@ -924,6 +978,21 @@ mod avx512 {
             // SAFETY: forwarded contract.
             unsafe { scores_multi64(keys, offs, qs, scale, outs) };
             j = full;
+        } else {
+            while j < full {
+                for (qc, oc) in qs.chunks(4).zip(outs.chunks_mut(4)) {
+                    // SAFETY: forwarded contract; keys j..j + 16 exist.
+                    unsafe {
+                        match qc.len() {
+                            4 => block_keys::<4>(kp, &offs[j..j + 16], qc, hd, sv, oc, j),
+                            3 => block_keys::<3>(kp, &offs[j..j + 16], qc, hd, sv, oc, j),
+                            2 => block_keys::<2>(kp, &offs[j..j + 16], qc, hd, sv, oc, j),
+                            _ => block_keys::<1>(kp, &offs[j..j + 16], qc, hd, sv, oc, j),
+                        }
+                    }
+                }
+                j += 16;
+            }
         }
         while j < full {
             for (q, o) in qs.iter().zip(outs.iter_mut()) {
