@@ -40,6 +40,8 @@ struct Shared {
     sleeping: AtomicUsize,
     panicked: AtomicBool,
     stop: AtomicBool,
+    /// Workers that have started running (their thread set up).
+    started: AtomicUsize,
     lock: Mutex<()>,
     cv: Condvar,
 }
@@ -91,6 +93,7 @@ impl SpinPool {
             sleeping: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            started: AtomicUsize::new(0),
             lock: Mutex::new(()),
             cv: Condvar::new(),
         });
@@ -102,6 +105,13 @@ impl SpinPool {
                     .name(format!("synapse-kernels-{i}"))
                     .spawn(move || worker(&s))?,
             );
+        }
+        // Wait until every worker runs: a thread's start-up allocates (the standard
+        // library's per-thread records), and a worker the OS schedules late would otherwise
+        // do so inside some later, steady call (seen under CPU contention: one allocation in
+        // a steady decode step).
+        while shared.started.load(SeqCst) < workers {
+            std::thread::yield_now();
         }
         Ok(Self { shared, handles })
     }
@@ -157,6 +167,7 @@ impl SpinPool {
 }
 
 fn worker(s: &Shared) {
+    s.started.fetch_add(1, SeqCst);
     let mut seen = 0u64;
     loop {
         // Spin, then park until the generation moves.
