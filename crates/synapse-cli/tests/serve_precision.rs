@@ -66,6 +66,16 @@ impl Setup {
         Some(s)
     }
 
+    /// `serve` on the tiny model (2 slots, 256 positions, any port) with `extra` flags.
+    fn serve(&self, extra: &[&str]) -> (Server, String) {
+        let m = self.model.to_str().unwrap();
+        let mut args = vec!["serve", "-m", m, "--port", "0", "-np", "2", "-c", "256"];
+        args.extend_from_slice(extra);
+        let child = self.cmd(&args).stderr(Stdio::piped()).spawn().unwrap();
+        let (server, addr, _) = Server::started(child);
+        (server, addr)
+    }
+
     fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(BIN);
         c.args(args)
@@ -81,29 +91,9 @@ fn budgets_move_while_serving() {
     let Some(setup) = Setup::new() else {
         return;
     };
-    let m = setup.model.to_str().unwrap();
-    let cmd = |args: &[&str]| setup.cmd(args);
     let (source_profile, source_bytes) = (setup.source_profile.clone(), setup.source_bytes);
 
-    let child = cmd(&[
-        "serve",
-        "-m",
-        m,
-        "--budget",
-        "50%",
-        "--promotion-cooldown",
-        "0",
-        "--port",
-        "0",
-        "-np",
-        "2",
-        "-c",
-        "256",
-    ])
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let (server, addr, _) = Server::started(child);
+    let (server, addr) = setup.serve(&["--budget", "50%", "--promotion-cooldown", "0"]);
 
     let models = |addr: &str| http(addr, "GET", "/v1/models", "").1["data"][0]["meta"].clone();
     let m0 = models(&addr);
@@ -175,26 +165,7 @@ fn the_budget_follows_free_memory_while_serving() {
         return;
     };
     let m = setup.model.to_str().unwrap();
-    let child = setup
-        .cmd(&[
-            "serve",
-            "-m",
-            m,
-            "--budget",
-            "free",
-            "--free-interval",
-            "0.1",
-            "--port",
-            "0",
-            "-np",
-            "2",
-            "-c",
-            "256",
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (server, addr, _) = Server::started(child);
+    let (server, addr) = setup.serve(&["--budget", "free", "--free-interval", "0.1"]);
     let models = |addr: &str| http(addr, "GET", "/v1/models", "").1["data"][0]["meta"].clone();
     let t0 = std::time::Instant::now();
     let meta = loop {

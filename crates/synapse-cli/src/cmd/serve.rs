@@ -233,9 +233,9 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         return serve_cluster(args, etcd, info, tok, server_cfg);
     }
     let source = Arc::new(model);
-    // `--budget fit`: the engine's KV cache and scratch, as it will count them (the source's
-    // shapes: the precision does not change them).
-    args.precision = args.precision.fit_into(memory, || {
+    // The engine's KV cache and compute scratch, as it will count them (the source's shapes:
+    // the precision does not change them).
+    let kv_and_scratch = || {
         let probe = EngineConfig {
             slots: args.parallel,
             ctx,
@@ -243,8 +243,11 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             threads: args.threads,
             ..EngineConfig::default()
         };
-        let layers = source.layers.len();
-        let (kv, scratch) = synapse_runtime::engine::kv_and_scratch_bytes(&source, &probe, layers)?;
+        synapse_runtime::engine::kv_and_scratch_bytes(&source, &probe, source.layers.len())
+    };
+    // `--budget fit`: what --memory leaves beside them and what loading left.
+    args.precision = args.precision.fit_into(memory, || {
+        let (kv, scratch) = kv_and_scratch()?;
         let loaded =
             synapse_server::metrics::proc_status_bytes("VmRSS:").saturating_sub(baseline_rss);
         Ok(loaded + kv + scratch)
@@ -255,15 +258,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         if !(args.free_interval.is_finite() && args.free_interval >= 0.01) {
             bail!("--free-interval must be at least 0.01 s");
         }
-        let probe = EngineConfig {
-            slots: args.parallel,
-            ctx,
-            kv_dtype,
-            threads: args.threads,
-            ..EngineConfig::default()
-        };
-        let (kv, scratch) =
-            synapse_runtime::engine::kv_and_scratch_bytes(&source, &probe, source.layers.len())?;
+        let (kv, scratch) = kv_and_scratch()?;
         let source_bytes = source.weight_bytes() as u64;
         // Within --memory: what it leaves beside the KV, scratch and what loading left.
         let cap = match memory {

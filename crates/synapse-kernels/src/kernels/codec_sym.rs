@@ -211,13 +211,7 @@ pub(crate) unsafe fn rows_avx512<const ASYM: bool>(
         // The group's codes, its scale `d_w` and (asymmetric) its minimum `m_w` (f16 → f32 is
         // exact: the same values as the scalar path's).
         let group = |grp: *const u8| {
-            let raw = _mm512_maskz_loadu_epi8(load_mask, grp.add(hdr).cast());
-            let codes = if b == 8 {
-                raw
-            } else {
-                let q = _mm512_permutexvar_epi8(idx, raw);
-                _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl, q), cmask)
-            };
+            let codes = codes_at(grp.add(hdr), b, load_mask, idx, ctl, cmask);
             let dw = _mm512_broadcastss_ps(half_at(grp));
             let mw = if ASYM {
                 _mm512_broadcastss_ps(half_at(grp.add(2)))
@@ -281,6 +275,34 @@ pub(crate) unsafe fn rows_avx512<const ASYM: bool>(
             }
             t0 += nt;
         }
+    }
+}
+
+/// A group's 64 codes of `b` bits at `area` as bytes: the `8·b` code bytes loaded (masked),
+/// then `vpermb` (byte `8j + k` takes stream byte `b·j + k`), `vpmultishiftqb` (byte `k` of
+/// each qword the 8 bits from bit `b·k`) and the mask of `b` bits; 8-bit codes as loaded.
+///
+/// # Safety
+/// `area` is valid for reading the `load_mask` bytes; the CPU has AVX-512 BW and VBMI.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn codes_at(
+    area: *const u8,
+    b: usize,
+    load_mask: u64,
+    idx: std::arch::x86_64::__m512i,
+    ctl: std::arch::x86_64::__m512i,
+    cmask: std::arch::x86_64::__m512i,
+) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's contract.
+    let raw = unsafe { _mm512_maskz_loadu_epi8(load_mask, area.cast()) };
+    if b == 8 {
+        raw
+    } else {
+        let q = _mm512_permutexvar_epi8(idx, raw);
+        _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl, q), cmask)
     }
 }
 
@@ -402,13 +424,7 @@ unsafe fn decode_block<const R: usize, const ASYM: bool>(
             let mut step = |j: usize| {
                 let grp = rows[j].add(g * gb);
                 _mm_prefetch::<_MM_HINT_T1>(grp.wrapping_add(6144).cast());
-                let raw = _mm512_maskz_loadu_epi8(load_mask, grp.add(hdr).cast());
-                let codes = if b == 8 {
-                    raw
-                } else {
-                    let q = _mm512_permutexvar_epi8(idx, raw);
-                    _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl, q), cmask)
-                };
+                let codes = codes_at(grp.add(hdr), b, load_mask, idx, ctl, cmask);
                 let lanes = _mm512_dpbusd_epi32(start, codes, av);
                 let d = if b == 8 {
                     _mm512_mul_ps(_mm512_broadcastss_ps(half_at(grp)), dav)
