@@ -277,9 +277,9 @@ fn the_budget_follows_free_memory() {
     assert_eq!(engine.info().profile, source_hash);
     assert_eq!(driver.following().unwrap().changes, 1);
 
-    // A session runs on the source while memory is taken (nothing free, and a reserve that
-    // leaves 60%): demoted at once; until that session ends, its profile's weights stay, so
-    // readings wait.
+    // A session runs on the source while the budget is cut to 60% (a cap: the same budget
+    // whether or not the session's slot is still open when the reading is taken): demoted at
+    // once; until that session ends, its profile's weights stay, so readings wait.
     let mut s = engine
         .submit(Request {
             stop_at_eog: false,
@@ -298,11 +298,10 @@ fn the_budget_follows_free_memory() {
     };
     while !next(&mut s, &mut n) {}
     let want = pct(source, 60);
-    let taken = FollowPolicy {
-        reserve: source - want,
-        ..fp
-    };
-    let o = driver.follow_step(&taken, &reading(0)).unwrap();
+    let taken = FollowPolicy { cap: want, ..fp };
+    let o = driver
+        .follow_step(&taken, &reading(source + fp.reserve + kv_total))
+        .unwrap();
     assert!(
         matches!(&o, FollowOutcome::Applied { transition: Some(t), .. } if t.direction == Direction::Demote),
         "{o:?}"
