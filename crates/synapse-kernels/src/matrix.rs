@@ -605,8 +605,13 @@ impl QuantMatrix {
             quantize_rows(ActKind::Q8x32, x, cols, act32_buf.as_bytes_mut());
         }
         if plan.anyk {
-            actk_buf.set_len(n * ActKind::Q8K.row_bytes(cols));
-            quantize_rows(ActKind::Q8K, x, cols, actk_buf.as_bytes_mut());
+            let q8k = n * ActKind::Q8K.row_bytes(cols);
+            actk_buf.set_len(if plan.tq2 {
+                kernels::prepared_len(q8k, n * cols / 256)
+            } else {
+                q8k
+            });
+            quantize_rows(ActKind::Q8K, x, cols, &mut actk_buf.as_bytes_mut()[..q8k]);
             if plan.tq2 {
                 kernels::prepare_tq2(actk_buf.as_bytes_mut(), n * cols / 256);
             }
@@ -821,8 +826,14 @@ impl QuantMatrix {
         let path = ctx.path();
         let (act_scratch, pool) = ctx.parts();
         let nb = self.cols / 256;
-        act_scratch.set_len(n * ActKind::Q8KRow.row_bytes(self.cols));
-        quantize_rows(ActKind::Q8KRow, x, self.cols, act_scratch.as_bytes_mut());
+        let q8k = n * ActKind::Q8KRow.row_bytes(self.cols);
+        act_scratch.set_len(kernels::prepared_len(q8k, n * nb));
+        quantize_rows(
+            ActKind::Q8KRow,
+            x,
+            self.cols,
+            &mut act_scratch.as_bytes_mut()[..q8k],
+        );
         kernels::prepare_tq2(act_scratch.as_bytes_mut(), n * nb);
         let a = act_scratch.as_bytes();
         let w = self.data.as_bytes();

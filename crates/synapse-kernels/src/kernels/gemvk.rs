@@ -17,9 +17,10 @@
 use std::arch::x86_64::*;
 
 use super::gemv32::{dpair, halves, prefetch_dist, row_pair, spread};
-#[cfg(test)]
-use super::prepare_tq2;
 use super::x86::avx512vnni::k4_scales;
+use super::{PAK, PAK_BSUMS, PAK_D};
+#[cfg(test)]
+use super::{prepare_tq2, prepared_len};
 use crate::blocks::{Q4K_QS, Q4K_SCALES, Q6K_D, Q6K_QH, Q6K_SCALES};
 use synapse_formats::GgmlType;
 
@@ -204,13 +205,15 @@ pub(crate) unsafe fn rows(
     r0: usize,
     r1: usize,
 ) {
-    debug_assert!(a.len() >= n * nb * AK);
+    // TQ2_0's activations come re-laid out by `prepare_tq2` (PAK bytes a block).
+    let ak = if ty == GgmlType::TQ2_0 { PAK } else { AK };
+    debug_assert!(a.len() >= n * nb * ak);
     let mut t0 = 0;
     while t0 < n {
         let k = (n - t0).min(if tiled { 8 } else { max_n(ty) });
         // SAFETY: forwarded contract, for activation rows t0..t0 + k.
         unsafe {
-            let (at, yt) = (a.as_ptr().add(t0 * nb * AK), y.add(t0 * ystride));
+            let (at, yt) = (a.as_ptr().add(t0 * nb * ak), y.add(t0 * ystride));
             macro_rules! go {
                 ($f:ident, $t:literal) => {
                     match k {
@@ -611,7 +614,7 @@ unsafe fn tq2_body1<const N: usize>(
     r1: usize,
     codes: impl Fn(__m512i) -> [__m512i; 4],
 ) {
-    let astride = nb * AK;
+    let astride = nb * PAK;
     /// One block's lanes, each half apart: code vectors `l` against [`super::prepare_tq2`]'s chunk
     /// `l` in two chains (exact integers).
     #[inline(always)]
@@ -619,7 +622,7 @@ unsafe fn tq2_body1<const N: usize>(
         unsafe {
             let mut s = [_mm512_setzero_si512(); 2];
             for l in 0..4 {
-                let av = _mm512_loadu_si512(ab.add(4 + 64 * l).cast());
+                let av = _mm512_loadu_si512(ab.add(64 * l).cast());
                 s[l & 1] = _mm512_dpbusd_epi32(s[l & 1], c[l], av);
             }
             _mm512_add_epi32(s[0], s[1])
@@ -640,21 +643,21 @@ unsafe fn tq2_body1<const N: usize>(
                 let dw = dpair(w0.add(64), w1.add(64));
                 let (dw0, dw1) = (_mm_cvtss_f32(dw), _mm_cvtss_f32(_mm_movehdup_ps(dw)));
                 for (t, acc) in acc.iter_mut().enumerate() {
-                    let a0 = a.add(t * astride + i * AK);
-                    let a1 = a0.add(AK);
+                    let a0 = a.add(t * astride + i * PAK);
+                    let a1 = a0.add(PAK);
                     let (s0, s1) = (lanes(&c0, a0), lanes(&c1, a1));
                     let s = _mm512_add_epi32(
                         _mm512_shuffle_i64x2::<0x44>(s0, s1),
                         _mm512_shuffle_i64x2::<0xEE>(s0, s1),
                     );
                     let bs = _mm512_inserti64x4(
-                        _mm512_castsi256_si512(_mm256_loadu_si256(a0.add(260).cast())),
-                        _mm256_loadu_si256(a1.add(260).cast()),
+                        _mm512_castsi256_si512(_mm256_loadu_si256(a0.add(PAK_BSUMS).cast())),
+                        _mm256_loadu_si256(a1.add(PAK_BSUMS).cast()),
                         1,
                     );
                     let f = _mm512_cvtepi32_ps(_mm512_add_epi32(s, bs));
-                    let d0 = dw0 * std::ptr::read_unaligned(a0.cast::<f32>());
-                    let d1 = dw1 * std::ptr::read_unaligned(a1.cast::<f32>());
+                    let d0 = dw0 * std::ptr::read_unaligned(a0.add(PAK_D).cast::<f32>());
+                    let d1 = dw1 * std::ptr::read_unaligned(a1.add(PAK_D).cast::<f32>());
                     *acc = _mm256_fmadd_ps(_mm512_castps512_ps256(f), _mm256_set1_ps(d0), *acc);
                     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1));
                     *acc = _mm256_fmadd_ps(hi, _mm256_set1_ps(d1), *acc);
@@ -666,14 +669,14 @@ unsafe fn tq2_body1<const N: usize>(
                 let c0 = codes(_mm512_loadu_si512(w0.cast()));
                 let dw0 = _mm_cvtss_f32(dpair(w0.add(64), w0.add(64)));
                 for (t, acc) in acc.iter_mut().enumerate() {
-                    let a0 = a.add(t * astride + i * AK);
+                    let a0 = a.add(t * astride + i * PAK);
                     let s0 = lanes(&c0, a0);
                     let s = _mm256_add_epi32(
                         _mm512_castsi512_si256(s0),
                         _mm512_extracti64x4_epi64(s0, 1),
                     );
-                    let s = _mm256_add_epi32(s, _mm256_loadu_si256(a0.add(260).cast()));
-                    let d0 = dw0 * std::ptr::read_unaligned(a0.cast::<f32>());
+                    let s = _mm256_add_epi32(s, _mm256_loadu_si256(a0.add(PAK_BSUMS).cast()));
+                    let d0 = dw0 * std::ptr::read_unaligned(a0.add(PAK_D).cast::<f32>());
                     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d0), *acc);
                 }
             }
@@ -707,7 +710,7 @@ unsafe fn tq2_body<const N: usize>(
     r1: usize,
     codes: impl Fn(__m512i) -> [__m512i; 4],
 ) {
-    let astride = nb * AK;
+    let astride = nb * PAK;
     let dist = prefetch_dist(row_bytes);
     let mut r = r0;
     while r < r1 {
@@ -716,7 +719,7 @@ unsafe fn tq2_body<const N: usize>(
         unsafe {
             let mut acc = [_mm512_setzero_ps(); N];
             for i in 0..nb {
-                let (wa, wb, ai) = (pa.add(i * TS2), pb.add(i * TS2), a.add(i * AK));
+                let (wa, wb, ai) = (pa.add(i * TS2), pb.add(i * TS2), a.add(i * PAK));
                 _mm_prefetch::<_MM_HINT_T1>(wa.wrapping_add(dist).cast());
                 _mm_prefetch::<_MM_HINT_T1>(wb.wrapping_add(dist).cast());
                 let ca = codes(_mm512_loadu_si512(wa.cast()));
@@ -728,7 +731,7 @@ unsafe fn tq2_body<const N: usize>(
                     let mut sa = [_mm512_setzero_si512(); 2];
                     let mut sb = [_mm512_setzero_si512(); 2];
                     for l in 0..4 {
-                        let av = _mm512_loadu_si512(ab.add(4 + 64 * l).cast());
+                        let av = _mm512_loadu_si512(ab.add(64 * l).cast());
                         sa[l & 1] = _mm512_dpbusd_epi32(sa[l & 1], ca[l], av);
                         sb[l & 1] = _mm512_dpbusd_epi32(sb[l & 1], cb[l], av);
                     }
@@ -743,9 +746,9 @@ unsafe fn tq2_body<const N: usize>(
                     );
                     let s = _mm512_add_epi32(
                         s,
-                        _mm512_broadcast_i64x4(_mm256_loadu_si256(ab.add(260).cast())),
+                        _mm512_broadcast_i64x4(_mm256_loadu_si256(ab.add(PAK_BSUMS).cast())),
                     );
-                    let da = std::ptr::read_unaligned(ab.cast::<f32>());
+                    let da = std::ptr::read_unaligned(ab.add(PAK_D).cast::<f32>());
                     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), spread(dw, da), *acc);
                 }
             }
@@ -803,15 +806,17 @@ mod tests {
                         };
                     }
                 }
-                let mut prepared = a.clone();
-                prepare_tq2(&mut prepared, n * nb);
+                let mut prepared = crate::buf::AlignedBuf::default();
+                prepared.set_len(prepared_len(a.len(), n * nb));
+                prepared.as_bytes_mut()[..a.len()].copy_from_slice(&a);
+                prepare_tq2(prepared.as_bytes_mut(), n * nb);
                 for variant in ["shift", "gfni"] {
                     if variant == "gfni" && !gfni {
                         continue;
                     }
                     let mut got = vec![f32::NAN; n * rows];
                     let y = got.as_mut_ptr();
-                    let (wr, rb, ap) = (&w[..], nb * TS2, prepared.as_ptr());
+                    let (wr, rb, ap) = (&w[..], nb * TS2, prepared.as_bytes().as_ptr());
                     macro_rules! run {
                         ($f:ident) => {
                             match n {

@@ -10,24 +10,20 @@
 //! `Σ code·q − Σ q` (an exact integer: |Σ| ≤ 256·K) times `d_a · γ` — one product after one
 //! exact integer sum, so every path (scalar, AVX2, AVX-512) gives the same bits.
 
-use crate::act::BlockQ8K;
-
 /// Bytes of one 256-element weight block.
 pub(crate) const WB: usize = 64;
-/// Bytes of one activation block ([`BlockQ8K`]).
-const AK: usize = std::mem::size_of::<BlockQ8K>();
+/// Bytes of one prepared activation block ([`super::PAK`]: `qs` at 0, the negated pair
+/// bsums at [`super::PAK_BSUMS`], `d` at [`super::PAK_D`]).
+const AK: usize = super::PAK;
+use super::{PAK_BSUMS, PAK_D};
 
 /// `Σ q` of one prepared activation row (`nb` blocks): minus the sum of its bsum lanes.
 fn row_sum(a: &[u8], nb: usize) -> i32 {
     let mut s = 0i32;
     for b in a[..nb * AK].chunks_exact(AK) {
         for j in 0..8 {
-            s -= i32::from_le_bytes([
-                b[260 + 4 * j],
-                b[261 + 4 * j],
-                b[262 + 4 * j],
-                b[263 + 4 * j],
-            ]);
+            let o = PAK_BSUMS + 4 * j;
+            s -= i32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         }
     }
     s
@@ -37,7 +33,7 @@ fn row_sum(a: &[u8], nb: usize) -> i32 {
 fn dot_scalar(w: &[u8], a: &[u8], nb: usize) -> i32 {
     let mut s = 0i32;
     for i in 0..nb {
-        let (wb, ab) = (&w[i * WB..(i + 1) * WB], &a[i * AK + 4..i * AK + 260]);
+        let (wb, ab) = (&w[i * WB..(i + 1) * WB], &a[i * AK..i * AK + 256]);
         // Chunk l of the prepared block: [v_l | v_{4+l}] = codes l of bytes 0..32, then of
         // bytes 32..64.
         for l in 0..4 {
@@ -82,7 +78,7 @@ pub(crate) unsafe fn rows(
         });
         let scale: [f32; 8] = std::array::from_fn(|t| {
             if t < k {
-                let b = (t0 + t) * nb * AK;
+                let b = (t0 + t) * nb * AK + PAK_D;
                 f32::from_le_bytes([a[b], a[b + 1], a[b + 2], a[b + 3]]) * gamma
             } else {
                 0.0
@@ -143,7 +139,7 @@ mod neon {
         for i in 0..nb {
             // SAFETY: whole blocks (caller).
             unsafe {
-                let ab = a.add(i * AK + 4);
+                let ab = a.add(i * AK);
                 for p in 0..4 {
                     let q = vld1q_u8(w.add(i * WB + 16 * p));
                     let codes = [
@@ -190,7 +186,7 @@ mod x86 {
         let block = |acc: &mut [__m512i], i: usize| unsafe {
             let q = _mm512_loadu_si512(w.add(i * WB).cast());
             _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(i * WB + PREFETCH).cast());
-            let ab = a.add(i * AK + 4);
+            let ab = a.add(i * AK);
             let codes = [
                 _mm512_and_si512(q, m3),
                 _mm512_and_si512(_mm512_srli_epi16(q, 2), m3),
@@ -229,7 +225,7 @@ mod x86 {
         for i in 0..nb {
             // SAFETY: whole blocks (caller).
             unsafe {
-                let ab = a.add(i * AK + 4);
+                let ab = a.add(i * AK);
                 let mut s16 = _mm256_setzero_si256();
                 for h in 0..2 {
                     let q = _mm256_loadu_si256(w.add(i * WB + 32 * h).cast());
