@@ -26,6 +26,9 @@
 //! codec, only Synapse runs them (ggml has no such encoding; put the ggml type of the same bits,
 //! `q8_0`/`q4_0`, beside them), and the n = 1 row gives the codec GEMV's weight GB/s and its
 //! fraction of the paired streaming read — the figure the precision issue's ≥ 80% goal is about.
+//! `w158a8` is BitNet's W1.58A8 kernel (`QuantMatrix::from_ternary_a8`: random ternary weights
+//! in Synapse's 2-bit packing, 64 bytes a 256 with one scale a tensor, 8-bit activations a row)
+//! — Synapse's own ternary packing, to put beside ggml's `tq2_0` (the BitNet issue's ≥ 85% goal).
 
 use crate::oracle_env;
 use anyhow::{Context, Result, anyhow, bail};
@@ -131,12 +134,16 @@ const MODEL: [(&str, usize, usize); 7] = [
     ("q6_K", 640, 2048),
 ];
 
-/// Whether `ty` is a Synapse codec id (only Synapse runs it: ggml has no such encoding).
+/// Whether `ty` is a Synapse codec id or `w158a8` (only Synapse runs it: ggml has no such
+/// encoding).
 fn is_codec(ty: &str) -> bool {
-    ty.starts_with("syn.")
+    ty.starts_with("syn.") || ty.eq_ignore_ascii_case("w158a8")
 }
 
 fn block_size(ty: &str) -> Result<usize> {
+    if ty.eq_ignore_ascii_case("w158a8") {
+        return Ok(256);
+    }
     if is_codec(ty) {
         // The symmetric group codecs' group (`syn.qN.symmetric.g64.v1`).
         return Ok(64);
@@ -145,7 +152,7 @@ fn block_size(ty: &str) -> Result<usize> {
         "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q8_0" | "iq4_nl" => Ok(32),
         "q2_k" | "q3_k" | "q4_k" | "q5_k" | "q6_k" | "tq1_0" | "tq2_0" => Ok(256),
         _ => bail!(
-            "bench-kernels-vs-ggml supports q4_0 q4_1 q5_0 q5_1 q8_0 iq4_nl q2_K..q6_K tq1_0 tq2_0 and Synapse codec ids (syn.q4.symmetric.g64.v1 …), not {ty}"
+            "bench-kernels-vs-ggml supports q4_0 q4_1 q5_0 q5_1 q8_0 iq4_nl q2_K..q6_K tq1_0 tq2_0, Synapse codec ids (syn.q4.symmetric.g64.v1 …) and w158a8, not {ty}"
         ),
     }
 }

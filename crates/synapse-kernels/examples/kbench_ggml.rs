@@ -6,6 +6,8 @@
 //! `TYPE` may also be a Synapse codec id (`syn.q4.symmetric.g64.v1`): then `w.bin` is random
 //! weights in [-0.05, 0.05) encoded by that codec, and `run` times the matrix a precision
 //! profile runs (`QuantMatrix::from_codec`); ggml has no such encoding, so only Synapse runs it.
+//! `TYPE` `w158a8`: random ternary weights in `syn.ternary.absmean.tensor.v1`, timed as BitNet's
+//! W1.58A8 matrix (`QuantMatrix::from_ternary_a8`), Synapse only too.
 //!
 //! `kbench_ggml run TYPE ROWS K DIR [--threads T] [--ns 1,4,8,128] [--check-ns 1,2,..] [--cold-mib M]
 //! [--budget-ms B] [--min-calls A] [--max-calls Z] [--stream-ns 1]` builds enough distinct copies of the matrix
@@ -35,10 +37,15 @@ use synapse_kernels::{KernelCtx, KernelPath, QuantMatrix};
 enum WType {
     Ggml(GgmlType),
     Codec(synapse_codecs::EncodingId),
+    /// BitNet's W1.58A8: a ternary tensor run with 8-bit activations.
+    TernaryA8,
 }
 
 impl WType {
     fn parse(s: &str) -> Result<Self> {
+        if s.eq_ignore_ascii_case("w158a8") {
+            return Ok(WType::TernaryA8);
+        }
         if s.starts_with("syn.") {
             return Ok(WType::Codec(synapse_codecs::EncodingId::parse(s)?));
         }
@@ -48,6 +55,7 @@ impl WType {
     fn seed(&self) -> u64 {
         match self {
             WType::Ggml(t) => t.id() as u64,
+            WType::TernaryA8 => 0x158a8,
             WType::Codec(id) => id
                 .to_string()
                 .bytes()
@@ -65,6 +73,15 @@ impl WType {
                     .collect();
                 Ok(synapse_codecs::codec_for(id).encode_matrix(&w, rows, k)?)
             }
+            WType::TernaryA8 => {
+                let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                let w: Vec<f32> = (0..rows * k)
+                    .map(|_| rng.random::<f32>() * 2.0 - 1.0)
+                    .collect();
+                Ok(synapse_codecs::TernaryTensor::encode_bitnet_weight_quant(
+                    &w,
+                )?)
+            }
         }
     }
 
@@ -72,6 +89,7 @@ impl WType {
         Ok(match self {
             WType::Ggml(t) => QuantMatrix::from_ggml(*t, w, rows, k)?,
             WType::Codec(id) => QuantMatrix::from_codec(&id.to_string(), w, rows, k)?,
+            WType::TernaryA8 => QuantMatrix::from_ternary_a8(w, rows, k)?,
         })
     }
 }
