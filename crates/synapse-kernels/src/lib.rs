@@ -27,9 +27,11 @@ mod kernels;
 mod matrix;
 pub mod ops;
 mod pool;
+mod tl;
 
 pub use ctx::{KernelCtx, POOL_ENV, PoolKind};
 pub use dispatch::KernelPath;
 pub use error::{KernelError, Result};
 pub use matrix::{Encoding, OrderClass, QuantMatrix, WeightSource};
 pub use ops::RopeStyle;
+pub use tl::TernaryTlMatrix;

@@ -91,3 +91,52 @@ fn ternary_a8_matches_the_codec_on_quantised_inputs_on_every_path() {
     // Malformed bytes are refused as the codec refuses them.
     assert!(QuantMatrix::from_ternary_a8(&bytes[..bytes.len() - 1], rows, cols).is_err());
 }
+
+/// The table-lookup packing (`TernaryTlMatrix`, 1.67 bits a weight) gives the 2-bit packing's
+/// outputs bit for bit on every path, with ragged tiles (rows not a multiple of 64, K not one
+/// of 6), and refuses what it cannot run.
+#[test]
+fn table_lookup_packing_gives_the_same_bits() {
+    use synapse_kernels::TernaryTlMatrix;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    for (rows, cols) in [(13usize, 768usize), (130, 2560), (64, 256)] {
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|_| rng.random_range(-0.05f32..0.05))
+            .collect();
+        let bytes = TernaryTensor::encode_bitnet_weight_quant(&w).unwrap();
+        let a8 = QuantMatrix::from_ternary_a8(&bytes, rows, cols).unwrap();
+        let tl = TernaryTlMatrix::from_ternary_a8(&bytes, rows, cols).unwrap();
+        assert_eq!((tl.rows(), tl.cols()), (rows, cols));
+        // 80 bytes per 64 rows and 6 columns: 1.67 bits a weight, rows padded to 64.
+        assert_eq!(tl.weight_bytes(), rows.div_ceil(64) * cols.div_ceil(6) * 80);
+        if rows % 64 == 0 {
+            assert!(tl.weight_bytes() * 100 <= a8.weight_bytes() * 84);
+        }
+        for n in [1usize, 3, 8] {
+            let x: Vec<f32> = (0..n * cols)
+                .map(|_| rng.random_range(-4f32..4.0).powi(3))
+                .collect();
+            let mut want = vec![0f32; n * rows];
+            let mut ctx = KernelCtx::with_path_and_threads(KernelPath::Scalar, 1).unwrap();
+            a8.matmul(&x, n, &mut want, &mut ctx).unwrap();
+            for path in KernelPath::supported() {
+                let mut ctx = KernelCtx::with_path_and_threads(path, 2).unwrap();
+                let mut got = vec![f32::NAN; n * rows];
+                tl.matmul(&x, n, &mut got, &mut ctx).unwrap();
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{path:?} {rows}x{cols} n {n} out {i}"
+                    );
+                }
+            }
+        }
+    }
+    let bytes = TernaryTensor::encode_bitnet_weight_quant(&vec![0.01f32; 4 * 100]).unwrap();
+    assert!(TernaryTlMatrix::from_ternary_a8(&bytes, 4, 100).is_err());
+    let bytes = TernaryTensor::encode_bitnet_weight_quant(&vec![0.01f32; 4 * 256]).unwrap();
+    let tl = TernaryTlMatrix::from_ternary_a8(&bytes, 4, 256).unwrap();
+    let mut ctx = KernelCtx::with_path_and_threads(KernelPath::Scalar, 1).unwrap();
+    assert!(tl.matmul(&[0.0; 255], 1, &mut [0.0; 4], &mut ctx).is_err());
+}

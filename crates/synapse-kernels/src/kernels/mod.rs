@@ -14,6 +14,7 @@ pub(crate) mod gemvk;
 pub(crate) mod neon;
 pub(crate) mod scalar;
 pub(crate) mod ternary_i8;
+pub(crate) mod ternary_tl;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod tiled;
 #[cfg(target_arch = "x86_64")]
