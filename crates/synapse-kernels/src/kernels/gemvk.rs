@@ -560,10 +560,12 @@ unsafe fn tq2_rows_gfni<const N: usize, const TILED: bool>(
     unsafe { tq2_dispatch::<N>(w, row_bytes, nb, a, y, ystride, r0, r1, codes) }
 }
 
-/// Bytes ahead of the current block the one-row TQ2_0 kernel prefetches (the per-row x86
-/// kernels' distance; 768–12288 measured alike within this machine's noise, no prefetch
-/// worse).
-const TQ2_PREFETCH: usize = 1536;
+/// Bytes ahead of the current block the one-row TQ2_0 kernel prefetches into L2 (the 2-bit
+/// W1.58A8 kernel's distance). Measured from DRAM (kbench_ggml, 2 threads, three alternating
+/// rounds, % of the paired streaming read): 1536 bytes into L1 with two lines a pair 80–82% at
+/// 2560×2560, 83–84% at 6912×2560, 73–74% at 640×2560; this, three lines a pair, 89–93%,
+/// 92–96%, 81–89% (2560×6912 alike, 83–90%).
+const TQ2_PREFETCH: usize = 6144;
 
 /// [`tq2_body`] and [`tq2_body1`] by activation-row count: with one activation row, one
 /// weight row at a time (one weight stream per thread: a row pair's two streams measured
@@ -636,8 +638,10 @@ unsafe fn tq2_body1<const N: usize>(
             let mut i = 0;
             while i + 2 <= nb {
                 let (w0, w1) = (p.add(i * TS2), p.add((i + 1) * TS2));
-                _mm_prefetch::<_MM_HINT_T0>(w0.wrapping_add(TQ2_PREFETCH).cast());
-                _mm_prefetch::<_MM_HINT_T0>(w0.wrapping_add(TQ2_PREFETCH + 64).cast());
+                // Into L2: three lines cover the pair's 132 bytes.
+                for k in [0, 64, 128] {
+                    _mm_prefetch::<_MM_HINT_T1>(w0.wrapping_add(TQ2_PREFETCH + k).cast());
+                }
                 let c0 = codes(_mm512_loadu_si512(w0.cast()));
                 let c1 = codes(_mm512_loadu_si512(w1.cast()));
                 let dw = dpair(w0.add(64), w1.add(64));
