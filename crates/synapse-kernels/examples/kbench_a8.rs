@@ -4,12 +4,16 @@
 //! table-lookup packing (`TernaryTlMatrix`, "tl", 1.67 bits a weight), enough copies of each
 //! to exceed the cold size, and alternates them `rounds` times (default 3) for ~1.5 s of
 //! one-row calls each. Each call is followed by a plain streaming read of another copy's bytes
-//! through the same pool (512-bit loads, 6 KB prefetch: the paired reference of `cargo xtask
+//! through the same pool (`common/read.rs`: the paired reference of `cargo xtask
 //! bench-kernels-vs-ggml`). Per round and packing it prints the median call time, weight GB/s,
 //! GFLOP/s (the same weights: the comparable figure) and the median of the per-call fractions
 //! of the paired read. `KPATH=scalar|avx2|avx512vnni` forces a path.
 
+#[path = "common/read.rs"]
+mod read;
+
 use rand::{Rng, SeedableRng};
+use read::read_all;
 use std::time::{Duration, Instant};
 use synapse_codecs::TernaryTensor;
 use synapse_kernels::{KernelCtx, KernelPath, QuantMatrix, TernaryTlMatrix};
@@ -34,48 +38,6 @@ impl Packed {
             Packed::Tl(m) => m.matmul(x, 1, y, ctx).expect("matmul"),
         }
     }
-}
-
-/// XOR of every byte of `b` in 512-bit loads, prefetching 6 KB ahead.
-fn read_all(b: &[u8]) -> u64 {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the CPU has AVX-512F.
-        return unsafe { read_all_avx512(b) };
-    }
-    b.chunks(8).fold(0u64, |a, c| {
-        a ^ c.iter().fold(0u64, |x, &v| (x << 8) | v as u64)
-    })
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn read_all_avx512(b: &[u8]) -> u64 {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm512_setzero_si512(); 4];
-    let mut chunks = b.chunks_exact(256);
-    for c in &mut chunks {
-        // SAFETY: 256 bytes at c; prefetch of any address is allowed.
-        unsafe {
-            for k in 0..4 {
-                _mm_prefetch::<_MM_HINT_T0>(c.as_ptr().wrapping_add(6144 + 64 * k).cast());
-            }
-            for (k, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_xor_si512(*a, _mm512_loadu_si512(c.as_ptr().add(64 * k).cast()));
-            }
-        }
-    }
-    let v = _mm512_xor_si512(
-        _mm512_xor_si512(acc[0], acc[1]),
-        _mm512_xor_si512(acc[2], acc[3]),
-    );
-    let mut w = [0u64; 8];
-    // SAFETY: 64 bytes to a local array.
-    unsafe { _mm512_storeu_si512(w.as_mut_ptr().cast(), v) };
-    chunks
-        .remainder()
-        .iter()
-        .fold(w.iter().fold(0, |a, x| a ^ x), |a, &v| a ^ v as u64)
 }
 
 /// The bytes of `b` read once over the context's threads, in contiguous chunks.

@@ -1149,18 +1149,24 @@ impl SharedPlan {
     }
 }
 
-#[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
-impl SyncPtr {
+/// An output pointer the pool's workers share; each writes only its own chunk's elements.
+pub(crate) struct SyncPtr<T = f32>(pub(crate) *mut T);
+impl<T> Clone for SyncPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SyncPtr<T> {}
+impl<T> SyncPtr<T> {
     /// By-value access, so closures capture the whole (Sync) wrapper, not the raw field.
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut T {
         self.0
     }
 }
 // SAFETY: workers write disjoint output elements (each output row index belongs to one chunk).
-unsafe impl Send for SyncPtr {}
+unsafe impl<T> Send for SyncPtr<T> {}
 // SAFETY: as above.
-unsafe impl Sync for SyncPtr {}
+unsafe impl<T> Sync for SyncPtr<T> {}
 
 struct Job<'a> {
     m: &'a QuantMatrix,

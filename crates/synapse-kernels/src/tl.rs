@@ -6,6 +6,7 @@
 use crate::act::{ActKind, quantize_rows};
 use crate::buf::AlignedBuf;
 use crate::kernels::ternary_tl::{self, TILE, TlLayout};
+use crate::matrix::SyncPtr;
 use crate::{KernelCtx, KernelError, QuantMatrix, Result};
 
 /// A `syn.ternary.absmean.tensor.v1` matrix packed for table lookup (5 bits per 3 trits) and
@@ -102,7 +103,7 @@ impl TernaryTlMatrix {
         let lb = self.layout.lut_bytes();
         let groups = 2 * self.layout.pairs;
         pack.set_len(n * lb);
-        let lut_ptr = LutPtr(pack.as_bytes_mut().as_mut_ptr());
+        let lut_ptr = SyncPtr(pack.as_bytes_mut().as_mut_ptr());
         pool.run_rows(n * groups, 64, n * groups * 64, &|i0, i1| {
             let mut i = i0;
             while i < i1 {
@@ -117,7 +118,7 @@ impl TernaryTlMatrix {
         let luts = pack.as_bytes();
         let w = self.data.as_bytes();
         let tb = self.layout.tile_bytes();
-        let yp = YPtr(y.as_mut_ptr());
+        let yp = SyncPtr(y.as_mut_ptr());
         let layout = self.layout;
         pool.run_rows(layout.tiles, 1, 2 * rows * cols * n, &|t0, t1| {
             let mut sums = [0i32; TILE];
@@ -146,25 +147,3 @@ impl TernaryTlMatrix {
         Ok(())
     }
 }
-
-#[derive(Clone, Copy)]
-struct LutPtr(*mut u8);
-impl LutPtr {
-    fn get(self) -> *mut u8 {
-        self.0
-    }
-}
-// SAFETY: chunks write disjoint table ranges.
-unsafe impl Send for LutPtr {}
-unsafe impl Sync for LutPtr {}
-
-#[derive(Clone, Copy)]
-struct YPtr(*mut f32);
-impl YPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-// SAFETY: chunks write disjoint outputs.
-unsafe impl Send for YPtr {}
-unsafe impl Sync for YPtr {}
