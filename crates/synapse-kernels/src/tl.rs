@@ -29,14 +29,14 @@ impl TernaryTlMatrix {
                 msg: format!("cols {cols} is not a multiple of 256"),
             });
         }
-        let m = QuantMatrix::from_ternary_a8(bytes, rows, cols)?;
+        // Validation (sizes, no reserved code) as the 2-bit packing's; its matrix is not kept.
+        QuantMatrix::from_ternary_a8(bytes, rows, cols)?;
         let gamma = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
         // The validated codes `t + 2` of element `k` in bits `2(k mod 4)` of byte `4 + k/4`.
         let trit = |r: usize, k: usize| {
             let e = r * cols + k;
             ((bytes[4 + e / 4] >> (2 * (e % 4))) & 3) as i8 - 2
         };
-        drop(m);
         let layout = TlLayout::new(rows, cols);
         let packed = ternary_tl::pack(layout, trit);
         Ok(Self {

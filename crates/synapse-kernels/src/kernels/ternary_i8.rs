@@ -84,7 +84,41 @@ pub(crate) unsafe fn rows(
                 0.0
             }
         });
-        for r in r0..r1 {
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+        let mut r = r0;
+        #[cfg(target_arch = "x86_64")]
+        if path == crate::dispatch::KernelPath::Avx512Vnni && k >= 4 {
+            // Two weight rows and four activation rows a pass: each block's codes unpacked
+            // once for four rows, each activation chunk loaded once for two.
+            while r + 2 <= r1 {
+                let mut t = 0;
+                let mut s2 = [[0i32; 8]; 2];
+                while t + 4 <= k {
+                    let ar = a[(t0 + t) * nb * AK..].as_ptr();
+                    // SAFETY: AVX-512 VNNI (the path); rows r, r + 1 of `w` and activation rows
+                    // t0 + t .. + 4 hold nb blocks each.
+                    let o = unsafe { x86::dot512_2x4(w[r * rb..].as_ptr(), rb, ar, nb * AK, nb) };
+                    s2[0][t..t + 4].copy_from_slice(&o[0]);
+                    s2[1][t..t + 4].copy_from_slice(&o[1]);
+                    t += 4;
+                }
+                for (h, sh) in s2.iter_mut().enumerate() {
+                    let wr = &w[(r + h) * rb..(r + h + 1) * rb];
+                    for (tt, v) in sh.iter_mut().enumerate().take(k).skip(t) {
+                        let ar = &a[(t0 + tt) * nb * AK..(t0 + tt + 1) * nb * AK];
+                        // SAFETY: the caller's contract (CPU features for `path`; whole blocks).
+                        *v = unsafe { dot(path, wr, ar, nb) };
+                    }
+                    for tt in 0..k {
+                        let v = (sh[tt] - bias[tt]) as f32 * scale[tt];
+                        // SAFETY: the caller's contract.
+                        unsafe { *y.add((t0 + tt) * ystride + r + h) = v };
+                    }
+                }
+                r += 2;
+            }
+        }
+        for r in r..r1 {
             let wr = &w[r * rb..(r + 1) * rb];
             for (t, s) in sums.iter_mut().enumerate().take(k) {
                 let ar = &a[(t0 + t) * nb * AK..(t0 + t + 1) * nb * AK];
@@ -213,6 +247,48 @@ mod x86 {
             _mm512_add_epi32(s(2, 6), s(3, 7)),
         );
         _mm512_reduce_add_epi32(t)
+    }
+
+    /// [`dot512`] of two weight rows (`w`, `w + ws`) against four activation rows (`a`,
+    /// `a + s`, `a + 2s`, `a + 3s`): each block's codes extracted once and each activation
+    /// chunk loaded once for both weight rows (exact integers: the same sums as eight
+    /// [`dot512`] calls). `out[h][t]` is weight row `h` against activation row `t`.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn dot512_2x4(
+        w: *const u8,
+        ws: usize,
+        a: *const u8,
+        s: usize,
+        nb: usize,
+    ) -> [[i32; 4]; 2] {
+        let m3 = _mm512_set1_epi8(3);
+        let mut acc = [[_mm512_setzero_si512(); 4]; 2];
+        for i in 0..nb {
+            // SAFETY: whole blocks of both weight rows and of the four activation rows (caller).
+            unsafe {
+                let codes = |wr: *const u8| {
+                    let q = _mm512_loadu_si512(wr.add(i * WB).cast());
+                    _mm_prefetch::<_MM_HINT_T1>(wr.wrapping_add(i * WB + PREFETCH).cast());
+                    [
+                        _mm512_and_si512(q, m3),
+                        _mm512_and_si512(_mm512_srli_epi16(q, 2), m3),
+                        _mm512_and_si512(_mm512_srli_epi16(q, 4), m3),
+                        _mm512_and_si512(_mm512_srli_epi16(q, 6), m3),
+                    ]
+                };
+                let c = [codes(w), codes(w.add(ws))];
+                for t in 0..4 {
+                    let ab = a.add(t * s + i * AK);
+                    for l in 0..4 {
+                        let av = _mm512_loadu_si512(ab.add(64 * l).cast());
+                        acc[0][t] = _mm512_dpbusd_epi32(acc[0][t], c[0][l], av);
+                        acc[1][t] = _mm512_dpbusd_epi32(acc[1][t], c[1][l], av);
+                    }
+                }
+            }
+        }
+        acc.map(|r| r.map(|v| _mm512_reduce_add_epi32(v)))
     }
 
     /// AVX2: each block as two 32-byte halves, `maddubs` (codes ≤ 2, so the i16 pair sums
