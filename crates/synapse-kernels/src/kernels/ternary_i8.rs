@@ -87,20 +87,33 @@ pub(crate) unsafe fn rows(
         #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut r = r0;
         #[cfg(target_arch = "x86_64")]
-        if path == crate::dispatch::KernelPath::Avx512Vnni && k >= 4 {
-            // Two weight rows and four activation rows a pass: each block's codes unpacked
-            // once for four rows, each activation chunk loaded once for two.
+        if path == crate::dispatch::KernelPath::Avx512Vnni && k >= 2 {
+            // Two weight rows and up to four activation rows a pass: each block's codes
+            // unpacked once for all of them, each activation chunk loaded once for two.
             while r + 2 <= r1 {
                 let mut t = 0;
                 let mut s2 = [[0i32; 8]; 2];
-                while t + 4 <= k {
-                    let ar = a[(t0 + t) * nb * AK..].as_ptr();
+                while k - t >= 2 {
+                    let m = (k - t).min(4);
+                    let (wp, ar) = (w[r * rb..].as_ptr(), a[(t0 + t) * nb * AK..].as_ptr());
+                    let s = nb * AK;
                     // SAFETY: AVX-512 VNNI (the path); rows r, r + 1 of `w` and activation rows
-                    // t0 + t .. + 4 hold nb blocks each.
-                    let o = unsafe { x86::dot512_2x4(w[r * rb..].as_ptr(), rb, ar, nb * AK, nb) };
-                    s2[0][t..t + 4].copy_from_slice(&o[0]);
-                    s2[1][t..t + 4].copy_from_slice(&o[1]);
-                    t += 4;
+                    // t0 + t .. + m hold nb blocks each.
+                    unsafe {
+                        macro_rules! go {
+                            ($m:literal) => {{
+                                let o = x86::dot512_2xt::<$m>(wp, rb, ar, s, nb);
+                                s2[0][t..t + $m].copy_from_slice(&o[0]);
+                                s2[1][t..t + $m].copy_from_slice(&o[1]);
+                            }};
+                        }
+                        match m {
+                            2 => go!(2),
+                            3 => go!(3),
+                            _ => go!(4),
+                        }
+                    }
+                    t += m;
                 }
                 for (h, sh) in s2.iter_mut().enumerate() {
                     let wr = &w[(r + h) * rb..(r + h + 1) * rb];
@@ -249,21 +262,21 @@ mod x86 {
         _mm512_reduce_add_epi32(t)
     }
 
-    /// [`dot512`] of two weight rows (`w`, `w + ws`) against four activation rows (`a`,
-    /// `a + s`, `a + 2s`, `a + 3s`): each block's codes extracted once and each activation
-    /// chunk loaded once for both weight rows (exact integers: the same sums as eight
-    /// [`dot512`] calls). `out[h][t]` is weight row `h` against activation row `t`.
+    /// [`dot512`] of two weight rows (`w`, `w + ws`) against `T` activation rows (`a + t·s`):
+    /// each block's codes extracted once and each activation chunk loaded once for both weight
+    /// rows (exact integers: the same sums as `2·T` [`dot512`] calls). `out[h][t]` is weight
+    /// row `h` against activation row `t`.
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(super) unsafe fn dot512_2x4(
+    pub(super) unsafe fn dot512_2xt<const T: usize>(
         w: *const u8,
         ws: usize,
         a: *const u8,
         s: usize,
         nb: usize,
-    ) -> [[i32; 4]; 2] {
+    ) -> [[i32; T]; 2] {
         let m3 = _mm512_set1_epi8(3);
-        let mut acc = [[_mm512_setzero_si512(); 4]; 2];
+        let mut acc = [[_mm512_setzero_si512(); T]; 2];
         for i in 0..nb {
             // SAFETY: whole blocks of both weight rows and of the four activation rows (caller).
             unsafe {
@@ -278,7 +291,7 @@ mod x86 {
                     ]
                 };
                 let c = [codes(w), codes(w.add(ws))];
-                for t in 0..4 {
+                for t in 0..T {
                     let ab = a.add(t * s + i * AK);
                     for l in 0..4 {
                         let av = _mm512_loadu_si512(ab.add(64 * l).cast());
