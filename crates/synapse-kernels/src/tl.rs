@@ -3,7 +3,10 @@
 //! the BitNet issue asks to measure side by side (`examples/kbench_a8.rs`). Same inputs, same
 //! exact integer sums, same output bits; 1.67 bits a weight instead of 2.
 
-use crate::act::{ActKind, quantize_rows};
+use crate::act::{ActKind, BlockQ8K, quantize_rows};
+
+/// Bytes of a quantised input block (`d`, `qs[256]`, `bsums`).
+const AK: usize = std::mem::size_of::<BlockQ8K>();
 use crate::buf::AlignedBuf;
 use crate::kernels::ternary_tl::{self, TILE, TlLayout};
 use crate::matrix::SyncPtr;
@@ -86,20 +89,19 @@ impl TernaryTlMatrix {
         let arb = ActKind::Q8KRow.row_bytes(cols);
         act.set_len(n * arb);
         quantize_rows(ActKind::Q8KRow, x, cols, act.as_bytes_mut());
-        // The quantised values in element order, and each row's d (block 0's).
+        // Activation k of row t (zero past the row), and each row's d (block 0's) times γ.
         let a = act.as_bytes();
-        let mut qs = vec![0i8; n * cols];
-        for (q, blk) in qs.chunks_exact_mut(256).zip(a.chunks_exact(292)) {
-            for (d, &s) in q.iter_mut().zip(&blk[4..260]) {
-                *d = s as i8;
+        let q = |t: usize, k: usize| {
+            if k < cols {
+                a[t * arb + (k / 256) * AK + 4 + k % 256] as i8
+            } else {
+                0
             }
-        }
-        let scale: Vec<f32> = (0..n)
-            .map(|t| {
-                let b = t * arb;
-                f32::from_le_bytes([a[b], a[b + 1], a[b + 2], a[b + 3]]) * self.gamma
-            })
-            .collect();
+        };
+        let scale = |t: usize| {
+            let b = t * arb;
+            f32::from_le_bytes([a[b], a[b + 1], a[b + 2], a[b + 3]]) * self.gamma
+        };
         let lb = self.layout.lut_bytes();
         let groups = 2 * self.layout.pairs;
         pack.set_len(n * lb);
@@ -111,7 +113,7 @@ impl TernaryTlMatrix {
                 let g1 = (g0 + (i1 - i)).min(groups);
                 // SAFETY: row t's tables, groups g0..g1: chunks are disjoint.
                 let lut = unsafe { std::slice::from_raw_parts_mut(lut_ptr.get().add(t * lb), lb) };
-                ternary_tl::build_lut(&qs[t * cols..(t + 1) * cols], g0, g1, lut);
+                ternary_tl::build_lut(|k| q(t, k), g0, g1, lut);
                 i += g1 - g0;
             }
         });
@@ -138,7 +140,7 @@ impl TernaryTlMatrix {
                         let r = tile * TILE + j;
                         if r < rows {
                             // SAFETY: output (t, r) belongs to this tile's chunk alone.
-                            unsafe { *yp.get().add(t * rows + r) = *s as f32 * scale[t] };
+                            unsafe { *yp.get().add(t * rows + r) = *s as f32 * scale(t) };
                         }
                     }
                 }

@@ -17,6 +17,7 @@
 use std::arch::x86_64::*;
 
 use super::gemv32::{dpair, halves, prefetch_dist, row_pair, spread};
+use super::ternary_i8::x86::unpack2;
 use super::x86::avx512vnni::k4_scales;
 use super::{PAK, PAK_BSUMS, PAK_D};
 #[cfg(test)]
@@ -513,17 +514,8 @@ unsafe fn tq2_rows_shift<const N: usize, const TILED: bool>(
     r0: usize,
     r1: usize,
 ) {
-    let m3 = _mm512_set1_epi8(3);
-    let codes = |q: __m512i| {
-        [
-            _mm512_and_si512(q, m3),
-            _mm512_and_si512(_mm512_srli_epi16(q, 2), m3),
-            _mm512_and_si512(_mm512_srli_epi16(q, 4), m3),
-            _mm512_and_si512(_mm512_srli_epi16(q, 6), m3),
-        ]
-    };
     // SAFETY: forwarded contract.
-    unsafe { tq2_dispatch::<N>(w, row_bytes, nb, a, y, ystride, r0, r1, codes) }
+    unsafe { tq2_dispatch::<N>(w, row_bytes, nb, a, y, ystride, r0, r1, |q| unpack2(q)) }
 }
 
 /// [`rows`] for TQ2_0 with the 2-bit codes extracted by one GF(2) affine map each

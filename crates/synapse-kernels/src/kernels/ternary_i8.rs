@@ -84,6 +84,14 @@ pub(crate) unsafe fn rows(
                 0.0
             }
         });
+        // Output rows r and activation rows t0..t0 + k from their exact sums.
+        let store = |r: usize, sums: &[i32; 8]| {
+            for t in 0..k {
+                let v = (sums[t] - bias[t]) as f32 * scale[t];
+                // SAFETY: the caller's contract.
+                unsafe { *y.add((t0 + t) * ystride + r) = v };
+            }
+        };
         #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut r = r0;
         #[cfg(target_arch = "x86_64")]
@@ -91,23 +99,23 @@ pub(crate) unsafe fn rows(
             // Two weight rows and up to four activation rows a pass: each block's codes
             // unpacked once for all of them, each activation chunk loaded once for two.
             while r + 2 <= r1 {
-                let mut t = 0;
                 let mut s2 = [[0i32; 8]; 2];
-                while k - t >= 2 {
+                let mut t = 0;
+                while t < k {
                     let m = (k - t).min(4);
                     let (wp, ar) = (w[r * rb..].as_ptr(), a[(t0 + t) * nb * AK..].as_ptr());
-                    let s = nb * AK;
                     // SAFETY: AVX-512 VNNI (the path); rows r, r + 1 of `w` and activation rows
                     // t0 + t .. + m hold nb blocks each.
                     unsafe {
                         macro_rules! go {
                             ($m:literal) => {{
-                                let o = x86::dot512_2xt::<$m>(wp, rb, ar, s, nb);
+                                let o = x86::dot512_2xt::<$m>(wp, rb, ar, nb * AK, nb);
                                 s2[0][t..t + $m].copy_from_slice(&o[0]);
                                 s2[1][t..t + $m].copy_from_slice(&o[1]);
                             }};
                         }
                         match m {
+                            1 => go!(1),
                             2 => go!(2),
                             3 => go!(3),
                             _ => go!(4),
@@ -115,19 +123,8 @@ pub(crate) unsafe fn rows(
                     }
                     t += m;
                 }
-                for (h, sh) in s2.iter_mut().enumerate() {
-                    let wr = &w[(r + h) * rb..(r + h + 1) * rb];
-                    for (tt, v) in sh.iter_mut().enumerate().take(k).skip(t) {
-                        let ar = &a[(t0 + tt) * nb * AK..(t0 + tt + 1) * nb * AK];
-                        // SAFETY: the caller's contract (CPU features for `path`; whole blocks).
-                        *v = unsafe { dot(path, wr, ar, nb) };
-                    }
-                    for tt in 0..k {
-                        let v = (sh[tt] - bias[tt]) as f32 * scale[tt];
-                        // SAFETY: the caller's contract.
-                        unsafe { *y.add((t0 + tt) * ystride + r + h) = v };
-                    }
-                }
+                store(r, &s2[0]);
+                store(r + 1, &s2[1]);
                 r += 2;
             }
         }
@@ -138,11 +135,7 @@ pub(crate) unsafe fn rows(
                 // SAFETY: the caller's contract (CPU features for `path`; whole blocks).
                 *s = unsafe { dot(path, wr, ar, nb) };
             }
-            for t in 0..k {
-                let v = (sums[t] - bias[t]) as f32 * scale[t];
-                // SAFETY: the caller's contract.
-                unsafe { *y.add((t0 + t) * ystride + r) = v };
-            }
+            store(r, &sums);
         }
     }
 }
@@ -213,7 +206,7 @@ mod neon {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use super::{AK, WB};
     use std::arch::x86_64::*;
 
@@ -222,24 +215,32 @@ mod x86 {
     /// threads 6 KB 28 GB/s — the one-row GEMVs' distance, `gemv32::PREFETCH`).
     const PREFETCH: usize = 6144;
 
+    /// The four code vectors of 64 bytes of 2-bit codes (vector `l`: bits `2l` of every byte,
+    /// as bytes 0..=3) by shift and mask — TQ2_0's layout, shared with `gemvk`'s TQ2_0 kernel.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(crate) fn unpack2(q: __m512i) -> [__m512i; 4] {
+        let m3 = _mm512_set1_epi8(3);
+        [
+            _mm512_and_si512(q, m3),
+            _mm512_and_si512(_mm512_srli_epi16(q, 2), m3),
+            _mm512_and_si512(_mm512_srli_epi16(q, 4), m3),
+            _mm512_and_si512(_mm512_srli_epi16(q, 6), m3),
+        ]
+    }
+
     /// AVX-512 VNNI: one 64-byte block of codes per register, four `vpdpbusd` against the
     /// prepared chunks; eight accumulators (two blocks × four code vectors), so no chain of
     /// dependent `vpdpbusd` limits the loop.
     #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(super) unsafe fn dot512(w: *const u8, a: *const u8, nb: usize) -> i32 {
-        let m3 = _mm512_set1_epi8(3);
         let mut acc = [_mm512_setzero_si512(); 8];
         // SAFETY (both loops): whole blocks (caller).
         let block = |acc: &mut [__m512i], i: usize| unsafe {
             let q = _mm512_loadu_si512(w.add(i * WB).cast());
             _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(i * WB + PREFETCH).cast());
             let ab = a.add(i * AK);
-            let codes = [
-                _mm512_and_si512(q, m3),
-                _mm512_and_si512(_mm512_srli_epi16(q, 2), m3),
-                _mm512_and_si512(_mm512_srli_epi16(q, 4), m3),
-                _mm512_and_si512(_mm512_srli_epi16(q, 6), m3),
-            ];
+            let codes = unpack2(q);
             for (l, c) in codes.into_iter().enumerate() {
                 acc[l] = _mm512_dpbusd_epi32(acc[l], c, _mm512_loadu_si512(ab.add(64 * l).cast()));
             }
@@ -262,7 +263,8 @@ mod x86 {
         _mm512_reduce_add_epi32(t)
     }
 
-    /// [`dot512`] of two weight rows (`w`, `w + ws`) against `T` activation rows (`a + t·s`):
+    /// [`dot512`] of two weight rows (`w`, `w + ws`) against `T` (1..=4) activation rows
+    /// (`a + t·s`):
     /// each block's codes extracted once and each activation chunk loaded once for both weight
     /// rows (exact integers: the same sums as `2·T` [`dot512`] calls). `out[h][t]` is weight
     /// row `h` against activation row `t`.
@@ -275,20 +277,13 @@ mod x86 {
         s: usize,
         nb: usize,
     ) -> [[i32; T]; 2] {
-        let m3 = _mm512_set1_epi8(3);
         let mut acc = [[_mm512_setzero_si512(); T]; 2];
         for i in 0..nb {
-            // SAFETY: whole blocks of both weight rows and of the four activation rows (caller).
+            // SAFETY: whole blocks of both weight rows and of the T activation rows (caller).
             unsafe {
                 let codes = |wr: *const u8| {
-                    let q = _mm512_loadu_si512(wr.add(i * WB).cast());
                     _mm_prefetch::<_MM_HINT_T1>(wr.wrapping_add(i * WB + PREFETCH).cast());
-                    [
-                        _mm512_and_si512(q, m3),
-                        _mm512_and_si512(_mm512_srli_epi16(q, 2), m3),
-                        _mm512_and_si512(_mm512_srli_epi16(q, 4), m3),
-                        _mm512_and_si512(_mm512_srli_epi16(q, 6), m3),
-                    ]
+                    unpack2(_mm512_loadu_si512(wr.add(i * WB).cast()))
                 };
                 let c = [codes(w), codes(w.add(ws))];
                 for t in 0..T {

@@ -119,9 +119,9 @@ fn trits_of(m: usize) -> [i32; 3] {
     ]
 }
 
-/// Tables of groups `g0..g1` of one activation row (`q`: `cols` quantised activations, zero
-/// past the end) into `lut` (the row's tables: group `g` at `g · LUT_BYTES`).
-pub(crate) fn build_lut(q: &[i8], g0: usize, g1: usize, lut: &mut [u8]) {
+/// Tables of groups `g0..g1` of one activation row (`q(k)`: its `k`-th quantised activation,
+/// zero past the row's end) into `lut` (the row's tables: group `g` at `g · LUT_BYTES`).
+pub(crate) fn build_lut(q: impl Fn(usize) -> i8, g0: usize, g1: usize, lut: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     if crate::dispatch::KernelPath::Avx512Vnni.is_supported() {
         // SAFETY: AVX-512 F/BW/VL checked just above.
@@ -131,8 +131,8 @@ pub(crate) fn build_lut(q: &[i8], g0: usize, g1: usize, lut: &mut [u8]) {
     build_lut_scalar(q, g0, g1, lut)
 }
 
-fn build_lut_scalar(q: &[i8], g0: usize, g1: usize, lut: &mut [u8]) {
-    let a = |k: usize| q.get(k).map_or(0, |&v| v as i32);
+fn build_lut_scalar(q: impl Fn(usize) -> i8, g0: usize, g1: usize, lut: &mut [u8]) {
+    let a = |k: usize| q(k) as i32;
     for g in g0..g1 {
         let out = &mut lut[g * LUT_BYTES..(g + 1) * LUT_BYTES];
         for m in 0..16 {
@@ -210,14 +210,14 @@ mod x86 {
     /// [`super::build_lut_scalar`] two groups a register: 16 sums each as i16, then their low and
     /// high bytes.
     #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
-    pub(super) unsafe fn build_lut(q: &[i8], g0: usize, g1: usize, lut: &mut [u8]) {
+    pub(super) unsafe fn build_lut(q: impl Fn(usize) -> i8, g0: usize, g1: usize, lut: &mut [u8]) {
         let t = trit_vectors();
         let tv: [__m512i; 3] = std::array::from_fn(|i| {
             // SAFETY: 16 i16 read from a local array.
             let h = unsafe { _mm256_loadu_si256(t[i].as_ptr().cast()) };
             _mm512_inserti64x4::<1>(_mm512_castsi256_si512(h), h)
         });
-        let a = |k: usize| q.get(k).map_or(0, |&v| v as i16);
+        let a = |k: usize| q(k) as i16;
         let mut g = g0;
         while g < g1 {
             let two = g + 1 < g1;
@@ -344,10 +344,11 @@ mod tests {
                 vec![-128i8; cols],
                 vec![127i8; cols],
             ] {
+                let qk = |k: usize| q.get(k).copied().unwrap_or(0);
                 let mut lut = vec![0u8; layout.lut_bytes()];
-                build_lut(&q, 0, 2 * layout.pairs, &mut lut);
+                build_lut(qk, 0, 2 * layout.pairs, &mut lut);
                 let mut lut_s = vec![0u8; layout.lut_bytes()];
-                build_lut_scalar(&q, 0, 2 * layout.pairs, &mut lut_s);
+                build_lut_scalar(qk, 0, 2 * layout.pairs, &mut lut_s);
                 assert_eq!(lut, lut_s, "tables {rows}x{cols}");
                 for tile in 0..layout.tiles {
                     let tb = &w[tile * layout.tile_bytes()..(tile + 1) * layout.tile_bytes()];
