@@ -969,19 +969,20 @@ impl QuantMatrix {
         quantize_rows(ActKind::Q8x32, x, cols, act_scratch.as_bytes_mut());
         let act: &[BlockQ8x32] = bytemuck::cast_slice(act_scratch.as_bytes());
         let lanes = n * ng * 16;
-        pack.set_len(2 * lanes * 4);
-        let (init, da) =
+        let msums = if asym { n * ng } else { 0 };
+        pack.set_len((2 * lanes + msums) * 4);
+        let (init, rest) =
             bytemuck::cast_slice_mut::<u8, i32>(pack.as_bytes_mut()).split_at_mut(lanes);
-        let da: &mut [f32] = bytemuck::cast_slice_mut(da);
-        codec_sym::prepare(bits, asym, act, init, da);
-        let (init, da): (&[i32], &[f32]) = (init, da);
+        let (da, msum) = bytemuck::cast_slice_mut::<i32, f32>(rest).split_at_mut(lanes);
+        codec_sym::prepare(bits, asym, act, init, da, msum);
+        let (init, da, msum): (&[i32], &[f32], &[f32]) = (init, da, msum);
         let yp = SyncPtr(y.as_mut_ptr());
         let (w, rb) = (self.data.as_bytes(), self.row_bytes);
         pool.run_rows(rows, 8, 2 * rows * cols * n, &|r0, r1| {
             // SAFETY: rows were validated as `ng` groups of this codec at construction; the
             // lane arrays hold n·ng·16 entries; chunks write disjoint rows; the SIMD path only
             // where the CPU has its features.
-            unsafe { kernel(bits, w, rb, ng, act, init, da, yp.get(), rows, r0, r1) };
+            unsafe { kernel(bits, w, rb, ng, act, init, da, msum, yp.get(), rows, r0, r1) };
         });
         Ok(())
     }

@@ -8,14 +8,20 @@
 //! exactly; lanes 0–7 lie in the group's first activation block, 8–15 in its second. Then per
 //! lane `acc = fma(float(lane), d_w·d_a, acc)` (`d_w·d_a` one rounded product), and at the end
 //! the 16 lanes fold as `(acc[l] + acc[l+8])`, then `((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))`.
-//! The scalar path computes exactly this, so the SIMD path (AVX-512 VBMI + VNNI: `vpermb` and
-//! `vpmultishiftqb` unpack the LSB-first bit stream of any width in three instructions) equals
-//! it bit for bit; each row's result depends only on its own activations (batch invariance).
+//! The scalar path computes exactly this, so the SIMD path (AVX-512 VBMI + VNNI: a byte
+//! permute or a zero-extending load, `vpmultishiftqb` and a mask unpack the LSB-first bit
+//! stream of any width) equals it bit for bit; each row's result depends only on its own
+//! activations (batch invariance).
 //!
 //! The asymmetric codecs `syn.q{2..8}.asymmetric.g64.v1` (`x̂ = m + u·d`: an f16 scale and an
 //! f16 minimum, then the unsigned codes) take the same kernels with `ASYM = true`: the lanes
-//! start at 0 (`Σ u·a`), the prepared `init` holds each lane's plain activation sum `s`, and
-//! after each lane's `fma(float(Σ u·a), d_w·d_a, acc)` comes `fma(float(s), m_w·d_a, acc)`.
+//! start at 0 (`Σ u·a`) and take the same `fma(float(Σ u·a), d_w·d_a, acc)`; the minimum's
+//! term does not depend on the codes, so it is one chain per row beside the lanes,
+//! `m = fma(m_w, S, m)` group by group, where `S = d₀·Σ₀ + d₁·Σ₁` (each product rounded, then
+//! the sum) comes from the group's two activation blocks (`Σₕ` the sum of block h's codes,
+//! prepared once per activation row and shared by every weight row); the output is the
+//! lanes' fold `+ m`. (The prepared `init` then holds each lane's plain activation sum, which
+//! the AVX2 and NEON paths use to turn their signed lanes into `Σ u·a`.)
 
 use half::f16;
 
@@ -37,8 +43,16 @@ pub(crate) const fn group_bytes(bits: u32, asym: bool) -> usize {
 
 /// Per activation row and group: into `init` the 16 lane starts `−2^(b−1)·Σ` of each lane's 4
 /// activation codes (symmetric) or those plain sums `Σ` (asymmetric), and the lanes'
-/// activation scales `[d₀ ×8, d₁ ×8]` into `da`.
-pub(crate) fn prepare(bits: u32, asym: bool, act: &[BlockQ8x32], init: &mut [i32], da: &mut [f32]) {
+/// activation scales `[d₀ ×8, d₁ ×8]` into `da`; asymmetric, also each group's
+/// `S = d₀·Σ₀ + d₁·Σ₁` into `msum` (one per group; empty when symmetric).
+pub(crate) fn prepare(
+    bits: u32,
+    asym: bool,
+    act: &[BlockQ8x32],
+    init: &mut [i32],
+    da: &mut [f32],
+    msum: &mut [f32],
+) {
     let bias = if asym { -1 } else { 1i32 << (bits - 1) };
     for (blocks, (iv, dv)) in act
         .chunks_exact(2)
@@ -52,6 +66,12 @@ pub(crate) fn prepare(bits: u32, asym: bool, act: &[BlockQ8x32], init: &mut [i32
             }
         }
     }
+    if asym {
+        for (blocks, m) in act.chunks_exact(2).zip(msum.iter_mut()) {
+            let sum = |b: &BlockQ8x32| b.qs.iter().map(|&q| q as i32).sum::<i32>() as f32;
+            *m = blocks[0].d * sum(&blocks[0]) + blocks[1].d * sum(&blocks[1]);
+        }
+    }
 }
 
 /// The signature every path of this kernel shares ([`rows_scalar`]'s contract, plus the CPU
@@ -63,6 +83,7 @@ pub(crate) type RowsFn = unsafe fn(
     usize,
     &[BlockQ8x32],
     &[i32],
+    &[f32],
     &[f32],
     *mut f32,
     usize,
@@ -90,7 +111,7 @@ fn fold(acc: &[f32; 16]) -> f32 {
 }
 
 /// Output rows `r0..r1` of `W·X` for `n` activation rows (`act`: `n·2·ng` blocks; `init`,
-/// `da`: [`prepare`] of them), written to `y[t·ystride + r]` — the reference path.
+/// `da`, `msum`: [`prepare`] of them), written to `y[t·ystride + r]` — the reference path.
 ///
 /// # Safety
 /// `w` holds rows of `ng` groups of `bits`-bit codes (`row_bytes` each); `y` is valid for
@@ -104,6 +125,7 @@ pub(crate) unsafe fn rows_scalar<const ASYM: bool>(
     act: &[BlockQ8x32],
     init: &[i32],
     da: &[f32],
+    msum: &[f32],
     y: *mut f32,
     ystride: usize,
     r0: usize,
@@ -117,6 +139,7 @@ pub(crate) unsafe fn rows_scalar<const ASYM: bool>(
         let row = &w[r * row_bytes..(r + 1) * row_bytes];
         for t in 0..n {
             let mut acc = [0f32; 16];
+            let mut m = 0f32;
             for g in 0..ng {
                 let grp = &row[g * gb..(g + 1) * gb];
                 let dw = f16::from_le_bytes([grp[0], grp[1]]).to_f32();
@@ -131,13 +154,14 @@ pub(crate) unsafe fn rows_scalar<const ASYM: bool>(
                         s += codes[4 * l + k] as i32 * blk.qs[j + k] as i32;
                     }
                     *a = (s as f32).mul_add(dw * da[base + l], *a);
-                    if ASYM {
-                        *a = (init[base + l] as f32).mul_add(mw * da[base + l], *a);
-                    }
+                }
+                if ASYM {
+                    m = mw.mul_add(msum[t * ng + g], m);
                 }
             }
+            let out = if ASYM { fold(&acc) + m } else { fold(&acc) };
             // SAFETY: the caller's contract.
-            unsafe { *y.add(t * ystride + r) = fold(&acc) };
+            unsafe { *y.add(t * ystride + r) = out };
         }
     }
 }
@@ -186,6 +210,7 @@ pub(crate) unsafe fn rows_avx512<const ASYM: bool>(
     act: &[BlockQ8x32],
     init: &[i32],
     da: &[f32],
+    msum: &[f32],
     y: *mut f32,
     ystride: usize,
     r0: usize,
@@ -211,12 +236,12 @@ pub(crate) unsafe fn rows_avx512<const ASYM: bool>(
         // The group's codes, its scale `d_w` and (asymmetric) its minimum `m_w` (f16 → f32 is
         // exact: the same values as the scalar path's).
         let group = |grp: *const u8| {
-            let codes = codes_at(grp.add(hdr), b, load_mask, idx, ctl, cmask);
+            let codes = codes_of(grp.add(hdr), b, load_mask, idx, ctl, cmask);
             let dw = _mm512_broadcastss_ps(half_at(grp));
             let mw = if ASYM {
-                _mm512_broadcastss_ps(half_at(grp.add(2)))
+                _mm_cvtss_f32(half_at(grp.add(2)))
             } else {
-                _mm512_setzero_ps()
+                0.0
             };
             (codes, dw, mw)
         };
@@ -225,17 +250,14 @@ pub(crate) unsafe fn rows_avx512<const ASYM: bool>(
         // row's float order is the one-row path's.
         let mut r = r0;
         if n == 1 {
-            let args = (bits, w, row_bytes, ng, act, init, da, y);
-            // 8-bit codes need no unpacking: four rows are as fast (kbench: 8 rows 90–93 GF/s
-            // against 4 rows' 98); every narrower code gains from eight.
-            while bits < 8 && r + 8 <= r1 {
-                decode_block::<8, ASYM>(args, r, idx, ctl, cmask);
-                r += 8;
-            }
-            while r + 4 <= r1 {
-                decode_block::<4, ASYM>(args, r, idx, ctl, cmask);
-                r += 4;
-            }
+            let args = (bits, w, row_bytes, ng, act, init, da, msum, y);
+            let k = (idx, ctl, cmask);
+            r = match b {
+                2 => decode_rows::<ASYM, 2>(args, r, r1, k),
+                4 => decode_rows::<ASYM, 4>(args, r, r1, k),
+                8 => decode_rows::<ASYM, 8>(args, r, r1, k),
+                _ => decode_rows::<ASYM, 0>(args, r, r1, k),
+            };
         }
         let zero = _mm512_setzero_si512();
         let r0 = r;
@@ -245,6 +267,7 @@ pub(crate) unsafe fn rows_avx512<const ASYM: bool>(
             for r in r0..r1 {
                 let row = w.as_ptr().add(r * row_bytes);
                 let mut acc = [_mm512_setzero_ps(); 8];
+                let mut m = [_mm_setzero_ps(); 8];
                 for g in 0..ng {
                     let grp = row.add(g * gb);
                     _mm_prefetch::<_MM_HINT_T1>(grp.wrapping_add(6144).cast());
@@ -264,13 +287,21 @@ pub(crate) unsafe fn rows_avx512<const ASYM: bool>(
                         let d = _mm512_mul_ps(dw, dav);
                         *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), d, *a);
                         if ASYM {
-                            let m = _mm512_mul_ps(mw, dav);
-                            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iv), m, *a);
+                            m[k] = _mm_fmadd_ss(
+                                _mm_set_ss(mw),
+                                _mm_load_ss(msum.as_ptr().add(t * ng + g)),
+                                m[k],
+                            );
                         }
                     }
                 }
                 for (k, a) in acc.iter().enumerate().take(nt) {
-                    *y.add((t0 + k) * ystride + r) = hsum(*a);
+                    let out = if ASYM {
+                        hsum(*a) + _mm_cvtss_f32(m[k])
+                    } else {
+                        hsum(*a)
+                    };
+                    *y.add((t0 + k) * ystride + r) = out;
                 }
             }
             t0 += nt;
@@ -278,16 +309,47 @@ pub(crate) unsafe fn rows_avx512<const ASYM: bool>(
     }
 }
 
-/// A group's 64 codes of `b` bits at `area` as bytes: the `8·b` code bytes loaded (masked),
-/// then `vpermb` (byte `8j + k` takes stream byte `b·j + k`), `vpmultishiftqb` (byte `k` of
-/// each qword the 8 bits from bit `b·k`) and the mask of `b` bits; 8-bit codes as loaded.
+/// A group's 64 codes of `b` bits at `area` as bytes: each qword `j` of a register given the
+/// `b` bytes of codes `8j..8j+8`, then `vpmultishiftqb` (byte `k` of each qword the 8 bits
+/// from bit `b·k`) and the mask of `b` bits; 8-bit codes as loaded. 2- and 4-bit codes get
+/// their qwords from a zero-extending load (words or dwords to qwords), every other width
+/// from the `8·b` bytes loaded (masked) and `vpermb` (byte `8j + k` takes stream byte
+/// `b·j + k`) — one instruction fewer, which at 2 and 4 bits a weight is measurable (kbench,
+/// one thread, 2048×640 cache-resident: `q2` 86 → 93, `q4` 85 → 97 GFLOP/s).
 ///
 /// # Safety
 /// `area` is valid for reading the `load_mask` bytes; the CPU has AVX-512 BW and VBMI.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-unsafe fn codes_at(
+unsafe fn codes_at<const K: usize>(
+    area: *const u8,
+    load_mask: u64,
+    idx: std::arch::x86_64::__m512i,
+    ctl: std::arch::x86_64::__m512i,
+    cmask: std::arch::x86_64::__m512i,
+) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's contract (`8·b` code bytes, or those the mask keeps).
+    unsafe {
+        let q = match K {
+            2 => _mm512_cvtepu16_epi64(_mm_loadu_si128(area.cast())),
+            4 => _mm512_cvtepu32_epi64(_mm256_loadu_si256(area.cast())),
+            8 => return _mm512_loadu_si512(area.cast()),
+            _ => _mm512_permutexvar_epi8(idx, _mm512_maskz_loadu_epi8(load_mask, area.cast())),
+        };
+        _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl, q), cmask)
+    }
+}
+
+/// [`codes_at`] for a width known only at run time.
+///
+/// # Safety
+/// As [`codes_at`].
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn codes_of(
     area: *const u8,
     b: usize,
     load_mask: u64,
@@ -295,19 +357,19 @@ unsafe fn codes_at(
     ctl: std::arch::x86_64::__m512i,
     cmask: std::arch::x86_64::__m512i,
 ) -> std::arch::x86_64::__m512i {
-    use std::arch::x86_64::*;
     // SAFETY: the caller's contract.
-    let raw = unsafe { _mm512_maskz_loadu_epi8(load_mask, area.cast()) };
-    if b == 8 {
-        raw
-    } else {
-        let q = _mm512_permutexvar_epi8(idx, raw);
-        _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl, q), cmask)
+    unsafe {
+        match b {
+            2 => codes_at::<2>(area, load_mask, idx, ctl, cmask),
+            4 => codes_at::<4>(area, load_mask, idx, ctl, cmask),
+            8 => codes_at::<8>(area, load_mask, idx, ctl, cmask),
+            _ => codes_at::<0>(area, load_mask, idx, ctl, cmask),
+        }
     }
 }
 
 /// [`rows_avx512`]'s arguments a decode block shares: bits, weights, row bytes, groups,
-/// activations, lane starts, activation scales, outputs.
+/// activations, lane starts, activation scales, the minimum's activation factors, outputs.
 #[cfg(target_arch = "x86_64")]
 type BlockArgs<'a> = (
     u32,
@@ -316,6 +378,7 @@ type BlockArgs<'a> = (
     usize,
     &'a [BlockQ8x32],
     &'a [i32],
+    &'a [f32],
     &'a [f32],
     *mut f32,
 );
@@ -343,7 +406,7 @@ unsafe fn mul_bcast(a: std::arch::x86_64::__m512, p: *const f32) -> std::arch::x
     r
 }
 
-/// The f16 at byte `off` of each of `R` (≤ 8) rows' group, as f32 (exact), into `out[..R]`:
+/// The f16 at byte `off` of each of `R` (≤ 8) rows' group, as f32 (exact), in lanes `..R`:
 /// the halves gathered in two 64-bit words, one `vcvtph2ps` for all.
 ///
 /// # Safety
@@ -351,7 +414,10 @@ unsafe fn mul_bcast(a: std::arch::x86_64::__m512, p: *const f32) -> std::arch::x
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn halves_of<const R: usize>(rows: &[*const u8; R], off: usize, out: &mut [f32; 8]) {
+unsafe fn halves_of<const R: usize>(
+    rows: &[*const u8; R],
+    off: usize,
+) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
     let (mut lo, mut hi) = (0u64, 0u64);
     for (j, row) in rows.iter().enumerate() {
@@ -363,15 +429,48 @@ unsafe fn halves_of<const R: usize>(rows: &[*const u8; R], off: usize, out: &mut
             hi |= h << (16 * (j - 4));
         }
     }
-    let v = _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64));
-    // SAFETY: `out` holds 8 floats.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
+    _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
+}
+
+/// Rows from `r` of [`rows_avx512`]'s one-activation-row case in [`decode_block`]s of the
+/// unpacking `K` ([`codes_at`]) for as long as whole blocks fit before `r1`; returns the
+/// first row left.
+///
+/// # Safety
+/// As [`decode_block`].
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+unsafe fn decode_rows<const ASYM: bool, const K: usize>(
+    args: BlockArgs<'_>,
+    mut r: usize,
+    r1: usize,
+    (idx, ctl, cmask): (
+        std::arch::x86_64::__m512i,
+        std::arch::x86_64::__m512i,
+        std::arch::x86_64::__m512i,
+    ),
+) -> usize {
+    // SAFETY: the caller's contract.
+    unsafe {
+        // 8-bit codes need no unpacking: four rows are as fast (kbench: 8 rows 90–93 GF/s
+        // against 4 rows' 98); every narrower code gains from eight.
+        while K != 8 && r + 8 <= r1 {
+            decode_block::<8, ASYM, K>(args, r, idx, ctl, cmask);
+            r += 8;
+        }
+        while r + 4 <= r1 {
+            decode_block::<4, ASYM, K>(args, r, idx, ctl, cmask);
+            r += 4;
+        }
+    }
+    r
 }
 
 /// `R` weight rows from `r` against one activation row ([`rows_avx512`]'s decode blocks): per
 /// group, the activation pair, lane starts and scales loaded once for the `R` rows, the rows'
 /// scales (and minimums) converted together, and per row the codes unpacked
-/// (`vpermb`, `vpmultishiftqb`, mask), one `vpdpbusd`, one conversion, `d_w·d_a` (a multiply
+/// ([`codes_at`]), one `vpdpbusd`, one conversion, `d_w·d_a` (a multiply
 /// with the scale broadcast from memory) and one FMA — the one-row path's operations.
 ///
 /// # Safety
@@ -379,8 +478,8 @@ unsafe fn halves_of<const R: usize>(rows: &[*const u8; R], off: usize, out: &mut
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
-unsafe fn decode_block<const R: usize, const ASYM: bool>(
-    (bits, w, row_bytes, ng, act, init, da, y): BlockArgs<'_>,
+unsafe fn decode_block<const R: usize, const ASYM: bool, const K: usize>(
+    (bits, w, row_bytes, ng, act, init, da, msum, y): BlockArgs<'_>,
     r: usize,
     idx: std::arch::x86_64::__m512i,
     ctl: std::arch::x86_64::__m512i,
@@ -397,7 +496,9 @@ unsafe fn decode_block<const R: usize, const ASYM: bool>(
     unsafe {
         let rows: [*const u8; R] = std::array::from_fn(|j| w.as_ptr().add((r + j) * row_bytes));
         let mut acc = [_mm512_setzero_ps(); R];
-        let (mut dw, mut mw) = ([0f32; 8], [0f32; 8]);
+        // The minimum's chains, one lane per row (asymmetric).
+        let mut m = _mm256_setzero_ps();
+        let mut dw = [0f32; 8];
         for g in 0..ng {
             let pair = act.as_ptr().add(g * 2);
             let av = _mm512_inserti64x4(
@@ -407,34 +508,28 @@ unsafe fn decode_block<const R: usize, const ASYM: bool>(
             );
             let iv = _mm512_loadu_si512(init.as_ptr().add(g * 16).cast());
             let dav = _mm512_loadu_ps(da.as_ptr().add(g * 16));
-            // Asymmetric: lanes start at 0 and `init` is the activation sums.
-            let (start, sums) = if ASYM {
-                (_mm512_setzero_si512(), _mm512_cvtepi32_ps(iv))
-            } else {
-                (iv, _mm512_setzero_ps())
-            };
+            // Asymmetric: lanes start at 0.
+            let start = if ASYM { _mm512_setzero_si512() } else { iv };
             // 8-bit codes: each row's scale converted on its own measured faster (kbench
             // 99 against 90 GF/s); narrower codes: all rows' at once (72 → 85 GF/s).
-            if b < 8 {
-                halves_of::<R>(&rows, g * gb, &mut dw);
+            if K != 8 {
+                _mm256_storeu_ps(dw.as_mut_ptr(), halves_of::<R>(&rows, g * gb));
             }
             if ASYM {
-                halves_of::<R>(&rows, g * gb + 2, &mut mw);
+                let s = _mm256_broadcast_ss(&*msum.as_ptr().add(g));
+                m = _mm256_fmadd_ps(halves_of::<R>(&rows, g * gb + 2), s, m);
             }
             let mut step = |j: usize| {
                 let grp = rows[j].add(g * gb);
                 _mm_prefetch::<_MM_HINT_T1>(grp.wrapping_add(6144).cast());
-                let codes = codes_at(grp.add(hdr), b, load_mask, idx, ctl, cmask);
+                let codes = codes_at::<K>(grp.add(hdr), load_mask, idx, ctl, cmask);
                 let lanes = _mm512_dpbusd_epi32(start, codes, av);
-                let d = if b == 8 {
+                let d = if K == 8 {
                     _mm512_mul_ps(_mm512_broadcastss_ps(half_at(grp)), dav)
                 } else {
                     mul_bcast(dav, dw.as_ptr().add(j))
                 };
                 acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), d, acc[j]);
-                if ASYM {
-                    acc[j] = _mm512_fmadd_ps(sums, mul_bcast(dav, mw.as_ptr().add(j)), acc[j]);
-                }
             };
             // Unrolled by hand (constant indices keep the accumulators in registers).
             step(0);
@@ -448,8 +543,10 @@ unsafe fn decode_block<const R: usize, const ASYM: bool>(
                 step(7);
             }
         }
+        let mut ms = [0f32; 8];
+        _mm256_storeu_ps(ms.as_mut_ptr(), m);
         for (j, a) in acc.iter().enumerate() {
-            *y.add(r + j) = hsum(*a);
+            *y.add(r + j) = if ASYM { hsum(*a) + ms[j] } else { hsum(*a) };
         }
     }
 }
@@ -479,6 +576,7 @@ pub(crate) unsafe fn rows_avx2<const ASYM: bool>(
     act: &[BlockQ8x32],
     init: &[i32],
     da: &[f32],
+    msum: &[f32],
     y: *mut f32,
     ystride: usize,
     r0: usize,
@@ -522,6 +620,7 @@ pub(crate) unsafe fn rows_avx2<const ASYM: bool>(
                 // Every group's over-read stays inside `w` unless this is one of the last rows.
                 let safe = row + row_bytes + 16 <= w.len();
                 let mut acc = [[_mm256_setzero_ps(); 2]; 8];
+                let mut m = [_mm_setzero_ps(); 8];
                 for g in 0..ng {
                     let grp = row + g * gb;
                     let gp = w.as_ptr().add(grp);
@@ -530,9 +629,9 @@ pub(crate) unsafe fn rows_avx2<const ASYM: bool>(
                     _mm_prefetch::<_MM_HINT_T1>(gp.wrapping_add(6144).cast());
                     let dw = _mm256_broadcastss_ps(half_at(gp));
                     let mw = if ASYM {
-                        _mm256_broadcastss_ps(half_at(gp.add(2)))
+                        _mm_cvtss_f32(half_at(gp.add(2)))
                     } else {
-                        _mm256_setzero_ps()
+                        0.0
                     };
                     let area = if safe || grp + hdr + 7 * b + 16 <= w.len() {
                         gp.add(hdr)
@@ -597,10 +696,13 @@ pub(crate) unsafe fn rows_avx2<const ASYM: bool>(
                             let dav = _mm256_loadu_ps(da.as_ptr().add(base + 8 * hf));
                             let d = _mm256_mul_ps(dw, dav);
                             *ah = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), d, *ah);
-                            if ASYM {
-                                let m = _mm256_mul_ps(mw, dav);
-                                *ah = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), m, *ah);
-                            }
+                        }
+                        if ASYM {
+                            m[k] = _mm_fmadd_ss(
+                                _mm_set_ss(mw),
+                                _mm_load_ss(msum.as_ptr().add(t * ng + g)),
+                                m[k],
+                            );
                         }
                     }
                 }
@@ -609,6 +711,7 @@ pub(crate) unsafe fn rows_avx2<const ASYM: bool>(
                     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
                     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
                     let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+                    let s = if ASYM { _mm_add_ss(s, m[k]) } else { s };
                     *y.add((t0 + k) * ystride + r) = _mm_cvtss_f32(s);
                 }
             }
@@ -638,6 +741,7 @@ pub(crate) unsafe fn rows_neon<const ASYM: bool>(
     act: &[BlockQ8x32],
     init: &[i32],
     da: &[f32],
+    msum: &[f32],
     y: *mut f32,
     ystride: usize,
     r0: usize,
@@ -659,6 +763,7 @@ pub(crate) unsafe fn rows_neon<const ASYM: bool>(
             for r in r0..r1 {
                 let row = &w[r * row_bytes..(r + 1) * row_bytes];
                 let mut acc = [[vdupq_n_f32(0.0); 4]; 8];
+                let mut m = [0f32; 8];
                 for g in 0..ng {
                     let grp = &row[g * gb..(g + 1) * gb];
                     let dw = f16::from_le_bytes([grp[0], grp[1]]).to_f32();
@@ -704,16 +809,16 @@ pub(crate) unsafe fn rows_neon<const ASYM: bool>(
                             let dav = vld1q_f32(da.as_ptr().add(base + 4 * j));
                             let d = vmulq_f32(vdupq_n_f32(dw), dav);
                             if ASYM {
-                                // Σ (u − 2^(b−1))·a + 2^(b−1)·Σ a = Σ u·a; then the minimum's
-                                // term from the plain sums.
+                                // Σ (u − 2^(b−1))·a + 2^(b−1)·Σ a = Σ u·a.
                                 let s = vld1q_s32(init.as_ptr().add(base + 4 * j));
                                 let l = vaddq_s32(lanes, vshlq_s32(s, vdupq_n_s32(b as i32 - 1)));
                                 *aj = vfmaq_f32(*aj, vcvtq_f32_s32(l), d);
-                                let m = vmulq_f32(vdupq_n_f32(mw), dav);
-                                *aj = vfmaq_f32(*aj, vcvtq_f32_s32(s), m);
                             } else {
                                 *aj = vfmaq_f32(*aj, vcvtq_f32_s32(lanes), d);
                             }
+                        }
+                        if ASYM {
+                            m[k] = mw.mul_add(msum[t * ng + g], m[k]);
                         }
                     }
                 }
@@ -724,6 +829,7 @@ pub(crate) unsafe fn rows_neon<const ASYM: bool>(
                     let s = vaddq_f32(v_lo, v_hi);
                     let out = (vgetq_lane_f32(s, 0) + vgetq_lane_f32(s, 2))
                         + (vgetq_lane_f32(s, 1) + vgetq_lane_f32(s, 3));
+                    let out = if ASYM { out + m[k] } else { out };
                     *y.add((t0 + k) * ystride + r) = out;
                 }
             }
