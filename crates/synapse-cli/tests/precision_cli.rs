@@ -759,3 +759,79 @@ fn uniform_ggml_exports_are_llama_cpps_requantization_tensor_for_tensor() {
         }
     }
 }
+
+/// `export-gguf` of a mixture of experts writes its re-encoded routed experts as the source
+/// stores them: each stacked `ffn_*_exps` tensor its experts' matrices in expert order, in the
+/// profile's ggml type. From the tiny F32 MoE GGUFs with `uniform:ggml.q8_0.v1` (four
+/// families, Qwen2-MoE's shared expert among them), every stacked expert tensor is byte for
+/// byte the Q8_0 that llama.cpp's own converter wrote for the same weights
+/// (`model.q8_0.gguf`, made by `cargo xtask tiny-models`), every tensor keeps its name and
+/// shape, and the exported file generates the profile's tokens.
+#[test]
+fn moe_exports_write_the_stacked_experts_in_the_profiles_type() {
+    use synapse_formats::GgmlType;
+    use synapse_formats::gguf::{GgufFile, TensorType};
+    for fam in ["mixtral", "qwen2moe", "olmoe", "granitemoe"] {
+        let src = root().join(format!("fixtures/tiny/{fam}/model.f32.gguf"));
+        let conv = root().join(format!("fixtures/tiny/{fam}/model.q8_0.gguf"));
+        if !synapse_testdata::require(&src, "tiny-model fixture") {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("moe.gguf");
+        let (s, o) = (src.to_str().unwrap(), out.to_str().unwrap());
+        let profile = "uniform:ggml.q8_0.v1";
+        let e = cli(
+            dir.path(),
+            &["export-gguf", "-m", s, "--profile", profile, "-o", o],
+        );
+        assert!(
+            e.status.success(),
+            "{fam}: {}",
+            String::from_utf8_lossy(&e.stderr)
+        );
+        let (x, c, f) = (
+            GgufFile::open(&out).unwrap(),
+            GgufFile::open(&conv).unwrap(),
+            GgufFile::open(&src).unwrap(),
+        );
+        assert_eq!(x.tensors().len(), f.tensors().len(), "{fam}");
+        let mut stacks = 0;
+        for (t, st) in x.tensors().iter().zip(f.tensors()) {
+            assert_eq!((&t.name, &t.dims), (&st.name, &st.dims), "{fam}");
+            if !t.name.contains("_exps") {
+                continue;
+            }
+            let ct = c.tensor(&t.name).unwrap();
+            assert_eq!(t.ty, TensorType::Ggml(GgmlType::Q8_0), "{fam} {}", t.name);
+            assert_eq!(ct.ty, t.ty, "{fam} {}", t.name);
+            assert!(
+                x.tensor_data(t) == c.tensor_data(ct),
+                "{fam} {}: not llama.cpp's Q8_0 of the same weights",
+                t.name
+            );
+            stacks += 1;
+        }
+        assert!(stacks >= 6, "{fam}: {stacks} stacked expert tensors");
+        let generate = |model: &str, extra: &[&str]| {
+            let mut v = vec![
+                "generate",
+                "-m",
+                model,
+                "-n",
+                "12",
+                "--ignore-eos",
+                "--json",
+            ];
+            v.extend_from_slice(extra);
+            v.push("word1 and");
+            json(&cli(dir.path(), &v))
+        };
+        let (a, b) = (generate(o, &[]), generate(s, &["--profile", profile]));
+        assert_eq!(
+            a["tokens"], b["tokens"],
+            "{fam}: the exported file runs the profile"
+        );
+        assert_eq!(a["weight_bytes"], b["weight_bytes"], "{fam}");
+    }
+}

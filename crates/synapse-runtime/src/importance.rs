@@ -80,6 +80,16 @@ pub fn expert_tensors(model: &Model) -> Vec<String> {
         .collect()
 }
 
+/// The routed experts' matrices by tensor (IR weight names as [`expert_tensors`] gives them,
+/// in layer order): a stacked tensor's experts in expert order (each expert's slice of it),
+/// or a per-expert tensor's one matrix — what a writer needs to lay a stacked tensor out again.
+pub fn expert_matrices(model: &Model) -> Vec<(String, Vec<Arc<QuantMatrix>>)> {
+    expert_projections(model)
+        .into_iter()
+        .map(|(n, parts)| (n, parts.into_iter().map(|p| p.m).collect()))
+        .collect()
+}
+
 /// Per linear (IR weight name), the mean of `x²` of each input column over every calibration
 /// row its input saw — llama.cpp's importance matrix, as `llama_model_quantize` takes it.
 pub type Imatrix = std::collections::BTreeMap<String, Vec<f32>>;

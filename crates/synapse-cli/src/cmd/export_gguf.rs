@@ -5,8 +5,10 @@
 //! Only ggml's own types can be written (a `syn.*` codec has no GGUF type): `--budget`
 //! selects among the importance map's ggml-type candidates alone (`ggml.q8_0.v1` …
 //! `ggml.q4_k.v1`, the source's own encodings always allowed), and a `--profile` that assigns
-//! a Synapse codec is refused, naming the tensor, before anything is written. Routed experts
-//! re-encoded by a profile are refused too (their stacked tensors are not assembled here).
+//! a Synapse codec is refused, naming the tensor, before anything is written. A mixture of
+//! experts' re-encoded routed experts are written as the source stores them: each stacked
+//! `ffn_*_exps` tensor is its experts' re-encoded matrices one after the other, in expert
+//! order, in their one ggml type (a profile encodes a stacked tensor as a whole).
 //! The file is written next to its destination and renamed into place, so a failed export
 //! leaves nothing behind.
 
@@ -70,6 +72,34 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     write(&a, &src_path, &model, &prepared.applied.model)
 }
 
+/// The one ggml type of a re-encoded tensor's matrices (a stacked expert tensor's experts
+/// share the profile's encoding); an error naming the tensor when the profile gave it a
+/// Synapse codec, which no GGUF type holds.
+fn ggml_type_of(
+    name: &str,
+    mats: &[Arc<synapse_kernels::QuantMatrix>],
+    assigned: Option<&str>,
+) -> anyhow::Result<synapse_formats::GgmlType> {
+    let mut ty = None;
+    for mat in mats {
+        let Encoding::Ggml(t) = mat.encoding() else {
+            bail!(
+                "{name}: the profile assigns {}, a Synapse codec, which has no GGUF type; \
+                 export-gguf writes profiles of ggml types only (`--budget` picks among them, \
+                 `--profile uniform:ggml.q4_k.v1` …)",
+                assigned.unwrap_or("?")
+            );
+        };
+        if ty.is_some_and(|x| x != t) {
+            bail!(
+                "{name}: its experts are in different ggml types, which one GGUF tensor cannot hold"
+            );
+        }
+        ty = Some(t);
+    }
+    ty.with_context(|| format!("{name}: no matrix to write"))
+}
+
 /// Writes `m` (a profile of `source`, loaded from `src_path`) as a GGUF at `a.out`.
 fn write(
     a: &Args,
@@ -78,38 +108,31 @@ fn write(
     m: &synapse_runtime::Model,
 ) -> anyhow::Result<()> {
     let changed = |name: &str| m.profile.encoding(name) != source.profile.encoding(name);
-    if let Some(e) = synapse_runtime::importance::expert_tensors(m)
-        .into_iter()
-        .find(|n| changed(n))
-    {
-        bail!(
-            "{e}: the profile re-encodes routed experts, which export-gguf does not write (their \
-             stacked tensors); export a profile that keeps them at the source"
-        );
-    }
     let file =
         GgufFile::open(src_path).with_context(|| format!("opening {}", src_path.display()))?;
-    // The profile's matrices by the GGUF's tensor names (a tied head is the embedding table).
+    // The profile's bytes by the GGUF's tensor names (a tied head is the embedding table; a
+    // stacked expert tensor is its experts' matrices in expert order).
     let tied = !file.tensors().iter().any(|t| t.name == "output.weight");
-    let mut re: BTreeMap<String, (TensorType, Arc<synapse_kernels::QuantMatrix>)> = BTreeMap::new();
-    for (name, mat) in synapse_runtime::importance::linears(m) {
+    let mut re: BTreeMap<String, (TensorType, Vec<u8>)> = BTreeMap::new();
+    let experts = synapse_runtime::importance::expert_matrices(m);
+    let linears = synapse_runtime::importance::linears(m)
+        .into_iter()
+        .map(|(n, mat)| (n, vec![mat]));
+    for (name, mats) in linears.chain(experts) {
         if !changed(&name) {
             continue;
         }
-        let Encoding::Ggml(ty) = mat.encoding() else {
-            bail!(
-                "{name}: the profile assigns {}, a Synapse codec, which has no GGUF type; \
-                 export-gguf writes profiles of ggml types only (`--budget` picks among them, \
-                 `--profile uniform:ggml.q4_k.v1` …)",
-                m.profile.encoding(&name).unwrap_or("?")
-            );
-        };
+        let ty = ggml_type_of(&name, &mats, m.profile.encoding(&name))?;
+        let mut bytes = Vec::with_capacity(mats.iter().map(|x| x.raw_bytes().len()).sum());
+        for mat in &mats {
+            bytes.extend_from_slice(mat.raw_bytes());
+        }
         let name = if name == "output.weight" && tied {
             "token_embd.weight".to_string()
         } else {
             name
         };
-        re.insert(name, (TensorType::from(ty), mat));
+        re.insert(name, (TensorType::from(ty), bytes));
     }
     let mut w = GgufWriter::new();
     if file.alignment() != 32 {
@@ -125,9 +148,9 @@ fn write(
     let (mut n_re, mut bytes) = (0usize, 0u64);
     for t in file.tensors() {
         let (ty, data) = match re.remove(&t.name) {
-            Some((ty, mat)) => {
+            Some((ty, data)) => {
                 n_re += 1;
-                (ty, mat.raw_bytes().to_vec())
+                (ty, data)
             }
             None => (t.ty, file.tensor_data(t).to_vec()),
         };
