@@ -506,6 +506,300 @@ macro_rules! x86_kernels {
                 unsafe { dot_k4(w, a, nb, true, false) }
             }
 
+            /// Σ over groups of `madd(pair sums, scales)`: the 8 i32 lanes of a 256-element
+            /// super-block whose 32-element groups `g` give `maddubs`-style pair sums
+            /// `pairs(g)` (16 i16: elements 2i, 2i+1 of the group) and `scales(g)` (16 i16 —
+            /// each lane's scale twice), as ggml's AVX2 Q2_K/Q3_K/IQ4_XS dots build them:
+            /// lane k of group g is `scale · Σ_{4k..4k+4} v·a`, summed over the groups.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn scaled_lanes(
+                pairs: impl Fn(usize) -> __m256i,
+                scales: impl Fn(usize) -> __m256i,
+            ) -> __m256i {
+                let mut l = _mm256_setzero_si256();
+                for g in 0..8 {
+                    l = _mm256_add_epi32(l, _mm256_madd_epi16(pairs(g), scales(g)));
+                }
+                l
+            }
+
+            /// 16 scales (one per 16 elements, as 16 i8 in `s`) as each group's madd
+            /// operands: `[s₀..s₇ | s₀..s₇]` and `[s₈..s₁₅ | s₈..s₁₅]` (i16), from which
+            /// [`scales16`] shuffles a group's pair.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn scale_halves(s: __m128i) -> [__m256i; 2] {
+                let all = _mm256_cvtepi8_epi16(s);
+                let (lo, hi) = (_mm256_castsi256_si128(all), _mm256_extracti128_si256(all, 1));
+                [_mm256_set_m128i(lo, lo), _mm256_set_m128i(hi, hi)]
+            }
+
+            /// A scale per 16 elements as group `g`'s madd operand: `s[2g]` on the low 16
+            /// elements' pairs, `s[2g + 1]` on the high 16's (one byte shuffle of
+            /// [`scale_halves`]).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn scales16(h: &[__m256i; 2], g: usize) -> __m256i {
+                let k = (2 * (g % 4)) as i8 * 2;
+                let (a, b) = (k, k + 2);
+                let m = _mm256_setr_epi8(
+                    a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a,
+                    a + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b,
+                    b + 1, b, b + 1,
+                );
+                _mm256_shuffle_epi8(h[g / 4], m)
+            }
+
+            /// Q2_K's 2-bit codes of group `g` (elements `32g..32g+32`): bits `2·(g % 4)` of
+            /// the 32 code bytes of its half (`q[g / 4]`).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q2k_codes(q: &[__m256i; 2], g: usize) -> __m256i {
+                let sh = _mm_cvtsi32_si128(2 * (g % 4) as i32);
+                _mm256_and_si256(_mm256_srl_epi16(q[g / 4], sh), _mm256_set1_epi8(3))
+            }
+
+            /// One Q2_K super-block (84 bytes at `wb`) against a Q8_K block at `ab`: the code
+            /// lanes ([`scaled_lanes`] with the low-nibble scales) and the minimums' lanes
+            /// (`m_2k·bsum_2k + m_2k+1·bsum_2k+1`), both exact integers.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q2k_block(wb: *const u8, ab: *const u8) -> (__m256i, __m256i) {
+                unsafe {
+                    let sm = _mm_loadu_si128(wb.cast());
+                    let mins = _mm256_cvtepu8_epi16(_mm_and_si128(
+                        _mm_srli_epi16(sm, 4),
+                        _mm_set1_epi8(15),
+                    ));
+                    let prod = _mm256_madd_epi16(mins, ld(ab.add(260)));
+                    let sc = scale_halves(_mm_and_si128(sm, _mm_set1_epi8(15)));
+                    let q = [ld(wb.add(16)), ld(wb.add(48))];
+                    let lanes = scaled_lanes(
+                        |g| _mm256_maddubs_epi16(q2k_codes(&q, g), ld(ab.add(4 + 32 * g))),
+                        |g| scales16(&sc, g),
+                    );
+                    (lanes, prod)
+                }
+            }
+
+            /// `ggml_vec_dot_q2_K_q8_K` (AVX2): per super-block the minimums' lanes into the
+            /// accumulator (`fma(−d_a·dmin, prod, acc)`), then `fma(d_a·d, lanes, acc)`; the
+            /// scalar path's order.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q2_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe {
+                    let mut acc = _mm256_setzero_ps();
+                    for i in 0..nb {
+                        let (wb, ab) = (w.add(i * 84), a.add(i * AK));
+                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
+                        let (lanes, prod) = q2k_block(wb, ab);
+                        let da = rd(ab.cast::<f32>());
+                        let dmin = _mm256_set1_ps(-da * f16(wb.add(82)));
+                        acc = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(prod), acc);
+                        let d = _mm256_set1_ps(da * f16(wb.add(80)));
+                        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
+                    }
+                    hsum_ps(acc)
+                }
+            }
+
+            /// Q2_K in ggml's tiled-matmul order (eight or more activation rows).
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q2_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe {
+                    let mut acc = 0f32;
+                    for i in 0..nb {
+                        let (wb, ab) = (w.add(i * 84), a.add(i * AK));
+                        let (lanes, prod) = q2k_block(wb, ab);
+                        let s2 = Some((f16(wb.add(82)), hsum_epi32(prod)));
+                        let da = rd(ab.cast::<f32>());
+                        acc = tiled_step(acc, hsum_epi32(lanes), s2, f16(wb.add(80)), da);
+                    }
+                    acc
+                }
+            }
+
+            /// One Q3_K super-block's lanes (110 bytes at `wb`: `hmask[32]`, `qs[64]`,
+            /// `scales[12]`, `d`): values `lo2 − 4` where the element's `hmask` bit is clear,
+            /// entered as ggml does, `maddubs(lo2, a) − maddubs(4·!h, a)` (both unsigned).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q3k_lanes(wb: *const u8, ab: *const u8) -> __m256i {
+                unsafe {
+                    // The 16 six-bit scales (low nibbles from bytes 0..8, two high bits each
+                    // from bytes 8..12), minus 32, as ggml unpacks them.
+                    let (m2, m4) = (0x0303_0303u32, 0x0f0f_0f0fu32);
+                    let r = |k: usize| rd(wb.add(96 + 4 * k).cast::<u32>());
+                    let (a0, a1, t) = (r(0), r(1), r(2));
+                    let aux = [
+                        (a0 & m4) | ((t & m2) << 4),
+                        (a1 & m4) | (((t >> 2) & m2) << 4),
+                        ((a0 >> 4) & m4) | (((t >> 4) & m2) << 4),
+                        ((a1 >> 4) & m4) | (((t >> 6) & m2) << 4),
+                    ];
+                    let raw = _mm_loadu_si128(aux.as_ptr().cast());
+                    let sc = scale_halves(_mm_sub_epi8(raw, _mm_set1_epi8(32)));
+                    let hm = ld(wb);
+                    let q = [ld(wb.add(32)), ld(wb.add(64))];
+                    let one = _mm256_set1_epi8(1);
+                    scaled_lanes(
+                        |g| {
+                            let a = ld(ab.add(4 + 32 * g));
+                            let sh = _mm_cvtsi32_si128(g as i32);
+                            let clear = _mm256_andnot_si256(_mm256_srl_epi16(hm, sh), one);
+                            let h4 = _mm256_slli_epi16(clear, 2);
+                            _mm256_sub_epi16(
+                                _mm256_maddubs_epi16(q2k_codes(&q, g), a),
+                                _mm256_maddubs_epi16(h4, a),
+                            )
+                        },
+                        |g| scales16(&sc, g),
+                    )
+                }
+            }
+
+            /// `ggml_vec_dot_q3_K_q8_K` (AVX2): `fma(d_a·d, lanes, acc)` per super-block.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q3_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe {
+                    let mut acc = _mm256_setzero_ps();
+                    for i in 0..nb {
+                        let (wb, ab) = (w.add(i * 110), a.add(i * AK));
+                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
+                        let lanes = q3k_lanes(wb, ab);
+                        let d = _mm256_set1_ps(rd(ab.cast::<f32>()) * f16(wb.add(108)));
+                        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
+                    }
+                    hsum_ps(acc)
+                }
+            }
+
+            /// Q3_K in ggml's tiled-matmul order (eight or more activation rows).
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q3_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe {
+                    let mut acc = 0f32;
+                    for i in 0..nb {
+                        let (wb, ab) = (w.add(i * 110), a.add(i * AK));
+                        let s1 = hsum_epi32(q3k_lanes(wb, ab));
+                        acc = tiled_step(acc, s1, None, f16(wb.add(108)), rd(ab.cast::<f32>()));
+                    }
+                    acc
+                }
+            }
+
+            /// IQ4_NL/IQ4_XS values of 16 packed bytes (32 elements, low nibbles first): the
+            /// nibbles looked up in `kvalues_iq4nl`.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn iq4_values(p: *const u8) -> __m256i {
+                unsafe {
+                    let t = _mm_loadu_si128(crate::kernels::decode::KVALUES_IQ4NL.as_ptr().cast());
+                    _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nibbles32(p))
+                }
+            }
+
+            /// One IQ4_XS super-block's lanes (136 bytes: `d`, `scales_h`, `scales_l[4]`,
+            /// `qs[128]`): the signed values entered as `maddubs(|v|, sign(a, v))` (|a| ≤ 127:
+            /// exact), one scale per 32 elements.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn iq4xs_lanes(wb: *const u8, ab: *const u8) -> __m256i {
+                unsafe {
+                    let raw = crate::kernels::decode::iq4xs_scales(std::slice::from_raw_parts(
+                        wb, 8,
+                    ));
+                    scaled_lanes(
+                        |g| {
+                            let v = iq4_values(wb.add(8 + 16 * g));
+                            let a = ld(ab.add(4 + 32 * g));
+                            _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(a, v))
+                        },
+                        |g| _mm256_set1_epi16(raw[g] as i16),
+                    )
+                }
+            }
+
+            /// `ggml_vec_dot_iq4_xs_q8_K` (AVX2): `fma(d·d_a, lanes, acc)` per super-block.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq4_xs(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe {
+                    let mut acc = _mm256_setzero_ps();
+                    for i in 0..nb {
+                        let (wb, ab) = (w.add(i * 136), a.add(i * AK));
+                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
+                        let lanes = iq4xs_lanes(wb, ab);
+                        let d = _mm256_set1_ps(f16(wb) * rd(ab.cast::<f32>()));
+                        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
+                    }
+                    hsum_ps(acc)
+                }
+            }
+
+            /// IQ4_XS in ggml's tiled-matmul order (eight or more activation rows).
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq4_xs_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe {
+                    let mut acc = 0f32;
+                    for i in 0..nb {
+                        let (wb, ab) = (w.add(i * 136), a.add(i * AK));
+                        let s1 = hsum_epi32(iq4xs_lanes(wb, ab));
+                        acc = tiled_step(acc, s1, None, f16(wb), rd(ab.cast::<f32>()));
+                    }
+                    acc
+                }
+            }
+
+            /// One IQ4_NL block's lanes against a Q8_0 activation block (`Σ₄ v·a`).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn iq4nl_lanes(wb: *const u8, ab: *const u8) -> __m256i {
+                unsafe {
+                    let v = iq4_values(wb.add(2));
+                    let s = _mm256_sign_epi8(ld(ab.add(8)), v);
+                    mul_sum(_mm256_setzero_si256(), _mm256_sign_epi8(v, v), s)
+                }
+            }
+
+            /// `ggml_vec_dot_iq4_nl_q8_0` (AVX2): even blocks into one accumulator, odd ones
+            /// into another, `hsum_float_8` of their sum, an odd last block added after.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq4_nl(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe {
+                    let mut acc = [_mm256_setzero_ps(); 2];
+                    for i in 0..nb / 2 * 2 {
+                        let (wb, ab) = (w.add(i * 18), a.add(i * A32));
+                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
+                        let d = _mm256_set1_ps(rd(ab.cast::<f32>()) * f16(wb));
+                        let l = _mm256_cvtepi32_ps(iq4nl_lanes(wb, ab));
+                        acc[i % 2] = _mm256_fmadd_ps(d, l, acc[i % 2]);
+                    }
+                    let mut sum = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
+                    if nb % 2 == 1 {
+                        let (wb, ab) = (w.add((nb - 1) * 18), a.add((nb - 1) * A32));
+                        let s = hsum_epi32(iq4nl_lanes(wb, ab));
+                        sum = (rd(ab.cast::<f32>()) * f16(wb)).mul_add(s as f32, sum);
+                    }
+                    sum
+                }
+            }
+
+            /// IQ4_NL with two or more activation rows: llamafile's `tinyBLAS_Q0_AVX` order
+            /// (one accumulator, `fma(d·d_a, lanes, acc)` per block).
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq4_nl_gemm(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe {
+                    let mut acc = _mm256_setzero_ps();
+                    for i in 0..nb {
+                        let (wb, ab) = (w.add(i * 18), a.add(i * A32));
+                        let d = _mm256_set1_ps(f16(wb) * rd(ab.cast::<f32>()));
+                        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(iq4nl_lanes(wb, ab)), acc);
+                    }
+                    hsum_ps(acc)
+                }
+            }
+
             /// TQ1_0's base-3 digit `(q·3) >> 8` of each byte (ggml's `avg` form of it).
             #[inline]
             #[target_feature(enable = $features)]
@@ -880,6 +1174,10 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::Q4_K => Some((super::MANY_ROWS, $m::dot_q4_k_many)),
                 T::Q5_K => Some((super::MANY_ROWS, $m::dot_q5_k_many)),
                 T::Q6_K => Some((super::MANY_ROWS, $m::dot_q6_k_many)),
+                T::Q2_K => Some((super::MANY_ROWS, $m::dot_q2_k_many)),
+                T::Q3_K => Some((super::MANY_ROWS, $m::dot_q3_k_many)),
+                T::IQ4_XS => Some((super::MANY_ROWS, $m::dot_iq4_xs_many)),
+                T::IQ4_NL => Some((2, $m::dot_iq4_nl_gemm)),
                 _ => None,
             };
             let k: (ActKind, DotFn, Option<Dot4Fn>, Option<(usize, DotFn)>) = match ty {
@@ -895,6 +1193,10 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::Q6_K => (ActKind::Q8K, $m::dot_q6_k, None, many),
                 T::TQ1_0 => (ActKind::Q8K, $m::dot_tq1_0, Some($m::dot4_tq1_0), many),
                 T::TQ2_0 => (ActKind::Q8K, $m::dot_tq2_0, Some($m::dot4_tq2_0), many),
+                T::Q2_K => (ActKind::Q8K, $m::dot_q2_k, None, many),
+                T::Q3_K => (ActKind::Q8K, $m::dot_q3_k, None, many),
+                T::IQ4_XS => (ActKind::Q8K, $m::dot_iq4_xs, None, many),
+                T::IQ4_NL => (ActKind::Q8x32, $m::dot_iq4_nl, None, many),
                 _ => return None,
             };
             k
