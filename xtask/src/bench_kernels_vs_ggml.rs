@@ -150,9 +150,9 @@ fn block_size(ty: &str) -> Result<usize> {
     }
     match ty.to_ascii_lowercase().as_str() {
         "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q8_0" | "iq4_nl" => Ok(32),
-        "q2_k" | "q3_k" | "q4_k" | "q5_k" | "q6_k" | "tq1_0" | "tq2_0" => Ok(256),
+        "q2_k" | "q3_k" | "q4_k" | "q5_k" | "q6_k" | "iq4_xs" | "tq1_0" | "tq2_0" => Ok(256),
         _ => bail!(
-            "bench-kernels-vs-ggml supports q4_0 q4_1 q5_0 q5_1 q8_0 iq4_nl q2_K..q6_K tq1_0 tq2_0, Synapse codec ids (syn.q4.symmetric.g64.v1 …) and w158a8, not {ty}"
+            "bench-kernels-vs-ggml supports q4_0 q4_1 q5_0 q5_1 q8_0 iq4_nl q2_K..q6_K iq4_xs tq1_0 tq2_0, Synapse codec ids (syn.q4.symmetric.g64.v1 …) and w158a8, not {ty}"
         ),
     }
 }

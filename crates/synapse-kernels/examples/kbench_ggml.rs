@@ -117,6 +117,8 @@ fn scale_offsets(ty: GgmlType) -> &'static [usize] {
         GgmlType::TQ1_0 => &[52],
         GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::IQ4_NL => &[0],
+        // IQ4_XS: `d` first; its random 6-bit sub-block scales (±32) are fine to run.
+        GgmlType::IQ4_XS => &[0],
         _ => &[],
     }
 }
