@@ -771,7 +771,7 @@ impl QuantMatrix {
             && (!matches!(ty, GgmlType::F32 | GgmlType::F16) || self.rows.is_multiple_of(4))
         {
             k.dot = many;
-            k.dot4 = None;
+            k.dot4 = k.many4;
         }
         #[cfg(target_arch = "x86_64")]
         if let Some(plan) = SharedPlan::of(&[self], n, order_rows, ctx.path()) {

@@ -48,6 +48,9 @@ pub(crate) struct Kernel {
     /// in a different order there (its tiled K-quant matmul from [`MANY_ROWS`], llamafile's
     /// f32 GEMM from 2); replaces `dot` and `dot4`.
     pub many: Option<(usize, DotFn)>,
+    /// The many-row order's four-activation-row tile (the weights unpacked once for four
+    /// rows), where the path has one; replaces `dot4` with `many`.
+    pub many4: Option<Dot4Fn>,
 }
 
 /// f32 weights, one activation row: `ggml_vec_dot_f32`'s order.
@@ -128,6 +131,7 @@ pub(crate) fn f16_kernel() -> Kernel {
         dot: dot_f16_ggml,
         dot4: None,
         many: Some((2, dot_f16_ggml_gemm)),
+        many4: None,
     }
 }
 
@@ -138,6 +142,7 @@ pub(crate) fn f32_kernel() -> Kernel {
         dot: dot_f32_ggml,
         dot4: None,
         many: Some((2, dot_f32_ggml_gemm)),
+        many4: None,
     }
 }
 

@@ -256,5 +256,6 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         dot,
         dot4: None,
         many: super::scalar::many(ty),
+        many4: None,
     })
 }

@@ -656,6 +656,7 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         dot,
         dot4: None,
         many,
+        many4: None,
     })
 }
 
@@ -681,5 +682,6 @@ pub(crate) fn decode_kernel(ty: GgmlType) -> Option<Kernel> {
         dot,
         dot4: None,
         many: None,
+        many4: None,
     })
 }

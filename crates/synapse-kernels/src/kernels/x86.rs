@@ -506,24 +506,6 @@ macro_rules! x86_kernels {
                 unsafe { dot_k4(w, a, nb, true, false) }
             }
 
-            /// Σ over groups of `madd(pair sums, scales)`: the 8 i32 lanes of a 256-element
-            /// super-block whose 32-element groups `g` give `maddubs`-style pair sums
-            /// `pairs(g)` (16 i16: elements 2i, 2i+1 of the group) and `scales(g)` (16 i16 —
-            /// each lane's scale twice), as ggml's AVX2 Q2_K/Q3_K/IQ4_XS dots build them:
-            /// lane k of group g is `scale · Σ_{4k..4k+4} v·a`, summed over the groups.
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn scaled_lanes(
-                pairs: impl Fn(usize) -> __m256i,
-                scales: impl Fn(usize) -> __m256i,
-            ) -> __m256i {
-                let mut l = _mm256_setzero_si256();
-                for g in 0..8 {
-                    l = _mm256_add_epi32(l, _mm256_madd_epi16(pairs(g), scales(g)));
-                }
-                l
-            }
-
             /// 16 scales (one per 16 elements, as 16 i8 in `s`) as each group's madd
             /// operands: `[s₀..s₇ | s₀..s₇]` and `[s₈..s₁₅ | s₈..s₁₅]` (i16), from which
             /// [`scales16`] shuffles a group's pair.
@@ -541,18 +523,27 @@ macro_rules! x86_kernels {
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn scales16(h: &[__m256i; 2], g: usize) -> __m256i {
-                let k = (2 * (g % 4)) as i8 * 2;
-                let (a, b) = (k, k + 2);
-                let m = _mm256_setr_epi8(
-                    a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a, a + 1, a,
-                    a + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b, b + 1, b,
-                    b + 1, b, b + 1,
-                );
-                _mm256_shuffle_epi8(h[g / 4], m)
+                // Byte masks by g % 4: i16 lane 2·(g % 4) in the low half, the next in the
+                // high half (a table, so that a loop over g need not build them).
+                const M: [[u8; 32]; 4] = {
+                    let mut m = [[0u8; 32]; 4];
+                    let mut j = 0;
+                    while j < 4 {
+                        let mut i = 0;
+                        while i < 32 {
+                            let lane = 2 * j + i / 16;
+                            m[j][i] = (2 * lane + i % 2) as u8;
+                            i += 1;
+                        }
+                        j += 1;
+                    }
+                    m
+                };
+                unsafe { _mm256_shuffle_epi8(h[g / 4], ld(M[g % 4].as_ptr())) }
             }
 
-            /// Q2_K's 2-bit codes of group `g` (elements `32g..32g+32`): bits `2·(g % 4)` of
-            /// the 32 code bytes of its half (`q[g / 4]`).
+            /// Q2_K's (and Q3_K's low) 2-bit codes of group `g` (elements `32g..32g+32`):
+            /// bits `2·(g % 4)` of the 32 code bytes of its half (`q[g / 4]`).
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn q2k_codes(q: &[__m256i; 2], g: usize) -> __m256i {
@@ -560,23 +551,55 @@ macro_rules! x86_kernels {
                 _mm256_and_si256(_mm256_srl_epi16(q[g / 4], sh), _mm256_set1_epi8(3))
             }
 
-            /// One Q2_K super-block (84 bytes at `wb`) against a Q8_K block at `ab`: the code
-            /// lanes ([`scaled_lanes`] with the low-nibble scales) and the minimums' lanes
-            /// (`m_2k·bsum_2k + m_2k+1·bsum_2k+1`), both exact integers.
+            /// The 8 i32 lanes of one 256-element super-block against each of `N` Q8_K
+            /// activation blocks (`ab`), as ggml's AVX2 Q2_K/Q3_K/IQ4_XS dots build them:
+            /// per 32-element group `g` the weights are unpacked once (`unpack(g)`), then per
+            /// activation row `pairs` gives the `maddubs`-style pair sums (16 i16: elements
+            /// 2i, 2i+1) and `madd` by the group's scales (`scales(g)`, each lane's scale
+            /// twice) adds `scale · Σ_{4k..4k+4} v·a` to lane k. Exact integers.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn q2k_block(wb: *const u8, ab: *const u8) -> (__m256i, __m256i) {
+            unsafe fn kq_lanes<const N: usize, U: Copy>(
+                ab: &[*const u8; N],
+                unpack: impl Fn(usize) -> U,
+                pairs: impl Fn(U, __m256i) -> __m256i,
+                scales: impl Fn(usize) -> __m256i,
+            ) -> [__m256i; N] {
+                unsafe {
+                    let mut l = [_mm256_setzero_si256(); N];
+                    for g in 0..8 {
+                        let (u, s) = (unpack(g), scales(g));
+                        for (lt, a) in l.iter_mut().zip(ab) {
+                            let p = pairs(u, ld(a.add(4 + 32 * g)));
+                            *lt = _mm256_add_epi32(*lt, _mm256_madd_epi16(p, s));
+                        }
+                    }
+                    l
+                }
+            }
+
+            /// One Q2_K super-block (84 bytes at `wb`) against `N` Q8_K blocks: per row, the
+            /// code lanes ([`kq_lanes`] with the low-nibble scales) and the minimums' lanes
+            /// (`m_2k·bsum_2k + m_2k+1·bsum_2k+1`), exact integers.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q2k_block<const N: usize>(
+                wb: *const u8,
+                ab: &[*const u8; N],
+            ) -> ([__m256i; N], [__m256i; N]) {
                 unsafe {
                     let sm = _mm_loadu_si128(wb.cast());
                     let mins = _mm256_cvtepu8_epi16(_mm_and_si128(
                         _mm_srli_epi16(sm, 4),
                         _mm_set1_epi8(15),
                     ));
-                    let prod = _mm256_madd_epi16(mins, ld(ab.add(260)));
+                    let prod = ab.map(|a| _mm256_madd_epi16(mins, ld(a.add(260))));
                     let sc = scale_halves(_mm_and_si128(sm, _mm_set1_epi8(15)));
                     let q = [ld(wb.add(16)), ld(wb.add(48))];
-                    let lanes = scaled_lanes(
-                        |g| _mm256_maddubs_epi16(q2k_codes(&q, g), ld(ab.add(4 + 32 * g))),
+                    let lanes = kq_lanes(
+                        ab,
+                        |g| q2k_codes(&q, g),
+                        |c, a| _mm256_maddubs_epi16(c, a),
                         |g| scales16(&sc, g),
                     );
                     (lanes, prod)
@@ -593,7 +616,7 @@ macro_rules! x86_kernels {
                     for i in 0..nb {
                         let (wb, ab) = (w.add(i * 84), a.add(i * AK));
                         _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
-                        let (lanes, prod) = q2k_block(wb, ab);
+                        let ([lanes], [prod]) = q2k_block(wb, &[ab]);
                         let da = rd(ab.cast::<f32>());
                         let dmin = _mm256_set1_ps(-da * f16(wb.add(82)));
                         acc = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(prod), acc);
@@ -604,31 +627,58 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// Q2_K in ggml's tiled-matmul order (eight or more activation rows).
+            /// Q2_K in ggml's tiled-matmul order (eight or more activation rows), for `N`
+            /// activation rows at `a + t·astride` sharing each super-block's unpacking.
+            #[inline]
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q2_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
+            unsafe fn q2k_many<const N: usize>(
+                w: *const u8,
+                a: *const u8,
+                astride: usize,
+                nb: usize,
+            ) -> [f32; N] {
                 unsafe {
-                    let mut acc = 0f32;
+                    let mut acc = [0f32; N];
                     for i in 0..nb {
-                        let (wb, ab) = (w.add(i * 84), a.add(i * AK));
-                        let (lanes, prod) = q2k_block(wb, ab);
-                        let s2 = Some((f16(wb.add(82)), hsum_epi32(prod)));
-                        let da = rd(ab.cast::<f32>());
-                        acc = tiled_step(acc, hsum_epi32(lanes), s2, f16(wb.add(80)), da);
+                        let wb = w.add(i * 84);
+                        let ab: [*const u8; N] =
+                            std::array::from_fn(|t| a.add(t * astride + i * AK));
+                        let (lanes, prod) = q2k_block(wb, &ab);
+                        let (d, dmin) = (f16(wb.add(80)), f16(wb.add(82)));
+                        for t in 0..N {
+                            let s2 = Some((dmin, hsum_epi32(prod[t])));
+                            let da = rd(ab[t].cast::<f32>());
+                            acc[t] = tiled_step(acc[t], hsum_epi32(lanes[t]), s2, d, da);
+                        }
                     }
                     acc
                 }
             }
 
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q2_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { q2k_many::<1>(w, a, 0, nb)[0] }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_q2_k_many(
+                w: *const u8,
+                a: *const u8,
+                astride: usize,
+                nb: usize,
+            ) -> [f32; 4] {
+                unsafe { q2k_many::<4>(w, a, astride, nb) }
+            }
+
             /// One Q3_K super-block's lanes (110 bytes at `wb`: `hmask[32]`, `qs[64]`,
-            /// `scales[12]`, `d`): values `lo2 − 4` where the element's `hmask` bit is clear,
-            /// entered as ggml does, `maddubs(lo2, a) − maddubs(4·!h, a)` (both unsigned).
+            /// `scales[12]`, `d`) against `N` Q8_K blocks: values `lo2 − 4` where the
+            /// element's `hmask` bit is clear, entered as ggml does, `maddubs(lo2, a) −
+            /// maddubs(4·!h, a)` (both unsigned); the 16 six-bit scales unpacked as ggml
+            /// does (low nibbles from bytes 0..8, two high bits each from bytes 8..12), −32.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn q3k_lanes(wb: *const u8, ab: *const u8) -> __m256i {
+            unsafe fn q3k_lanes<const N: usize>(wb: *const u8, ab: &[*const u8; N]) -> [__m256i; N] {
                 unsafe {
-                    // The 16 six-bit scales (low nibbles from bytes 0..8, two high bits each
-                    // from bytes 8..12), minus 32, as ggml unpacks them.
                     let (m2, m4) = (0x0303_0303u32, 0x0f0f_0f0fu32);
                     let r = |k: usize| rd(wb.add(96 + 4 * k).cast::<u32>());
                     let (a0, a1, t) = (r(0), r(1), r(2));
@@ -643,16 +693,15 @@ macro_rules! x86_kernels {
                     let hm = ld(wb);
                     let q = [ld(wb.add(32)), ld(wb.add(64))];
                     let one = _mm256_set1_epi8(1);
-                    scaled_lanes(
+                    kq_lanes(
+                        ab,
                         |g| {
-                            let a = ld(ab.add(4 + 32 * g));
                             let sh = _mm_cvtsi32_si128(g as i32);
                             let clear = _mm256_andnot_si256(_mm256_srl_epi16(hm, sh), one);
-                            let h4 = _mm256_slli_epi16(clear, 2);
-                            _mm256_sub_epi16(
-                                _mm256_maddubs_epi16(q2k_codes(&q, g), a),
-                                _mm256_maddubs_epi16(h4, a),
-                            )
+                            (q2k_codes(&q, g), _mm256_slli_epi16(clear, 2))
+                        },
+                        |(lo, h4), a| {
+                            _mm256_sub_epi16(_mm256_maddubs_epi16(lo, a), _mm256_maddubs_epi16(h4, a))
                         },
                         |g| scales16(&sc, g),
                     )
@@ -667,7 +716,7 @@ macro_rules! x86_kernels {
                     for i in 0..nb {
                         let (wb, ab) = (w.add(i * 110), a.add(i * AK));
                         _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
-                        let lanes = q3k_lanes(wb, ab);
+                        let [lanes] = q3k_lanes(wb, &[ab]);
                         let d = _mm256_set1_ps(rd(ab.cast::<f32>()) * f16(wb.add(108)));
                         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
                     }
@@ -675,18 +724,50 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// Q3_K in ggml's tiled-matmul order (eight or more activation rows).
+            /// A K-quant without minimums in ggml's tiled-matmul order (eight or more
+            /// activation rows: `tiled_step(acc, Σ lanes, d, d_a)` per super-block), for `N`
+            /// activation rows at `a + t·astride` sharing each super-block's unpacking
+            /// (`lanes`; `ts` bytes a super-block, its f16 `d` at `d_at`).
+            #[inline]
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q3_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
+            unsafe fn kq_many<const N: usize>(
+                w: *const u8,
+                a: *const u8,
+                astride: usize,
+                nb: usize,
+                (ts, d_at): (usize, usize),
+                lanes: impl Fn(*const u8, &[*const u8; N]) -> [__m256i; N],
+            ) -> [f32; N] {
                 unsafe {
-                    let mut acc = 0f32;
+                    let mut acc = [0f32; N];
                     for i in 0..nb {
-                        let (wb, ab) = (w.add(i * 110), a.add(i * AK));
-                        let s1 = hsum_epi32(q3k_lanes(wb, ab));
-                        acc = tiled_step(acc, s1, None, f16(wb.add(108)), rd(ab.cast::<f32>()));
+                        let wb = w.add(i * ts);
+                        let ab: [*const u8; N] =
+                            std::array::from_fn(|t| a.add(t * astride + i * AK));
+                        let l = lanes(wb, &ab);
+                        let d = f16(wb.add(d_at));
+                        for t in 0..N {
+                            let da = rd(ab[t].cast::<f32>());
+                            acc[t] = tiled_step(acc[t], hsum_epi32(l[t]), None, d, da);
+                        }
                     }
                     acc
                 }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q3_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { kq_many::<1>(w, a, 0, nb, (110, 108), |wb, ab| q3k_lanes(wb, ab))[0] }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_q3_k_many(
+                w: *const u8,
+                a: *const u8,
+                astride: usize,
+                nb: usize,
+            ) -> [f32; 4] {
+                unsafe { kq_many::<4>(w, a, astride, nb, (110, 108), |wb, ab| q3k_lanes(wb, ab)) }
             }
 
             /// IQ4_NL/IQ4_XS values of 16 packed bytes (32 elements, low nibbles first): the
@@ -701,21 +782,22 @@ macro_rules! x86_kernels {
             }
 
             /// One IQ4_XS super-block's lanes (136 bytes: `d`, `scales_h`, `scales_l[4]`,
-            /// `qs[128]`): the signed values entered as `maddubs(|v|, sign(a, v))` (|a| ≤ 127:
-            /// exact), one scale per 32 elements.
+            /// `qs[128]`) against `N` Q8_K blocks: the signed values entered as
+            /// `maddubs(|v|, sign(a, v))` (|a| ≤ 127: exact), one scale per 32 elements.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn iq4xs_lanes(wb: *const u8, ab: *const u8) -> __m256i {
+            unsafe fn iq4xs_lanes<const N: usize>(wb: *const u8, ab: &[*const u8; N]) -> [__m256i; N] {
                 unsafe {
                     let raw = crate::kernels::decode::iq4xs_scales(std::slice::from_raw_parts(
                         wb, 8,
                     ));
-                    scaled_lanes(
+                    kq_lanes(
+                        ab,
                         |g| {
                             let v = iq4_values(wb.add(8 + 16 * g));
-                            let a = ld(ab.add(4 + 32 * g));
-                            _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(a, v))
+                            (_mm256_sign_epi8(v, v), v)
                         },
+                        |(av, v), a| _mm256_maddubs_epi16(av, _mm256_sign_epi8(a, v)),
                         |g| _mm256_set1_epi16(raw[g] as i16),
                     )
                 }
@@ -729,7 +811,7 @@ macro_rules! x86_kernels {
                     for i in 0..nb {
                         let (wb, ab) = (w.add(i * 136), a.add(i * AK));
                         _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
-                        let lanes = iq4xs_lanes(wb, ab);
+                        let [lanes] = iq4xs_lanes(wb, &[ab]);
                         let d = _mm256_set1_ps(f16(wb) * rd(ab.cast::<f32>()));
                         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
                     }
@@ -737,26 +819,26 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// IQ4_XS in ggml's tiled-matmul order (eight or more activation rows).
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_iq4_xs_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe {
-                    let mut acc = 0f32;
-                    for i in 0..nb {
-                        let (wb, ab) = (w.add(i * 136), a.add(i * AK));
-                        let s1 = hsum_epi32(iq4xs_lanes(wb, ab));
-                        acc = tiled_step(acc, s1, None, f16(wb), rd(ab.cast::<f32>()));
-                    }
-                    acc
-                }
+                unsafe { kq_many::<1>(w, a, 0, nb, (136, 0), |wb, ab| iq4xs_lanes(wb, ab))[0] }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_iq4_xs_many(
+                w: *const u8,
+                a: *const u8,
+                astride: usize,
+                nb: usize,
+            ) -> [f32; 4] {
+                unsafe { kq_many::<4>(w, a, astride, nb, (136, 0), |wb, ab| iq4xs_lanes(wb, ab)) }
             }
 
             /// One IQ4_NL block's lanes against a Q8_0 activation block (`Σ₄ v·a`).
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn iq4nl_lanes(wb: *const u8, ab: *const u8) -> __m256i {
+            unsafe fn iq4nl_lanes(v: __m256i, ab: *const u8) -> __m256i {
                 unsafe {
-                    let v = iq4_values(wb.add(2));
                     let s = _mm256_sign_epi8(ld(ab.add(8)), v);
                     mul_sum(_mm256_setzero_si256(), _mm256_sign_epi8(v, v), s)
                 }
@@ -772,13 +854,13 @@ macro_rules! x86_kernels {
                         let (wb, ab) = (w.add(i * 18), a.add(i * A32));
                         _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
                         let d = _mm256_set1_ps(rd(ab.cast::<f32>()) * f16(wb));
-                        let l = _mm256_cvtepi32_ps(iq4nl_lanes(wb, ab));
+                        let l = _mm256_cvtepi32_ps(iq4nl_lanes(iq4_values(wb.add(2)), ab));
                         acc[i % 2] = _mm256_fmadd_ps(d, l, acc[i % 2]);
                     }
                     let mut sum = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
                     if nb % 2 == 1 {
                         let (wb, ab) = (w.add((nb - 1) * 18), a.add((nb - 1) * A32));
-                        let s = hsum_epi32(iq4nl_lanes(wb, ab));
+                        let s = hsum_epi32(iq4nl_lanes(iq4_values(wb.add(2)), ab));
                         sum = (rd(ab.cast::<f32>()) * f16(wb)).mul_add(s as f32, sum);
                     }
                     sum
@@ -786,18 +868,44 @@ macro_rules! x86_kernels {
             }
 
             /// IQ4_NL with two or more activation rows: llamafile's `tinyBLAS_Q0_AVX` order
-            /// (one accumulator, `fma(d·d_a, lanes, acc)` per block).
+            /// (one accumulator, `fma(d·d_a, lanes, acc)` per block), for `N` activation rows
+            /// sharing each block's lookup.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn iq4nl_gemm<const N: usize>(
+                w: *const u8,
+                a: *const u8,
+                astride: usize,
+                nb: usize,
+            ) -> [f32; N] {
+                unsafe {
+                    let mut acc = [_mm256_setzero_ps(); N];
+                    for i in 0..nb {
+                        let wb = w.add(i * 18);
+                        let (v, dw) = (iq4_values(wb.add(2)), f16(wb));
+                        for (t, at) in acc.iter_mut().enumerate() {
+                            let ab = a.add(t * astride + i * A32);
+                            let d = _mm256_set1_ps(dw * rd(ab.cast::<f32>()));
+                            *at = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(iq4nl_lanes(v, ab)), *at);
+                        }
+                    }
+                    acc.map(|v| hsum_ps(v))
+                }
+            }
+
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_iq4_nl_gemm(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe {
-                    let mut acc = _mm256_setzero_ps();
-                    for i in 0..nb {
-                        let (wb, ab) = (w.add(i * 18), a.add(i * A32));
-                        let d = _mm256_set1_ps(f16(wb) * rd(ab.cast::<f32>()));
-                        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(iq4nl_lanes(wb, ab)), acc);
-                    }
-                    hsum_ps(acc)
-                }
+                unsafe { iq4nl_gemm::<1>(w, a, 0, nb)[0] }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_iq4_nl_gemm(
+                w: *const u8,
+                a: *const u8,
+                astride: usize,
+                nb: usize,
+            ) -> [f32; 4] {
+                unsafe { iq4nl_gemm::<4>(w, a, astride, nb) }
             }
 
             /// TQ1_0's base-3 digit `(q·3) >> 8` of each byte (ggml's `avg` form of it).
@@ -1180,6 +1288,13 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::IQ4_NL => Some((2, $m::dot_iq4_nl_gemm)),
                 _ => None,
             };
+            let many4: Option<Dot4Fn> = match ty {
+                T::Q2_K => Some($m::dot4_q2_k_many),
+                T::Q3_K => Some($m::dot4_q3_k_many),
+                T::IQ4_XS => Some($m::dot4_iq4_xs_many),
+                T::IQ4_NL => Some($m::dot4_iq4_nl_gemm),
+                _ => None,
+            };
             let k: (ActKind, DotFn, Option<Dot4Fn>, Option<(usize, DotFn)>) = match ty {
                 T::F32 => (ActKind::F32, $m::dot_f32, None, many),
                 T::BF16 => (ActKind::F32, $m::dot_bf16, None, many),
@@ -1199,10 +1314,10 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::IQ4_NL => (ActKind::Q8x32, $m::dot_iq4_nl, None, many),
                 _ => return None,
             };
-            k
+            (k.0, k.1, k.2, k.3, many4)
         }};
     }
-    let (act, dot, dot4, many) = match path {
+    let (act, dot, dot4, many, many4) = match path {
         KernelPath::Avx2 => table!(avx2),
         KernelPath::AvxVnni => table!(avxvnni),
         KernelPath::Avx512Vnni => table!(avx512vnni),
@@ -1213,5 +1328,6 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
         dot,
         dot4,
         many,
+        many4,
     })
 }
