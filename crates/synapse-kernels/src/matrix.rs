@@ -785,7 +785,7 @@ impl QuantMatrix {
         // took the few-row kernel above), from a full group for the 32-block types (at 8 rows
         // their per-row kernels were as fast or faster); same bits either way.
         if ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
-            && ((n >= 8 && tiled_order && kernels::tiled::supports(ty))
+            && ((n >= kernels::tiled::min_rows(ty) && tiled_order && kernels::tiled::supports(ty))
                 || (n >= kernels::tiled::G && kernels::tiled::supports32(ty)))
         {
             return self.tiled_matmul(ty, x, n, y, ctx);

@@ -311,6 +311,10 @@ fn tiled_gemm_many_groups_is_bit_identical() {
             (T::Q6_K, 256, 37),
             (T::Q4_0, 64, 37),
             (T::Q8_0, 64, 37),
+            (T::Q2_K, 512, 37),
+            (T::Q3_K, 256, 37),
+            (T::IQ4_XS, 512, 5),
+            (T::IQ4_XS, 256, 37),
         ] {
             let n = 530;
             let w = random_weights(ty, rows, cols, 7 + cols as u64);

@@ -28,7 +28,67 @@ const PAIRS16: usize = PAIRS + 4 * G * 4;
 
 /// The K-quants this GEMM handles.
 pub(crate) fn supports(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+    matches!(
+        ty,
+        GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::IQ4_XS
+    )
+}
+
+/// Activation rows from which a call takes this GEMM rather than the per-row kernels (same
+/// bits): 8 for Q4_K/Q5_K/Q6_K; a whole group for Q2_K/Q3_K/IQ4_XS, whose four-row tiles are
+/// faster below it (kbench, 1 thread, 2048×1024: 8 rows 63.5 / 54.0 / 66.9 GF/s here against
+/// 111.7 / 87.8 / 79.1, 64 rows 164.8 / 157.4 / 177.6 against 106.4 / 86.2 / 78.7).
+pub(crate) fn min_rows(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::IQ4_XS => G,
+        _ => 8,
+    }
+}
+
+/// How a type's super-block enters [`superblock2`]: sixteen sub-blocks of 16 (Q6_K, Q2_K,
+/// Q3_K) or eight of 32; the codes' bias as a left shift (`u = v + 2^shift`: Q6_K 32, Q3_K 4,
+/// IQ4_XS 128), taken off as `2^shift·Σ sc·bsum`; and whether minimums multiply the sub-block
+/// sums (Q4_K/Q5_K over 32, Q2_K over 16).
+#[derive(Clone, Copy)]
+struct Shape {
+    sub16: bool,
+    bias_shift: Option<u32>,
+    mins: bool,
+}
+
+fn shape(ty: GgmlType) -> Shape {
+    match ty {
+        GgmlType::Q6_K => Shape {
+            sub16: true,
+            bias_shift: Some(5),
+            mins: false,
+        },
+        GgmlType::Q3_K => Shape {
+            sub16: true,
+            bias_shift: Some(2),
+            mins: false,
+        },
+        GgmlType::Q2_K => Shape {
+            sub16: true,
+            bias_shift: None,
+            mins: true,
+        },
+        GgmlType::IQ4_XS => Shape {
+            sub16: false,
+            bias_shift: Some(7),
+            mins: false,
+        },
+        _ => Shape {
+            sub16: false,
+            bias_shift: None,
+            mins: true,
+        },
+    }
 }
 
 /// Packs `n` rows of `nb` Q8K blocks into `ceil(n/16)` groups × `nb` packed super-blocks
@@ -77,28 +137,67 @@ pub(crate) fn pack(act: &[BlockQ8K], n: usize, nb: usize, out: &mut [u8]) {
     }
 }
 
-/// One weight super-block, unpacked: codes in element order, per-sub scales and mins.
+/// One weight super-block, unpacked: codes in element order (unsigned, biased where the
+/// type's values are signed), per-sub scales and mins.
 struct Unpacked {
     codes: [u8; 256],
     sc: [i32; 16],
     /// Mins of sub-blocks 2j, 2j+1 as the i16 pair `m[2j] | m[2j+1] << 16`.
-    m2: [i32; 4],
-    /// Q6_K: scales of sub-blocks 2j, 2j+1 as an i16 pair.
+    m2: [i32; 8],
+    /// Biased types: scales of sub-blocks 2j, 2j+1 as an i16 pair.
     sc2: [i32; 8],
     d: f32,
     dmin: f32,
+}
+
+/// `v[2j] | v[2j+1] << 16` as i16 pairs.
+fn pairs16(v: &[i32]) -> [i32; 8] {
+    let mut o = [0i32; 8];
+    for (j, p) in o.iter_mut().enumerate().take(v.len() / 2) {
+        *p = (v[2 * j] as i16 as u16 as i32) | ((v[2 * j + 1] as i16 as u16 as i32) << 16);
+    }
+    o
 }
 
 fn unpack(ty: GgmlType, b: &[u8]) -> Unpacked {
     let mut u = Unpacked {
         codes: [0; 256],
         sc: [0; 16],
-        m2: [0; 4],
+        m2: [0; 8],
         sc2: [0; 8],
         d: 0.0,
         dmin: 0.0,
     };
     match ty {
+        GgmlType::Q2_K => {
+            // scales[16] (scale low nibble, min high), qs[64], d, dmin.
+            // SAFETY: this GEMM runs only on AVX-512 CPUs (AVX2 included); 64 code bytes.
+            unsafe { q23_codes(b[16..80].as_ptr(), None, &mut u.codes) };
+            let m: [i32; 16] = std::array::from_fn(|s| (b[s] >> 4) as i32);
+            u.sc = std::array::from_fn(|s| (b[s] & 15) as i32);
+            u.m2 = pairs16(&m);
+            u.d = f16_at(b, 80);
+            u.dmin = f16_at(b, 82);
+        }
+        GgmlType::Q3_K => {
+            // hmask[32], qs[64], scales[12], d: v = lo2 − 4 where the hmask bit is clear,
+            // entered as u = v + 4 = lo2 + 4·bit.
+            // SAFETY: as for Q2_K; 32 hmask bytes, then 64 code bytes.
+            unsafe { q23_codes(b[32..96].as_ptr(), Some(b[..32].as_ptr()), &mut u.codes) };
+            let raw = super::decode::q3k_scales(&b[96..108]);
+            u.sc = raw.map(|v| v as i32 - 32);
+            u.sc2 = pairs16(&u.sc);
+            u.d = f16_at(b, 108);
+        }
+        GgmlType::IQ4_XS => {
+            // d, scales_h, scales_l[4], qs[128]: values entered as u = v + 128.
+            // SAFETY: as for Q2_K; 128 code bytes.
+            unsafe { iq4xs_codes(b[8..136].as_ptr(), &mut u.codes) };
+            let sc = super::decode::iq4xs_scales(b);
+            u.sc[..8].copy_from_slice(&sc);
+            u.sc2 = pairs16(&sc);
+            u.d = f16_at(b, 0);
+        }
         GgmlType::Q6_K => {
             u.codes = unpack_q6k(&b[..128], &b[Q6K_QH..Q6K_QH + 64]);
             for (s, v) in u.sc.iter_mut().enumerate() {
@@ -123,6 +222,56 @@ fn unpack(ty: GgmlType, b: &[u8]) -> Unpacked {
         }
     }
     u
+}
+
+/// Q2_K's codes (`hmask` `None`) or Q3_K's biased values `lo2 + 4·bit` in element order:
+/// element `32g + j` is bits `2·(g % 4)` of code byte `32·(g / 4) + j` (and bit `g` of
+/// `hmask[j]`) — the scalar `q2k_codes`/`q3k_values` (+4), 32 bytes a step.
+///
+/// # Safety
+/// The CPU has AVX2; `qs` holds 64 bytes, `hmask` 32.
+#[target_feature(enable = "avx2")]
+unsafe fn q23_codes(qs: *const u8, hmask: Option<*const u8>, out: &mut [u8; 256]) {
+    // SAFETY: the caller's contract; stores stay inside `out`.
+    unsafe {
+        let q = [
+            _mm256_loadu_si256(qs.cast()),
+            _mm256_loadu_si256(qs.add(32).cast()),
+        ];
+        let hm = hmask.map(|h| _mm256_loadu_si256(h.cast()));
+        for g in 0..8 {
+            let sh = _mm_cvtsi32_si128(2 * (g % 4) as i32);
+            let mut c = _mm256_and_si256(_mm256_srl_epi16(q[g / 4], sh), _mm256_set1_epi8(3));
+            if let Some(h) = hm {
+                let bit = _mm256_srl_epi16(h, _mm_cvtsi32_si128(g as i32));
+                let four = _mm256_slli_epi16(_mm256_and_si256(bit, _mm256_set1_epi8(1)), 2);
+                c = _mm256_or_si256(c, four);
+            }
+            _mm256_storeu_si256(out.as_mut_ptr().add(32 * g).cast(), c);
+        }
+    }
+}
+
+/// IQ4_XS's values biased by 128 (`kvalues_iq4nl[nibble] + 128`, unsigned) in element order,
+/// from its 128 code bytes (16 a sub-block, low nibbles first).
+///
+/// # Safety
+/// The CPU has AVX2; `qs` holds 128 bytes.
+#[target_feature(enable = "avx2")]
+unsafe fn iq4xs_codes(qs: *const u8, out: &mut [u8; 256]) {
+    let t: [u8; 16] = std::array::from_fn(|i| (super::decode::KVALUES_IQ4NL[i] as i32 + 128) as u8);
+    // SAFETY: the caller's contract; stores stay inside `out`.
+    unsafe {
+        let t = _mm_loadu_si128(t.as_ptr().cast());
+        let table = _mm256_set_m128i(t, t);
+        let m = _mm_set1_epi8(15);
+        for ib in 0..8 {
+            let b = _mm_loadu_si128(qs.add(16 * ib).cast());
+            let (lo, hi) = (_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+            let v = _mm256_shuffle_epi8(table, _mm256_set_m128i(hi, lo));
+            _mm256_storeu_si256(out.as_mut_ptr().add(32 * ib).cast(), v);
+        }
+    }
 }
 
 /// Output rows `r0..r1` against all packed groups: `y[t·rows + r]` for `t < n`.
@@ -245,8 +394,10 @@ unsafe fn superblock2(
     };
     let (mut s1a, mut s1b) = (_mm512_setzero_si512(), _mm512_setzero_si512());
     let (mut s2a, mut s2b) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-    let six = ty == GgmlType::Q6_K;
-    let (nsub, per) = if six { (16, 4) } else { (8, 8) }; // sub-blocks, 4-byte groups per sub
+    let sh = shape(ty);
+    // Sub-blocks and 4-byte groups per sub; the packed sums of a sub-block and their pairs.
+    let (nsub, per) = if sh.sub16 { (16, 4) } else { (8, 8) };
+    let (sums, npairs) = if sh.sub16 { (PAIRS16, 8) } else { (PAIRS, 4) };
     for s in 0..nsub {
         let (mut ra, mut rb) = (_mm512_setzero_si512(), _mm512_setzero_si512());
         for gi in 0..per {
@@ -259,31 +410,32 @@ unsafe fn superblock2(
         s1a = _mm512_add_epi32(s1a, _mm512_mullo_epi32(ra, _mm512_set1_epi32(ua.sc[s])));
         s1b = _mm512_add_epi32(s1b, _mm512_mullo_epi32(rb, _mm512_set1_epi32(ub.sc[s])));
     }
-    if six {
-        // s1 −= 32·Σ_s sc_s·bsum_s: two sub-blocks per `vpdpwssd` (exact integers, so the
-        // same s1 as subtracting 32·bsum from each sub-block's sum first).
+    if let Some(shift) = sh.bias_shift {
+        // s1 −= 2^shift·Σ_s sc_s·bsum_s: two sub-blocks per `vpdpwssd` (exact integers, so
+        // the same s1 as subtracting the bias times each sub-block's sum first).
         let (mut ca, mut cb) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-        for j in 0..8 {
+        for j in 0..npairs {
             // SAFETY: 64 bytes of pairs inside the packed block.
-            let bs = unsafe { _mm512_loadu_si512(q.add(PAIRS16 + j * G * 4).cast()) };
+            let bs = unsafe { _mm512_loadu_si512(q.add(sums + j * G * 4).cast()) };
             ca = _mm512_dpwssd_epi32(ca, bs, _mm512_set1_epi32(ua.sc2[j]));
             cb = _mm512_dpwssd_epi32(cb, bs, _mm512_set1_epi32(ub.sc2[j]));
         }
-        s1a = _mm512_sub_epi32(s1a, _mm512_slli_epi32(ca, 5));
-        s1b = _mm512_sub_epi32(s1b, _mm512_slli_epi32(cb, 5));
+        let shift = _mm_cvtsi32_si128(shift as i32);
+        s1a = _mm512_sub_epi32(s1a, _mm512_sll_epi32(ca, shift));
+        s1b = _mm512_sub_epi32(s1b, _mm512_sll_epi32(cb, shift));
     }
-    if !six {
+    if sh.mins {
         // s2 = Σ_s m_s·(sum of sub-block s): two sub-blocks per `vpdpwssd` (exact integers).
-        for j in 0..4 {
+        for j in 0..npairs {
             // SAFETY: 64 bytes of pairs inside the packed block.
-            let bs = unsafe { _mm512_loadu_si512(q.add(PAIRS + j * G * 4).cast()) };
+            let bs = unsafe { _mm512_loadu_si512(q.add(sums + j * G * 4).cast()) };
             s2a = _mm512_dpwssd_epi32(s2a, bs, _mm512_set1_epi32(ua.m2[j]));
             s2b = _mm512_dpwssd_epi32(s2b, bs, _mm512_set1_epi32(ub.m2[j]));
         }
     }
     let mut ra = _mm512_mul_ps(_mm512_cvtepi32_ps(s1a), _mm512_set1_ps(ua.d));
     let mut rb = _mm512_mul_ps(_mm512_cvtepi32_ps(s1b), _mm512_set1_ps(ub.d));
-    if !six {
+    if sh.mins {
         ra = _mm512_fnmadd_ps(_mm512_set1_ps(ua.dmin), _mm512_cvtepi32_ps(s2a), ra);
         rb = _mm512_fnmadd_ps(_mm512_set1_ps(ub.dmin), _mm512_cvtepi32_ps(s2b), rb);
     }
