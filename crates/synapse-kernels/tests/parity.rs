@@ -315,6 +315,7 @@ fn tiled_gemm_many_groups_is_bit_identical() {
             (T::Q3_K, 256, 37),
             (T::IQ4_XS, 512, 5),
             (T::IQ4_XS, 256, 37),
+            (T::IQ4_NL, 64, 37),
         ] {
             let n = 530;
             let w = random_weights(ty, rows, cols, 7 + cols as u64);

@@ -467,7 +467,12 @@ pub(crate) const PACK32: usize = 32 * G + 8 * G * 4 + G * 4 + G * 4;
 pub(crate) fn supports32(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_1
+        GgmlType::Q8_0
+            | GgmlType::Q5_0
+            | GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_1
+            | GgmlType::IQ4_NL
     )
 }
 
@@ -518,15 +523,15 @@ pub(crate) fn pack32(
 /// The bias [`codes32`] puts on `ty`'s codes.
 pub(crate) fn bias32(ty: GgmlType) -> i32 {
     match ty {
-        GgmlType::Q8_0 => 128,
+        GgmlType::Q8_0 | GgmlType::IQ4_NL => 128,
         GgmlType::Q5_0 => 16,
         GgmlType::Q4_1 | GgmlType::Q5_1 => 0,
         _ => 8,
     }
 }
 
-/// One block's weight codes as unsigned bytes (Q8_0 + 128, Q5_0 and Q4_0 as stored, i.e. with
-/// [`bias32`]'s bias), written as 8 little-endian words at `out`, with AVX-512BW.
+/// One block's weight codes as unsigned bytes (Q8_0 + 128, IQ4_NL's values + 128, Q5_0 and
+/// Q4_0 as stored, i.e. with [`bias32`]'s bias), written as 8 little-endian words at `out`, with AVX-512BW.
 ///
 /// # Safety
 /// `b` points at one whole block of `ty`, `out` at 8 writable words; the CPU has AVX-512
@@ -552,6 +557,12 @@ unsafe fn codes32_simd(ty: GgmlType, b: *const u8, out: *mut u32) {
                 _mm256_mask_add_epi8(v, qh, v, _mm256_set1_epi8(16))
             }
             GgmlType::Q4_1 => nib(b.add(4)),
+            GgmlType::IQ4_NL => {
+                let t: [u8; 16] =
+                    std::array::from_fn(|i| (super::decode::KVALUES_IQ4NL[i] as i32 + 128) as u8);
+                let t = _mm_loadu_si128(t.as_ptr().cast());
+                _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nib(b.add(2)))
+            }
             _ => nib(b.add(2)),
         };
         _mm256_storeu_si256(out.cast(), v);
