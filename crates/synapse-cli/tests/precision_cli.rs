@@ -75,6 +75,22 @@ fn importance(dir: &Path, model: &str, text: &Path, out: Option<&Path>) {
 }
 
 /// `synapse-cli importance` of `model` on `text` measuring only `ladder`, written to `out`.
+/// `generate --json` of 12 greedy tokens after "word1 and" on `model` (with `extra` flags).
+fn generate12(dir: &Path, model: &str, extra: &[&str]) -> Value {
+    let mut v = vec![
+        "generate",
+        "-m",
+        model,
+        "-n",
+        "12",
+        "--ignore-eos",
+        "--json",
+    ];
+    v.extend_from_slice(extra);
+    v.push("word1 and");
+    json(&cli(dir, &v))
+}
+
 fn ladder_map(dir: &Path, model: &str, text: &Path, ladder: &str, out: &Path) -> Output {
     let mut a = common::importance_args(model, text.to_str().unwrap()).to_vec();
     a.extend(["--ladder", ladder, "-o", out.to_str().unwrap()]);
@@ -614,20 +630,7 @@ fn a_budget_exports_a_gguf_of_the_ggml_types_its_map_measured() {
     assert!(e.status.success(), "{}", String::from_utf8_lossy(&e.stderr));
     // It is the ggml-only selection's profile: generate on the source with that map runs the
     // same profile, and the exported file's own tokens are that profile's tokens.
-    let generate = |model: &str, extra: &[&str]| {
-        let mut v = vec![
-            "generate",
-            "-m",
-            model,
-            "-n",
-            "12",
-            "--ignore-eos",
-            "--json",
-        ];
-        v.extend_from_slice(extra);
-        v.push("word1 and");
-        json(&cli(dir.path(), &v))
-    };
+    let generate = |model: &str, extra: &[&str]| generate12(dir.path(), model, extra);
     let g = generate(m, &["--budget", &want, "--map", gp]);
     let profile = g["profile"].as_str().unwrap();
     assert_metadata_kept(&llama, &out, profile);
@@ -813,21 +816,10 @@ fn moe_exports_write_the_stacked_experts_in_the_profiles_type() {
             stacks += 1;
         }
         assert!(stacks >= 6, "{fam}: {stacks} stacked expert tensors");
-        let generate = |model: &str, extra: &[&str]| {
-            let mut v = vec![
-                "generate",
-                "-m",
-                model,
-                "-n",
-                "12",
-                "--ignore-eos",
-                "--json",
-            ];
-            v.extend_from_slice(extra);
-            v.push("word1 and");
-            json(&cli(dir.path(), &v))
-        };
-        let (a, b) = (generate(o, &[]), generate(s, &["--profile", profile]));
+        let (a, b) = (
+            generate12(dir.path(), o, &[]),
+            generate12(dir.path(), s, &["--profile", profile]),
+        );
         assert_eq!(
             a["tokens"], b["tokens"],
             "{fam}: the exported file runs the profile"

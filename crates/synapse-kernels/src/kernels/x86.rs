@@ -16,6 +16,27 @@ use crate::act::ActKind;
 use crate::dispatch::KernelPath;
 use synapse_formats::GgmlType;
 
+/// A kernel body generic over its activation rows (`$body::<N>(w, a, astride, nb) -> [f32;
+/// N]`) as the one-row [`DotFn`] `$one` and the four-row [`Dot4Fn`] `$four`.
+macro_rules! one_and_four {
+    ($features:literal, $one:ident, $four:ident, $body:ident) => {
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $one(w: *const u8, a: *const u8, nb: usize) -> f32 {
+            unsafe { $body::<1>(w, a, 0, nb)[0] }
+        }
+
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $four(
+            w: *const u8,
+            a: *const u8,
+            astride: usize,
+            nb: usize,
+        ) -> [f32; 4] {
+            unsafe { $body::<4>(w, a, astride, nb) }
+        }
+    };
+}
+
 macro_rules! x86_kernels {
     (
         $m:ident,
@@ -655,20 +676,7 @@ macro_rules! x86_kernels {
                 }
             }
 
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q2_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { q2k_many::<1>(w, a, 0, nb)[0] }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_q2_k_many(
-                w: *const u8,
-                a: *const u8,
-                astride: usize,
-                nb: usize,
-            ) -> [f32; 4] {
-                unsafe { q2k_many::<4>(w, a, astride, nb) }
-            }
+            one_and_four!($features, dot_q2_k_many, dot4_q2_k_many, q2k_many);
 
             /// One Q3_K super-block's lanes (110 bytes at `wb`: `hmask[32]`, `qs[64]`,
             /// `scales[12]`, `d`) against `N` Q8_K blocks: values `lo2 − 4` where the
@@ -708,20 +716,34 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// `ggml_vec_dot_q3_K_q8_K` (AVX2): `fma(d_a·d, lanes, acc)` per super-block.
+            /// A K-quant without minimums in ggml's one-row AVX2 order: `fma(d_a·d, lanes,
+            /// acc)` per super-block (`ts` bytes, its f16 `d` at `d_at`), then `hsum_float_8`
+            /// (`ggml_vec_dot_q3_K_q8_K`, `ggml_vec_dot_iq4_xs_q8_K`).
+            #[inline]
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q3_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
+            unsafe fn kq_dot(
+                w: *const u8,
+                a: *const u8,
+                nb: usize,
+                (ts, d_at): (usize, usize),
+                lanes: impl Fn(*const u8, &[*const u8; 1]) -> [__m256i; 1],
+            ) -> f32 {
                 unsafe {
                     let mut acc = _mm256_setzero_ps();
                     for i in 0..nb {
-                        let (wb, ab) = (w.add(i * 110), a.add(i * AK));
+                        let (wb, ab) = (w.add(i * ts), a.add(i * AK));
                         _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
-                        let [lanes] = q3k_lanes(wb, &[ab]);
-                        let d = _mm256_set1_ps(rd(ab.cast::<f32>()) * f16(wb.add(108)));
-                        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
+                        let [l] = lanes(wb, &[ab]);
+                        let d = _mm256_set1_ps(rd(ab.cast::<f32>()) * f16(wb.add(d_at)));
+                        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(l), acc);
                     }
                     hsum_ps(acc)
                 }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q3_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { kq_dot(w, a, nb, (110, 108), |wb, ab| q3k_lanes(wb, ab)) }
             }
 
             /// A K-quant without minimums in ggml's tiled-matmul order (eight or more
@@ -755,20 +777,19 @@ macro_rules! x86_kernels {
                 }
             }
 
+            /// Q3_K in the tiled order ([`kq_many`] over [`q3k_lanes`]).
+            #[inline]
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q3_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { kq_many::<1>(w, a, 0, nb, (110, 108), |wb, ab| q3k_lanes(wb, ab))[0] }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_q3_k_many(
+            unsafe fn q3k_many<const N: usize>(
                 w: *const u8,
                 a: *const u8,
                 astride: usize,
                 nb: usize,
-            ) -> [f32; 4] {
-                unsafe { kq_many::<4>(w, a, astride, nb, (110, 108), |wb, ab| q3k_lanes(wb, ab)) }
+            ) -> [f32; N] {
+                unsafe { kq_many::<N>(w, a, astride, nb, (110, 108), |wb, ab| q3k_lanes(wb, ab)) }
             }
+
+            one_and_four!($features, dot_q3_k_many, dot4_q3_k_many, q3k_many);
 
             /// IQ4_NL/IQ4_XS values of 16 packed bytes (32 elements, low nibbles first): the
             /// nibbles looked up in `kvalues_iq4nl`.
@@ -803,36 +824,24 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// `ggml_vec_dot_iq4_xs_q8_K` (AVX2): `fma(d·d_a, lanes, acc)` per super-block.
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_iq4_xs(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe {
-                    let mut acc = _mm256_setzero_ps();
-                    for i in 0..nb {
-                        let (wb, ab) = (w.add(i * 136), a.add(i * AK));
-                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
-                        let [lanes] = iq4xs_lanes(wb, &[ab]);
-                        let d = _mm256_set1_ps(f16(wb) * rd(ab.cast::<f32>()));
-                        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
-                    }
-                    hsum_ps(acc)
-                }
+                unsafe { kq_dot(w, a, nb, (136, 0), |wb, ab| iq4xs_lanes(wb, ab)) }
             }
 
+            /// IQ4_XS in the tiled order ([`kq_many`] over [`iq4xs_lanes`]).
+            #[inline]
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_iq4_xs_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { kq_many::<1>(w, a, 0, nb, (136, 0), |wb, ab| iq4xs_lanes(wb, ab))[0] }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_iq4_xs_many(
+            unsafe fn iq4xs_many<const N: usize>(
                 w: *const u8,
                 a: *const u8,
                 astride: usize,
                 nb: usize,
-            ) -> [f32; 4] {
-                unsafe { kq_many::<4>(w, a, astride, nb, (136, 0), |wb, ab| iq4xs_lanes(wb, ab)) }
+            ) -> [f32; N] {
+                unsafe { kq_many::<N>(w, a, astride, nb, (136, 0), |wb, ab| iq4xs_lanes(wb, ab)) }
             }
+
+            one_and_four!($features, dot_iq4_xs_many, dot4_iq4_xs_many, iq4xs_many);
 
             /// One IQ4_NL block's lanes against a Q8_0 activation block (`Σ₄ v·a`).
             #[inline]
@@ -893,20 +902,7 @@ macro_rules! x86_kernels {
                 }
             }
 
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_iq4_nl_gemm(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { iq4nl_gemm::<1>(w, a, 0, nb)[0] }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_iq4_nl_gemm(
-                w: *const u8,
-                a: *const u8,
-                astride: usize,
-                nb: usize,
-            ) -> [f32; 4] {
-                unsafe { iq4nl_gemm::<4>(w, a, astride, nb) }
-            }
+            one_and_four!($features, dot_iq4_nl_gemm, dot4_iq4_nl_gemm, iq4nl_gemm);
 
             /// TQ1_0's base-3 digit `(q·3) >> 8` of each byte (ggml's `avg` form of it).
             #[inline]
