@@ -667,6 +667,7 @@ impl QuantMatrix {
                     match plan.kinds[i] {
                         FewRowKernel::Gemv32 => gemv32::rows(
                             plan.tys[i],
+                            plan.order_rows < 2,
                             w,
                             rb,
                             nb32,
@@ -783,10 +784,13 @@ impl QuantMatrix {
         #[cfg(target_arch = "x86_64")]
         // The tiled GEMM from 8 rows for Q5_K (half a 16-row group; Q4_K/Q6_K below 32 rows
         // took the few-row kernel above), from a full group for the 32-block types (at 8 rows
-        // their per-row kernels were as fast or faster); same bits either way.
+        // their per-row kernels were as fast or faster); same bits either way. IQ4_NL's
+        // one-row order is not its many-row one: only calls in the latter tile.
         if ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
             && ((n >= kernels::tiled::min_rows(ty) && tiled_order && kernels::tiled::supports(ty))
-                || (n >= kernels::tiled::G && kernels::tiled::supports32(ty)))
+                || (n >= kernels::tiled::G
+                    && kernels::tiled::supports32(ty)
+                    && (ty != GgmlType::IQ4_NL || order_rows >= 2)))
         {
             return self.tiled_matmul(ty, x, n, y, ctx);
         }

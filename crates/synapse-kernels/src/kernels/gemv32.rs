@@ -32,7 +32,12 @@ pub(crate) fn takes(n: usize, cols: usize) -> bool {
 pub(crate) fn supports(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_1
+        GgmlType::Q8_0
+            | GgmlType::Q5_0
+            | GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_1
+            | GgmlType::IQ4_NL
     )
 }
 
@@ -116,6 +121,15 @@ unsafe fn codes<const T: u8>(a: *const u8, b: *const u8) -> __m512i {
                 let z = _mm512_shuffle_i64x2(z, z, 0b0101_0000);
                 let sh = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
                 let nib = _mm512_and_si512(_mm512_srlv_epi64(z, sh), _mm512_set1_epi8(15));
+                if T == IQ {
+                    // IQ4_NL: the nibbles looked up in `kvalues_iq4nl + 128` (unsigned, bias
+                    // 128 as Q8_0's).
+                    let t: [u8; 16] = std::array::from_fn(|i| {
+                        (super::decode::KVALUES_IQ4NL[i] as i32 + 128) as u8
+                    });
+                    let t = _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr().cast()));
+                    return _mm512_shuffle_epi8(t, nib);
+                }
                 if T == Q5 || T == Q51 {
                     let qh = if T == Q5 { 2 } else { 4 };
                     let qa = std::ptr::read_unaligned(a.add(qh).cast::<u32>()) as u64;
@@ -134,6 +148,7 @@ const Q5: u8 = 1;
 const Q4: u8 = 2;
 const Q41: u8 = 3;
 const Q51: u8 = 4;
+const IQ: u8 = 5;
 
 /// Both rows' block scales `[d_a, d_b]` in lanes 0 and 1 (one `vcvtph2ps`).
 #[inline]
@@ -199,7 +214,7 @@ fn spread_w(dw: __m128) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows_impl<const T: u8, const N: usize, const P: usize>(
+unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bool>(
     ts: usize,
     w: &[u8],
     row_bytes: usize,
@@ -240,9 +255,16 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize>(
         // starts (caller); the outputs t·ystride + row are this call's.
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); P]; N];
+            // SPLIT (IQ4_NL's one-row order): odd blocks into their own accumulators, and
+            // an odd last block's lanes summed as integers (rows a and b of pair k), with
+            // its `d_w` pair, to add after the horizontal sum.
+            let mut acc_odd = [[_mm512_setzero_ps(); P]; N];
+            let mut tail = [[(0i32, 0i32); P]; N];
+            let mut tail_dw = [_mm_setzero_ps(); P];
             // Q4_1/Q5_1: each row's `Σ m·s`, rows a and b of pair k in lanes 0 and 1.
             let mut sm = [[_mm_setzero_ps(); P]; N];
             for b in 0..nb {
+                let last_odd = SPLIT && nb % 2 == 1 && b == nb - 1;
                 let mut c = [_mm512_setzero_si512(); P];
                 let mut dw = [_mm512_setzero_ps(); P];
                 let mut mw = [_mm_setzero_ps(); P];
@@ -252,6 +274,9 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize>(
                     _mm_prefetch::<_MM_HINT_T1>(wa.wrapping_add(dist).cast());
                     _mm_prefetch::<_MM_HINT_T1>(wb.wrapping_add(dist).cast());
                     c[k] = codes::<T>(wa, wb);
+                    if last_odd {
+                        tail_dw[k] = dpair(wa, wb);
+                    }
                     dw[k] = spread_w(dpair(wa, wb));
                     if mins {
                         mw[k] = dpair(wa.add(2), wb.add(2));
@@ -269,10 +294,21 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize>(
                             sm[t][k] = _mm_add_ps(sm[t][k], _mm_mul_ps(mw[k], _mm_set1_ps(ab.s)));
                         }
                         let lane = _mm512_dpbusd_epi32(iv, c[k], av);
-                        at[k] = _mm512_fmadd_ps(
+                        if last_odd {
+                            let lo = _mm512_reduce_add_epi32(_mm512_maskz_mov_epi32(0x00ff, lane));
+                            let hi = _mm512_reduce_add_epi32(_mm512_maskz_mov_epi32(0xff00, lane));
+                            tail[t][k] = (lo, hi);
+                            continue;
+                        }
+                        let tgt = if SPLIT && b % 2 == 1 {
+                            &mut acc_odd[t][k]
+                        } else {
+                            &mut at[k]
+                        };
+                        *tgt = _mm512_fmadd_ps(
                             _mm512_mul_ps(dw[k], da),
                             _mm512_cvtepi32_ps(lane),
-                            at[k],
+                            *tgt,
                         );
                     }
                 }
@@ -280,7 +316,20 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize>(
             for (t, at) in acc.iter().enumerate() {
                 for k in 0..np {
                     let (ra, rb, _, _) = pr[k];
-                    let (mut ya, mut yb) = halves(at[k]);
+                    let (mut ya, mut yb) = if SPLIT {
+                        halves(_mm512_add_ps(at[k], acc_odd[t][k]))
+                    } else {
+                        halves(at[k])
+                    };
+                    if SPLIT && nb % 2 == 1 {
+                        // The odd last block: `fma(d_a·d_w, Σ, sum)` per row.
+                        let da = act.get_unchecked(t * nb + nb - 1).d;
+                        let mut dwp = [0f32; 4];
+                        _mm_storeu_ps(dwp.as_mut_ptr(), tail_dw[k]);
+                        let (sa, sb) = tail[t][k];
+                        ya = (da * dwp[0]).mul_add(sa as f32, ya);
+                        yb = (da * dwp[1]).mul_add(sb as f32, yb);
+                    }
                     if mins {
                         let mut m = [0f32; 4];
                         _mm_storeu_ps(m.as_mut_ptr(), sm[t][k]);
@@ -309,6 +358,7 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize>(
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn rows(
     ty: GgmlType,
+    one_row_order: bool,
     w: &[u8],
     row_bytes: usize,
     nb: usize,
@@ -335,12 +385,13 @@ pub(crate) unsafe fn rows(
             // Two pairs per pass from 4 activation rows (the activation loads then serve
             // four weight rows), one below.
             macro_rules! go {
-                ($t:ident, $($k:literal)*) => {
+                ($t:ident, $($k:literal)*) => { go!($t, false, $($k)*) };
+                ($t:ident, $s:literal, $($k:literal)*) => {
                     match k {
-                        1 => rows_impl::<$t, 1, 1>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),
-                        2 => rows_impl::<$t, 2, 1>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),
-                        3 => rows_impl::<$t, 3, 1>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),
-                        $($k => rows_impl::<$t, $k, 2>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),)*
+                        1 => rows_impl::<$t, 1, 1, $s>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),
+                        2 => rows_impl::<$t, 2, 1, $s>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),
+                        3 => rows_impl::<$t, 3, 1, $s>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),
+                        $($k => rows_impl::<$t, $k, 2, $s>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),)*
                         _ => unreachable!("1..=8 rows"),
                     }
                 };
@@ -350,6 +401,10 @@ pub(crate) unsafe fn rows(
                 GgmlType::Q5_0 => go!(Q5, 4 5 6 7 8),
                 GgmlType::Q4_1 => go!(Q41, 4 5 6 7 8),
                 GgmlType::Q5_1 => go!(Q51, 4 5 6 7 8),
+                // IQ4_NL: ggml's `vec_dot` (even and odd blocks apart) for one-row calls,
+                // tinyBLAS's one accumulator from two rows.
+                GgmlType::IQ4_NL if one_row_order => go!(IQ, true, 4 5 6 7 8),
+                GgmlType::IQ4_NL => go!(IQ, false, 4 5 6 7 8),
                 _ => go!(Q4, 4 5 6 7 8),
             }
         }
