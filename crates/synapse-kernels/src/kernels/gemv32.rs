@@ -1,5 +1,5 @@
-//! One activation row against a 32-block matrix (Q8_0, Q5_0, Q4_0, Q4_1, Q5_1) on AVX-512
-//! VNNI: two weight rows per 512-bit register, one in each 256-bit half.
+//! One activation row against a 32-block matrix (Q8_0, Q5_0, Q4_0, Q4_1, Q5_1, IQ4_NL) on
+//! AVX-512 VNNI: two weight rows per 512-bit register, one in each 256-bit half.
 //!
 //! The float order is ggml's `vec_dot` for these types, per row: 8 i32 lanes per block (4
 //! consecutive products each), `acc = fma(d_w·d_a, lane, acc)`, `hsum_float_8` at the end —
@@ -11,6 +11,11 @@
 //! each lane's activation sum being the lane's starting value (exact integers). Decode of the
 //! small per-layer matrices was compute-bound on the per-block instruction count (Q5_0
 //! streamed at ~0.65× the rate of the bandwidth-bound LM head).
+//!
+//! IQ4_NL (values looked up, + 128) has two orders: `vec_dot`'s for one-row calls (even and
+//! odd blocks in separate accumulators added before the horizontal sum, an odd last block's
+//! integer sum added after it as `fma(d_a·d_w, Σ, sum)`), and llamafile tinyBLAS's one
+//! accumulator from two rows, which is the other types' order.
 
 use std::arch::x86_64::*;
 
@@ -348,7 +353,8 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
 }
 
 /// Output rows `r0..r1` of `W·X` for `n` activation rows (`act`: `n·nb` blocks, row `t` at
-/// `t·nb`; `init` from [`lane_init`] over all of them), written to `y[t·ystride + r]`.
+/// `t·nb`; `init` from [`lane_init`] over all of them), written to `y[t·ystride + r]`, each
+/// row in the order of a one-row call when `one_row_order` (only IQ4_NL's differs).
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `w` holds the rows (`row_bytes` each)
