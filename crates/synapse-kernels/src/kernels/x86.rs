@@ -629,24 +629,38 @@ macro_rules! x86_kernels {
 
             /// `ggml_vec_dot_q2_K_q8_K` (AVX2): per super-block the minimums' lanes into the
             /// accumulator (`fma(−d_a·dmin, prod, acc)`), then `fma(d_a·d, lanes, acc)`; the
-            /// scalar path's order.
+            /// scalar path's order — for `N` activation rows at `a + t·astride` sharing each
+            /// super-block's unpacking, each row's float order its own one-row call's.
+            #[inline]
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q2_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
+            unsafe fn q2k_one<const N: usize>(
+                w: *const u8,
+                a: *const u8,
+                astride: usize,
+                nb: usize,
+            ) -> [f32; N] {
                 unsafe {
-                    let mut acc = _mm256_setzero_ps();
+                    let mut acc = [_mm256_setzero_ps(); N];
                     for i in 0..nb {
-                        let (wb, ab) = (w.add(i * 84), a.add(i * AK));
+                        let wb = w.add(i * 84);
                         _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
-                        let ([lanes], [prod]) = q2k_block(wb, &[ab]);
-                        let da = rd(ab.cast::<f32>());
-                        let dmin = _mm256_set1_ps(-da * f16(wb.add(82)));
-                        acc = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(prod), acc);
-                        let d = _mm256_set1_ps(da * f16(wb.add(80)));
-                        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
+                        let ab: [*const u8; N] =
+                            std::array::from_fn(|t| a.add(t * astride + i * AK));
+                        let (lanes, prod) = q2k_block(wb, &ab);
+                        let (dw, mw) = (f16(wb.add(80)), f16(wb.add(82)));
+                        for t in 0..N {
+                            let da = rd(ab[t].cast::<f32>());
+                            let dmin = _mm256_set1_ps(-da * mw);
+                            acc[t] = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(prod[t]), acc[t]);
+                            let d = _mm256_set1_ps(da * dw);
+                            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes[t]), acc[t]);
+                        }
                     }
-                    hsum_ps(acc)
+                    acc.map(|v| hsum_ps(v))
                 }
             }
+
+            one_and_four!($features, dot_q2_k, dot4_q2_k, q2k_one);
 
             /// Q2_K in ggml's tiled-matmul order (eight or more activation rows), for `N`
             /// activation rows at `a + t·astride` sharing each super-block's unpacking.
@@ -718,33 +732,49 @@ macro_rules! x86_kernels {
 
             /// A K-quant without minimums in ggml's one-row AVX2 order: `fma(d_a·d, lanes,
             /// acc)` per super-block (`ts` bytes, its f16 `d` at `d_at`), then `hsum_float_8`
-            /// (`ggml_vec_dot_q3_K_q8_K`, `ggml_vec_dot_iq4_xs_q8_K`).
+            /// (`ggml_vec_dot_q3_K_q8_K`, `ggml_vec_dot_iq4_xs_q8_K`), for `N` activation rows
+            /// at `a + t·astride` sharing each super-block's unpacking.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn kq_dot(
+            unsafe fn kq_dot<const N: usize>(
                 w: *const u8,
                 a: *const u8,
+                astride: usize,
                 nb: usize,
                 (ts, d_at): (usize, usize),
-                lanes: impl Fn(*const u8, &[*const u8; 1]) -> [__m256i; 1],
-            ) -> f32 {
+                lanes: impl Fn(*const u8, &[*const u8; N]) -> [__m256i; N],
+            ) -> [f32; N] {
                 unsafe {
-                    let mut acc = _mm256_setzero_ps();
+                    let mut acc = [_mm256_setzero_ps(); N];
                     for i in 0..nb {
-                        let (wb, ab) = (w.add(i * ts), a.add(i * AK));
+                        let wb = w.add(i * ts);
                         _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
-                        let [l] = lanes(wb, &[ab]);
-                        let d = _mm256_set1_ps(rd(ab.cast::<f32>()) * f16(wb.add(d_at)));
-                        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(l), acc);
+                        let ab: [*const u8; N] =
+                            std::array::from_fn(|t| a.add(t * astride + i * AK));
+                        let l = lanes(wb, &ab);
+                        let dw = f16(wb.add(d_at));
+                        for t in 0..N {
+                            let d = _mm256_set1_ps(rd(ab[t].cast::<f32>()) * dw);
+                            acc[t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(l[t]), acc[t]);
+                        }
                     }
-                    hsum_ps(acc)
+                    acc.map(|v| hsum_ps(v))
                 }
             }
 
+            /// Q3_K in the one-row order ([`kq_dot`] over [`q3k_lanes`]).
+            #[inline]
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q3_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { kq_dot(w, a, nb, (110, 108), |wb, ab| q3k_lanes(wb, ab)) }
+            unsafe fn q3k_one<const N: usize>(
+                w: *const u8,
+                a: *const u8,
+                astride: usize,
+                nb: usize,
+            ) -> [f32; N] {
+                unsafe { kq_dot::<N>(w, a, astride, nb, (110, 108), |wb, ab| q3k_lanes(wb, ab)) }
             }
+
+            one_and_four!($features, dot_q3_k, dot4_q3_k, q3k_one);
 
             /// A K-quant without minimums in ggml's tiled-matmul order (eight or more
             /// activation rows: `tiled_step(acc, Σ lanes, d, d_a)` per super-block), for `N`
@@ -824,10 +854,19 @@ macro_rules! x86_kernels {
                 }
             }
 
+            /// IQ4_XS in the one-row order ([`kq_dot`] over [`iq4xs_lanes`]).
+            #[inline]
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_iq4_xs(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { kq_dot(w, a, nb, (136, 0), |wb, ab| iq4xs_lanes(wb, ab)) }
+            unsafe fn iq4xs_one<const N: usize>(
+                w: *const u8,
+                a: *const u8,
+                astride: usize,
+                nb: usize,
+            ) -> [f32; N] {
+                unsafe { kq_dot::<N>(w, a, astride, nb, (136, 0), |wb, ab| iq4xs_lanes(wb, ab)) }
             }
+
+            one_and_four!($features, dot_iq4_xs, dot4_iq4_xs, iq4xs_one);
 
             /// IQ4_XS in the tiled order ([`kq_many`] over [`iq4xs_lanes`]).
             #[inline]
@@ -1304,9 +1343,9 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::Q6_K => (ActKind::Q8K, $m::dot_q6_k, None, many),
                 T::TQ1_0 => (ActKind::Q8K, $m::dot_tq1_0, Some($m::dot4_tq1_0), many),
                 T::TQ2_0 => (ActKind::Q8K, $m::dot_tq2_0, Some($m::dot4_tq2_0), many),
-                T::Q2_K => (ActKind::Q8K, $m::dot_q2_k, None, many),
-                T::Q3_K => (ActKind::Q8K, $m::dot_q3_k, None, many),
-                T::IQ4_XS => (ActKind::Q8K, $m::dot_iq4_xs, None, many),
+                T::Q2_K => (ActKind::Q8K, $m::dot_q2_k, Some($m::dot4_q2_k), many),
+                T::Q3_K => (ActKind::Q8K, $m::dot_q3_k, Some($m::dot4_q3_k), many),
+                T::IQ4_XS => (ActKind::Q8K, $m::dot_iq4_xs, Some($m::dot4_iq4_xs), many),
                 T::IQ4_NL => (ActKind::Q8x32, $m::dot_iq4_nl, None, many),
                 _ => return None,
             };
