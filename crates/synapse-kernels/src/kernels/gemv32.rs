@@ -33,17 +33,9 @@ pub(crate) fn takes(n: usize, cols: usize) -> bool {
     n < super::tiled::G || (n < 32 && n * cols <= 20_480)
 }
 
-/// The types this kernel handles.
+/// The types this kernel handles: the 32-block types of the tiled GEMM.
 pub(crate) fn supports(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q8_0
-            | GgmlType::Q5_0
-            | GgmlType::Q4_0
-            | GgmlType::Q4_1
-            | GgmlType::Q5_1
-            | GgmlType::IQ4_NL
-    )
+    super::tiled::supports32(ty)
 }
 
 /// Each block's 8 lane starting values `−bias·Σ(4 activations)` for `ty`'s code bias.

@@ -37,6 +37,27 @@ macro_rules! one_and_four {
     };
 }
 
+/// [`one_and_four!`] for a K-quant driver (`kq_dot`, `kq_many`) over a lanes function, with
+/// the type's super-block bytes and `d` offset.
+macro_rules! kq_one_and_four {
+    ($features:literal, $one:ident, $four:ident, $driver:ident, $shape:expr, $lanes:ident) => {
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $one(w: *const u8, a: *const u8, nb: usize) -> f32 {
+            unsafe { $driver::<1>(w, a, 0, nb, $shape, |wb, ab| $lanes(wb, ab))[0] }
+        }
+
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $four(
+            w: *const u8,
+            a: *const u8,
+            astride: usize,
+            nb: usize,
+        ) -> [f32; 4] {
+            unsafe { $driver::<4>(w, a, astride, nb, $shape, |wb, ab| $lanes(wb, ab)) }
+        }
+    };
+}
+
 macro_rules! x86_kernels {
     (
         $m:ident,
@@ -762,19 +783,7 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// Q3_K in the one-row order ([`kq_dot`] over [`q3k_lanes`]).
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn q3k_one<const N: usize>(
-                w: *const u8,
-                a: *const u8,
-                astride: usize,
-                nb: usize,
-            ) -> [f32; N] {
-                unsafe { kq_dot::<N>(w, a, astride, nb, (110, 108), |wb, ab| q3k_lanes(wb, ab)) }
-            }
-
-            one_and_four!($features, dot_q3_k, dot4_q3_k, q3k_one);
+            kq_one_and_four!($features, dot_q3_k, dot4_q3_k, kq_dot, (110, 108), q3k_lanes);
 
             /// A K-quant without minimums in ggml's tiled-matmul order (eight or more
             /// activation rows: `tiled_step(acc, Σ lanes, d, d_a)` per super-block), for `N`
@@ -807,19 +816,7 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// Q3_K in the tiled order ([`kq_many`] over [`q3k_lanes`]).
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn q3k_many<const N: usize>(
-                w: *const u8,
-                a: *const u8,
-                astride: usize,
-                nb: usize,
-            ) -> [f32; N] {
-                unsafe { kq_many::<N>(w, a, astride, nb, (110, 108), |wb, ab| q3k_lanes(wb, ab)) }
-            }
-
-            one_and_four!($features, dot_q3_k_many, dot4_q3_k_many, q3k_many);
+            kq_one_and_four!($features, dot_q3_k_many, dot4_q3_k_many, kq_many, (110, 108), q3k_lanes);
 
             /// IQ4_NL/IQ4_XS values of 16 packed bytes (32 elements, low nibbles first): the
             /// nibbles looked up in `kvalues_iq4nl`.
@@ -854,33 +851,9 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// IQ4_XS in the one-row order ([`kq_dot`] over [`iq4xs_lanes`]).
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn iq4xs_one<const N: usize>(
-                w: *const u8,
-                a: *const u8,
-                astride: usize,
-                nb: usize,
-            ) -> [f32; N] {
-                unsafe { kq_dot::<N>(w, a, astride, nb, (136, 0), |wb, ab| iq4xs_lanes(wb, ab)) }
-            }
+            kq_one_and_four!($features, dot_iq4_xs, dot4_iq4_xs, kq_dot, (136, 0), iq4xs_lanes);
 
-            one_and_four!($features, dot_iq4_xs, dot4_iq4_xs, iq4xs_one);
-
-            /// IQ4_XS in the tiled order ([`kq_many`] over [`iq4xs_lanes`]).
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn iq4xs_many<const N: usize>(
-                w: *const u8,
-                a: *const u8,
-                astride: usize,
-                nb: usize,
-            ) -> [f32; N] {
-                unsafe { kq_many::<N>(w, a, astride, nb, (136, 0), |wb, ab| iq4xs_lanes(wb, ab)) }
-            }
-
-            one_and_four!($features, dot_iq4_xs_many, dot4_iq4_xs_many, iq4xs_many);
+            kq_one_and_four!($features, dot_iq4_xs_many, dot4_iq4_xs_many, kq_many, (136, 0), iq4xs_lanes);
 
             /// One IQ4_NL block's lanes against a Q8_0 activation block (`Σ₄ v·a`).
             #[inline]
