@@ -193,6 +193,18 @@ pub(crate) fn tq2_codes(b: &[u8]) -> [u8; 256] {
 pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
+/// [`KVALUES_IQ4NL`] + 128, unsigned: IQ4_NL/IQ4_XS values as the integer kernels enter them
+/// (biased, as `vpdpbusd` wants; the bias comes off through the activation sums).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) const KVALUES_IQ4NL_BIASED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (KVALUES_IQ4NL[i] as i32 + 128) as u8;
+        i += 1;
+    }
+    t
+};
 /// E2M1 values doubled (ggml's `kvalues_mxfp4`); the E8M0 scale is halved to match.
 const KVALUES_FP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 const POW3: [u8; 6] = [1, 3, 9, 27, 81, 243];

@@ -121,10 +121,9 @@ unsafe fn codes<const T: u8>(a: *const u8, b: *const u8) -> __m512i {
                 if T == IQ {
                     // IQ4_NL: the nibbles looked up in `kvalues_iq4nl + 128` (unsigned, bias
                     // 128 as Q8_0's).
-                    let t: [u8; 16] = std::array::from_fn(|i| {
-                        (super::decode::KVALUES_IQ4NL[i] as i32 + 128) as u8
-                    });
-                    let t = _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr().cast()));
+                    let t = _mm512_broadcast_i32x4(_mm_loadu_si128(
+                        super::decode::KVALUES_IQ4NL_BIASED.as_ptr().cast(),
+                    ));
                     return _mm512_shuffle_epi8(t, nib);
                 }
                 if T == Q5 || T == Q51 {

@@ -259,10 +259,9 @@ unsafe fn q23_codes(qs: *const u8, hmask: Option<*const u8>, out: &mut [u8; 256]
 /// The CPU has AVX2; `qs` holds 128 bytes.
 #[target_feature(enable = "avx2")]
 unsafe fn iq4xs_codes(qs: *const u8, out: &mut [u8; 256]) {
-    let t: [u8; 16] = std::array::from_fn(|i| (super::decode::KVALUES_IQ4NL[i] as i32 + 128) as u8);
     // SAFETY: the caller's contract; stores stay inside `out`.
     unsafe {
-        let t = _mm_loadu_si128(t.as_ptr().cast());
+        let t = _mm_loadu_si128(super::decode::KVALUES_IQ4NL_BIASED.as_ptr().cast());
         let table = _mm256_set_m128i(t, t);
         let m = _mm_set1_epi8(15);
         for ib in 0..8 {
@@ -558,9 +557,7 @@ unsafe fn codes32_simd(ty: GgmlType, b: *const u8, out: *mut u32) {
             }
             GgmlType::Q4_1 => nib(b.add(4)),
             GgmlType::IQ4_NL => {
-                let t: [u8; 16] =
-                    std::array::from_fn(|i| (super::decode::KVALUES_IQ4NL[i] as i32 + 128) as u8);
-                let t = _mm_loadu_si128(t.as_ptr().cast());
+                let t = _mm_loadu_si128(super::decode::KVALUES_IQ4NL_BIASED.as_ptr().cast());
                 _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nib(b.add(2)))
             }
             _ => nib(b.add(2)),
