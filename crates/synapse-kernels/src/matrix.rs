@@ -622,21 +622,20 @@ impl QuantMatrix {
             &[]
         };
         let actk: &[u8] = if plan.anyk { actk_buf.as_bytes() } else { &[] };
-        // Lane starts of each gemv32 matrix (they depend on its type's code bias).
-        let per_init = n * nb32 * 8;
-        init_buf.set_len(ms.len() * per_init * 4);
-        let inits: &mut [i32] = bytemuck::cast_slice_mut(init_buf.as_bytes_mut());
-        for (i, m) in ms.iter().enumerate() {
-            if plan.kinds[i] == FewRowKernel::Gemv32 {
-                gemv32::lane_init(
-                    plan.tys[i],
-                    act32,
-                    &mut inits[i * per_init..(i + 1) * per_init],
-                );
-            }
-            debug_assert_eq!(m.cols, cols);
-        }
-        let inits: &[i32] = inits;
+        // The activation blocks as the gemv32 kernel reads them (any of its types).
+        let (recs, inits): (&[gemv32::ActRec], &[i32]) =
+            if plan.kinds[..ms.len()].contains(&FewRowKernel::Gemv32) {
+                let (nr, ni) = gemv32::prepared_len(n, nb32);
+                let rb = nr * std::mem::size_of::<gemv32::ActRec>();
+                init_buf.set_len(rb + 4 * ni);
+                let (r, i) = init_buf.as_bytes_mut().split_at_mut(rb);
+                let (r, i): (&mut [gemv32::ActRec], &mut [i32]) =
+                    (bytemuck::cast_slice_mut(r), bytemuck::cast_slice_mut(i));
+                gemv32::prepare(act32, nb32, r, i);
+                (r, i)
+            } else {
+                (&[], &[])
+            };
         let mut starts = [0usize; MAX_SHARED];
         let mut total = 0usize;
         for (i, m) in ms.iter().enumerate() {
@@ -672,7 +671,8 @@ impl QuantMatrix {
                             rb,
                             nb32,
                             act32,
-                            &inits[i * per_init..(i + 1) * per_init],
+                            recs,
+                            inits,
                             yp.get(),
                             rows,
                             a,

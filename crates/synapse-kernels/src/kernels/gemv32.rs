@@ -38,19 +38,58 @@ pub(crate) fn supports(ty: GgmlType) -> bool {
     super::tiled::supports32(ty)
 }
 
-/// Each block's 8 lane starting values `−bias·Σ(4 activations)` for `ty`'s code bias.
-pub(crate) fn lane_init(ty: GgmlType, act: &[BlockQ8x32], out: &mut [i32]) {
-    let bias = match ty {
-        GgmlType::Q4_1 | GgmlType::Q5_1 => 0,
-        _ => super::tiled::bias32(ty),
-    };
-    for (b, o) in act.iter().zip(out.chunks_exact_mut(8)) {
+/// One activation block as [`rows`]' eight-row kernel reads it, every field a plain 64-byte
+/// load: its codes in both 256-bit halves, its lanes' starting values ([`prepare`]) twice
+/// and its scale in all 16 lanes. A broadcast from memory costs this Zen 4 a third of the
+/// multiply slot that `vpdpbusd`, `vmulps` and FMA share (a micro-benchmark: 0.36 against
+/// 0.27 ns per `vpdpbusd`), a plain load nothing; a 512-bit load takes both load ports for a
+/// cycle, so each field is loaded once per activation row and block.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct ActRec {
+    /// The block's codes, twice.
+    av: [i8; 64],
+    /// The lanes' starting values, twice.
+    iv: [i32; 16],
+    /// The block's scale `d`, 16 times.
+    da: [f32; 16],
+}
+
+/// Activation rows per pass over the weights (one accumulator pair each).
+const GROUP: usize = 8;
+
+/// What [`prepare`] writes for `n` activation rows of `nb` blocks: (records, lane starts).
+pub(crate) fn prepared_len(n: usize, nb: usize) -> (usize, usize) {
+    (n / GROUP * GROUP * nb, 8 * n * nb)
+}
+
+/// Each block's 8 lane starting values `−128·Σ(4 codes)` (`init`, row `t`'s block `b` at
+/// `8·(t·nb + b)`), which take off the weight codes' + 128 (`Σ(c + 128)·a = Σc·a + 128·Σa`,
+/// exact integers), and the blocks of every whole group of [`GROUP`] rows as [`ActRec`]s
+/// (`rec`), block-major inside a group: row `8g + t`'s block `b` is record `8g·nb + 8b + t`
+/// (a block's records side by side, at constant offsets from one pointer).
+pub(crate) fn prepare(act: &[BlockQ8x32], nb: usize, rec: &mut [ActRec], init: &mut [i32]) {
+    let n = act.len() / nb.max(1);
+    for (a, o) in act.iter().zip(init.chunks_exact_mut(8)) {
         for (j, v) in o.iter_mut().enumerate() {
-            *v = -bias
-                * b.qs[4 * j..4 * j + 4]
+            *v = -128
+                * a.qs[4 * j..4 * j + 4]
                     .iter()
                     .map(|&q| q as i32)
                     .sum::<i32>();
+        }
+    }
+    for g0 in (0..n / GROUP * GROUP).step_by(GROUP) {
+        for t in 0..GROUP {
+            for b in 0..nb {
+                let i = (g0 + t) * nb + b;
+                let o = &mut rec[g0 * nb + b * GROUP + t];
+                o.av[..32].copy_from_slice(&act[i].qs);
+                o.av[32..].copy_from_slice(&act[i].qs);
+                o.iv[..8].copy_from_slice(&init[8 * i..8 * i + 8]);
+                o.iv[8..].copy_from_slice(&init[8 * i..8 * i + 8]);
+                o.da = [act[i].d; 16];
+            }
         }
     }
 }
@@ -85,7 +124,8 @@ pub(crate) fn row_pair(
     )
 }
 
-/// Two blocks' codes (rows `a` and `b`) as unsigned bytes, block `a` in the low half.
+/// Two blocks' codes (rows `a` and `b`) as unsigned bytes, each weight's integer value + 128
+/// (Q4_1 and Q5_1: their unsigned code + 128), block `a` in the low half.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn codes<const T: u8>(a: *const u8, b: *const u8) -> __m512i {
@@ -118,21 +158,27 @@ unsafe fn codes<const T: u8>(a: *const u8, b: *const u8) -> __m512i {
                 let z = _mm512_shuffle_i64x2(z, z, 0b0101_0000);
                 let sh = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
                 let nib = _mm512_and_si512(_mm512_srlv_epi64(z, sh), _mm512_set1_epi8(15));
-                if T == IQ {
-                    // IQ4_NL: the nibbles looked up in `kvalues_iq4nl + 128` (unsigned, bias
-                    // 128 as Q8_0's).
-                    let t = _mm512_broadcast_i32x4(_mm_loadu_si128(
-                        super::decode::KVALUES_IQ4NL_BIASED.as_ptr().cast(),
-                    ));
-                    return _mm512_shuffle_epi8(t, nib);
-                }
+                // Each type's value + 128 for a nibble (before the fifth bit).
+                let base: u8 = match T {
+                    IQ => {
+                        // IQ4_NL: the nibbles looked up in `kvalues_iq4nl + 128`.
+                        let t = _mm512_broadcast_i32x4(_mm_loadu_si128(
+                            super::decode::KVALUES_IQ4NL_BIASED.as_ptr().cast(),
+                        ));
+                        return _mm512_shuffle_epi8(t, nib);
+                    }
+                    Q5 => 112,
+                    Q41 | Q51 => 128,
+                    _ => 120,
+                };
+                let v = _mm512_add_epi8(nib, _mm512_set1_epi8(base as i8));
                 if T == Q5 || T == Q51 {
                     let qh = if T == Q5 { 2 } else { 4 };
                     let qa = std::ptr::read_unaligned(a.add(qh).cast::<u32>()) as u64;
                     let qb = std::ptr::read_unaligned(b.add(qh).cast::<u32>()) as u64;
-                    _mm512_mask_add_epi8(nib, qa | (qb << 32), nib, _mm512_set1_epi8(16))
+                    _mm512_mask_add_epi8(v, qa | (qb << 32), v, _mm512_set1_epi8(16))
                 } else {
-                    nib
+                    v
                 }
             }
         }
@@ -203,7 +249,97 @@ fn spread_w(dw: __m128) -> __m512 {
     _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(dw))
 }
 
-/// `N` activation rows (`act`/`init` row `t` at `t·nb` blocks) against weight rows
+/// One block of eight activation rows (records at `p`, consecutive) against two weight-row
+/// pairs: `acc[t][k] = fma(dw[k]·d_t, cvt(dpbusd(iv_t, c[k], av_t)), acc[t][k])` — the
+/// intrinsics loop of [`rows_impl`] with every accumulator held in a register.
+///
+/// # Safety
+/// `p` points at 8 consecutive [`ActRec`]s; the CPU has AVX-512 F and VNNI.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn block8x2<const N: usize, const P: usize>(
+    p: *const ActRec,
+    c: &[__m512i; P],
+    dw: &[__m512; P],
+    acc: &mut [[__m512; P]; N],
+) {
+    debug_assert!(N == GROUP && P == 2);
+    // Record fields at +0 (codes), +64 (lane starts), +128 (scale); records 192 bytes apart.
+    macro_rules! row {
+        ($v:literal, $i:literal, $d:literal, $a0:literal, $a1:literal) => {
+            concat!(
+                "vmovdqa64 {av}, zmmword ptr [{p} + ",
+                $v,
+                "]\n",
+                "vmovdqa64 {l0}, zmmword ptr [{p} + ",
+                $i,
+                "]\n",
+                "vmovaps {da}, zmmword ptr [{p} + ",
+                $d,
+                "]\n",
+                "vmovdqa64 {l1}, {l0}\n",
+                "vpdpbusd {l0}, {c0}, {av}\n",
+                "vpdpbusd {l1}, {c1}, {av}\n",
+                "vmulps {p0}, {w0}, {da}\n",
+                "vmulps {p1}, {w1}, {da}\n",
+                "vcvtdq2ps {l0}, {l0}\n",
+                "vcvtdq2ps {l1}, {l1}\n",
+                "vfmadd231ps {",
+                $a0,
+                "}, {p0}, {l0}\n",
+                "vfmadd231ps {",
+                $a1,
+                "}, {p1}, {l1}\n",
+            )
+        };
+    }
+    const _: () = assert!(std::mem::size_of::<ActRec>() == 192);
+    let (_l0, _l1, _p0, _p1, _av, _da): (__m512i, __m512i, __m512, __m512, __m512i, __m512);
+    // SAFETY: the records are readable (caller); registers only otherwise.
+    unsafe {
+        std::arch::asm!(
+            row!("0", "64", "128", "a00", "a01"),
+            row!("192", "256", "320", "a10", "a11"),
+            row!("384", "448", "512", "a20", "a21"),
+            row!("576", "640", "704", "a30", "a31"),
+            row!("768", "832", "896", "a40", "a41"),
+            row!("960", "1024", "1088", "a50", "a51"),
+            row!("1152", "1216", "1280", "a60", "a61"),
+            row!("1344", "1408", "1472", "a70", "a71"),
+            p = in(reg) p,
+            c0 = in(zmm_reg) c[0],
+            c1 = in(zmm_reg) c[1],
+            w0 = in(zmm_reg) dw[0],
+            w1 = in(zmm_reg) dw[1],
+            a00 = inout(zmm_reg) acc[0][0],
+            a01 = inout(zmm_reg) acc[0][1],
+            a10 = inout(zmm_reg) acc[1][0],
+            a11 = inout(zmm_reg) acc[1][1],
+            a20 = inout(zmm_reg) acc[2][0],
+            a21 = inout(zmm_reg) acc[2][1],
+            a30 = inout(zmm_reg) acc[3][0],
+            a31 = inout(zmm_reg) acc[3][1],
+            a40 = inout(zmm_reg) acc[4][0],
+            a41 = inout(zmm_reg) acc[4][1],
+            a50 = inout(zmm_reg) acc[5][0],
+            a51 = inout(zmm_reg) acc[5][1],
+            a60 = inout(zmm_reg) acc[6][0],
+            a61 = inout(zmm_reg) acc[6][1],
+            a70 = inout(zmm_reg) acc[7][0],
+            a71 = inout(zmm_reg) acc[7][1],
+            l0 = out(zmm_reg) _l0,
+            l1 = out(zmm_reg) _l1,
+            p0 = out(zmm_reg) _p0,
+            p1 = out(zmm_reg) _p1,
+            av = out(zmm_reg) _av,
+            da = out(zmm_reg) _da,
+            options(nostack, preserves_flags, readonly),
+        );
+    }
+}
+
+/// `N` activation rows (`act`/`init` row `t` at `t·nb` blocks; `rec` ([`prepare`]) only
+/// for the eight-row kernel, block `b` of row `t` at `8b + t`) against weight rows
 /// `r0..r1`, `P` pairs of weight rows (2·P rows) at a time: each pair's codes are unpacked
 /// once for all `N` activation rows, and each activation block is loaded once for all `P`
 /// pairs.
@@ -217,6 +353,7 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
     nb: usize,
     act: &[BlockQ8x32],
     init: &[i32],
+    rec: &[ActRec],
     y: *mut f32,
     ystride: usize,
     r0: usize,
@@ -277,6 +414,12 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
                     if mins {
                         mw[k] = dpair(wa.add(2), wb.add(2));
                     }
+                }
+                if !SPLIT && !mins && N == GROUP && P == 2 {
+                    // Eight activation rows against two pairs: the body below in assembly
+                    // over the records (LLVM spilled accumulators and hoisted loads).
+                    block8x2(rec.as_ptr().add(b * GROUP), &c, &dw, &mut acc);
+                    continue;
                 }
                 for (t, at) in acc.iter_mut().enumerate() {
                     let ab = act.get_unchecked(t * nb + b);
@@ -344,12 +487,12 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
 }
 
 /// Output rows `r0..r1` of `W·X` for `n` activation rows (`act`: `n·nb` blocks, row `t` at
-/// `t·nb`; `init` from [`lane_init`] over all of them), written to `y[t·ystride + r]`, each
+/// `t·nb`; `rec` and `init` from [`prepare`] over all of them), written to `y[t·ystride + r]`, each
 /// row in the order of a one-row call when `one_row_order` (only IQ4_NL's differs).
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `w` holds the rows (`row_bytes` each)
-/// of `nb` blocks of `ty`; `act.len() == n·nb`, `init.len() == 8·n·nb`; `y` is valid for
+/// of `nb` blocks of `ty`; `act.len() == n·nb`, `rec` and `init` as [`prepared_len`] says; `y` is valid for
 /// writes at `t·ystride + r` (`t < n`, `r0 <= r < r1`), which this call alone writes.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
@@ -360,6 +503,7 @@ pub(crate) unsafe fn rows(
     row_bytes: usize,
     nb: usize,
     act: &[BlockQ8x32],
+    rec: &[ActRec],
     init: &[i32],
     y: *mut f32,
     ystride: usize,
@@ -371,11 +515,17 @@ pub(crate) unsafe fn rows(
     // Activation rows in groups of up to 8 (one accumulator each).
     let mut t0 = 0;
     while t0 < n {
-        let k = (n - t0).min(8);
+        let k = (n - t0).min(GROUP);
         let (a, i) = (
             &act[t0 * nb..(t0 + k) * nb],
             &init[8 * t0 * nb..8 * (t0 + k) * nb],
         );
+        // The records of a whole group (the whole groups come first).
+        let rc = if k == GROUP {
+            &rec[t0 * nb..(t0 + k) * nb]
+        } else {
+            &[]
+        };
         // SAFETY: forwarded contract, for activation rows t0..t0 + k.
         unsafe {
             let yt = y.add(t0 * ystride);
@@ -385,10 +535,10 @@ pub(crate) unsafe fn rows(
                 ($t:ident, $($k:literal)*) => { go!($t, false, $($k)*) };
                 ($t:ident, $s:literal, $($k:literal)*) => {
                     match k {
-                        1 => rows_impl::<$t, 1, 1, $s>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),
-                        2 => rows_impl::<$t, 2, 1, $s>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),
-                        3 => rows_impl::<$t, 3, 1, $s>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),
-                        $($k => rows_impl::<$t, $k, 2, $s>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),)*
+                        1 => rows_impl::<$t, 1, 1, $s>(ts, w, row_bytes, nb, a, i, rc, yt, ystride, r0, r1),
+                        2 => rows_impl::<$t, 2, 1, $s>(ts, w, row_bytes, nb, a, i, rc, yt, ystride, r0, r1),
+                        3 => rows_impl::<$t, 3, 1, $s>(ts, w, row_bytes, nb, a, i, rc, yt, ystride, r0, r1),
+                        $($k => rows_impl::<$t, $k, 2, $s>(ts, w, row_bytes, nb, a, i, rc, yt, ystride, r0, r1),)*
                         _ => unreachable!("1..=8 rows"),
                     }
                 };
