@@ -60,14 +60,28 @@ const GROUP: usize = 8;
 
 /// What [`prepare`] writes for `n` activation rows of `nb` blocks: (records, lane starts).
 pub(crate) fn prepared_len(n: usize, nb: usize) -> (usize, usize) {
-    (n / GROUP * GROUP * nb, 8 * n * nb)
+    (recorded_rows(n) * nb, 8 * n * nb)
+}
+
+/// Fewest activation rows of a group that the assembly kernel ([`block_x2`]) runs.
+const ASM_ROWS: usize = 4;
+
+/// The activation rows of `n` that get [`ActRec`]s: every group of at least [`ASM_ROWS`] (the
+/// groups of [`GROUP`] first, then the rest).
+fn recorded_rows(n: usize) -> usize {
+    if n % GROUP >= ASM_ROWS {
+        n
+    } else {
+        n / GROUP * GROUP
+    }
 }
 
 /// Each block's 8 lane starting values `−128·Σ(4 codes)` (`init`, row `t`'s block `b` at
 /// `8·(t·nb + b)`), which take off the weight codes' + 128 (`Σ(c + 128)·a = Σc·a + 128·Σa`,
-/// exact integers), and the blocks of every whole group of [`GROUP`] rows as [`ActRec`]s
-/// (`rec`), block-major inside a group: row `8g + t`'s block `b` is record `8g·nb + 8b + t`
-/// (a block's records side by side, at constant offsets from one pointer).
+/// exact integers), and the blocks of every group of at least [`ASM_ROWS`] rows as
+/// [`ActRec`]s (`rec`), block-major inside a group: row `g0 + t` of the group of `k` rows from
+/// `g0` has block `b` at record `g0·nb + k·b + t` (a block's records side by side, at constant
+/// offsets from one pointer).
 pub(crate) fn prepare(act: &[BlockQ8x32], nb: usize, rec: &mut [ActRec], init: &mut [i32]) {
     let n = act.len() / nb.max(1);
     for (a, o) in act.iter().zip(init.chunks_exact_mut(8)) {
@@ -79,11 +93,13 @@ pub(crate) fn prepare(act: &[BlockQ8x32], nb: usize, rec: &mut [ActRec], init: &
                     .sum::<i32>();
         }
     }
-    for g0 in (0..n / GROUP * GROUP).step_by(GROUP) {
-        for t in 0..GROUP {
+    let nr = recorded_rows(n);
+    for g0 in (0..nr).step_by(GROUP) {
+        let k = (nr - g0).min(GROUP);
+        for t in 0..k {
             for b in 0..nb {
                 let i = (g0 + t) * nb + b;
-                let o = &mut rec[g0 * nb + b * GROUP + t];
+                let o = &mut rec[g0 * nb + b * k + t];
                 o.av[..32].copy_from_slice(&act[i].qs);
                 o.av[32..].copy_from_slice(&act[i].qs);
                 o.iv[..8].copy_from_slice(&init[8 * i..8 * i + 8]);
@@ -249,22 +265,24 @@ fn spread_w(dw: __m128) -> __m512 {
     _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(dw))
 }
 
-/// One block of eight activation rows (records at `p`, consecutive) against two weight-row
-/// pairs: `acc[t][k] = fma(dw[k]·d_t, cvt(dpbusd(iv_t, c[k], av_t)), acc[t][k])` — the
-/// intrinsics loop of [`rows_impl`] with every accumulator held in a register.
+/// One block of `N` (4..=8) activation rows (records at `p`, consecutive) against two
+/// weight-row pairs: `acc[t][k] = fma(dw[k]·d_t, cvt(dpbusd(iv_t, c[k], av_t)), acc[t][k])` —
+/// the intrinsics loop of [`rows_impl`] with every accumulator held in a register (LLVM
+/// spilled accumulators and hoisted the loads). Each row's three fields are loaded once
+/// (a 512-bit load takes both load ports for a cycle).
 ///
 /// # Safety
-/// `p` points at 8 consecutive [`ActRec`]s; the CPU has AVX-512 F and VNNI.
+/// `p` points at `N` consecutive [`ActRec`]s; the CPU has AVX-512 F and VNNI.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn block8x2<const N: usize, const P: usize>(
+unsafe fn block_x2<const N: usize, const P: usize>(
     p: *const ActRec,
     c: &[__m512i; P],
     dw: &[__m512; P],
     acc: &mut [[__m512; P]; N],
 ) {
-    debug_assert!(N == GROUP && P == 2);
-    // Record fields at +0 (codes), +64 (lane starts), +128 (scale); records 192 bytes apart.
+    // Row t's fields at +192t (codes), +192t + 64 (lane starts), +192t + 128 (scale); its
+    // accumulators are operands 2t and 2t + 1.
     macro_rules! row {
         ($v:literal, $i:literal, $d:literal, $a0:literal, $a1:literal) => {
             concat!(
@@ -293,53 +311,79 @@ unsafe fn block8x2<const N: usize, const P: usize>(
             )
         };
     }
+    macro_rules! run {
+        ($(($t:literal, $v:literal, $i:literal, $d:literal, $a0:literal, $a1:literal)),*) => {{
+            let (_l0, _l1, _p0, _p1, _av, _da): (__m512i, __m512i, __m512, __m512, __m512i, __m512);
+            // SAFETY: the records are readable (caller); registers only otherwise.
+            unsafe {
+                std::arch::asm!(
+                    $(row!($v, $i, $d, $a0, $a1),)*
+                    $(inout(zmm_reg) acc[$t][0], inout(zmm_reg) acc[$t][1],)*
+                    p = in(reg) p,
+                    c0 = in(zmm_reg) c[0],
+                    c1 = in(zmm_reg) c[1],
+                    w0 = in(zmm_reg) dw[0],
+                    w1 = in(zmm_reg) dw[1],
+                    l0 = out(zmm_reg) _l0,
+                    l1 = out(zmm_reg) _l1,
+                    p0 = out(zmm_reg) _p0,
+                    p1 = out(zmm_reg) _p1,
+                    av = out(zmm_reg) _av,
+                    da = out(zmm_reg) _da,
+                    options(nostack, preserves_flags, readonly),
+                );
+            }
+        }};
+    }
     const _: () = assert!(std::mem::size_of::<ActRec>() == 192);
-    let (_l0, _l1, _p0, _p1, _av, _da): (__m512i, __m512i, __m512, __m512, __m512i, __m512);
-    // SAFETY: the records are readable (caller); registers only otherwise.
-    unsafe {
-        std::arch::asm!(
-            row!("0", "64", "128", "a00", "a01"),
-            row!("192", "256", "320", "a10", "a11"),
-            row!("384", "448", "512", "a20", "a21"),
-            row!("576", "640", "704", "a30", "a31"),
-            row!("768", "832", "896", "a40", "a41"),
-            row!("960", "1024", "1088", "a50", "a51"),
-            row!("1152", "1216", "1280", "a60", "a61"),
-            row!("1344", "1408", "1472", "a70", "a71"),
-            p = in(reg) p,
-            c0 = in(zmm_reg) c[0],
-            c1 = in(zmm_reg) c[1],
-            w0 = in(zmm_reg) dw[0],
-            w1 = in(zmm_reg) dw[1],
-            a00 = inout(zmm_reg) acc[0][0],
-            a01 = inout(zmm_reg) acc[0][1],
-            a10 = inout(zmm_reg) acc[1][0],
-            a11 = inout(zmm_reg) acc[1][1],
-            a20 = inout(zmm_reg) acc[2][0],
-            a21 = inout(zmm_reg) acc[2][1],
-            a30 = inout(zmm_reg) acc[3][0],
-            a31 = inout(zmm_reg) acc[3][1],
-            a40 = inout(zmm_reg) acc[4][0],
-            a41 = inout(zmm_reg) acc[4][1],
-            a50 = inout(zmm_reg) acc[5][0],
-            a51 = inout(zmm_reg) acc[5][1],
-            a60 = inout(zmm_reg) acc[6][0],
-            a61 = inout(zmm_reg) acc[6][1],
-            a70 = inout(zmm_reg) acc[7][0],
-            a71 = inout(zmm_reg) acc[7][1],
-            l0 = out(zmm_reg) _l0,
-            l1 = out(zmm_reg) _l1,
-            p0 = out(zmm_reg) _p0,
-            p1 = out(zmm_reg) _p1,
-            av = out(zmm_reg) _av,
-            da = out(zmm_reg) _da,
-            options(nostack, preserves_flags, readonly),
-        );
+    debug_assert!(P == 2);
+    match N {
+        4 => run!(
+            (0, "0", "64", "128", "0", "1"),
+            (1, "192", "256", "320", "2", "3"),
+            (2, "384", "448", "512", "4", "5"),
+            (3, "576", "640", "704", "6", "7")
+        ),
+        5 => run!(
+            (0, "0", "64", "128", "0", "1"),
+            (1, "192", "256", "320", "2", "3"),
+            (2, "384", "448", "512", "4", "5"),
+            (3, "576", "640", "704", "6", "7"),
+            (4, "768", "832", "896", "8", "9")
+        ),
+        6 => run!(
+            (0, "0", "64", "128", "0", "1"),
+            (1, "192", "256", "320", "2", "3"),
+            (2, "384", "448", "512", "4", "5"),
+            (3, "576", "640", "704", "6", "7"),
+            (4, "768", "832", "896", "8", "9"),
+            (5, "960", "1024", "1088", "10", "11")
+        ),
+        7 => run!(
+            (0, "0", "64", "128", "0", "1"),
+            (1, "192", "256", "320", "2", "3"),
+            (2, "384", "448", "512", "4", "5"),
+            (3, "576", "640", "704", "6", "7"),
+            (4, "768", "832", "896", "8", "9"),
+            (5, "960", "1024", "1088", "10", "11"),
+            (6, "1152", "1216", "1280", "12", "13")
+        ),
+        8 => run!(
+            (0, "0", "64", "128", "0", "1"),
+            (1, "192", "256", "320", "2", "3"),
+            (2, "384", "448", "512", "4", "5"),
+            (3, "576", "640", "704", "6", "7"),
+            (4, "768", "832", "896", "8", "9"),
+            (5, "960", "1024", "1088", "10", "11"),
+            (6, "1152", "1216", "1280", "12", "13"),
+            (7, "1344", "1408", "1472", "14", "15")
+        ),
+        _ => unreachable!("4..=8 rows"),
     }
 }
 
 /// `N` activation rows (`act`/`init` row `t` at `t·nb` blocks; `rec` ([`prepare`]) only
-/// for the eight-row kernel, block `b` of row `t` at `8b + t`) against weight rows
+/// for the assembly kernel, block `b` of row `t` at `N·b + t`) against weight rows
 /// `r0..r1`, `P` pairs of weight rows (2·P rows) at a time: each pair's codes are unpacked
 /// once for all `N` activation rows, and each activation block is loaded once for all `P`
 /// pairs.
@@ -415,10 +459,9 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
                         mw[k] = dpair(wa.add(2), wb.add(2));
                     }
                 }
-                if !SPLIT && !mins && N == GROUP && P == 2 {
-                    // Eight activation rows against two pairs: the body below in assembly
-                    // over the records (LLVM spilled accumulators and hoisted loads).
-                    block8x2(rec.as_ptr().add(b * GROUP), &c, &dw, &mut acc);
+                if !SPLIT && !mins && N >= ASM_ROWS && P == 2 {
+                    // The body below in assembly over the records.
+                    block_x2(rec.as_ptr().add(b * N), &c, &dw, &mut acc);
                     continue;
                 }
                 for (t, at) in acc.iter_mut().enumerate() {
@@ -520,8 +563,8 @@ pub(crate) unsafe fn rows(
             &act[t0 * nb..(t0 + k) * nb],
             &init[8 * t0 * nb..8 * (t0 + k) * nb],
         );
-        // The records of a whole group (the whole groups come first).
-        let rc = if k == GROUP {
+        // The group's records, if it has them.
+        let rc = if k >= ASM_ROWS {
             &rec[t0 * nb..(t0 + k) * nb]
         } else {
             &[]
