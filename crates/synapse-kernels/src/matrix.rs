@@ -623,18 +623,22 @@ impl QuantMatrix {
         };
         let actk: &[u8] = if plan.anyk { actk_buf.as_bytes() } else { &[] };
         // The activation blocks as the gemv32 kernel reads them (any of its types).
-        let (recs, inits): (&[gemv32::ActRec], &[i32]) =
+        let (recs, svs, inits): (&[gemv32::ActRec], &[f32], &[i32]) =
             if plan.kinds[..ms.len()].contains(&FewRowKernel::Gemv32) {
-                let (nr, ni) = gemv32::prepared_len(n, nb32);
+                let (nr, ns, ni) = gemv32::prepared_len(n, nb32);
                 let rb = nr * std::mem::size_of::<gemv32::ActRec>();
-                init_buf.set_len(rb + 4 * ni);
-                let (r, i) = init_buf.as_bytes_mut().split_at_mut(rb);
-                let (r, i): (&mut [gemv32::ActRec], &mut [i32]) =
-                    (bytemuck::cast_slice_mut(r), bytemuck::cast_slice_mut(i));
-                gemv32::prepare(act32, nb32, r, i);
-                (r, i)
+                init_buf.set_len(rb + 4 * ns + 4 * ni);
+                let (r, rest) = init_buf.as_bytes_mut().split_at_mut(rb);
+                let (sv, i) = rest.split_at_mut(4 * ns);
+                let (r, sv, i): (&mut [gemv32::ActRec], &mut [f32], &mut [i32]) = (
+                    bytemuck::cast_slice_mut(r),
+                    bytemuck::cast_slice_mut(sv),
+                    bytemuck::cast_slice_mut(i),
+                );
+                gemv32::prepare(act32, nb32, r, sv, i);
+                (r, sv, i)
             } else {
-                (&[], &[])
+                (&[], &[], &[])
             };
         let mut starts = [0usize; MAX_SHARED];
         let mut total = 0usize;
@@ -672,6 +676,7 @@ impl QuantMatrix {
                             nb32,
                             act32,
                             recs,
+                            svs,
                             inits,
                             yp.get(),
                             rows,

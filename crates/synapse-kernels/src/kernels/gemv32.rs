@@ -58,9 +58,11 @@ pub(crate) struct ActRec {
 /// Activation rows per pass over the weights (one accumulator pair each).
 const GROUP: usize = 8;
 
-/// What [`prepare`] writes for `n` activation rows of `nb` blocks: (records, lane starts).
-pub(crate) fn prepared_len(n: usize, nb: usize) -> (usize, usize) {
-    (recorded_rows(n) * nb, 8 * n * nb)
+/// What [`prepare`] writes for `n` activation rows of `nb` blocks: (records, `s` values, lane
+/// starts).
+pub(crate) fn prepared_len(n: usize, nb: usize) -> (usize, usize, usize) {
+    let r = recorded_rows(n);
+    (r * nb, r.div_ceil(GROUP) * GROUP * nb, 8 * n * nb)
 }
 
 /// Fewest activation rows of a group that the assembly kernel ([`block_x2`]) runs.
@@ -81,8 +83,15 @@ fn recorded_rows(n: usize) -> usize {
 /// exact integers), and the blocks of every group of at least [`ASM_ROWS`] rows as
 /// [`ActRec`]s (`rec`), block-major inside a group: row `g0 + t` of the group of `k` rows from
 /// `g0` has block `b` at record `g0·nb + k·b + t` (a block's records side by side, at constant
-/// offsets from one pointer).
-pub(crate) fn prepare(act: &[BlockQ8x32], nb: usize, rec: &mut [ActRec], init: &mut [i32]) {
+/// offsets from one pointer), and those groups' `s` (ggml's `block_q8_1::s`, for Q4_1 and
+/// Q5_1) eight to a block: group `g0`'s row `t`, block `b` at `sv[g0·nb + 8b + t]`.
+pub(crate) fn prepare(
+    act: &[BlockQ8x32],
+    nb: usize,
+    rec: &mut [ActRec],
+    sv: &mut [f32],
+    init: &mut [i32],
+) {
     let n = act.len() / nb.max(1);
     for (a, o) in act.iter().zip(init.chunks_exact_mut(8)) {
         for (j, v) in o.iter_mut().enumerate() {
@@ -105,6 +114,7 @@ pub(crate) fn prepare(act: &[BlockQ8x32], nb: usize, rec: &mut [ActRec], init: &
                 o.iv[..8].copy_from_slice(&init[8 * i..8 * i + 8]);
                 o.iv[8..].copy_from_slice(&init[8 * i..8 * i + 8]);
                 o.da = [act[i].d; 16];
+                sv[g0 * nb + 8 * b + t] = act[i].s;
             }
         }
     }
@@ -398,6 +408,7 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
     act: &[BlockQ8x32],
     init: &[i32],
     rec: &[ActRec],
+    sv: &[f32],
     y: *mut f32,
     ystride: usize,
     r0: usize,
@@ -405,6 +416,8 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
 ) {
     let dist = prefetch_dist(row_bytes);
     let mins = T == Q41 || T == Q51;
+    // The assembly body (IQ4_NL's one-row order has its own accumulators).
+    let asm = !SPLIT && N >= ASM_ROWS && P == 2;
     let mut r = r0;
     while r < r1 {
         // P pairs from r (the last pair of the range may be a single row twice).
@@ -455,12 +468,13 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
                         tail_dw[k] = dpair(wa, wb);
                     }
                     dw[k] = spread_w(dpair(wa, wb));
-                    if mins {
+                    if mins && !asm {
                         mw[k] = dpair(wa.add(2), wb.add(2));
                     }
                 }
-                if !SPLIT && !mins && N >= ASM_ROWS && P == 2 {
-                    // The body below in assembly over the records.
+                if asm {
+                    // The body below in assembly over the records (the minimums' terms
+                    // after the blocks).
                     block_x2(rec.as_ptr().add(b * N), &c, &dw, &mut acc);
                     continue;
                 }
@@ -495,6 +509,29 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
                     }
                 }
             }
+            // Q4_1/Q5_1 beside the assembly: each row's `Σ m·s` for all N rows at once
+            // (rows a and b of pair k; each product rounded, then added in block order).
+            let mut smv = [[_mm256_setzero_ps(); 2]; P];
+            if asm && mins {
+                for b in 0..nb {
+                    let s8 = _mm256_loadu_ps(sv.as_ptr().add(8 * b));
+                    for (k, sk) in smv.iter_mut().enumerate() {
+                        let (_, _, pa, pb) = pr[k];
+                        let m = dpair(pa.add(b * ts + 2), pb.add(b * ts + 2));
+                        let (ma, mb) = (
+                            _mm256_broadcastss_ps(m),
+                            _mm256_broadcastss_ps(_mm_movehdup_ps(m)),
+                        );
+                        sk[0] = _mm256_add_ps(sk[0], _mm256_mul_ps(ma, s8));
+                        sk[1] = _mm256_add_ps(sk[1], _mm256_mul_ps(mb, s8));
+                    }
+                }
+            }
+            let mut smo = [[[0f32; 8]; 2]; P];
+            for (k, o) in smo.iter_mut().enumerate() {
+                _mm256_storeu_ps(o[0].as_mut_ptr(), smv[k][0]);
+                _mm256_storeu_ps(o[1].as_mut_ptr(), smv[k][1]);
+            }
             for (t, at) in acc.iter().enumerate() {
                 for k in 0..np {
                     let (ra, rb, _, _) = pr[k];
@@ -512,7 +549,10 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
                         ya = (da * dwp[0]).mul_add(sa as f32, ya);
                         yb = (da * dwp[1]).mul_add(sb as f32, yb);
                     }
-                    if mins {
+                    if mins && asm {
+                        ya += smo[k][0][t];
+                        yb += smo[k][1][t];
+                    } else if mins {
                         let mut m = [0f32; 4];
                         _mm_storeu_ps(m.as_mut_ptr(), sm[t][k]);
                         ya += m[0];
@@ -530,12 +570,12 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
 }
 
 /// Output rows `r0..r1` of `W·X` for `n` activation rows (`act`: `n·nb` blocks, row `t` at
-/// `t·nb`; `rec` and `init` from [`prepare`] over all of them), written to `y[t·ystride + r]`, each
+/// `t·nb`; `rec`, `sv` and `init` from [`prepare`] over all of them), written to `y[t·ystride + r]`, each
 /// row in the order of a one-row call when `one_row_order` (only IQ4_NL's differs).
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `w` holds the rows (`row_bytes` each)
-/// of `nb` blocks of `ty`; `act.len() == n·nb`, `rec` and `init` as [`prepared_len`] says; `y` is valid for
+/// of `nb` blocks of `ty`; `act.len() == n·nb`, `rec`, `sv` and `init` as [`prepared_len`] says; `y` is valid for
 /// writes at `t·ystride + r` (`t < n`, `r0 <= r < r1`), which this call alone writes.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
@@ -547,6 +587,7 @@ pub(crate) unsafe fn rows(
     nb: usize,
     act: &[BlockQ8x32],
     rec: &[ActRec],
+    sv: &[f32],
     init: &[i32],
     y: *mut f32,
     ystride: usize,
@@ -564,10 +605,13 @@ pub(crate) unsafe fn rows(
             &init[8 * t0 * nb..8 * (t0 + k) * nb],
         );
         // The group's records, if it has them.
-        let rc = if k >= ASM_ROWS {
-            &rec[t0 * nb..(t0 + k) * nb]
+        let (rc, sc): (&[ActRec], &[f32]) = if k >= ASM_ROWS {
+            (
+                &rec[t0 * nb..(t0 + k) * nb],
+                &sv[t0 * nb..(t0 + GROUP) * nb],
+            )
         } else {
-            &[]
+            (&[], &[])
         };
         // SAFETY: forwarded contract, for activation rows t0..t0 + k.
         unsafe {
@@ -578,10 +622,10 @@ pub(crate) unsafe fn rows(
                 ($t:ident, $($k:literal)*) => { go!($t, false, $($k)*) };
                 ($t:ident, $s:literal, $($k:literal)*) => {
                     match k {
-                        1 => rows_impl::<$t, 1, 1, $s>(ts, w, row_bytes, nb, a, i, rc, yt, ystride, r0, r1),
-                        2 => rows_impl::<$t, 2, 1, $s>(ts, w, row_bytes, nb, a, i, rc, yt, ystride, r0, r1),
-                        3 => rows_impl::<$t, 3, 1, $s>(ts, w, row_bytes, nb, a, i, rc, yt, ystride, r0, r1),
-                        $($k => rows_impl::<$t, $k, 2, $s>(ts, w, row_bytes, nb, a, i, rc, yt, ystride, r0, r1),)*
+                        1 => rows_impl::<$t, 1, 1, $s>(ts, w, row_bytes, nb, a, i, rc, sc, yt, ystride, r0, r1),
+                        2 => rows_impl::<$t, 2, 1, $s>(ts, w, row_bytes, nb, a, i, rc, sc, yt, ystride, r0, r1),
+                        3 => rows_impl::<$t, 3, 1, $s>(ts, w, row_bytes, nb, a, i, rc, sc, yt, ystride, r0, r1),
+                        $($k => rows_impl::<$t, $k, 2, $s>(ts, w, row_bytes, nb, a, i, rc, sc, yt, ystride, r0, r1),)*
                         _ => unreachable!("1..=8 rows"),
                     }
                 };
