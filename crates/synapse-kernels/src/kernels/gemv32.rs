@@ -277,7 +277,7 @@ fn spread_w(dw: __m128) -> __m512 {
 
 /// One block of `N` (4..=8) activation rows (records at `p`, consecutive) against two
 /// weight-row pairs: `acc[t][k] = fma(dw[k]·d_t, cvt(dpbusd(iv_t, c[k], av_t)), acc[t][k])` —
-/// the intrinsics loop of [`rows_impl`] with every accumulator held in a register (LLVM
+/// the intrinsics loop of [`rows_impl`] with each activation row's body in assembly (LLVM
 /// spilled accumulators and hoisted the loads). Each row's three fields are loaded once
 /// (a 512-bit load takes both load ports for a cycle).
 ///
@@ -291,104 +291,42 @@ unsafe fn block_x2<const N: usize, const P: usize>(
     dw: &[__m512; P],
     acc: &mut [[__m512; P]; N],
 ) {
-    // Row t's fields at +192t (codes), +192t + 64 (lane starts), +192t + 128 (scale); its
-    // accumulators are operands 2t and 2t + 1.
-    macro_rules! row {
-        ($v:literal, $i:literal, $d:literal, $a0:literal, $a1:literal) => {
-            concat!(
-                "vmovdqa64 {av}, zmmword ptr [{p} + ",
-                $v,
-                "]\n",
-                "vmovdqa64 {l0}, zmmword ptr [{p} + ",
-                $i,
-                "]\n",
-                "vmovaps {da}, zmmword ptr [{p} + ",
-                $d,
-                "]\n",
-                "vmovdqa64 {l1}, {l0}\n",
-                "vpdpbusd {l0}, {c0}, {av}\n",
-                "vpdpbusd {l1}, {c1}, {av}\n",
-                "vmulps {p0}, {w0}, {da}\n",
-                "vmulps {p1}, {w1}, {da}\n",
-                "vcvtdq2ps {l0}, {l0}\n",
-                "vcvtdq2ps {l1}, {l1}\n",
-                "vfmadd231ps {",
-                $a0,
-                "}, {p0}, {l0}\n",
-                "vfmadd231ps {",
-                $a1,
-                "}, {p1}, {l1}\n",
-            )
-        };
-    }
-    macro_rules! run {
-        ($(($t:literal, $v:literal, $i:literal, $d:literal, $a0:literal, $a1:literal)),*) => {{
-            let (_l0, _l1, _p0, _p1, _av, _da): (__m512i, __m512i, __m512, __m512, __m512i, __m512);
-            // SAFETY: the records are readable (caller); registers only otherwise.
-            unsafe {
-                std::arch::asm!(
-                    $(row!($v, $i, $d, $a0, $a1),)*
-                    $(inout(zmm_reg) acc[$t][0], inout(zmm_reg) acc[$t][1],)*
-                    p = in(reg) p,
-                    c0 = in(zmm_reg) c[0],
-                    c1 = in(zmm_reg) c[1],
-                    w0 = in(zmm_reg) dw[0],
-                    w1 = in(zmm_reg) dw[1],
-                    l0 = out(zmm_reg) _l0,
-                    l1 = out(zmm_reg) _l1,
-                    p0 = out(zmm_reg) _p0,
-                    p1 = out(zmm_reg) _p1,
-                    av = out(zmm_reg) _av,
-                    da = out(zmm_reg) _da,
-                    options(nostack, preserves_flags, readonly),
-                );
-            }
-        }};
-    }
     const _: () = assert!(std::mem::size_of::<ActRec>() == 192);
     debug_assert!(P == 2);
-    match N {
-        4 => run!(
-            (0, "0", "64", "128", "0", "1"),
-            (1, "192", "256", "320", "2", "3"),
-            (2, "384", "448", "512", "4", "5"),
-            (3, "576", "640", "704", "6", "7")
-        ),
-        5 => run!(
-            (0, "0", "64", "128", "0", "1"),
-            (1, "192", "256", "320", "2", "3"),
-            (2, "384", "448", "512", "4", "5"),
-            (3, "576", "640", "704", "6", "7"),
-            (4, "768", "832", "896", "8", "9")
-        ),
-        6 => run!(
-            (0, "0", "64", "128", "0", "1"),
-            (1, "192", "256", "320", "2", "3"),
-            (2, "384", "448", "512", "4", "5"),
-            (3, "576", "640", "704", "6", "7"),
-            (4, "768", "832", "896", "8", "9"),
-            (5, "960", "1024", "1088", "10", "11")
-        ),
-        7 => run!(
-            (0, "0", "64", "128", "0", "1"),
-            (1, "192", "256", "320", "2", "3"),
-            (2, "384", "448", "512", "4", "5"),
-            (3, "576", "640", "704", "6", "7"),
-            (4, "768", "832", "896", "8", "9"),
-            (5, "960", "1024", "1088", "10", "11"),
-            (6, "1152", "1216", "1280", "12", "13")
-        ),
-        8 => run!(
-            (0, "0", "64", "128", "0", "1"),
-            (1, "192", "256", "320", "2", "3"),
-            (2, "384", "448", "512", "4", "5"),
-            (3, "576", "640", "704", "6", "7"),
-            (4, "768", "832", "896", "8", "9"),
-            (5, "960", "1024", "1088", "10", "11"),
-            (6, "1152", "1216", "1280", "12", "13"),
-            (7, "1344", "1408", "1472", "14", "15")
-        ),
-        _ => unreachable!("4..=8 rows"),
+    for (t, at) in acc.iter_mut().enumerate() {
+        let (_l0, _l1, _p0, _p1, _av, _da): (__m512i, __m512i, __m512, __m512, __m512i, __m512);
+        // SAFETY: record t is readable (caller); registers otherwise. Its fields: codes at
+        // +0, lane starts at +64, scale at +128.
+        unsafe {
+            std::arch::asm!(
+                "vmovdqa64 {av}, zmmword ptr [{p}]",
+                "vmovdqa64 {l0}, zmmword ptr [{p} + 64]",
+                "vmovaps {da}, zmmword ptr [{p} + 128]",
+                "vmovdqa64 {l1}, {l0}",
+                "vpdpbusd {l0}, {c0}, {av}",
+                "vpdpbusd {l1}, {c1}, {av}",
+                "vmulps {p0}, {w0}, {da}",
+                "vmulps {p1}, {w1}, {da}",
+                "vcvtdq2ps {l0}, {l0}",
+                "vcvtdq2ps {l1}, {l1}",
+                "vfmadd231ps {a0}, {p0}, {l0}",
+                "vfmadd231ps {a1}, {p1}, {l1}",
+                p = in(reg) p.add(t),
+                c0 = in(zmm_reg) c[0],
+                c1 = in(zmm_reg) c[1],
+                w0 = in(zmm_reg) dw[0],
+                w1 = in(zmm_reg) dw[1],
+                a0 = inout(zmm_reg) at[0],
+                a1 = inout(zmm_reg) at[1],
+                l0 = out(zmm_reg) _l0,
+                l1 = out(zmm_reg) _l1,
+                p0 = out(zmm_reg) _p0,
+                p1 = out(zmm_reg) _p1,
+                av = out(zmm_reg) _av,
+                da = out(zmm_reg) _da,
+                options(nostack, preserves_flags, readonly),
+            );
+        }
     }
 }
 
