@@ -263,11 +263,14 @@ pub(crate) unsafe fn rows_avx512<const ASYM: bool>(
         let r0 = r;
         let mut t0 = 0;
         while t0 < n {
-            let nt = (n - t0).min(8);
+            // Four activation rows per pass over the weights: at eight the loop ran at ~60%
+            // of its four-row rate per row (kbench, one thread, 2048 × 2048, 8 rows: `q4`
+            // 1077 → 667–787 µs, `q8` 1125 → 702 µs); each row's order is the same.
+            let nt = (n - t0).min(4);
             for r in r0..r1 {
                 let row = w.as_ptr().add(r * row_bytes);
-                let mut acc = [_mm512_setzero_ps(); 8];
-                let mut m = [_mm_setzero_ps(); 8];
+                let mut acc = [_mm512_setzero_ps(); 4];
+                let mut m = [_mm_setzero_ps(); 4];
                 for g in 0..ng {
                     let grp = row.add(g * gb);
                     _mm_prefetch::<_MM_HINT_T1>(grp.wrapping_add(6144).cast());
