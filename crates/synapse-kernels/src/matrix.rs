@@ -973,7 +973,9 @@ impl QuantMatrix {
         } else {
             codec_sym::rows_scalar::<false>
         };
-        let (act_scratch, pack, pool) = ctx.parts2();
+        let path = ctx.path();
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+        let (act_scratch, pack, recs_buf, pool) = ctx.parts3();
         act_scratch.set_len(n * ActKind::Q8x32.row_bytes(cols));
         quantize_rows(ActKind::Q8x32, x, cols, act_scratch.as_bytes_mut());
         let act: &[BlockQ8x32] = bytemuck::cast_slice(act_scratch.as_bytes());
@@ -987,6 +989,29 @@ impl QuantMatrix {
         let (init, da, msum): (&[i32], &[f32], &[f32]) = (init, da, msum);
         let yp = SyncPtr(y.as_mut_ptr());
         let (w, rb) = (self.data.as_bytes(), self.row_bytes);
+        // Several activation rows of a symmetric code on AVX-512: the records kernel (a pair
+        // of weight rows per pass over up to 8 activation rows, the same bits; kbench, one
+        // thread, 2048 × 2048: 8 rows `q4` 662 → 476 µs, `q8` 708 → 493 µs, 2 rows `q4`
+        // 183 → 138 µs against four activation rows per weight row).
+        #[cfg(target_arch = "x86_64")]
+        if n >= 2
+            && !asym
+            && path == crate::dispatch::KernelPath::Avx512Vnni
+            && codec_sym::has_avx512()
+        {
+            recs_buf.set_len(n * ng * std::mem::size_of::<kernels::gemv32::ActRec>());
+            let recs: &mut [kernels::gemv32::ActRec] =
+                bytemuck::cast_slice_mut(recs_buf.as_bytes_mut());
+            codec_sym::records(act, ng, init, da, recs);
+            let recs: &[kernels::gemv32::ActRec] = recs;
+            pool.run_rows(rows, 8, 2 * rows * cols * n, &|r0, r1| {
+                // SAFETY: as below; the records cover the n rows.
+                unsafe {
+                    codec_sym::rows_records(bits, w, rb, ng, recs, n, yp.get(), rows, r0, r1)
+                };
+            });
+            return Ok(());
+        }
         pool.run_rows(rows, 8, 2 * rows * cols * n, &|r0, r1| {
             // SAFETY: rows were validated as `ng` groups of this codec at construction; the
             // lane arrays hold n·ng·16 entries; chunks write disjoint rows; the SIMD path only

@@ -312,6 +312,140 @@ pub(crate) unsafe fn rows_avx512<const ASYM: bool>(
     }
 }
 
+/// The symmetric codecs' records for [`rows_records`]: per group of up to 8 activation rows
+/// (`8g..`), group `j`'s rows side by side — row `8g + t`'s group `j` at `8g·ng + k·j + t`
+/// (`k` the rows of that 8-row group) — each record the two activation blocks' 64 codes, the
+/// lane starts (`init`) and the lanes' scales (`da`) of [`prepare`], every field a plain
+/// 64-byte load.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn records(
+    act: &[BlockQ8x32],
+    ng: usize,
+    init: &[i32],
+    da: &[f32],
+    out: &mut [super::gemv32::ActRec],
+) {
+    let n = act.len() / (2 * ng).max(1);
+    for g0 in (0..n).step_by(8) {
+        let k = (n - g0).min(8);
+        for t in 0..k {
+            for j in 0..ng {
+                let i = (g0 + t) * ng + j;
+                let o = &mut out[g0 * ng + j * k + t];
+                o.av[..32].copy_from_slice(&act[2 * i].qs);
+                o.av[32..].copy_from_slice(&act[2 * i + 1].qs);
+                o.iv.copy_from_slice(&init[16 * i..16 * i + 16]);
+                o.da.copy_from_slice(&da[16 * i..16 * i + 16]);
+            }
+        }
+    }
+}
+
+/// [`rows_avx512`] for symmetric codes and several activation rows from [`records`]: a pair
+/// of weight rows at a time, each group's codes unpacked once for up to 8 activation rows and
+/// each record loaded once for both weight rows, the body `gemv32`'s assembly block (every
+/// accumulator in a register) — per output the one-row path's `acc = fma(lanes, d_w·d_a,
+/// acc)` per group and its fold, the same bits.
+///
+/// # Safety
+/// As [`rows_scalar`] (symmetric `bits`), with `recs` from [`records`] for `n` activation
+/// rows; the CPU has AVX-512 F, BW, VL, VBMI and VNNI.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn rows_records(
+    bits: u32,
+    w: &[u8],
+    row_bytes: usize,
+    ng: usize,
+    recs: &[super::gemv32::ActRec],
+    n: usize,
+    y: *mut f32,
+    ystride: usize,
+    r0: usize,
+    r1: usize,
+) {
+    let mut t0 = 0;
+    while t0 < n {
+        let k = (n - t0).min(8);
+        let rc = &recs[t0 * ng..(t0 + k) * ng];
+        // SAFETY: forwarded, for activation rows t0..t0 + k.
+        unsafe {
+            let yt = y.add(t0 * ystride);
+            macro_rules! go {
+                ($($n:literal)*) => {
+                    match k {
+                        $($n => records_n::<$n>(bits, w, row_bytes, ng, rc, yt, ystride, r0, r1),)*
+                        _ => unreachable!("1..=8 rows"),
+                    }
+                };
+            }
+            go!(1 2 3 4 5 6 7 8);
+        }
+        t0 += k;
+    }
+}
+
+/// [`rows_records`] for one group of `N` activation rows.
+///
+/// # Safety
+/// As [`rows_records`], `recs` the group's `N·ng` records.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn records_n<const N: usize>(
+    bits: u32,
+    w: &[u8],
+    row_bytes: usize,
+    ng: usize,
+    recs: &[super::gemv32::ActRec],
+    y: *mut f32,
+    ystride: usize,
+    r0: usize,
+    r1: usize,
+) {
+    use std::arch::x86_64::*;
+    let b = bits as usize;
+    let gb = group_bytes(bits, false);
+    let hdr = header(false);
+    let idx: [u8; 64] = std::array::from_fn(|i| (b * (i / 8) + i % 8).min(63) as u8);
+    let ctl: [u8; 64] = std::array::from_fn(|i| (b * (i % 8)) as u8);
+    let load_mask: u64 = if b == 8 { !0 } else { (1u64 << (8 * b)) - 1 };
+    // SAFETY: the caller's contract; every load stays inside a group of `w` (masked to its
+    // 8·b code bytes) or the records.
+    unsafe {
+        let idx = _mm512_loadu_si512(idx.as_ptr().cast());
+        let ctl = _mm512_loadu_si512(ctl.as_ptr().cast());
+        let cmask = _mm512_set1_epi8(((1u32 << b) - 1) as u8 as i8);
+        let mut r = r0;
+        while r < r1 {
+            let (rb, pa, pb) = super::gemv32::row_pair(w, row_bytes, r, r1);
+            let mut acc = [[_mm512_setzero_ps(); 2]; N];
+            for j in 0..ng {
+                let (ga, gbp) = (pa.add(j * gb), pb.add(j * gb));
+                _mm_prefetch::<_MM_HINT_T1>(ga.wrapping_add(6144).cast());
+                _mm_prefetch::<_MM_HINT_T1>(gbp.wrapping_add(6144).cast());
+                let c = [
+                    codes_of(ga.add(hdr), b, load_mask, idx, ctl, cmask),
+                    codes_of(gbp.add(hdr), b, load_mask, idx, ctl, cmask),
+                ];
+                let dw = [
+                    _mm512_broadcastss_ps(half_at(ga)),
+                    _mm512_broadcastss_ps(half_at(gbp)),
+                ];
+                super::gemv32::block_x2(recs.as_ptr().add(j * N), &c, &dw, &mut acc);
+            }
+            for (t, a) in acc.iter().enumerate() {
+                *y.add(t * ystride + r) = hsum(a[0]);
+                if rb != r {
+                    *y.add(t * ystride + rb) = hsum(a[1]);
+                }
+            }
+            r += 2;
+        }
+    }
+}
+
 /// A group's 64 codes of `b` bits at `area` as bytes: each qword `j` of a register given the
 /// `b` bytes of codes `8j..8j+8`, then `vpmultishiftqb` (byte `k` of each qword the 8 bits
 /// from bit `b·k`) and the mask of `b` bits; 8-bit codes as loaded. 2- and 4-bit codes get

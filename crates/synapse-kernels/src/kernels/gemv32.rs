@@ -47,12 +47,12 @@ pub(crate) fn supports(ty: GgmlType) -> bool {
 #[repr(C, align(64))]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 pub(crate) struct ActRec {
-    /// The block's codes, twice.
-    av: [i8; 64],
+    /// The block's codes, twice (the codecs' records: their group's two blocks).
+    pub(crate) av: [i8; 64],
     /// The lanes' starting values, twice.
-    iv: [i32; 16],
+    pub(crate) iv: [i32; 16],
     /// The block's scale `d`, 16 times.
-    da: [f32; 16],
+    pub(crate) da: [f32; 16],
 }
 
 /// Activation rows per pass over the weights (one accumulator pair each).
@@ -285,7 +285,7 @@ fn spread_w(dw: __m128) -> __m512 {
 /// `p` points at `N` consecutive [`ActRec`]s; the CPU has AVX-512 F and VNNI.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn block_x2<const N: usize, const P: usize>(
+pub(crate) unsafe fn block_x2<const N: usize, const P: usize>(
     p: *const ActRec,
     c: &[__m512i; P],
     dw: &[__m512; P],
