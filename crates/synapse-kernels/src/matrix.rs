@@ -973,6 +973,7 @@ impl QuantMatrix {
         } else {
             codec_sym::rows_scalar::<false>
         };
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
         let path = ctx.path();
         #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
         let (act_scratch, pack, recs_buf, pool) = ctx.parts3();
