@@ -454,31 +454,42 @@ macro_rules! x86_kernels {
                 }
             }
 
+            /// Q4_K/Q5_K super-blocks against `N` Q8_K activation rows (`a + t·astride`), each
+            /// super-block's codes unpacked once for all of them; every row's float order is
+            /// the one-row kernel's (ggml's `vec_dot`, or its tiled matmul's with `tiled`).
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn dot_k4(w: *const u8, a: *const u8, nb: usize, q5: bool, tiled: bool) -> f32 {
+            unsafe fn dot_k4n<const N: usize, const Q5: bool, const TILED: bool>(
+                w: *const u8,
+                a: *const u8,
+                astride: usize,
+                nb: usize,
+            ) -> [f32; N] {
+                let (q5, tiled) = (Q5, TILED);
                 unsafe {
                     let ts = if q5 { 176 } else { 144 };
                     let qs_off = if q5 { Q5K_QS } else { Q4K_QS };
                     let m4 = _mm256_set1_epi8(15);
-                    let mut acc = _mm256_setzero_ps();
-                    let mut accm = _mm_setzero_ps();
-                    let mut summs = 0f32;
-                    let mut tacc = 0f32;
+                    let mut acc = [_mm256_setzero_ps(); N];
+                    let mut accm = [_mm_setzero_ps(); N];
+                    let mut summs = [0f32; N];
+                    let mut tacc = [0f32; N];
                     for i in 0..nb {
-                        let (wb, ab) = (w.add(i * ts), a.add(i * AK));
+                        let wb = w.add(i * ts);
+                        let ab: [*const u8; N] =
+                            std::array::from_fn(|t| a.add(t * astride + i * AK));
                         // Keep the weight stream ahead of the loads (as the 32-block dots do).
                         _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
                         _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 64).cast());
                         _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 128).cast());
-                        let da = rd(ab.cast::<f32>());
+                        let da: [f32; N] = std::array::from_fn(|t| rd(ab[t].cast::<f32>()));
                         let (sc, m) = k4_scales(wb.add(Q4K_SCALES));
                         let mut qh = if q5 {
                             ld(wb.add(Q5K_QH))
                         } else {
                             _mm256_setzero_si256()
                         };
-                        let mut sumi = _mm256_setzero_si256();
+                        let mut sumi = [_mm256_setzero_si256(); N];
                         for c in 0..4 {
                             let q = ld(wb.add(qs_off + 32 * c));
                             let mut lo = _mm256_and_si256(q, m4);
@@ -491,61 +502,96 @@ macro_rules! x86_kernels {
                                 lo = _mm256_or_si256(lo, _mm256_slli_epi16(hl, 4));
                                 hi = _mm256_or_si256(hi, _mm256_slli_epi16(hh, 4));
                             }
-                            let plo = _mm256_maddubs_epi16(lo, ld(ab.add(4 + 64 * c)));
-                            let phi = _mm256_maddubs_epi16(hi, ld(ab.add(4 + 64 * c + 32)));
-                            let slo = _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c] as i16));
-                            let shi =
-                                _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1] as i16));
-                            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(slo, shi));
+                            let (s0, s1) = (
+                                _mm256_set1_epi16(sc[2 * c] as i16),
+                                _mm256_set1_epi16(sc[2 * c + 1] as i16),
+                            );
+                            for (st, abt) in sumi.iter_mut().zip(&ab) {
+                                let plo = _mm256_maddubs_epi16(lo, ld(abt.add(4 + 64 * c)));
+                                let phi = _mm256_maddubs_epi16(hi, ld(abt.add(4 + 64 * c + 32)));
+                                let slo = _mm256_madd_epi16(plo, s0);
+                                let shi = _mm256_madd_epi16(phi, s1);
+                                *st = _mm256_add_epi32(*st, _mm256_add_epi32(slo, shi));
+                            }
                         }
-                        let prod = k4_min_lanes(m, ab);
+                        for t in 0..N {
+                            let da = da[t];
+                            let prod = k4_min_lanes(m, ab[t]);
+                            if tiled {
+                                let s2 = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
+                                let s2 =
+                                    _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+                                let dm = Some((f16(wb.add(2)), s2));
+                                tacc[t] = tiled_step(tacc[t], hsum_epi32(sumi[t]), dm, f16(wb), da);
+                                continue;
+                            }
+                            let d = da * f16(wb);
+                            let dmin = -da * f16(wb.add(2));
+                            if q5 {
+                                // ggml's Q5_K adds the lanes' integer total to one scalar sum,
+                                // `summs += dmin * total`, which GCC contracts into an FMA.
+                                let h = _mm_hadd_epi32(prod, _mm_setzero_si128());
+                                let h = _mm_hadd_epi32(h, _mm_setzero_si128());
+                                summs[t] = dmin.mul_add(_mm_cvtsi128_si32(h) as f32, summs[t]);
+                            } else {
+                                accm[t] =
+                                    _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), accm[t]);
+                            }
+                            acc[t] =
+                                _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                        }
+                    }
+                    std::array::from_fn(|t| {
                         if tiled {
-                            let s2 = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
-                            let s2 = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
-                            let dm = Some((f16(wb.add(2)), s2));
-                            tacc = tiled_step(tacc, hsum_epi32(sumi), dm, f16(wb), da);
-                            continue;
+                            return tacc[t];
                         }
-                        let d = da * f16(wb);
-                        let dmin = -da * f16(wb.add(2));
-                        if q5 {
-                            // ggml's Q5_K adds the lanes' integer total to one scalar sum,
-                            // `summs += dmin * total`, which GCC contracts into an FMA.
-                            let h = _mm_hadd_epi32(prod, _mm_setzero_si128());
-                            let h = _mm_hadd_epi32(h, _mm_setzero_si128());
-                            summs = dmin.mul_add(_mm_cvtsi128_si32(h) as f32, summs);
-                        } else {
-                            accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), accm);
-                        }
-                        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-                    }
-                    if tiled {
-                        return tacc;
-                    }
-                    let m2 = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
-                    let m1 = _mm_add_ss(m2, _mm_movehdup_ps(m2));
-                    hsum_ps(acc) + (_mm_cvtss_f32(m1) + summs)
+                        let m2 = _mm_add_ps(accm[t], _mm_movehl_ps(accm[t], accm[t]));
+                        let m1 = _mm_add_ss(m2, _mm_movehdup_ps(m2));
+                        hsum_ps(acc[t]) + (_mm_cvtss_f32(m1) + summs[t])
+                    })
                 }
+            }
+
+
+            /// Four-row [`dot_k4n`]s: Q4_K and Q5_K in the one-row and the tiled order.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_q4_k(w: *const u8, a: *const u8, astride: usize, nb: usize) -> [f32; 4] {
+                unsafe { dot_k4n::<4, false, false>(w, a, astride, nb) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_q4_k_many(w: *const u8, a: *const u8, astride: usize, nb: usize) -> [f32; 4] {
+                unsafe { dot_k4n::<4, false, true>(w, a, astride, nb) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_q5_k(w: *const u8, a: *const u8, astride: usize, nb: usize) -> [f32; 4] {
+                unsafe { dot_k4n::<4, true, false>(w, a, astride, nb) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_q5_k_many(w: *const u8, a: *const u8, astride: usize, nb: usize) -> [f32; 4] {
+                unsafe { dot_k4n::<4, true, true>(w, a, astride, nb) }
             }
 
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_q4_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { dot_k4(w, a, nb, false, false) }
+                unsafe { dot_k4n::<1, false, false>(w, a, 0, nb)[0] }
             }
 
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_q4_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { dot_k4(w, a, nb, false, true) }
+                unsafe { dot_k4n::<1, false, true>(w, a, 0, nb)[0] }
             }
 
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_q5_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { dot_k4(w, a, nb, true, true) }
+                unsafe { dot_k4n::<1, true, true>(w, a, 0, nb)[0] }
             }
 
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_q5_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { dot_k4(w, a, nb, true, false) }
+                unsafe { dot_k4n::<1, true, false>(w, a, 0, nb)[0] }
             }
 
             /// 16 scales (one per 16 elements, as 16 i8 in `s`) as each group's madd
@@ -1297,6 +1343,8 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 _ => None,
             };
             let many4: Option<Dot4Fn> = match ty {
+                T::Q4_K => Some($m::dot4_q4_k_many),
+                T::Q5_K => Some($m::dot4_q5_k_many),
                 T::Q2_K => Some($m::dot4_q2_k_many),
                 T::Q3_K => Some($m::dot4_q3_k_many),
                 T::IQ4_XS => Some($m::dot4_iq4_xs_many),
@@ -1311,8 +1359,8 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::Q4_1 => (ActKind::Q8x32, $m::dot_q4_1, Some($m::dot4_q4_1), many),
                 T::Q5_0 => (ActKind::Q8x32, $m::dot_q5_0, Some($m::dot4_q5_0), many),
                 T::Q5_1 => (ActKind::Q8x32, $m::dot_q5_1, Some($m::dot4_q5_1), many),
-                T::Q4_K => (ActKind::Q8K, $m::dot_q4_k, None, many),
-                T::Q5_K => (ActKind::Q8K, $m::dot_q5_k, None, many),
+                T::Q4_K => (ActKind::Q8K, $m::dot_q4_k, Some($m::dot4_q4_k), many),
+                T::Q5_K => (ActKind::Q8K, $m::dot_q5_k, Some($m::dot4_q5_k), many),
                 T::Q6_K => (ActKind::Q8K, $m::dot_q6_k, None, many),
                 T::TQ1_0 => (ActKind::Q8K, $m::dot_tq1_0, Some($m::dot4_tq1_0), many),
                 T::TQ2_0 => (ActKind::Q8K, $m::dot_tq2_0, Some($m::dot4_tq2_0), many),
