@@ -1140,33 +1140,54 @@ macro_rules! x86_kernels {
 
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_q6_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { dot_q6k(w, a, nb, false) }
+                unsafe { dot_q6kn::<1, false>(w, a, 0, nb)[0] }
             }
 
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_q6_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { dot_q6k(w, a, nb, true) }
+                unsafe { dot_q6kn::<1, true>(w, a, 0, nb)[0] }
             }
 
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_q6_k(w: *const u8, a: *const u8, astride: usize, nb: usize) -> [f32; 4] {
+                unsafe { dot_q6kn::<4, false>(w, a, astride, nb) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot4_q6_k_many(w: *const u8, a: *const u8, astride: usize, nb: usize) -> [f32; 4] {
+                unsafe { dot_q6kn::<4, true>(w, a, astride, nb) }
+            }
+
+            /// Q6_K super-blocks against `N` Q8_K activation rows (`a + t·astride`), each
+            /// super-block's codes unpacked once for all of them; each row's float order is the
+            /// one-row kernel's (`vec_dot`, or the tiled matmul's with `TILED`).
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn dot_q6k(w: *const u8, a: *const u8, nb: usize, tiled: bool) -> f32 {
+            unsafe fn dot_q6kn<const N: usize, const TILED: bool>(
+                w: *const u8,
+                a: *const u8,
+                astride: usize,
+                nb: usize,
+            ) -> [f32; N] {
                 unsafe {
-                    let mut tacc = 0f32;
+                    let mut tacc = [0f32; N];
                     let m4 = _mm256_set1_epi8(15);
                     let m2 = _mm256_set1_epi8(3);
-                    let mut acc = _mm256_setzero_ps();
+                    let mut acc = [_mm256_setzero_ps(); N];
                     for i in 0..nb {
-                        let (wb, ab) = (w.add(i * 210), a.add(i * AK));
+                        let wb = w.add(i * 210);
+                        let ab: [*const u8; N] =
+                            std::array::from_fn(|t| a.add(t * astride + i * AK));
                         _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
                         _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 64).cast());
                         _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 128).cast());
                         _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH + 192).cast());
                         let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(Q6K_SCALES).cast()));
                         // −32·Σ_g sc_g·bsum_g, folded into the integer sum.
-                        let corr = _mm256_madd_epi16(sc16, ld(ab.add(260)));
-                        let mut sumi =
-                            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5));
+                        let mut sumi: [__m256i; N] = std::array::from_fn(|t| {
+                            let corr = _mm256_madd_epi16(sc16, ld(ab[t].add(260)));
+                            _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5))
+                        });
                         for n in 0..2 {
                             let ql0 = ld(wb.add(64 * n));
                             let ql1 = ld(wb.add(64 * n + 32));
@@ -1200,26 +1221,29 @@ macro_rules! x86_kernels {
                             ];
                             for (k, c) in codes.into_iter().enumerate() {
                                 let g = n * 8 + 2 * k;
-                                let p = _mm256_maddubs_epi16(c, ld(ab.add(4 + 16 * g)));
                                 let s = _mm256_set_m128i(
                                     _mm_set1_epi16(rd(wb.add(Q6K_SCALES + g + 1)) as i8 as i16),
                                     _mm_set1_epi16(rd(wb.add(Q6K_SCALES + g)) as i8 as i16),
                                 );
-                                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, s));
+                                for (st, abt) in sumi.iter_mut().zip(&ab) {
+                                    let p = _mm256_maddubs_epi16(c, ld(abt.add(4 + 16 * g)));
+                                    *st = _mm256_add_epi32(*st, _mm256_madd_epi16(p, s));
+                                }
                             }
                         }
-                        if tiled {
-                            let da = rd(ab.cast::<f32>());
-                            tacc = tiled_step(tacc, hsum_epi32(sumi), None, f16(wb.add(Q6K_D)), da);
-                            continue;
+                        for t in 0..N {
+                            let da = rd(ab[t].cast::<f32>());
+                            if TILED {
+                                tacc[t] =
+                                    tiled_step(tacc[t], hsum_epi32(sumi[t]), None, f16(wb.add(Q6K_D)), da);
+                                continue;
+                            }
+                            let d = da * f16(wb.add(Q6K_D));
+                            acc[t] =
+                                _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
                         }
-                        let d = rd(ab.cast::<f32>()) * f16(wb.add(Q6K_D));
-                        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
                     }
-                    if tiled {
-                        return tacc;
-                    }
-                    hsum_ps(acc)
+                    std::array::from_fn(|t| if TILED { tacc[t] } else { hsum_ps(acc[t]) })
                 }
             }
 
@@ -1345,6 +1369,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
             let many4: Option<Dot4Fn> = match ty {
                 T::Q4_K => Some($m::dot4_q4_k_many),
                 T::Q5_K => Some($m::dot4_q5_k_many),
+                T::Q6_K => Some($m::dot4_q6_k_many),
                 T::Q2_K => Some($m::dot4_q2_k_many),
                 T::Q3_K => Some($m::dot4_q3_k_many),
                 T::IQ4_XS => Some($m::dot4_iq4_xs_many),
@@ -1361,7 +1386,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::Q5_1 => (ActKind::Q8x32, $m::dot_q5_1, Some($m::dot4_q5_1), many),
                 T::Q4_K => (ActKind::Q8K, $m::dot_q4_k, Some($m::dot4_q4_k), many),
                 T::Q5_K => (ActKind::Q8K, $m::dot_q5_k, Some($m::dot4_q5_k), many),
-                T::Q6_K => (ActKind::Q8K, $m::dot_q6_k, None, many),
+                T::Q6_K => (ActKind::Q8K, $m::dot_q6_k, Some($m::dot4_q6_k), many),
                 T::TQ1_0 => (ActKind::Q8K, $m::dot_tq1_0, Some($m::dot4_tq1_0), many),
                 T::TQ2_0 => (ActKind::Q8K, $m::dot_tq2_0, Some($m::dot4_tq2_0), many),
                 T::Q2_K => (ActKind::Q8K, $m::dot_q2_k, Some($m::dot4_q2_k), many),
