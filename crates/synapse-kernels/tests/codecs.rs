@@ -114,6 +114,17 @@ fn g64_integer_path_simd_equals_scalar_and_rows_are_independent() {
                 for (i, (a, b)) in got.iter().zip(&scalar).enumerate() {
                     assert_eq!(a.to_bits(), b.to_bits(), "{id} {rows}x{cols} {path} [{i}]");
                 }
+                // Fewer rows: other groupings of the activation rows (1; 4 + 2; 4 + 1).
+                for m in [1, 6, 5] {
+                    let got = run(path, threads, &x[..m * cols], m);
+                    for (i, (a, b)) in got.iter().zip(&scalar).enumerate() {
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "{id} {rows}x{cols} {path} n={m} [{i}]"
+                        );
+                    }
+                }
             }
             // Each activation row alone: the same bits as beside the ten others.
             for t in [0, 5, n - 1] {
