@@ -193,6 +193,41 @@ fn hsum(a: std::arch::x86_64::__m512) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// The AVX-512 unpacking constants for `b`-bit codes ([`codes_of`]): `vpermb`'s byte index
+/// (byte 8j + k of the output takes stream byte b·j + k: 8 codes of b bits are b bytes,
+/// bit-aligned at qword j's start), `vpmultishiftqb`'s control (byte k of each qword takes
+/// the 8 bits from bit b·k of its qword), the mask of b bits, and the load mask of a group's
+/// `8·b` code bytes.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn unpack_consts(
+    b: usize,
+) -> (
+    std::arch::x86_64::__m512i,
+    std::arch::x86_64::__m512i,
+    std::arch::x86_64::__m512i,
+    u64,
+) {
+    use std::arch::x86_64::*;
+    let idx: [u8; 64] = std::array::from_fn(|i| (b * (i / 8) + i % 8).min(63) as u8);
+    let ctl: [u8; 64] = std::array::from_fn(|i| (b * (i % 8)) as u8);
+    let load_mask: u64 = if b == 8 { !0 } else { (1u64 << (8 * b)) - 1 };
+    // SAFETY: 64 bytes each.
+    let (idx, ctl) = unsafe {
+        (
+            _mm512_loadu_si512(idx.as_ptr().cast()),
+            _mm512_loadu_si512(ctl.as_ptr().cast()),
+        )
+    };
+    (
+        idx,
+        ctl,
+        _mm512_set1_epi8(((1u32 << b) - 1) as u8 as i8),
+        load_mask,
+    )
+}
+
 /// [`rows_scalar`] on AVX-512 (F, BW, VBMI, VNNI), the same bits; up to 8 activation rows share
 /// each group's unpacking, and with one activation row eight (8-bit codes: four) weight rows
 /// share its loads and convert their scales together ([`decode_block`]).
@@ -221,18 +256,10 @@ pub(crate) unsafe fn rows_avx512<const ASYM: bool>(
     let gb = group_bytes(bits, ASYM);
     let hdr = header(ASYM);
     let n = act.len() / (2 * ng).max(1);
-    // vpermb: byte 8j + k of the output takes stream byte b·j + k (8 codes of b bits are b
-    // bytes, bit-aligned at qword j's start); vpmultishiftqb: byte k of each qword takes the
-    // 8 bits from bit b·k of its qword; the mask keeps b of them.
-    let idx: [u8; 64] = std::array::from_fn(|i| (b * (i / 8) + i % 8).min(63) as u8);
-    let ctl: [u8; 64] = std::array::from_fn(|i| (b * (i % 8)) as u8);
-    let load_mask: u64 = if b == 8 { !0 } else { (1u64 << (8 * b)) - 1 };
+    let (idx, ctl, cmask, load_mask) = unpack_consts(b);
     // SAFETY: the caller's contract; every load below stays inside a group of `w` (masked to
     // its 8·b code bytes), an activation block pair, or the prepared lane arrays.
     unsafe {
-        let idx = _mm512_loadu_si512(idx.as_ptr().cast());
-        let ctl = _mm512_loadu_si512(ctl.as_ptr().cast());
-        let cmask = _mm512_set1_epi8(((1u32 << b) - 1) as u8 as i8);
         // The group's codes, its scale `d_w` and (asymmetric) its minimum `m_w` (f16 → f32 is
         // exact: the same values as the scalar path's).
         let group = |grp: *const u8| {
@@ -408,15 +435,10 @@ unsafe fn records_n<const N: usize>(
     let b = bits as usize;
     let gb = group_bytes(bits, false);
     let hdr = header(false);
-    let idx: [u8; 64] = std::array::from_fn(|i| (b * (i / 8) + i % 8).min(63) as u8);
-    let ctl: [u8; 64] = std::array::from_fn(|i| (b * (i % 8)) as u8);
-    let load_mask: u64 = if b == 8 { !0 } else { (1u64 << (8 * b)) - 1 };
+    let (idx, ctl, cmask, load_mask) = unpack_consts(b);
     // SAFETY: the caller's contract; every load stays inside a group of `w` (masked to its
     // 8·b code bytes) or the records.
     unsafe {
-        let idx = _mm512_loadu_si512(idx.as_ptr().cast());
-        let ctl = _mm512_loadu_si512(ctl.as_ptr().cast());
-        let cmask = _mm512_set1_epi8(((1u32 << b) - 1) as u8 as i8);
         let mut r = r0;
         while r < r1 {
             let (rb, pa, pb) = super::gemv32::row_pair(w, row_bytes, r, r1);
