@@ -38,7 +38,7 @@ pub(crate) fn supports(ty: GgmlType) -> bool {
     super::tiled::supports32(ty)
 }
 
-/// One activation block as [`rows`]' eight-row kernel reads it, every field a plain 64-byte
+/// One activation block as [`block_x2`] (from 4 activation rows) reads it, every field a plain 64-byte
 /// load: its codes in both 256-bit halves, its lanes' starting values ([`prepare`]) twice
 /// and its scale in all 16 lanes. A broadcast from memory costs this Zen 4 a third of the
 /// multiply slot that `vpdpbusd`, `vmulps` and FMA share (a micro-benchmark: 0.36 against
@@ -449,8 +449,9 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
             }
             // Q4_1/Q5_1 beside the assembly: each row's `Σ m·s` for all N rows at once
             // (rows a and b of pair k; each product rounded, then added in block order).
-            let mut smv = [[_mm256_setzero_ps(); 2]; P];
+            let mut smo = [[[0f32; 8]; 2]; P];
             if asm && mins {
+                let mut smv = [[_mm256_setzero_ps(); 2]; P];
                 for b in 0..nb {
                     let s8 = _mm256_loadu_ps(sv.as_ptr().add(8 * b));
                     for (k, sk) in smv.iter_mut().enumerate() {
@@ -464,11 +465,10 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
                         sk[1] = _mm256_add_ps(sk[1], _mm256_mul_ps(mb, s8));
                     }
                 }
-            }
-            let mut smo = [[[0f32; 8]; 2]; P];
-            for (k, o) in smo.iter_mut().enumerate() {
-                _mm256_storeu_ps(o[0].as_mut_ptr(), smv[k][0]);
-                _mm256_storeu_ps(o[1].as_mut_ptr(), smv[k][1]);
+                for (o, sk) in smo.iter_mut().zip(&smv) {
+                    _mm256_storeu_ps(o[0].as_mut_ptr(), sk[0]);
+                    _mm256_storeu_ps(o[1].as_mut_ptr(), sk[1]);
+                }
             }
             for (t, at) in acc.iter().enumerate() {
                 for k in 0..np {

@@ -16,13 +16,14 @@ use crate::act::ActKind;
 use crate::dispatch::KernelPath;
 use synapse_formats::GgmlType;
 
-/// A kernel body generic over its activation rows (`$body::<N>(w, a, astride, nb) -> [f32;
-/// N]`) as the one-row [`DotFn`] `$one` and the four-row [`Dot4Fn`] `$four`.
+/// A kernel body generic over its activation rows (`$body::<N, …>(w, a, astride, nb) -> [f32;
+/// N]`, any further const parameters given after the body) as the one-row [`DotFn`] `$one` and
+/// the four-row [`Dot4Fn`] `$four`.
 macro_rules! one_and_four {
-    ($features:literal, $one:ident, $four:ident, $body:ident) => {
+    ($features:literal, $one:ident, $four:ident, $body:ident $(, $g:literal)*) => {
         #[target_feature(enable = $features)]
         pub(crate) unsafe fn $one(w: *const u8, a: *const u8, nb: usize) -> f32 {
-            unsafe { $body::<1>(w, a, 0, nb)[0] }
+            unsafe { $body::<1 $(, $g)*>(w, a, 0, nb)[0] }
         }
 
         #[target_feature(enable = $features)]
@@ -32,7 +33,7 @@ macro_rules! one_and_four {
             astride: usize,
             nb: usize,
         ) -> [f32; 4] {
-            unsafe { $body::<4>(w, a, astride, nb) }
+            unsafe { $body::<4 $(, $g)*>(w, a, astride, nb) }
         }
     };
 }
@@ -552,47 +553,11 @@ macro_rules! x86_kernels {
                 }
             }
 
-
-            /// Four-row [`dot_k4n`]s: Q4_K and Q5_K in the one-row and the tiled order.
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_q4_k(w: *const u8, a: *const u8, astride: usize, nb: usize) -> [f32; 4] {
-                unsafe { dot_k4n::<4, false, false>(w, a, astride, nb) }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_q4_k_many(w: *const u8, a: *const u8, astride: usize, nb: usize) -> [f32; 4] {
-                unsafe { dot_k4n::<4, false, true>(w, a, astride, nb) }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_q5_k(w: *const u8, a: *const u8, astride: usize, nb: usize) -> [f32; 4] {
-                unsafe { dot_k4n::<4, true, false>(w, a, astride, nb) }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_q5_k_many(w: *const u8, a: *const u8, astride: usize, nb: usize) -> [f32; 4] {
-                unsafe { dot_k4n::<4, true, true>(w, a, astride, nb) }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q4_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { dot_k4n::<1, false, false>(w, a, 0, nb)[0] }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q4_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { dot_k4n::<1, false, true>(w, a, 0, nb)[0] }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q5_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { dot_k4n::<1, true, true>(w, a, 0, nb)[0] }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q5_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { dot_k4n::<1, true, false>(w, a, 0, nb)[0] }
-            }
+            // Q4_K and Q5_K, one and four rows, in the one-row and the tiled order.
+            one_and_four!($features, dot_q4_k, dot4_q4_k, dot_k4n, false, false);
+            one_and_four!($features, dot_q4_k_many, dot4_q4_k_many, dot_k4n, false, true);
+            one_and_four!($features, dot_q5_k, dot4_q5_k, dot_k4n, true, false);
+            one_and_four!($features, dot_q5_k_many, dot4_q5_k_many, dot_k4n, true, true);
 
             /// 16 scales (one per 16 elements, as 16 i8 in `s`) as each group's madd
             /// operands: `[s₀..s₇ | s₀..s₇]` and `[s₈..s₁₅ | s₈..s₁₅]` (i16), from which
@@ -1138,25 +1103,8 @@ macro_rules! x86_kernels {
                 unsafe { tq_dot4::<66, 64>(w, a, s, nb, |b| tq2_codes(b)) }
             }
 
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q6_k(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { dot_q6kn::<1, false>(w, a, 0, nb)[0] }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_q6_k_many(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { dot_q6kn::<1, true>(w, a, 0, nb)[0] }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_q6_k(w: *const u8, a: *const u8, astride: usize, nb: usize) -> [f32; 4] {
-                unsafe { dot_q6kn::<4, false>(w, a, astride, nb) }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot4_q6_k_many(w: *const u8, a: *const u8, astride: usize, nb: usize) -> [f32; 4] {
-                unsafe { dot_q6kn::<4, true>(w, a, astride, nb) }
-            }
+            one_and_four!($features, dot_q6_k, dot4_q6_k, dot_q6kn, false);
+            one_and_four!($features, dot_q6_k_many, dot4_q6_k_many, dot_q6kn, true);
 
             /// Q6_K super-blocks against `N` Q8_K activation rows (`a + t·astride`), each
             /// super-block's codes unpacked once for all of them; each row's float order is the
