@@ -2,6 +2,8 @@
 //! `attn_bench [CELLS] [HEAD_DIM] [QUERIES] [REPS]`. Prints the GB/s of K read by the scores
 //! (head-major keys), of V read by the transposed P·V, and of a plain streaming sum over the
 //! same bytes (what one core's memory path gives).
+//! `ATTN_HEADS` (default 64) sets how many heads of K and V are swept (1: in cache);
+//! `ATTN_ORDER=gemm` sums P·V in tinyBLAS's order (a prompt pass).
 use std::time::Instant;
 use synapse_kernels::ggml_f32::{self, PvOrder, PvtQuery, PvtRun};
 
@@ -11,22 +13,37 @@ fn main() {
     let hd: usize = a.get(2).and_then(|s| s.parse().ok()).unwrap_or(64);
     let nq: usize = a.get(3).and_then(|s| s.parse().ok()).unwrap_or(3);
     // 64 heads' worth of K and V, so one pass over them does not fit in the caches.
-    let heads = 64;
-    let k: Vec<f32> = (0..heads * n * hd)
+    let heads: usize = std::env::var("ATTN_HEADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(64);
+    // ATTN_ALIGN=1: K, V and the scores start on a 64-byte line; else one float past one.
+    let aligned = std::env::var("ATTN_ALIGN").is_ok_and(|s| s == "1");
+    let at = |v: &[f32]| (16 - (v.as_ptr() as usize / 4) % 16) % 16 + usize::from(!aligned);
+    let kbuf: Vec<f32> = (0..heads * n * hd + 32)
         .map(|i| ((i * 7919) % 1000) as f32 * 1e-3)
         .collect();
-    let v = k.clone();
+    let vbuf = kbuf.clone();
+    let k = &kbuf[at(&kbuf)..][..heads * n * hd];
+    let v = &vbuf[at(&vbuf)..][..heads * n * hd];
     let q: Vec<Vec<f32>> = (0..nq).map(|i| vec![0.01 * i as f32; hd]).collect();
     let qs: Vec<&[f32]> = q.iter().map(|x| x.as_slice()).collect();
-    let mut sc = vec![0f32; nq * n];
+    let mut scbuf = vec![0f32; nq * n + 32];
+    let o = at(&scbuf);
+    let sc = &mut scbuf[o..][..nq * n];
     let mut outs = vec![vec![0f32; hd]; nq];
     let mut state = Vec::new();
+    // ATTN_ORDER=gemm: tinyBLAS's 16 lanes (a prompt pass), else vec_dot's 64 (a decode step).
+    let order = match std::env::var("ATTN_ORDER").as_deref() {
+        Ok("gemm") => PvOrder::Gemm,
+        _ => PvOrder::VecDot,
+    };
     let reps: usize = a.get(4).and_then(|s| s.parse().ok()).unwrap_or(5);
     for rep in 0..reps {
         let t = Instant::now();
         for h in 0..heads {
             let offs: Vec<usize> = (0..n).map(|j| (h * n + j) * hd).collect();
-            ggml_f32::scores_f32_multi(&k, &offs, &qs, 0.125, &mut sc);
+            ggml_f32::scores_f32_multi(k, &offs, &qs, 0.125, sc);
         }
         let ts = t.elapsed().as_secs_f64();
         let t = Instant::now();
@@ -41,7 +58,7 @@ fn main() {
                 })
                 .collect();
             ggml_f32::pv_t_f32(
-                PvOrder::VecDot,
+                order,
                 head,
                 n,
                 &[PvtRun { col: 0, len: n }],

@@ -735,6 +735,11 @@ fn has_avx512() -> bool {
 mod avx512 {
     use std::arch::x86_64::*;
 
+    /// [`scores_multi`] tiles keys × queries ([`block_tiles`]) from this head width …
+    const TILE_MIN_HD: usize = 128;
+    /// … and this many queries (fewer stream key after key, [`block_keys`]).
+    const TILE_MIN_QUERIES: usize = 5;
+
     /// `reduce16` of one register: halves added pairwise, as `_mm512_reduce_add_ps`.
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -950,6 +955,123 @@ mod avx512 {
         }
     }
 
+    /// One chunk `c` (elements `16c..16c+16` of every 64) of four keys' dots with `Q`
+    /// queries: `ggml_vec_dot_f32`'s accumulator `c` of each (key, query) pair, summed over
+    /// the whole width in its own order.
+    ///
+    /// # Safety
+    /// AVX-512F; every key row and query holds `hd` floats, `hd % 64 == 0`, `c < 4`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn chunk_acc<const Q: usize>(
+        rows: &[*const f32; 4],
+        qp: &[*const f32; Q],
+        hd: usize,
+        c: usize,
+    ) -> [[__m512; Q]; 4] {
+        let mut a = [[_mm512_setzero_ps(); Q]; 4];
+        let mut i = 16 * c;
+        while i < hd {
+            // SAFETY: i + 16 <= hd: inside every key row and query (caller).
+            unsafe {
+                let kv: [__m512; 4] = std::array::from_fn(|m| _mm512_loadu_ps(rows[m].add(i)));
+                for (q, &p) in qp.iter().enumerate() {
+                    let qv = _mm512_loadu_ps(p.add(i));
+                    for m in 0..4 {
+                        a[m][q] = _mm512_fmadd_ps(kv[m], qv, a[m][q]);
+                    }
+                }
+            }
+            i += 64;
+        }
+        a
+    }
+
+    /// Four keys × `Q` queries as register tiles: the four ggml accumulators of every pair
+    /// are formed chunk by chunk (each chunk's `4·Q` sums in registers, two loads per
+    /// `Q`-wide … four-wide row of FMAs instead of one per FMA), folded as `fold` does —
+    /// `(s0 + s2) + (s1 + s3)` — and each query's four folds reduced to the register
+    /// [`last_levels`] takes as `u[q][g]`. The same operations per score as [`fold4`].
+    ///
+    /// # Safety
+    /// As [`chunk_acc`].
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn quad_tile<const Q: usize>(
+        rows: &[*const f32; 4],
+        qp: &[*const f32; Q],
+        hd: usize,
+        u: &mut [[__m512; 4]],
+        g: usize,
+    ) {
+        // SAFETY: forwarded contract.
+        let (s0, s2) = unsafe {
+            (
+                chunk_acc::<Q>(rows, qp, hd, 0),
+                chunk_acc::<Q>(rows, qp, hd, 2),
+            )
+        };
+        let t02: [[__m512; Q]; 4] =
+            std::array::from_fn(|m| std::array::from_fn(|q| _mm512_add_ps(s0[m][q], s2[m][q])));
+        // SAFETY: forwarded contract.
+        let (s1, s3) = unsafe {
+            (
+                chunk_acc::<Q>(rows, qp, hd, 1),
+                chunk_acc::<Q>(rows, qp, hd, 3),
+            )
+        };
+        for q in 0..Q {
+            let f: [__m512; 4] = std::array::from_fn(|m| {
+                _mm512_add_ps(t02[m][q], _mm512_add_ps(s1[m][q], s3[m][q]))
+            });
+            u[q][g] = quarters4(halves2(f[0], f[1]), halves2(f[2], f[3]));
+        }
+    }
+
+    /// Sixteen keys (`offs`) against up to sixteen queries of width `hd` (a multiple of 64)
+    /// as [`quad_tile`]s of four keys × four queries, each query's sixteen sums then
+    /// reduced into one register, scaled and stored at column `j` of its row. Many queries
+    /// over wide heads (a prompt's rows × a KV head's query heads) make the dots
+    /// compute-bound: one load per FMA (the key-after-key order) caps them at the load
+    /// port, the tiles need half a load per FMA.
+    ///
+    /// # Safety
+    /// AVX-512F; `offs.len() == 16`, every key row `hd` floats in range; `qs.len() <= 16`,
+    /// every query `hd` floats; `outs.len() >= qs.len()`, each row at least `j + 16` floats.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn block_tiles(
+        kp: *const f32,
+        offs: &[usize],
+        qs: &[&[f32]],
+        hd: usize,
+        sv: __m512,
+        outs: &mut [&mut [f32]],
+        j: usize,
+    ) {
+        let z = _mm512_setzero_ps();
+        let mut u = [[z; 4]; 16];
+        for g in 0..4 {
+            let rows: [*const f32; 4] = std::array::from_fn(|m| kp.wrapping_add(offs[4 * g + m]));
+            for (qc, uc) in qs.chunks(4).zip(u.chunks_mut(4)) {
+                let qp = |i: usize| qc[i].as_ptr();
+                // SAFETY: forwarded contract.
+                unsafe {
+                    match qc.len() {
+                        4 => quad_tile::<4>(&rows, &[qp(0), qp(1), qp(2), qp(3)], hd, uc, g),
+                        3 => quad_tile::<3>(&rows, &[qp(0), qp(1), qp(2)], hd, uc, g),
+                        2 => quad_tile::<2>(&rows, &[qp(0), qp(1)], hd, uc, g),
+                        _ => quad_tile::<1>(&rows, &[qp(0)], hd, uc, g),
+                    }
+                }
+            }
+        }
+        for (uq, o) in u.iter().zip(outs.iter_mut()).take(qs.len()) {
+            let r = _mm512_mul_ps(key_order(last_levels(uq)), sv);
+            // SAFETY: j + 16 <= o.len() (caller).
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(j), r) };
+        }
+    }
+
     /// [`super::scores_f32_multi`] for queries of one width `hd`, a multiple of 64: sixteen
     /// keys at a time, every query scoring them while they are in L1, the sixteen sums
     /// reduced into one register (no lane extracted), scaled and stored as one vector. The
@@ -981,6 +1103,14 @@ mod avx512 {
             // SAFETY: forwarded contract.
             unsafe { scores_multi64(keys, offs, qs, scale, outs) };
             j = full;
+        } else if hd >= TILE_MIN_HD && qs.len() >= TILE_MIN_QUERIES {
+            while j < full {
+                for (qc, oc) in qs.chunks(16).zip(outs.chunks_mut(16)) {
+                    // SAFETY: forwarded contract; keys j..j + 16 exist.
+                    unsafe { block_tiles(kp, &offs[j..j + 16], qc, hd, sv, oc, j) };
+                }
+                j += 16;
+            }
         } else {
             while j < full {
                 for (qc, oc) in qs.chunks(4).zip(outs.chunks_mut(4)) {
@@ -1326,6 +1456,12 @@ mod tests {
             (256, 70, 3),
             (80, 41, 2),
             (128, 17, 9),
+            // Key × query tiles (from 5 queries at head_dim 128+): whole and partial
+            // query quads, more than sixteen queries, a tail of keys.
+            (256, 70, 16),
+            (256, 35, 6),
+            (128, 48, 21),
+            (192, 33, 7),
         ] {
             let width = hd * 3;
             let cache: Vec<f32> = (0..(n + 2) * width).map(|_| rnd()).collect();
@@ -1347,6 +1483,8 @@ mod tests {
                 let mut one = vec![0f32; n];
                 scores_f32(&cache, &offs, q, 0.125, &mut one);
                 for j in 0..n {
+                    let want = dot_f32(&cache[offs[j]..offs[j] + hd], q) * 0.125;
+                    assert_eq!(one[j].to_bits(), want.to_bits(), "dot_f32: hd {hd} key {j}");
                     assert_eq!(
                         multi[i * n + j].to_bits(),
                         one[j].to_bits(),

@@ -214,6 +214,25 @@ mod avx512 {
             }
             let b1 = pieces[..np].last().map_or(b1, |p| p.j0 + p.len);
             let ps = &pieces[..np];
+            if lanes == 16 && qs.len() > 4 {
+                // Many queries (a prompt's rows × a KV head's query heads), tinyBLAS's order:
+                // dimension tiles outside, query quads inside, so each tile's four value rows
+                // are read from L1 by every quad (queries outside would sweep the whole
+                // block's rows, 512 KB at head_dim 256, from L2 once per quad).
+                let mut d = 0;
+                while d < hd {
+                    // SAFETY: forwarded contract; d + D <= hd.
+                    d += unsafe {
+                        if d + 4 <= hd {
+                            quads::<4>(vt, stride, ps, first_cell, qs, d, hd, state)
+                        } else {
+                            quads::<1>(vt, stride, ps, first_cell, qs, d, hd, state)
+                        }
+                    };
+                }
+                b0 = b1;
+                continue;
+            }
             let mut qi = 0;
             while qi < qs.len() {
                 let m = (qs.len() - qi).min(4);
@@ -271,6 +290,49 @@ mod avx512 {
         }
     }
 
+    /// The probabilities of queries `qi..qi + Q`.
+    #[inline]
+    fn qp<const Q: usize>(qs: &[PvtQuery<'_>], qi: usize) -> [*const f32; Q] {
+        std::array::from_fn(|k| qs[qi + k].p.as_ptr())
+    }
+
+    /// Every query, four at a time, over dimensions `d0..d0 + D` of the block's pieces (the
+    /// first quad asks for the next block's columns of these rows); returns `D`.
+    ///
+    /// # Safety
+    /// As [`run`]; `d0 + D <= hd`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn quads<const D: usize>(
+        vt: &[f32],
+        stride: usize,
+        ps: &[Piece],
+        first_cell: usize,
+        qs: &[PvtQuery<'_>],
+        d0: usize,
+        hd: usize,
+        state: &mut [f32],
+    ) -> usize {
+        let mut qi = 0;
+        while qi < qs.len() {
+            let m = (qs.len() - qi).min(4);
+            let pf = qi == 0;
+            let (v, c) = (vt, first_cell);
+            // SAFETY: forwarded contract; qi + m <= qs.len().
+            unsafe {
+                match m {
+                    1 => tile::<1, 1, D>(v, stride, ps, c, qp::<1>(qs, qi), qi, d0, hd, state, pf),
+                    2 => tile::<1, 2, D>(v, stride, ps, c, qp::<2>(qs, qi), qi, d0, hd, state, pf),
+                    3 => tile::<1, 3, D>(v, stride, ps, c, qp::<3>(qs, qi), qi, d0, hd, state, pf),
+                    _ => tile::<1, 4, D>(v, stride, ps, c, qp::<4>(qs, qi), qi, d0, hd, state, pf),
+                }
+            }
+            qi += m;
+        }
+        D
+    }
+
     /// Queries `qi..qi + Q` over the block's pieces, `D` dimensions at a time (a remainder
     /// one at a time), `G` registers of 16 lanes per (query, dim).
     ///
@@ -289,23 +351,24 @@ mod avx512 {
         hd: usize,
         state: &mut [f32],
     ) {
-        let p: [*const f32; Q] = std::array::from_fn(|k| qs[qi + k].p.as_ptr());
+        let p = qp::<Q>(qs, qi);
         let mut d = 0;
         while d + D <= hd {
             // SAFETY: forwarded; d + D <= hd.
-            unsafe { tile::<G, Q, D>(vt, stride, ps, first_cell, p, qi, d, hd, state) };
+            unsafe { tile::<G, Q, D>(vt, stride, ps, first_cell, p, qi, d, hd, state, true) };
             d += D;
         }
         while d < hd {
             // SAFETY: as above, d < hd.
-            unsafe { tile::<G, Q, 1>(vt, stride, ps, first_cell, p, qi, d, hd, state) };
+            unsafe { tile::<G, Q, 1>(vt, stride, ps, first_cell, p, qi, d, hd, state, true) };
             d += 1;
         }
     }
 
     /// One tile: `Q` queries × `D` dims, accumulators loaded from `state`, every piece's
     /// cells added (masked where a 16-cell group is cut by a piece's ends, so a cell outside
-    /// the pieces leaves its lane untouched), stored back.
+    /// the pieces leaves its lane untouched), stored back; with `prefetch`, the next block's
+    /// columns of the tile's rows are asked for.
     ///
     /// # Safety
     /// As [`tiles`]; `d0 + D <= hd`.
@@ -322,6 +385,7 @@ mod avx512 {
         d0: usize,
         hd: usize,
         state: &mut [f32],
+        prefetch: bool,
     ) {
         let lanes = 16 * G;
         let sp = state.as_mut_ptr();
@@ -342,7 +406,7 @@ mod avx512 {
         // cells × 64 heads out of cache, one core: head_dim 64, 3 queries 9.4–10.1 GB/s with
         // none, 11.5–11.9 with the whole next block asked for at the block's start, 11.8–12.1
         // this way against 9.5–9.6 that way in a slower hour).
-        if let Some(last) = ps.last() {
+        if let Some(last) = ps.last().filter(|_| prefetch) {
             let c0 = last.col + last.len;
             for d in 0..D {
                 let row = vp.wrapping_add((d0 + d) * stride + c0);
@@ -357,6 +421,35 @@ mod avx512 {
             let e = s + pc.len;
             let mut t = s / lanes * lanes;
             while t < e {
+                if t >= s && t + lanes <= e {
+                    // Whole lane sets inside the piece: plain loads and FMAs, pointers
+                    // stepping by a lane set.
+                    let sets = (e - t) / lanes;
+                    let off = t - s;
+                    let mut pq: [*const f32; Q] =
+                        std::array::from_fn(|q| p[q].wrapping_add(pc.j0 + off));
+                    let mut rows: [*const f32; D] =
+                        std::array::from_fn(|d| vp.wrapping_add((d0 + d) * stride + pc.col + off));
+                    for _ in 0..sets {
+                        for g in 0..G {
+                            let pv: [__m512; Q] = std::array::from_fn(|q| {
+                                // SAFETY: cells pc.j0 + off .. + lanes are in the piece (< n).
+                                unsafe { _mm512_loadu_ps(pq[q].add(16 * g)) }
+                            });
+                            for d in 0..D {
+                                // SAFETY: the matching columns of row d0 + d are the piece's.
+                                let v = unsafe { _mm512_loadu_ps(rows[d].add(16 * g)) };
+                                for q in 0..Q {
+                                    acc[q][d][g] = _mm512_fmadd_ps(v, pv[q], acc[q][d][g]);
+                                }
+                            }
+                        }
+                        pq = pq.map(|x| x.wrapping_add(lanes));
+                        rows = rows.map(|x| x.wrapping_add(lanes));
+                    }
+                    t += sets * lanes;
+                    continue;
+                }
                 for g in 0..G {
                     let b = t + 16 * g;
                     let lo = s.saturating_sub(b).min(16);
@@ -434,6 +527,10 @@ mod tests {
             (128, 2000, &[(1900, 100), (0, 1500)], 1900, 9),
             (64, 1030, &[(0, 1025)], 0, 5),
             (2, 40, &[(7, 9), (20, 3)], 63, 1),
+            // More than four queries in tinyBLAS's order: dimension tiles outside, query
+            // quads inside (a head width that is not a multiple of four, a wrapped ring).
+            (256, 600, &[(500, 100), (0, 400)], 500, 16),
+            (6, 90, &[(3, 80)], 7, 6),
         ];
         let mut state = Vec::new();
         let mut acc = PvAcc::default();
