@@ -870,7 +870,9 @@ mod avx512 {
         let kp = keys.as_ptr();
         let sv = _mm512_set1_ps(scale);
         let z = _mm512_setzero_ps();
-        let mut ub = [[z; 4]; 16];
+        // Written (every query of a chunk, every quad) before it is read; left uninitialised,
+        // as a zeroed 4 KB array LLVM would clear it with `rep stosb`, slow on this VM.
+        let mut ub = [[std::mem::MaybeUninit::<__m512>::uninit(); 4]; 16];
         for (qc, oc) in qs.chunks(16).zip(outs.chunks_mut(16)) {
             let mut j = 0;
             while j < full {
@@ -888,11 +890,13 @@ mod avx512 {
                         let f: [__m512; 4] = std::array::from_fn(|m| {
                             fold(std::array::from_fn(|c| _mm512_fmadd_ps(k[m][c], qv[c], z)))
                         });
-                        u[g] = quarters4(halves2(f[0], f[1]), halves2(f[2], f[3]));
+                        u[g].write(quarters4(halves2(f[0], f[1]), halves2(f[2], f[3])));
                     }
                 }
                 for (u, o) in ub.iter().zip(oc.iter_mut()).take(qc.len()) {
-                    let r = _mm512_mul_ps(key_order(last_levels(u)), sv);
+                    // SAFETY: all four quads of this query were written above.
+                    let u = u.map(|x| unsafe { x.assume_init() });
+                    let r = _mm512_mul_ps(key_order(last_levels(&u)), sv);
                     // SAFETY: j + 16 <= offs.len() <= o.len() (caller).
                     unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(j), r) };
                 }
@@ -925,31 +929,40 @@ mod avx512 {
     ) {
         let z = _mm512_setzero_ps();
         let qp: [*const f32; Q] = std::array::from_fn(|i| qs[i].as_ptr());
-        let mut f = [[z; 16]; Q];
-        for (m, &off) in offs.iter().enumerate() {
-            let row = kp.wrapping_add(off);
-            let mut a = [[z; 4]; Q];
-            let mut i = 0;
-            while i < hd {
-                // SAFETY: i + 64 <= hd: inside the key row and every query (caller).
-                unsafe {
-                    let kv: [__m512; 4] =
-                        std::array::from_fn(|c| _mm512_loadu_ps(row.add(i + 16 * c)));
-                    for (acc, q) in a.iter_mut().zip(qp) {
-                        for c in 0..4 {
-                            let qv = _mm512_loadu_ps(q.add(i + 16 * c));
-                            acc[c] = _mm512_fmadd_ps(kv[c], qv, acc[c]);
+        // Each quad of keys' folds reduced at once to the register `last_levels` takes (as
+        // `reduce16x16_ordered` does), so no array of sixteen folds per query is kept: LLVM
+        // cleared that one (3–4 KB) with `rep stosb` on every call, ~2 GB/s on this VM.
+        let mut u = [[z; 4]; Q];
+        for g in 0..4 {
+            let mut f = [[z; 4]; Q];
+            for m in 0..4 {
+                let row = kp.wrapping_add(offs[4 * g + m]);
+                let mut a = [[z; 4]; Q];
+                let mut i = 0;
+                while i < hd {
+                    // SAFETY: i + 64 <= hd: inside the key row and every query (caller).
+                    unsafe {
+                        let kv: [__m512; 4] =
+                            std::array::from_fn(|c| _mm512_loadu_ps(row.add(i + 16 * c)));
+                        for (acc, q) in a.iter_mut().zip(qp) {
+                            for c in 0..4 {
+                                let qv = _mm512_loadu_ps(q.add(i + 16 * c));
+                                acc[c] = _mm512_fmadd_ps(kv[c], qv, acc[c]);
+                            }
                         }
                     }
+                    i += 64;
                 }
-                i += 64;
+                for (fq, acc) in f.iter_mut().zip(a) {
+                    fq[m] = fold(acc);
+                }
             }
-            for (fq, acc) in f.iter_mut().zip(a) {
-                fq[m] = fold(acc);
+            for (uq, fq) in u.iter_mut().zip(f) {
+                uq[g] = quarters4(halves2(fq[0], fq[1]), halves2(fq[2], fq[3]));
             }
         }
-        for (fq, o) in f.iter().zip(outs.iter_mut()) {
-            let r = _mm512_mul_ps(reduce16x16_ordered(fq), sv);
+        for (uq, o) in u.iter().zip(outs.iter_mut()) {
+            let r = _mm512_mul_ps(key_order(last_levels(uq)), sv);
             // SAFETY: j + 16 <= o.len() (caller).
             unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(j), r) };
         }
@@ -1028,16 +1041,16 @@ mod avx512 {
         }
     }
 
-    /// Sixteen keys (`offs`) against up to sixteen queries of width `hd` (a multiple of 64)
-    /// as [`quad_tile`]s of four keys × four queries, each query's sixteen sums then
+    /// Sixteen keys (`offs`) against queries of width `hd` (a multiple of 64) as
+    /// [`quad_tile`]s of four keys × four queries, each query's sixteen sums then
     /// reduced into one register, scaled and stored at column `j` of its row. Many queries
     /// over wide heads (a prompt's rows × a KV head's query heads) make the dots
     /// compute-bound: one load per FMA (the key-after-key order) caps them at the load
     /// port, the tiles need half a load per FMA.
     ///
     /// # Safety
-    /// AVX-512F; `offs.len() == 16`, every key row `hd` floats in range; `qs.len() <= 16`,
-    /// every query `hd` floats; `outs.len() >= qs.len()`, each row at least `j + 16` floats.
+    /// AVX-512F; `offs.len() == 16`, every key row `hd` floats in range; every query `hd`
+    /// floats; `outs.len() >= qs.len()`, each row at least `j + 16` floats.
     #[target_feature(enable = "avx512f")]
     unsafe fn block_tiles(
         kp: *const f32,
@@ -1049,26 +1062,29 @@ mod avx512 {
         j: usize,
     ) {
         let z = _mm512_setzero_ps();
-        let mut u = [[z; 4]; 16];
-        for g in 0..4 {
-            let rows: [*const f32; 4] = std::array::from_fn(|m| kp.wrapping_add(offs[4 * g + m]));
-            for (qc, uc) in qs.chunks(4).zip(u.chunks_mut(4)) {
-                let qp = |i: usize| qc[i].as_ptr();
+        let rows: [[*const f32; 4]; 4] =
+            std::array::from_fn(|g| std::array::from_fn(|m| kp.wrapping_add(offs[4 * g + m])));
+        for (qc, oc) in qs.chunks(4).zip(outs.chunks_mut(4)) {
+            // One quad of queries at a time (its `u` is sixteen registers; an array for every
+            // query would be cleared with `rep stosb` on each call, slow on this VM).
+            let mut u = [[z; 4]; 4];
+            let qp = |i: usize| qc[i].as_ptr();
+            for (g, r) in rows.iter().enumerate() {
                 // SAFETY: forwarded contract.
                 unsafe {
                     match qc.len() {
-                        4 => quad_tile::<4>(&rows, &[qp(0), qp(1), qp(2), qp(3)], hd, uc, g),
-                        3 => quad_tile::<3>(&rows, &[qp(0), qp(1), qp(2)], hd, uc, g),
-                        2 => quad_tile::<2>(&rows, &[qp(0), qp(1)], hd, uc, g),
-                        _ => quad_tile::<1>(&rows, &[qp(0)], hd, uc, g),
+                        4 => quad_tile::<4>(r, &[qp(0), qp(1), qp(2), qp(3)], hd, &mut u, g),
+                        3 => quad_tile::<3>(r, &[qp(0), qp(1), qp(2)], hd, &mut u, g),
+                        2 => quad_tile::<2>(r, &[qp(0), qp(1)], hd, &mut u, g),
+                        _ => quad_tile::<1>(r, &[qp(0)], hd, &mut u, g),
                     }
                 }
             }
-        }
-        for (uq, o) in u.iter().zip(outs.iter_mut()).take(qs.len()) {
-            let r = _mm512_mul_ps(key_order(last_levels(uq)), sv);
-            // SAFETY: j + 16 <= o.len() (caller).
-            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(j), r) };
+            for (uq, o) in u.iter().zip(oc.iter_mut()).take(qc.len()) {
+                let r = _mm512_mul_ps(key_order(last_levels(uq)), sv);
+                // SAFETY: j + 16 <= o.len() (caller).
+                unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(j), r) };
+            }
         }
     }
 
@@ -1105,10 +1121,8 @@ mod avx512 {
             j = full;
         } else if hd >= TILE_MIN_HD && qs.len() >= TILE_MIN_QUERIES {
             while j < full {
-                for (qc, oc) in qs.chunks(16).zip(outs.chunks_mut(16)) {
-                    // SAFETY: forwarded contract; keys j..j + 16 exist.
-                    unsafe { block_tiles(kp, &offs[j..j + 16], qc, hd, sv, oc, j) };
-                }
+                // SAFETY: forwarded contract; keys j..j + 16 exist.
+                unsafe { block_tiles(kp, &offs[j..j + 16], qs, hd, sv, outs, j) };
                 j += 16;
             }
         } else {

@@ -591,10 +591,19 @@ pub(crate) unsafe fn rows32(
     r1: usize,
 ) {
     ROW32.with(|cell| {
-        let (u4s, dws, mws) = &mut *cell.borrow_mut();
-        u4s.resize(RT * nb * 8, 0);
-        dws.resize(RT * nb, 0.0);
-        mws.resize(RT * nb, 0.0);
+        let (u4b, dwb, mwb) = &mut *cell.borrow_mut();
+        // Grown only (shrinking and regrowing between matrices of different widths cleared
+        // them again on every call).
+        if u4b.len() < RT * nb * 8 {
+            u4b.resize(RT * nb * 8, 0);
+            dwb.resize(RT * nb, 0.0);
+            mwb.resize(RT * nb, 0.0);
+        }
+        let (u4s, dws, mws) = (
+            &mut u4b[..RT * nb * 8],
+            &mut dwb[..RT * nb],
+            &mut mwb[..RT * nb],
+        );
         // SAFETY: forwarded contract.
         unsafe {
             if mins32(ty) {
