@@ -68,6 +68,14 @@ pub fn pv_t_f32(
     if hd == 0 {
         return;
     }
+    if n == 0 {
+        // No cells: every lane stays +0.0, and so does every sum (the SIMD path below never
+        // writes a lane state it has no block for).
+        for q in qs.iter_mut() {
+            q.out.fill(0.0);
+        }
+        return;
+    }
     let lanes = match order {
         PvOrder::VecDot => 64,
         PvOrder::Gemm => 16,
@@ -545,6 +553,8 @@ mod tests {
             // quads inside (a head width that is not a multiple of four, a wrapped ring).
             (256, 600, &[(500, 100), (0, 400)], 500, 16),
             (6, 90, &[(3, 80)], 7, 6),
+            // No cells at all (after calls that left the state dirty): zeros.
+            (64, 10, &[], 0, 5),
         ];
         let mut state = Vec::new();
         let mut acc = PvAcc::default();
