@@ -838,6 +838,17 @@ mod avx512 {
         _mm512_permutexvar_ps(order, r)
     }
 
+    /// Sixteen keys' scores of one query from its four quads' [`quarters4`] registers (`u[g]`
+    /// for keys `4g..4g + 4`): the last reduction levels, the scale, stored at `o[j..j + 16]`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn store16(u: &[__m512; 4], sv: __m512, o: &mut [f32], j: usize) {
+        let dst = &mut o[j..j + 16];
+        let r = _mm512_mul_ps(key_order(last_levels(u)), sv);
+        // SAFETY: `dst` holds 16 floats.
+        unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), r) };
+    }
+
     /// `reduce16` (`_mm512_reduce_add_ps`) of sixteen registers at once, lane c of the result
     /// from `v[c]`: the same additions per register, done for 2, 4 and 16 registers per
     /// instruction.
@@ -895,10 +906,7 @@ mod avx512 {
                 }
                 for (u, o) in ub.iter().zip(oc.iter_mut()).take(qc.len()) {
                     // SAFETY: all four quads of this query were written above.
-                    let u = u.map(|x| unsafe { x.assume_init() });
-                    let r = _mm512_mul_ps(key_order(last_levels(&u)), sv);
-                    // SAFETY: j + 16 <= offs.len() <= o.len() (caller).
-                    unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(j), r) };
+                    store16(&u.map(|x| unsafe { x.assume_init() }), sv, o, j);
                 }
                 j += 16;
             }
@@ -964,9 +972,7 @@ mod avx512 {
             }
         }
         for (uq, o) in u.iter().zip(outs.iter_mut()) {
-            let r = _mm512_mul_ps(key_order(last_levels(uq)), sv);
-            // SAFETY: j + 16 <= o.len() (caller).
-            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(j), r) };
+            store16(uq, sv, o, j);
         }
     }
 
@@ -1083,9 +1089,7 @@ mod avx512 {
                 }
             }
             for (uq, o) in u.iter().zip(oc.iter_mut()).take(qc.len()) {
-                let r = _mm512_mul_ps(key_order(last_levels(uq)), sv);
-                // SAFETY: j + 16 <= o.len() (caller).
-                unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(j), r) };
+                store16(uq, sv, o, j);
             }
         }
     }
@@ -1142,26 +1146,6 @@ mod avx512 {
                 }
                 j += 16;
             }
-        }
-        while j < full {
-            for (q, o) in qs.iter().zip(outs.iter_mut()) {
-                let mut f = [_mm512_setzero_ps(); 16];
-                for g in 0..4 {
-                    // SAFETY: key rows in range (caller).
-                    let v = unsafe {
-                        fold4(
-                            [0, 1, 2, 3].map(|m| kp.add(offs[j + 4 * g + m])),
-                            q.as_ptr(),
-                            hd,
-                        )
-                    };
-                    f[4 * g..4 * g + 4].copy_from_slice(&v);
-                }
-                let r = _mm512_mul_ps(reduce16x16_ordered(&f), sv);
-                // SAFETY: j + 16 <= n <= o.len() (caller).
-                unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(j), r) };
-            }
-            j += 16;
         }
         if j < n {
             for (q, o) in qs.iter().zip(outs.iter_mut()) {

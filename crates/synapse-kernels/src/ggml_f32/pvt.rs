@@ -250,35 +250,47 @@ mod avx512 {
                         }
                     };
                 }
-                b0 = b1;
-                state.fresh = false;
-                continue;
-            }
-            let mut qi = 0;
-            while qi < qs.len() {
-                let m = (qs.len() - qi).min(4);
-                // SAFETY: forwarded contract.
-                unsafe {
-                    match (lanes, m) {
-                        (64, 1) => tiles::<4, 1, 4>(vt, stride, ps, first_cell, qs, qi, hd, state),
-                        (64, 2) => tiles::<4, 2, 2>(vt, stride, ps, first_cell, qs, qi, hd, state),
-                        (64, 3) => tiles::<4, 3, 2>(vt, stride, ps, first_cell, qs, qi, hd, state),
-                        // Four queries as two pairs of two dimensions at a time: two value
-                        // rows stream side by side (with all four queries in one tile only
-                        // one row fits the registers; one core read V at 7.7 GB/s that way,
-                        // 9.7 GB/s this way, head_dim 256, 4,096 cells), the second pair
-                        // reading the block from L2.
-                        (64, _) => {
-                            tiles::<4, 2, 2>(vt, stride, ps, first_cell, qs, qi, hd, state);
-                            tiles::<4, 2, 2>(vt, stride, ps, first_cell, qs, qi + 2, hd, state);
+            } else {
+                let mut qi = 0;
+                while qi < qs.len() {
+                    let m = (qs.len() - qi).min(4);
+                    // SAFETY: forwarded contract.
+                    unsafe {
+                        match (lanes, m) {
+                            (64, 1) => {
+                                tiles::<4, 1, 4>(vt, stride, ps, first_cell, qs, qi, hd, state)
+                            }
+                            (64, 2) => {
+                                tiles::<4, 2, 2>(vt, stride, ps, first_cell, qs, qi, hd, state)
+                            }
+                            (64, 3) => {
+                                tiles::<4, 3, 2>(vt, stride, ps, first_cell, qs, qi, hd, state)
+                            }
+                            // Four queries as two pairs of two dimensions at a time: two value
+                            // rows stream side by side (with all four queries in one tile only
+                            // one row fits the registers; one core read V at 7.7 GB/s that way,
+                            // 9.7 GB/s this way, head_dim 256, 4,096 cells), the second pair
+                            // reading the block from L2.
+                            (64, _) => {
+                                tiles::<4, 2, 2>(vt, stride, ps, first_cell, qs, qi, hd, state);
+                                tiles::<4, 2, 2>(vt, stride, ps, first_cell, qs, qi + 2, hd, state);
+                            }
+                            (_, 1) => {
+                                tiles::<1, 1, 4>(vt, stride, ps, first_cell, qs, qi, hd, state)
+                            }
+                            (_, 2) => {
+                                tiles::<1, 2, 4>(vt, stride, ps, first_cell, qs, qi, hd, state)
+                            }
+                            (_, 3) => {
+                                tiles::<1, 3, 4>(vt, stride, ps, first_cell, qs, qi, hd, state)
+                            }
+                            (_, _) => {
+                                tiles::<1, 4, 4>(vt, stride, ps, first_cell, qs, qi, hd, state)
+                            }
                         }
-                        (_, 1) => tiles::<1, 1, 4>(vt, stride, ps, first_cell, qs, qi, hd, state),
-                        (_, 2) => tiles::<1, 2, 4>(vt, stride, ps, first_cell, qs, qi, hd, state),
-                        (_, 3) => tiles::<1, 3, 4>(vt, stride, ps, first_cell, qs, qi, hd, state),
-                        (_, _) => tiles::<1, 4, 4>(vt, stride, ps, first_cell, qs, qi, hd, state),
                     }
+                    qi += m;
                 }
-                qi += m;
             }
             b0 = b1;
             state.fresh = false;
