@@ -124,10 +124,11 @@ fn quantize_rows_body(kind: ActKind, x: &[f32], cols: usize, out: &mut [u8]) {
     for (xr, or) in x.chunks_exact(cols).zip(out.chunks_exact_mut(rb)) {
         match kind {
             ActKind::F32 => or.copy_from_slice(bytemuck::cast_slice(xr)),
+            // Round to nearest even, eight at a time with F16C where the CPU has it (ggml's
+            // `fp32_to_fp16` conversion): the same bits as `f16::from_f32` one by one.
             ActKind::F16 => {
-                for (o, v) in bytemuck::cast_slice_mut::<u8, u16>(or).iter_mut().zip(xr) {
-                    *o = half::f16::from_f32(*v).to_bits();
-                }
+                use half::slice::HalfFloatSliceExt;
+                bytemuck::cast_slice_mut::<u8, half::f16>(or).convert_from_f32_slice(xr);
             }
             ActKind::Q8x32 => quantize_q8x32(xr, bytemuck::cast_slice_mut(or)),
             ActKind::Q8K => quantize_q8k(xr, bytemuck::cast_slice_mut(or)),
@@ -344,6 +345,42 @@ mod tests {
             quantize_rows_body(kind, &x, cols, &mut slow);
             assert_eq!(fast, slow, "{kind:?}");
         }
+    }
+
+    #[test]
+    fn f16_rows_round_as_from_f32_does() {
+        // Ties at f16 precision, subnormals, overflow to infinity, signed zeros, a ragged
+        // row length (the slice conversion's tail), random values.
+        let mut x: Vec<f32> = vec![
+            1.0 + 1.0 / 2048.0,
+            1.0 + 3.0 / 2048.0,
+            -(1.0 + 1.0 / 2048.0),
+            6.0e-8,
+            3.0e-8,
+            -1.0e-6,
+            65504.0,
+            65520.0,
+            1.0e6,
+            -1.0e6,
+            0.0,
+            -0.0,
+            f32::INFINITY,
+        ];
+        let mut st = 0x2545f4914f6cdd1du64;
+        while x.len() < 13 * 37 {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            x.push(((st >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 300.0);
+        }
+        let cols = 37;
+        let mut got = vec![0u8; x.len() * 2];
+        quantize_rows(ActKind::F16, &x, cols, &mut got);
+        let want: Vec<u8> = x
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect();
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -732,7 +732,7 @@ fn has_avx512() -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
     /// [`scores_multi`] tiles keys × queries ([`block_tiles`]) from this head width …
@@ -854,7 +854,7 @@ mod avx512 {
     /// instruction.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(super) fn reduce16x16_ordered(v: &[__m512; 16]) -> __m512 {
+    pub(crate) fn reduce16x16_ordered(v: &[__m512; 16]) -> __m512 {
         let w: [__m512; 8] = std::array::from_fn(|i| halves2(v[2 * i], v[2 * i + 1]));
         let u: [__m512; 4] = std::array::from_fn(|i| quarters4(w[2 * i], w[2 * i + 1]));
         key_order(last_levels(&u))

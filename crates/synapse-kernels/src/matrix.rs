@@ -772,12 +772,23 @@ impl QuantMatrix {
         // llamafile's f32 GEMM takes only weights whose row count is a multiple of 4
         // (`tinyBLAS::matmul`); ggml runs the others (a one-row gate such as Qwen2-MoE's
         // shared-expert gate) through `vec_dot` whatever the number of activation rows.
+        let mut took_many = false;
         if let Some((from, many)) = k.many
             && order_rows >= from
             && (!matches!(ty, GgmlType::F32 | GgmlType::F16) || self.rows.is_multiple_of(4))
         {
             k.dot = many;
             k.dot4 = k.many4;
+            took_many = true;
+        }
+        // Float weights with two or more activation rows: register tiles on AVX-512, each
+        // output in the order `k.dot` sums it.
+        #[cfg(target_arch = "x86_64")]
+        if n >= 2
+            && ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
+            && let Some(order) = kernels::ftile::Order::of(ty, took_many, self.cols)
+        {
+            return self.ftile_matmul(ty, order, k.act, x, n, y, ctx);
         }
         #[cfg(target_arch = "x86_64")]
         if let Some(plan) = SharedPlan::of(&[self], n, order_rows, ctx.path()) {
@@ -819,6 +830,40 @@ impl QuantMatrix {
         };
         let flops = 2 * self.rows * self.cols * n;
         pool.run_rows(self.rows, 8, flops, &|r0, r1| job.rows(r0, r1));
+        Ok(())
+    }
+
+    /// F32/F16/BF16 weights with several activation rows on AVX-512 (`kernels::ftile`).
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    fn ftile_matmul(
+        &self,
+        ty: GgmlType,
+        order: kernels::ftile::Order,
+        act: ActKind,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+        ctx: &mut KernelCtx,
+    ) -> Result<()> {
+        let (act_scratch, pool) = ctx.parts();
+        // F16 weights: the activations rounded to f16 values, kept as f32 (see `ftile`).
+        let a: &[u8] = if act == ActKind::F32 {
+            bytemuck::cast_slice(x)
+        } else {
+            act_scratch.set_len(n * self.cols * 4);
+            kernels::ftile::round_f16(x, bytemuck::cast_slice_mut(act_scratch.as_bytes_mut()));
+            act_scratch.as_bytes()
+        };
+        let w = self.data.as_bytes();
+        let (rows, cols) = (self.rows, self.cols);
+        let yp = SyncPtr(y.as_mut_ptr());
+        pool.run_rows(rows, 8, 2 * rows * cols * n, &|r0, r1| {
+            // SAFETY: the context holds the AVX-512 path only when the CPU has it (F, BW, VL,
+            // VNNI; F16C and FMA with them); `w` holds the rows, `a` the `n` activation rows
+            // in the kernel's format; chunks write disjoint outputs.
+            unsafe { kernels::ftile::rows(ty, order, w, cols, a, n, yp.get(), rows, r0, r1) };
+        });
         Ok(())
     }
 

@@ -7,6 +7,8 @@
 pub(crate) mod codec_sym;
 pub(crate) mod decode;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod ftile;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod gemv32;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod gemvk;
