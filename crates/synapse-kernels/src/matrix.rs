@@ -772,21 +772,20 @@ impl QuantMatrix {
         // llamafile's f32 GEMM takes only weights whose row count is a multiple of 4
         // (`tinyBLAS::matmul`); ggml runs the others (a one-row gate such as Qwen2-MoE's
         // shared-expert gate) through `vec_dot` whatever the number of activation rows.
-        let mut took_many = false;
-        if let Some((from, many)) = k.many
-            && order_rows >= from
-            && (!matches!(ty, GgmlType::F32 | GgmlType::F16) || self.rows.is_multiple_of(4))
-        {
-            k.dot = many;
+        let many = k.many.filter(|&(from, _)| {
+            order_rows >= from
+                && (!matches!(ty, GgmlType::F32 | GgmlType::F16) || self.rows.is_multiple_of(4))
+        });
+        if let Some((_, dot)) = many {
+            k.dot = dot;
             k.dot4 = k.many4;
-            took_many = true;
         }
         // Float weights with two or more activation rows: register tiles on AVX-512, each
         // output in the order `k.dot` sums it.
         #[cfg(target_arch = "x86_64")]
         if n >= 2
             && ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
-            && let Some(order) = kernels::ftile::Order::of(ty, took_many, self.cols)
+            && let Some(order) = kernels::ftile::Order::of(ty, many.is_some(), self.cols)
         {
             return self.ftile_matmul(ty, order, k.act, x, n, y, ctx);
         }
