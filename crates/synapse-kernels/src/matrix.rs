@@ -1034,26 +1034,27 @@ impl QuantMatrix {
         let (init, da, msum): (&[i32], &[f32], &[f32]) = (init, da, msum);
         let yp = SyncPtr(y.as_mut_ptr());
         let (w, rb) = (self.data.as_bytes(), self.row_bytes);
-        // Several activation rows of a symmetric code on AVX-512: the records kernel (a pair
-        // of weight rows per pass over up to 8 activation rows, the same bits; kbench, one
-        // thread, 2048 × 2048: 8 rows `q4` 662 → 476 µs, `q8` 708 → 493 µs, 2 rows `q4`
-        // 183 → 138 µs against four activation rows per weight row).
+        // Several activation rows on AVX-512: the records kernel (a pair of weight rows per
+        // pass over up to 8 activation rows, the same bits; kbench, one thread, 2048 × 2048:
+        // 8 rows `q4` 662 → 476 µs, `q8` 708 → 493 µs, 2 rows `q4` 183 → 138 µs against four
+        // activation rows per weight row; the asymmetric codes joined on 2026-12-06).
         #[cfg(target_arch = "x86_64")]
-        if n >= 2
-            && !asym
-            && path == crate::dispatch::KernelPath::Avx512Vnni
-            && codec_sym::has_avx512()
-        {
-            recs_buf.set_len(n * ng * std::mem::size_of::<kernels::gemv32::ActRec>());
-            let recs: &mut [kernels::gemv32::ActRec] =
-                bytemuck::cast_slice_mut(recs_buf.as_bytes_mut());
-            codec_sym::records(act, ng, init, da, recs);
-            let recs: &[kernels::gemv32::ActRec] = recs;
+        if n >= 2 && path == crate::dispatch::KernelPath::Avx512Vnni && codec_sym::has_avx512() {
+            let rec_bytes = n * ng * std::mem::size_of::<kernels::gemv32::ActRec>();
+            recs_buf.set_len(rec_bytes + if asym { n * ng * 4 } else { 0 });
+            let (recs, sums) = recs_buf.as_bytes_mut().split_at_mut(rec_bytes);
+            let recs: &mut [kernels::gemv32::ActRec] = bytemuck::cast_slice_mut(recs);
+            let sums: &mut [f32] = bytemuck::cast_slice_mut(sums);
+            codec_sym::records(act, ng, init, da, msum, asym, recs, sums);
+            let (recs, msum): (&[kernels::gemv32::ActRec], &[f32]) = (recs, sums);
+            let run = if asym {
+                codec_sym::rows_records::<true>
+            } else {
+                codec_sym::rows_records::<false>
+            };
             pool.run_rows(rows, 8, 2 * rows * cols * n, &|r0, r1| {
-                // SAFETY: as below; the records cover the n rows.
-                unsafe {
-                    codec_sym::rows_records(bits, w, rb, ng, recs, n, yp.get(), rows, r0, r1)
-                };
+                // SAFETY: as below; the records (and sums) cover the n rows.
+                unsafe { run(bits, w, rb, ng, recs, msum, n, yp.get(), rows, r0, r1) };
             });
             return Ok(());
         }

@@ -339,18 +339,25 @@ pub(crate) unsafe fn rows_avx512<const ASYM: bool>(
     }
 }
 
-/// The symmetric codecs' records for [`rows_records`]: per group of up to 8 activation rows
-/// (`8g..`), group `j`'s rows side by side — row `8g + t`'s group `j` at `8g·ng + k·j + t`
-/// (`k` the rows of that 8-row group) — each record the two activation blocks' 64 codes, the
-/// lane starts (`init`) and the lanes' scales (`da`) of [`prepare`], every field a plain
-/// 64-byte load.
+/// The records for [`rows_records`]: per group of up to 8 activation rows (`8g..`), group
+/// `j`'s rows side by side — row `8g + t`'s group `j` at `8g·ng + k·j + t` (`k` the rows of
+/// that 8-row group) — each record the two activation blocks' 64 codes, the lane starts
+/// (`init` of [`prepare`]; zeros for asymmetric codes, whose lanes sum `u·a` from 0) and the
+/// lanes' scales (`da`), every field a plain 64-byte load.
+///
+/// Asymmetric codes also get their rows' `msum` in the records' order in `sums` (`sums[i]`
+/// for record `i`), so a group's sums for all of an 8-row group's rows are one load.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn records(
     act: &[BlockQ8x32],
     ng: usize,
     init: &[i32],
     da: &[f32],
+    msum: &[f32],
+    asym: bool,
     out: &mut [super::gemv32::ActRec],
+    sums: &mut [f32],
 ) {
     let n = act.len() / (2 * ng).max(1);
     for g0 in (0..n).step_by(8) {
@@ -358,34 +365,44 @@ pub(crate) fn records(
         for t in 0..k {
             for j in 0..ng {
                 let i = (g0 + t) * ng + j;
+                if asym {
+                    sums[g0 * ng + j * k + t] = msum[i];
+                }
                 let o = &mut out[g0 * ng + j * k + t];
                 o.av[..32].copy_from_slice(&act[2 * i].qs);
                 o.av[32..].copy_from_slice(&act[2 * i + 1].qs);
-                o.iv.copy_from_slice(&init[16 * i..16 * i + 16]);
+                if asym {
+                    o.iv = [0; 16];
+                } else {
+                    o.iv.copy_from_slice(&init[16 * i..16 * i + 16]);
+                }
                 o.da.copy_from_slice(&da[16 * i..16 * i + 16]);
             }
         }
     }
 }
 
-/// [`rows_avx512`] for symmetric codes and several activation rows from [`records`]: a pair
-/// of weight rows at a time, each group's codes unpacked once for up to 8 activation rows and
-/// each record loaded once for both weight rows, the body `gemv32`'s assembly block (every
-/// accumulator in a register) — per output the one-row path's `acc = fma(lanes, d_w·d_a,
-/// acc)` per group and its fold, the same bits.
+/// [`rows_avx512`] for several activation rows from [`records`]: a pair of weight rows at a
+/// time, each group's codes unpacked once for up to 8 activation rows and each record loaded
+/// once for both weight rows, the body `gemv32`'s assembly block (every accumulator in a
+/// register) — per output the one-row path's `acc = fma(lanes, d_w·d_a, acc)` per group and
+/// its fold, the same bits; asymmetric codes also the minimum's chain `m = fma(m_w, S, m)`
+/// per group (`S` from [`records`]' `sums`, one lane per activation row) added after the
+/// fold, as the one-row path adds it.
 ///
 /// # Safety
-/// As [`rows_scalar`] (symmetric `bits`), with `recs` from [`records`] for `n` activation
-/// rows; the CPU has AVX-512 F, BW, VL, VBMI and VNNI.
+/// As [`rows_scalar`], with `recs` and (asymmetric codes) `sums` from [`records`] (of the same
+/// `ASYM`) for `n` activation rows; the CPU has AVX-512 F, BW, VL, VBMI and VNNI.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn rows_records(
+pub(crate) unsafe fn rows_records<const ASYM: bool>(
     bits: u32,
     w: &[u8],
     row_bytes: usize,
     ng: usize,
     recs: &[super::gemv32::ActRec],
+    msum: &[f32],
     n: usize,
     y: *mut f32,
     ystride: usize,
@@ -396,13 +413,20 @@ pub(crate) unsafe fn rows_records(
     while t0 < n {
         let k = (n - t0).min(8);
         let rc = &recs[t0 * ng..(t0 + k) * ng];
+        let ms = if ASYM {
+            &msum[t0 * ng..(t0 + k) * ng]
+        } else {
+            &[][..]
+        };
         // SAFETY: forwarded, for activation rows t0..t0 + k.
         unsafe {
             let yt = y.add(t0 * ystride);
             macro_rules! go {
                 ($($n:literal)*) => {
                     match k {
-                        $($n => records_n::<$n>(bits, w, row_bytes, ng, rc, yt, ystride, r0, r1),)*
+                        $($n => records_n::<$n, ASYM>(
+                            bits, w, row_bytes, ng, rc, ms, yt, ystride, r0, r1,
+                        ),)*
                         _ => unreachable!("1..=8 rows"),
                     }
                 };
@@ -416,16 +440,18 @@ pub(crate) unsafe fn rows_records(
 /// [`rows_records`] for one group of `N` activation rows.
 ///
 /// # Safety
-/// As [`rows_records`], `recs` the group's `N·ng` records.
+/// As [`rows_records`], `recs` the group's `N·ng` records, `msum` (asymmetric) their `N·ng`
+/// sums in the records' order.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn records_n<const N: usize>(
+unsafe fn records_n<const N: usize, const ASYM: bool>(
     bits: u32,
     w: &[u8],
     row_bytes: usize,
     ng: usize,
     recs: &[super::gemv32::ActRec],
+    msum: &[f32],
     y: *mut f32,
     ystride: usize,
     r0: usize,
@@ -433,8 +459,8 @@ unsafe fn records_n<const N: usize>(
 ) {
     use std::arch::x86_64::*;
     let b = bits as usize;
-    let gb = group_bytes(bits, false);
-    let hdr = header(false);
+    let gb = group_bytes(bits, ASYM);
+    let hdr = header(ASYM);
     let (idx, ctl, cmask, load_mask) = unpack_consts(b);
     // SAFETY: the caller's contract; every load stays inside a group of `w` (masked to its
     // 8·b code bytes) or the records.
@@ -443,6 +469,9 @@ unsafe fn records_n<const N: usize>(
         while r < r1 {
             let (rb, pa, pb) = super::gemv32::row_pair(w, row_bytes, r, r1);
             let mut acc = [[_mm512_setzero_ps(); 2]; N];
+            // The minimum's chains (asymmetric): per weight row, lane t for activation row t.
+            let mut m = [_mm256_setzero_ps(); 2];
+            let lanes = ((1u16 << N) - 1) as u8;
             for j in 0..ng {
                 let (ga, gbp) = (pa.add(j * gb), pb.add(j * gb));
                 _mm_prefetch::<_MM_HINT_T1>(ga.wrapping_add(6144).cast());
@@ -456,11 +485,29 @@ unsafe fn records_n<const N: usize>(
                     _mm512_broadcastss_ps(half_at(gbp)),
                 ];
                 super::gemv32::block_x2(recs.as_ptr().add(j * N), &c, &dw, &mut acc);
+                if ASYM {
+                    let sv = _mm256_maskz_loadu_ps(lanes, msum.as_ptr().add(j * N));
+                    m[0] = _mm256_fmadd_ps(_mm256_broadcastss_ps(half_at(ga.add(2))), sv, m[0]);
+                    m[1] = _mm256_fmadd_ps(_mm256_broadcastss_ps(half_at(gbp.add(2))), sv, m[1]);
+                }
+            }
+            let mut ms = [[0f32; 8]; 2];
+            if ASYM {
+                _mm256_storeu_ps(ms[0].as_mut_ptr(), m[0]);
+                _mm256_storeu_ps(ms[1].as_mut_ptr(), m[1]);
             }
             for (t, a) in acc.iter().enumerate() {
-                *y.add(t * ystride + r) = hsum(a[0]);
+                // `hsum(lanes) + m`, as the one-row path (`m` is 0 for symmetric codes).
+                let out = |k: usize| {
+                    if ASYM {
+                        hsum(a[k]) + ms[k][t]
+                    } else {
+                        hsum(a[k])
+                    }
+                };
+                *y.add(t * ystride + r) = out(0);
                 if rb != r {
-                    *y.add(t * ystride + rb) = hsum(a[1]);
+                    *y.add(t * ystride + rb) = out(1);
                 }
             }
             r += 2;
