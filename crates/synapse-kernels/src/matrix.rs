@@ -780,11 +780,11 @@ impl QuantMatrix {
             k.dot = dot;
             k.dot4 = k.many4;
         }
-        // Float weights with two or more activation rows: register tiles on AVX-512, each
-        // output in the order `k.dot` sums it.
+        // Float weights with two or more activation rows: register tiles (512-bit on the
+        // AVX-512 path, 256-bit on AVX2), each output in the order `k.dot` sums it.
         #[cfg(target_arch = "x86_64")]
         if n >= 2
-            && ctx.path() == crate::dispatch::KernelPath::Avx512Vnni
+            && ctx.path() >= crate::dispatch::KernelPath::Avx2
             && let Some(order) = kernels::ftile::Order::of(ty, many.is_some(), self.cols)
         {
             return self.ftile_matmul(ty, order, k.act, x, n, y, ctx);
@@ -832,7 +832,7 @@ impl QuantMatrix {
         Ok(())
     }
 
-    /// F32/F16/BF16 weights with several activation rows on AVX-512 (`kernels::ftile`).
+    /// F32/F16/BF16 weights with several activation rows on x86 (`kernels::ftile`).
     #[cfg(target_arch = "x86_64")]
     #[allow(clippy::too_many_arguments)]
     fn ftile_matmul(
@@ -845,6 +845,7 @@ impl QuantMatrix {
         y: &mut [f32],
         ctx: &mut KernelCtx,
     ) -> Result<()> {
+        let path = ctx.path();
         let (act_scratch, pool) = ctx.parts();
         // F16 weights: the activations rounded to f16 values, kept as f32 (see `ftile`).
         let a: &[u8] = if act == ActKind::F32 {
@@ -857,11 +858,13 @@ impl QuantMatrix {
         let w = self.data.as_bytes();
         let (rows, cols) = (self.rows, self.cols);
         let yp = SyncPtr(y.as_mut_ptr());
+        let zmm = path == crate::dispatch::KernelPath::Avx512Vnni;
         pool.run_rows(rows, 8, 2 * rows * cols * n, &|r0, r1| {
-            // SAFETY: the context holds the AVX-512 path only when the CPU has it (F, BW, VL,
-            // VNNI; F16C and FMA with them); `w` holds the rows, `a` the `n` activation rows
-            // in the kernel's format; chunks write disjoint outputs.
-            unsafe { kernels::ftile::rows(ty, order, w, cols, a, n, yp.get(), rows, r0, r1) };
+            // SAFETY: the context holds an x86 path only when the CPU has it (AVX2, FMA and
+            // F16C from the AVX2 path up; AVX-512 F, BW, VL, VNNI on its own); `w` holds the
+            // rows, `a` the `n` activation rows in the kernel's format; chunks write disjoint
+            // outputs.
+            unsafe { kernels::ftile::rows(zmm, ty, order, w, cols, a, n, yp.get(), rows, r0, r1) };
         });
         Ok(())
     }

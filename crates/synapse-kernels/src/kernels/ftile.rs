@@ -68,6 +68,11 @@ trait Elem {
     /// # Safety
     /// 16 elements readable at `p`; AVX-512F and F16C.
     unsafe fn ld(p: *const u8) -> __m512;
+    /// Eight elements widened to f32 (the AVX2 tiles).
+    ///
+    /// # Safety
+    /// 8 elements readable at `p`; AVX2 and F16C.
+    unsafe fn ld8(p: *const u8) -> __m256;
     /// # Safety
     /// One element readable at `p`.
     unsafe fn one(p: *const u8) -> f32;
@@ -83,6 +88,11 @@ impl Elem for F32 {
     unsafe fn ld(p: *const u8) -> __m512 {
         // SAFETY: 64 bytes at `p` (caller); AVX-512F.
         unsafe { _mm512_loadu_ps(p.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn ld8(p: *const u8) -> __m256 {
+        // SAFETY: 32 bytes at `p` (caller); AVX.
+        unsafe { _mm256_loadu_ps(p.cast()) }
     }
     #[inline(always)]
     unsafe fn one(p: *const u8) -> f32 {
@@ -113,6 +123,11 @@ impl Elem for F16 {
         v
     }
     #[inline(always)]
+    unsafe fn ld8(p: *const u8) -> __m256 {
+        // SAFETY: 16 bytes at `p` (caller); F16C (exact).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+    #[inline(always)]
     unsafe fn one(p: *const u8) -> f32 {
         // SAFETY: 2 bytes at `p` (caller).
         half::f16::from_bits(unsafe { p.cast::<u16>().read_unaligned() }).to_f32()
@@ -127,6 +142,14 @@ impl Elem for Bf16 {
         unsafe {
             let v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
             _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
+        }
+    }
+    #[inline(always)]
+    unsafe fn ld8(p: *const u8) -> __m256 {
+        // SAFETY: 16 bytes at `p` (caller); AVX2.
+        unsafe {
+            let v = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+            _mm256_castsi256_ps(_mm256_slli_epi32(v, 16))
         }
     }
     #[inline(always)]
@@ -182,22 +205,22 @@ fn lanes(v: __m512) -> [f32; 16] {
     o
 }
 
-/// One output of the `VecDot` order from its four accumulators: the fold, the reduction and
-/// the tail `np..n` (`wp`, `ap`: the pair's rows).
+/// One output of the `VecDot` order from its four 16-lane accumulators (`s[16c + l]`: lane `l`
+/// of accumulator `c`): the fold, the reduction and the tail `np..n` (`wp`, `ap`: the pair's
+/// rows).
 ///
 /// # Safety
 /// `n` elements readable in both rows.
 #[inline(always)]
 unsafe fn finish_vecdot<W: Elem, A: Elem>(
-    s: &[__m512],
+    s: &[f32; 64],
     wp: *const u8,
     ap: *const u8,
     np: usize,
     n: usize,
     wide_tail: bool,
 ) -> f32 {
-    let s: [[f32; 16]; 4] = std::array::from_fn(|j| lanes(s[j]));
-    let f: [f32; 16] = std::array::from_fn(|l| (s[0][l] + s[2][l]) + (s[1][l] + s[3][l]));
+    let f: [f32; 16] = std::array::from_fn(|l| (s[l] + s[32 + l]) + (s[16 + l] + s[48 + l]));
     // SAFETY: elements below `n` (caller).
     unsafe {
         if wide_tail {
@@ -217,15 +240,15 @@ unsafe fn finish_vecdot<W: Elem, A: Elem>(
     }
 }
 
-/// One output of the `Bf16` order from its two 16-lane accumulators (the four 8-lane ones of
-/// `dot_float`), after `full` elements: the 8-element steps on the first, the sum of the four,
-/// `hsum_ps`, the tail.
+/// One output of the `Bf16` order from its 32 accumulator lanes (the four 8-lane accumulators
+/// of `dot_float` one after another), after `full` elements: the 8-element steps on the first,
+/// the sum of the four, `hsum_ps`, the tail.
 ///
 /// # Safety
 /// `n` elements readable in both rows.
 #[inline(always)]
-unsafe fn finish_bf16(s: &[__m512], wp: *const u8, ap: *const u8, full: usize, n: usize) -> f32 {
-    let (z0, z1) = (lanes(s[0]), lanes(s[1]));
+unsafe fn finish_bf16(s: &[f32; 32], wp: *const u8, ap: *const u8, full: usize, n: usize) -> f32 {
+    let (z0, z1) = (&s[..16], &s[16..]);
     let mut a0: [f32; 8] = std::array::from_fn(|l| z0[l]);
     let mut i = full;
     // SAFETY: elements below `n` (caller).
@@ -248,71 +271,207 @@ unsafe fn finish_bf16(s: &[__m512], wp: *const u8, ap: *const u8, full: usize, n
     }
 }
 
-/// Outputs of weight rows `m0..m0 + M` × activation rows `t0..t0 + N` into `y`.
+/// A register width's tiles: outputs of weight rows `m0..m0 + M` × activation rows
+/// `t0..t0 + N` into `y` (`y[(t0 + t)·rows + m0 + m]`).
+trait Tiles {
+    /// # Safety
+    /// As [`rows`], for rows inside the call; the CPU has the width's features.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn cell_block<W: Elem, A: Elem, const O: u8, const M: usize, const N: usize>(
+        w: *const u8,
+        wrb: usize,
+        a: *const u8,
+        arb: usize,
+        cols: usize,
+        y: *mut f32,
+        rows: usize,
+        m0: usize,
+        t0: usize,
+    );
+}
+
+/// 512-bit tiles: each output's accumulators whole in registers (`M·N·ACC ≤ 16`).
+struct Zmm;
+/// 256-bit tiles: the accumulators' 8-lane parts one pass at a time (`M·N ≤ 12`), each pass
+/// over the same rows, then every output finished from its stored lanes — the same sums.
+struct Ymm;
+
+/// The 16·`C` lanes of the `C` accumulators at `acc[i..]`, as [`finish_vecdot`] and
+/// [`finish_bf16`] take them.
+#[inline(always)]
+fn lanes_of<const L: usize>(acc: &[__m512]) -> [f32; L] {
+    let mut o = [0f32; L];
+    for (c, &v) in acc.iter().take(L / 16).enumerate() {
+        o[16 * c..16 * c + 16].copy_from_slice(&lanes(v));
+    }
+    o
+}
+
+impl Tiles for Zmm {
+    #[inline(always)]
+    unsafe fn cell_block<W: Elem, A: Elem, const O: u8, const M: usize, const N: usize>(
+        w: *const u8,
+        wrb: usize,
+        a: *const u8,
+        arb: usize,
+        cols: usize,
+        y: *mut f32,
+        rows: usize,
+        m0: usize,
+        t0: usize,
+    ) {
+        let wp = |m: usize| w.wrapping_add((m0 + m) * wrb);
+        let ap = |t: usize| a.wrapping_add((t0 + t) * arb);
+        let out = |m: usize, t: usize| y.wrapping_add((t0 + t) * rows + m0 + m);
+        // SAFETY: the rows are inside the call's weights and activations, `cols` elements
+        // each (caller); each output written is this chunk's.
+        unsafe {
+            match O {
+                GEMM => {
+                    let acc = tile::<W, A, M, N, 1>(wp(0), wrb, ap(0), arb, cols / 16);
+                    if M * N >= 12 {
+                        // Sixteen reductions at once (unused accumulators are zeros), each
+                        // `reduce16`'s additions.
+                        let r = lanes(crate::ggml_f32::avx512::reduce16x16_ordered(&acc));
+                        for (c, &r) in r[..M * N].iter().enumerate() {
+                            *out(c / N, c % N) = r;
+                        }
+                        return;
+                    }
+                    for m in 0..M {
+                        for t in 0..N {
+                            *out(m, t) = reduce16(&lanes(acc[m * N + t]));
+                        }
+                    }
+                }
+                VECDOT => {
+                    let np = cols & !63;
+                    let acc = tile::<W, A, M, N, 4>(wp(0), wrb, ap(0), arb, np / 64);
+                    for m in 0..M {
+                        for t in 0..N {
+                            let s = lanes_of::<64>(&acc[(m * N + t) * 4..]);
+                            *out(m, t) =
+                                finish_vecdot::<W, A>(&s, wp(m), ap(t), np, cols, W::ES == 2);
+                        }
+                    }
+                }
+                _ => {
+                    let full = cols & !31;
+                    let acc = tile::<W, A, M, N, 2>(wp(0), wrb, ap(0), arb, full / 32);
+                    for m in 0..M {
+                        for t in 0..N {
+                            let s = lanes_of::<32>(&acc[(m * N + t) * 2..]);
+                            *out(m, t) = finish_bf16(&s, wp(m), ap(t), full, cols);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One 256-bit pass of an `M × N` tile: output `(m, t)`'s lanes `off..off + 8` of each
+/// `stride`-element step, summed from zero over `steps` steps (`fma(w, a, acc)`), at
+/// `m·N + t` of the result.
 ///
 /// # Safety
-/// As [`rows`], for rows inside the call.
+/// `steps · stride` elements readable in every row; AVX2, FMA and F16C.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn cell_block<W: Elem, A: Elem, const O: u8, const M: usize, const N: usize>(
+unsafe fn pass8<W: Elem, A: Elem, const M: usize, const N: usize>(
     w: *const u8,
-    wrb: usize,
+    ws: usize,
     a: *const u8,
-    arb: usize,
-    cols: usize,
-    y: *mut f32,
-    rows: usize,
-    m0: usize,
-    t0: usize,
-) {
-    let wp = |m: usize| w.wrapping_add((m0 + m) * wrb);
-    let ap = |t: usize| a.wrapping_add((t0 + t) * arb);
-    let out = |m: usize, t: usize| y.wrapping_add((t0 + t) * rows + m0 + m);
-    // SAFETY: the rows are inside the call's weights and activations, `cols` elements each
-    // (caller); each output written is this chunk's.
+    as_: usize,
+    steps: usize,
+    stride: usize,
+    off: usize,
+) -> [__m256; 12] {
+    debug_assert!(M * N <= 12);
+    // SAFETY: AVX2/FMA/F16C (caller); every load is inside the rows' first `steps · stride`
+    // elements.
     unsafe {
-        match O {
-            GEMM => {
-                let acc = tile::<W, A, M, N, 1>(wp(0), wrb, ap(0), arb, cols / 16);
-                if M * N >= 12 {
-                    // Sixteen reductions at once (unused accumulators are zeros), each
-                    // `reduce16`'s additions.
-                    let r = lanes(crate::ggml_f32::avx512::reduce16x16_ordered(&acc));
-                    for (c, &r) in r[..M * N].iter().enumerate() {
-                        *out(c / N, c % N) = r;
-                    }
-                    return;
-                }
-                for m in 0..M {
-                    for t in 0..N {
-                        *out(m, t) = reduce16(&lanes(acc[m * N + t]));
-                    }
+        let mut acc = [_mm256_setzero_ps(); 12];
+        for s in 0..steps {
+            let e = s * stride + off;
+            let wv: [__m256; M] = std::array::from_fn(|m| W::ld8(w.add(m * ws + e * W::ES)));
+            for t in 0..N {
+                let av = A::ld8(a.add(t * as_ + e * A::ES));
+                for (m, &wm) in wv.iter().enumerate() {
+                    acc[m * N + t] = _mm256_fmadd_ps(wm, av, acc[m * N + t]);
                 }
             }
-            VECDOT => {
-                let np = cols & !63;
-                let acc = tile::<W, A, M, N, 4>(wp(0), wrb, ap(0), arb, np / 64);
-                let wide = W::ES == 2;
-                for m in 0..M {
-                    for t in 0..N {
-                        *out(m, t) = finish_vecdot::<W, A>(
-                            &acc[(m * N + t) * 4..][..4],
-                            wp(m),
-                            ap(t),
-                            np,
-                            cols,
-                            wide,
-                        );
+        }
+        acc
+    }
+}
+
+/// The `L` accumulator lanes (`L / 8` passes of [`pass8`], pass `p` the lanes `8p..8p + 8`)
+/// of every output of an `M × N` tile over `steps` steps of `L / ACC`… elements (`stride`).
+///
+/// # Safety
+/// As [`pass8`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn passes<W: Elem, A: Elem, const M: usize, const N: usize, const L: usize>(
+    w: *const u8,
+    ws: usize,
+    a: *const u8,
+    as_: usize,
+    steps: usize,
+    stride: usize,
+) -> [[f32; L]; 12] {
+    let mut cells = [[0f32; L]; 12];
+    for p in 0..L / 8 {
+        // SAFETY: forwarded.
+        let acc = unsafe { pass8::<W, A, M, N>(w, ws, a, as_, steps, stride, 8 * p) };
+        for (cell, v) in cells.iter_mut().zip(acc).take(M * N) {
+            // SAFETY: 8 floats at `8p` of a cell of `L`.
+            unsafe { _mm256_storeu_ps(cell[8 * p..].as_mut_ptr(), v) };
+        }
+    }
+    cells
+}
+
+impl Tiles for Ymm {
+    #[inline(always)]
+    unsafe fn cell_block<W: Elem, A: Elem, const O: u8, const M: usize, const N: usize>(
+        w: *const u8,
+        wrb: usize,
+        a: *const u8,
+        arb: usize,
+        cols: usize,
+        y: *mut f32,
+        rows: usize,
+        m0: usize,
+        t0: usize,
+    ) {
+        let wp = |m: usize| w.wrapping_add((m0 + m) * wrb);
+        let ap = |t: usize| a.wrapping_add((t0 + t) * arb);
+        let out = |m: usize, t: usize| y.wrapping_add((t0 + t) * rows + m0 + m);
+        // SAFETY: as `Zmm`'s.
+        unsafe {
+            match O {
+                GEMM => {
+                    let c = passes::<W, A, M, N, 16>(wp(0), wrb, ap(0), arb, cols / 16, 16);
+                    for (i, c) in c.iter().take(M * N).enumerate() {
+                        *out(i / N, i % N) = reduce16(c);
                     }
                 }
-            }
-            _ => {
-                let full = cols & !31;
-                let acc = tile::<W, A, M, N, 2>(wp(0), wrb, ap(0), arb, full / 32);
-                for m in 0..M {
-                    for t in 0..N {
-                        *out(m, t) =
-                            finish_bf16(&acc[(m * N + t) * 2..][..2], wp(m), ap(t), full, cols);
+                VECDOT => {
+                    let np = cols & !63;
+                    let c = passes::<W, A, M, N, 64>(wp(0), wrb, ap(0), arb, np / 64, 64);
+                    for (i, c) in c.iter().take(M * N).enumerate() {
+                        let (m, t) = (i / N, i % N);
+                        *out(m, t) = finish_vecdot::<W, A>(c, wp(m), ap(t), np, cols, W::ES == 2);
+                    }
+                }
+                _ => {
+                    let full = cols & !31;
+                    let c = passes::<W, A, M, N, 32>(wp(0), wrb, ap(0), arb, full / 32, 32);
+                    for (i, c) in c.iter().take(M * N).enumerate() {
+                        let (m, t) = (i / N, i % N);
+                        *out(m, t) = finish_bf16(c, wp(m), ap(t), full, cols);
                     }
                 }
             }
@@ -326,7 +485,7 @@ unsafe fn cell_block<W: Elem, A: Elem, const O: u8, const M: usize, const N: usi
 /// As [`rows`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn weight_rows<W: Elem, A: Elem, const O: u8, const M: usize, const N: usize>(
+unsafe fn weight_rows<B: Tiles, W: Elem, A: Elem, const O: u8, const M: usize, const N: usize>(
     w: *const u8,
     wrb: usize,
     a: *const u8,
@@ -341,20 +500,20 @@ unsafe fn weight_rows<W: Elem, A: Elem, const O: u8, const M: usize, const N: us
     // SAFETY: forwarded (every activation row below `t1` is inside the call).
     unsafe {
         while t + N <= t1 {
-            cell_block::<W, A, O, M, N>(w, wrb, a, arb, cols, y, rows, m0, t);
+            B::cell_block::<W, A, O, M, N>(w, wrb, a, arb, cols, y, rows, m0, t);
             t += N;
         }
         // The rest in tiles of 4, 2 and 1 rows (of those narrower than `N`).
         while t < t1 {
             let r = t1 - t;
             if r >= 4 && N > 4 {
-                cell_block::<W, A, O, M, 4>(w, wrb, a, arb, cols, y, rows, m0, t);
+                B::cell_block::<W, A, O, M, 4>(w, wrb, a, arb, cols, y, rows, m0, t);
                 t += 4;
             } else if r >= 2 && N > 2 {
-                cell_block::<W, A, O, M, 2>(w, wrb, a, arb, cols, y, rows, m0, t);
+                B::cell_block::<W, A, O, M, 2>(w, wrb, a, arb, cols, y, rows, m0, t);
                 t += 2;
             } else {
-                cell_block::<W, A, O, M, 1>(w, wrb, a, arb, cols, y, rows, m0, t);
+                B::cell_block::<W, A, O, M, 1>(w, wrb, a, arb, cols, y, rows, m0, t);
                 t += 1;
             }
         }
@@ -365,9 +524,14 @@ unsafe fn weight_rows<W: Elem, A: Elem, const O: u8, const M: usize, const N: us
 /// over them.
 const TBLOCK: usize = 64;
 
-#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+/// The tiles over weight rows `r0..r1` (`M` at a time, then one by one) and every
+/// activation row (blocks of [`TBLOCK`]).
+///
+/// # Safety
+/// As [`rows`], with the width's CPU features.
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn run<W: Elem, A: Elem, const O: u8, const M: usize, const N: usize>(
+unsafe fn drive<B: Tiles, W: Elem, A: Elem, const O: u8, const M: usize, const N: usize>(
     w: *const u8,
     wrb: usize,
     a: *const u8,
@@ -387,28 +551,67 @@ unsafe fn run<W: Elem, A: Elem, const O: u8, const M: usize, const N: usize>(
         // SAFETY: forwarded from `rows`.
         unsafe {
             while m + M <= r1 {
-                weight_rows::<W, A, O, M, N>(w, wrb, a, arb, cols, (t0, t1), y, rows, m);
+                weight_rows::<B, W, A, O, M, N>(w, wrb, a, arb, cols, (t0, t1), y, rows, m);
                 m += M;
             }
             for m in m..r1 {
-                weight_rows::<W, A, O, 1, N>(w, wrb, a, arb, cols, (t0, t1), y, rows, m);
+                weight_rows::<B, W, A, O, 1, N>(w, wrb, a, arb, cols, (t0, t1), y, rows, m);
             }
         }
         t0 = t1;
     }
 }
 
+/// [`drive`] with 512-bit tiles.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn run<W: Elem, A: Elem, const O: u8, const M: usize, const N: usize>(
+    w: *const u8,
+    wrb: usize,
+    a: *const u8,
+    arb: usize,
+    cols: usize,
+    n: usize,
+    y: *mut f32,
+    rows: usize,
+    r0: usize,
+    r1: usize,
+) {
+    // SAFETY: forwarded; AVX-512F here.
+    unsafe { drive::<Zmm, W, A, O, M, N>(w, wrb, a, arb, cols, n, y, rows, r0, r1) }
+}
+
+/// [`drive`] with 256-bit tiles.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn run2<W: Elem, A: Elem, const O: u8, const M: usize, const N: usize>(
+    w: *const u8,
+    wrb: usize,
+    a: *const u8,
+    arb: usize,
+    cols: usize,
+    n: usize,
+    y: *mut f32,
+    rows: usize,
+    r0: usize,
+    r1: usize,
+) {
+    // SAFETY: forwarded; AVX2, FMA and F16C here.
+    unsafe { drive::<Ymm, W, A, O, M, N>(w, wrb, a, arb, cols, n, y, rows, r0, r1) }
+}
+
 /// Outputs `y[t·rows + r]` for weight rows `r0..r1` and every activation row `t < n`, in
 /// `order`: `w` the matrix's rows (`ty`, `cols` elements each, `rows` of them), `a` the
 /// activation rows (f32, `cols` elements each, densely packed; for F16 weights rounded to f16
-/// values, see [`round_f16`]).
+/// values, see [`round_f16`]); 512-bit tiles with `zmm`, else 256-bit ones.
 ///
 /// # Safety
-/// The CPU has AVX-512F, AVX2, FMA and F16C; `w` holds `rows` rows and `a` `n`; `order` is
-/// one `Order::of(ty, …)` gave; `y` holds `n · rows` outputs, of which this call writes only
-/// those of rows `r0..r1 ≤ rows`.
+/// The CPU has AVX2, FMA and F16C, and with `zmm` AVX-512F; `w` holds `rows` rows and `a`
+/// `n`; `order` is one `Order::of(ty, …)` gave; `y` holds `n · rows` outputs, of which this
+/// call writes only those of rows `r0..r1 ≤ rows`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn rows(
+    zmm: bool,
     ty: GgmlType,
     order: Order,
     w: &[u8],
@@ -421,27 +624,51 @@ pub(crate) unsafe fn rows(
     r1: usize,
 ) {
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let args = (wp, ap, cols, n, y, rows, r0, r1);
     // SAFETY: forwarded (caller).
     unsafe {
-        match (ty, order) {
-            (GgmlType::F32, Order::Gemm) => {
-                run::<F32, F32, GEMM, 4, 4>(wp, cols * 4, ap, cols * 4, cols, n, y, rows, r0, r1)
-            }
-            (GgmlType::F16, Order::Gemm) => {
-                run::<F16, F32, GEMM, 4, 4>(wp, cols * 2, ap, cols * 4, cols, n, y, rows, r0, r1)
-            }
-            (GgmlType::F32, Order::VecDot) => {
-                run::<F32, F32, VECDOT, 2, 2>(wp, cols * 4, ap, cols * 4, cols, n, y, rows, r0, r1)
-            }
-            (GgmlType::F16, Order::VecDot) => {
-                run::<F16, F32, VECDOT, 1, 4>(wp, cols * 2, ap, cols * 4, cols, n, y, rows, r0, r1)
-            }
-            (GgmlType::BF16, Order::Bf16) => {
-                run::<Bf16, F32, BF16, 2, 4>(wp, cols * 2, ap, cols * 4, cols, n, y, rows, r0, r1)
-            }
+        match (ty, order, zmm) {
+            (GgmlType::F32, Order::Gemm, true) => go(run::<F32, F32, GEMM, 4, 4>, 4, 4, args),
+            (GgmlType::F16, Order::Gemm, true) => go(run::<F16, F32, GEMM, 4, 4>, 2, 4, args),
+            (GgmlType::F32, Order::VecDot, true) => go(run::<F32, F32, VECDOT, 2, 2>, 4, 4, args),
+            (GgmlType::F16, Order::VecDot, true) => go(run::<F16, F32, VECDOT, 1, 4>, 2, 4, args),
+            (GgmlType::BF16, Order::Bf16, true) => go(run::<Bf16, F32, BF16, 2, 4>, 2, 4, args),
+            (GgmlType::F32, Order::Gemm, false) => go(run2::<F32, F32, GEMM, 3, 4>, 4, 4, args),
+            (GgmlType::F16, Order::Gemm, false) => go(run2::<F16, F32, GEMM, 3, 4>, 2, 4, args),
+            (GgmlType::F32, Order::VecDot, false) => go(run2::<F32, F32, VECDOT, 3, 4>, 4, 4, args),
+            (GgmlType::F16, Order::VecDot, false) => go(run2::<F16, F32, VECDOT, 3, 4>, 2, 4, args),
+            (GgmlType::BF16, Order::Bf16, false) => go(run2::<Bf16, F32, BF16, 3, 4>, 2, 4, args),
             _ => unreachable!("ftile::rows: {ty:?} in {order:?} is no pair Order::of gives"),
         }
     }
+}
+
+/// A run function's signature.
+type RunFn =
+    unsafe fn(*const u8, usize, *const u8, usize, usize, usize, *mut f32, usize, usize, usize);
+
+/// Calls `f` with the rows' byte strides (`wes`, `aes` bytes an element).
+///
+/// # Safety
+/// As [`rows`], for the width `f` was made for.
+#[inline(always)]
+unsafe fn go(
+    f: RunFn,
+    wes: usize,
+    aes: usize,
+    (wp, ap, cols, n, y, rows, r0, r1): (
+        *const u8,
+        *const u8,
+        usize,
+        usize,
+        *mut f32,
+        usize,
+        usize,
+        usize,
+    ),
+) {
+    // SAFETY: forwarded.
+    unsafe { f(wp, cols * wes, ap, cols * aes, cols, n, y, rows, r0, r1) }
 }
 
 /// `x` rounded to f16 values (round to nearest even, as ggml's conversion of F16 weights'
@@ -539,22 +766,50 @@ mod tests {
                     let wrb = w.len() / nrows;
                     // Two chunks, as two threads would split them.
                     let mid = nrows / 2;
-                    // SAFETY: AVX-512F/F16C/FMA checked; shapes as documented.
-                    unsafe {
-                        let a = bytemuck::cast_slice(&xa);
-                        rows(ty, order, &w, cols, a, n, y.as_mut_ptr(), nrows, 0, mid);
-                        rows(ty, order, &w, cols, a, n, y.as_mut_ptr(), nrows, mid, nrows);
-                    }
-                    for t in 0..n {
-                        for r in 0..nrows {
-                            // SAFETY: one row of each; the dot's path is supported.
-                            let want =
-                                unsafe { dot(w[r * wrb..].as_ptr(), a[t * arb..].as_ptr(), cols) };
-                            assert_eq!(
-                                y[t * nrows + r].to_bits(),
-                                want.to_bits(),
-                                "{ty:?} {order:?} cols {cols} rows {nrows} n {n}: ({r}, {t})"
+                    for zmm in [true, false] {
+                        y.fill(f32::NAN);
+                        // SAFETY: AVX-512F/F16C/FMA checked; shapes as documented.
+                        unsafe {
+                            let a = bytemuck::cast_slice(&xa);
+                            rows(
+                                zmm,
+                                ty,
+                                order,
+                                &w,
+                                cols,
+                                a,
+                                n,
+                                y.as_mut_ptr(),
+                                nrows,
+                                0,
+                                mid,
                             );
+                            rows(
+                                zmm,
+                                ty,
+                                order,
+                                &w,
+                                cols,
+                                a,
+                                n,
+                                y.as_mut_ptr(),
+                                nrows,
+                                mid,
+                                nrows,
+                            );
+                        }
+                        for t in 0..n {
+                            for r in 0..nrows {
+                                // SAFETY: one row of each; the dot's path is supported.
+                                let want = unsafe {
+                                    dot(w[r * wrb..].as_ptr(), a[t * arb..].as_ptr(), cols)
+                                };
+                                assert_eq!(
+                                    y[t * nrows + r].to_bits(),
+                                    want.to_bits(),
+                                    "{ty:?} {order:?} zmm {zmm} cols {cols} rows {nrows} n {n}: ({r}, {t})"
+                                );
+                            }
                         }
                     }
                 }
