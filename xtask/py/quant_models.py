@@ -41,7 +41,7 @@ H, NH, NKV, FF, LAYERS, SEED, NGEN = 256, 4, 2, 256, 2, 7, 8
 # ggml types no real parity model holds, as llama.cpp's ftype ids (llama.h) and ggml type names.
 TYPES = [
     ("q4_0", 2, "Q4_0"), ("q5_1", 9, "Q5_1"), ("q2_k", 10, "Q2_K"), ("q3_k", 11, "Q3_K"),
-    ("q5_k", 16, "Q5_K"), ("iq4_nl", 25, "IQ4_NL"), ("iq4_xs", 30, "IQ4_XS"),
+    ("q5_k", 16, "Q5_K"), ("iq4_nl", 25, "IQ4_NL"), ("iq4_xs", 30, "IQ4_XS"), ("bf16", 32, "BF16"),
 ]
 
 

@@ -38,6 +38,9 @@ pub(crate) enum ActKind {
     F32,
     /// f16 bits, rounded to nearest even (ggml's `vec_dot_type` for F16 weights).
     F16,
+    /// bf16 bits as ggml's `fp32_to_bf16` makes them (round to nearest even, NaN quieted; the
+    /// `vec_dot_type` of BF16 weights in ggml's order).
+    Bf16,
     /// [`BlockQ8x32`] blocks.
     Q8x32,
     /// [`BlockQ8K`] blocks.
@@ -53,7 +56,7 @@ impl ActKind {
     pub(crate) fn row_bytes(self, cols: usize) -> usize {
         match self {
             ActKind::F32 => cols * 4,
-            ActKind::F16 => cols * 2,
+            ActKind::F16 | ActKind::Bf16 => cols * 2,
             ActKind::Q8x32 => cols / 32 * std::mem::size_of::<BlockQ8x32>(),
             ActKind::Q8K | ActKind::Q8KRow => cols / 256 * std::mem::size_of::<BlockQ8K>(),
         }
@@ -118,6 +121,17 @@ pub(crate) fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
     }
 }
 
+/// ggml's `ggml_compute_fp32_to_bf16`: round to nearest even; a NaN keeps its top bits and is
+/// made quiet.
+#[inline(always)]
+pub(crate) fn fp32_to_bf16(v: f32) -> u16 {
+    let u = v.to_bits();
+    if u & 0x7fff_ffff > 0x7f80_0000 {
+        return ((u >> 16) | 64) as u16;
+    }
+    ((u + (0x7fff + ((u >> 16) & 1))) >> 16) as u16
+}
+
 #[inline(always)]
 fn quantize_rows_body(kind: ActKind, x: &[f32], cols: usize, out: &mut [u8]) {
     let rb = kind.row_bytes(cols);
@@ -129,6 +143,11 @@ fn quantize_rows_body(kind: ActKind, x: &[f32], cols: usize, out: &mut [u8]) {
             ActKind::F16 => {
                 use half::slice::HalfFloatSliceExt;
                 bytemuck::cast_slice_mut::<u8, half::f16>(or).convert_from_f32_slice(xr);
+            }
+            ActKind::Bf16 => {
+                for (o, &v) in bytemuck::cast_slice_mut::<u8, u16>(or).iter_mut().zip(xr) {
+                    *o = fp32_to_bf16(v);
+                }
             }
             ActKind::Q8x32 => quantize_q8x32(xr, bytemuck::cast_slice_mut(or)),
             ActKind::Q8K => quantize_q8k(xr, bytemuck::cast_slice_mut(or)),
@@ -179,7 +198,7 @@ pub(crate) fn quantize_rows(kind: ActKind, x: &[f32], cols: usize, out: &mut [u8
                     match kind {
                         ActKind::Q8x32 => avx512::q8x32(xr, bytemuck::cast_slice_mut(or)),
                         ActKind::Q8K => avx512::q8k(xr, bytemuck::cast_slice_mut(or)),
-                        ActKind::F32 | ActKind::F16 | ActKind::Q8KRow => {
+                        ActKind::F32 | ActKind::F16 | ActKind::Bf16 | ActKind::Q8KRow => {
                             unreachable!("not taken here")
                         }
                     }
@@ -345,6 +364,26 @@ mod tests {
             quantize_rows_body(kind, &x, cols, &mut slow);
             assert_eq!(fast, slow, "{kind:?}");
         }
+    }
+
+    #[test]
+    fn bf16_rows_round_as_ggml_does() {
+        // ggml_compute_fp32_to_bf16's cases: ties to even both ways, a carry into the
+        // exponent, overflow to infinity, a NaN made quiet, signed zero.
+        let cases: [(u32, u16); 7] = [
+            (0x3f80_8000, 0x3f80),
+            (0x3f81_8000, 0x3f82),
+            (0x3f80_8001, 0x3f81),
+            (0x3fff_ffff, 0x4000),
+            (0x7f7f_ffff, 0x7f80),
+            (0x7f80_0001, 0x7fc0),
+            (0x8000_0000, 0x8000),
+        ];
+        let x: Vec<f32> = cases.iter().map(|c| f32::from_bits(c.0)).collect();
+        let mut got = vec![0u8; x.len() * 2];
+        quantize_rows(ActKind::Bf16, &x, x.len(), &mut got);
+        let want: Vec<u8> = cases.iter().flat_map(|c| c.1.to_le_bytes()).collect();
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -221,6 +221,204 @@ pub fn dot_f16_gemm(x: &[u16], y: &[u16]) -> f32 {
     dot_f16_gemm_portable(x, y)
 }
 
+/// A bf16 widened to f32 (exact).
+#[inline(always)]
+fn bf(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// Denormals flushed to a zero of their sign (the `vdpbf16ps` DAZ and FTZ rules).
+#[inline(always)]
+fn ftz(x: f32) -> f32 {
+    if x.is_subnormal() {
+        0f32.copysign(x)
+    } else {
+        x
+    }
+}
+
+/// One 32-bit lane of `vdpbf16ps`: `acc + a₁·b₁` and then `+ a₀·b₀`, each a fused
+/// multiply-add rounded to nearest even, with denormal inputs read as zero and denormal
+/// results flushed to zero. Measured bit for bit against the instruction (AMD Zen 4) on
+/// random lanes with denormals, overflows and signed zeros (the test below runs it against
+/// the CPU's own instruction wherever the CPU has one).
+#[inline(always)]
+fn dpbf16_lane(acc: f32, a0: u16, a1: u16, b0: u16, b1: u16) -> f32 {
+    let t = ftz(ftz(bf(a1)).mul_add(ftz(bf(b1)), ftz(acc)));
+    ftz(ftz(bf(a0)).mul_add(ftz(bf(b0)), t))
+}
+
+/// `vdpbf16ps` over one 32-element chunk into 16 lanes (lane l: elements 2l and 2l + 1).
+#[inline(always)]
+fn dpbf16_chunk(acc: &mut [f32; 16], x: &[u16], y: &[u16]) {
+    for (l, a) in acc.iter_mut().enumerate() {
+        *a = dpbf16_lane(*a, x[2 * l], x[2 * l + 1], y[2 * l], y[2 * l + 1]);
+    }
+}
+
+#[inline(always)]
+fn dot_bf16_body(x: &[u16], y: &[u16]) -> f32 {
+    let n = x.len().min(y.len());
+    let np = n & !63;
+    let (mut c1, mut c2) = ([0f32; 16], [0f32; 16]);
+    for (xc, yc) in x[..np].chunks_exact(64).zip(y[..np].chunks_exact(64)) {
+        dpbf16_chunk(&mut c1, &xc[..32], &yc[..32]);
+        dpbf16_chunk(&mut c2, &xc[32..], &yc[32..]);
+    }
+    let mut sumf = reduce16(&c1) as f64;
+    sumf += reduce16(&c2) as f64;
+    for k in np..n {
+        sumf += (bf(x[k]) * bf(y[k])) as f64;
+    }
+    sumf as f32
+}
+
+#[inline(always)]
+fn gemm_dot_bf16_body(x: &[u16], y: &[u16]) -> f32 {
+    let mut c = [0f32; 16];
+    for (xc, yc) in x.chunks_exact(32).zip(y.chunks_exact(32)) {
+        dpbf16_chunk(&mut c, xc, yc);
+    }
+    reduce16(&c)
+}
+
+fma_dispatch! {
+    /// The portable `dot_bf16` (and the reference of the AVX512-BF16 path).
+    fn dot_bf16_portable(x: &[u16], y: &[u16]) -> f32 => dot_bf16_body
+}
+
+fma_dispatch! {
+    /// The portable `dot_bf16_gemm` (and the reference of the AVX512-BF16 path).
+    fn dot_bf16_gemm_portable(x: &[u16], y: &[u16]) -> f32 => gemm_dot_bf16_body
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx512bf16() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    })
+}
+
+/// `ggml_vec_dot_bf16` (AVX512-BF16 build): both operands bf16 (the activations rounded by
+/// ggml's `fp32_to_bf16`), two 16-lane `vdpbf16ps` accumulators over 64-element steps (the
+/// first 32 elements, the second 32), each reduced as `_mm512_reduce_add_ps` into a double,
+/// the tail's f32 products added in double, the sum rounded to f32.
+pub fn dot_bf16(x: &[u16], y: &[u16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512bf16() {
+        // SAFETY: the CPU has AVX-512F and AVX512-BF16 (checked at run time).
+        return unsafe { bf16x::dot(x, y) };
+    }
+    dot_bf16_portable(x, y)
+}
+
+/// One output of llamafile's `tinyBLAS` BF16 GEMM (AVX512-BF16 build, two or more activation
+/// rows): one 16-lane `vdpbf16ps` accumulator over 32-element steps, then
+/// `_mm512_reduce_add_ps`. `x.len()` must be a multiple of 32 (tinyBLAS declines other
+/// shapes; ggml then uses [`dot_bf16`]).
+pub fn dot_bf16_gemm(x: &[u16], y: &[u16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512bf16() {
+        // SAFETY: the CPU has AVX-512F and AVX512-BF16 (checked at run time).
+        return unsafe { bf16x::gemm_dot(x, y) };
+    }
+    dot_bf16_gemm_portable(x, y)
+}
+
+/// The BF16 dots with the CPU's own `vdpbf16ps`.
+#[cfg(target_arch = "x86_64")]
+mod bf16x {
+    use std::arch::x86_64::*;
+
+    use super::{bf, reduce16};
+
+    /// 32 bf16 at `p`.
+    ///
+    /// # Safety
+    /// 64 bytes readable at `p`; AVX-512F.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn ld(p: *const u16) -> __m512bh {
+        // SAFETY: 64 bytes at `p` (caller); a bit-for-bit reinterpretation.
+        unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p.cast())) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn lanes(v: __m512) -> [f32; 16] {
+        let mut o = [0f32; 16];
+        // SAFETY: a 64-byte store into 16 floats.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), v) };
+        o
+    }
+
+    /// [`super::dot_bf16_body`] with the instruction.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and AVX512-BF16.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn dot(x: &[u16], y: &[u16]) -> f32 {
+        let n = x.len().min(y.len());
+        let np = n & !63;
+        let (xp, yp) = (x.as_ptr(), y.as_ptr());
+        let (mut c1, mut c2) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut i = 0;
+        // SAFETY: loads below `np <= n` in both slices.
+        unsafe {
+            while i < np {
+                c1 = _mm512_dpbf16_ps(c1, ld(xp.add(i)), ld(yp.add(i)));
+                c2 = _mm512_dpbf16_ps(c2, ld(xp.add(i + 32)), ld(yp.add(i + 32)));
+                i += 64;
+            }
+        }
+        let mut sumf = reduce16(&lanes(c1)) as f64;
+        sumf += reduce16(&lanes(c2)) as f64;
+        for k in np..n {
+            sumf += (bf(x[k]) * bf(y[k])) as f64;
+        }
+        sumf as f32
+    }
+
+    /// [`super::gemm_dot_bf16_body`] with the instruction.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and AVX512-BF16.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn gemm_dot(x: &[u16], y: &[u16]) -> f32 {
+        let n = x.len().min(y.len()) & !31;
+        let (xp, yp) = (x.as_ptr(), y.as_ptr());
+        let mut c = _mm512_setzero_ps();
+        let mut i = 0;
+        // SAFETY: loads below `n` in both slices.
+        unsafe {
+            while i < n {
+                c = _mm512_dpbf16_ps(c, ld(xp.add(i)), ld(yp.add(i)));
+                i += 32;
+            }
+        }
+        reduce16(&lanes(c))
+    }
+
+    /// The instruction on one register of lanes (the emulation's test).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and AVX512-BF16.
+    #[cfg(test)]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn dp(acc: &[f32; 16], a: &[u16; 32], b: &[u16; 32]) -> [f32; 16] {
+        // SAFETY: 64-byte loads of 16 floats and 32 bf16 each.
+        unsafe {
+            lanes(_mm512_dpbf16_ps(
+                _mm512_loadu_ps(acc.as_ptr()),
+                ld(a.as_ptr()),
+                ld(b.as_ptr()),
+            ))
+        }
+    }
+}
+
 #[inline(always)]
 fn softmax_body(sc: &mut [f32], first_cell: usize) {
     if sc.is_empty() {
@@ -1314,6 +1512,70 @@ mod tests {
 
     /// The F16C dots give the portable bodies' bits (lengths with and without a tail, values
     /// of mixed sign and magnitude).
+    /// The `vdpbf16ps` emulation against the CPU's instruction (where it has one), and the BF16
+    /// dots' fast paths against their portable bodies.
+    #[test]
+    fn bf16_dots_equal_the_instruction_and_the_portable_bodies() {
+        let mut st = 0x9e3779b97f4a7c15u64;
+        let mut rnd = move || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            st
+        };
+        #[cfg(target_arch = "x86_64")]
+        if has_avx512bf16() {
+            for it in 0..20_000 {
+                // Wide exponents every fifth round (overflow, denormals), else moderate ones.
+                let mut elem = || {
+                    let r = rnd();
+                    let exp = if it % 5 == 0 {
+                        (r >> 20) % 255
+                    } else {
+                        100 + (r >> 20) % 50
+                    };
+                    (((r & 1) << 15) | (exp << 7) | ((r >> 8) & 0x7f)) as u16
+                };
+                let a: [u16; 32] = std::array::from_fn(|_| elem());
+                let b: [u16; 32] = std::array::from_fn(|_| elem());
+                let acc: [f32; 16] = std::array::from_fn(|_| {
+                    let r = rnd();
+                    if it % 7 == 0 {
+                        f32::from_bits((r as u32) & 0x807f_ffff)
+                    } else {
+                        ((r >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+                            * 2f32.powi((r % 60) as i32 - 30)
+                    }
+                });
+                // SAFETY: the CPU has the instruction (checked above).
+                let hw = unsafe { bf16x::dp(&acc, &a, &b) };
+                for l in 0..16 {
+                    let e = dpbf16_lane(acc[l], a[2 * l], a[2 * l + 1], b[2 * l], b[2 * l + 1]);
+                    assert!(
+                        e.to_bits() == hw[l].to_bits() || (e.is_nan() && hw[l].is_nan()),
+                        "lane {l}: emulated {e:e}, instruction {:e}",
+                        hw[l]
+                    );
+                }
+            }
+        }
+        for n in [1usize, 31, 32, 63, 64, 65, 96, 576, 1000] {
+            let x: Vec<u16> = (0..n).map(|_| (rnd() as u16 & 0x3fff) | 0x3000).collect();
+            let y: Vec<u16> = (0..n).map(|_| rnd() as u16 & 0xbfff).collect();
+            assert_eq!(
+                dot_bf16(&x, &y).to_bits(),
+                dot_bf16_body(&x, &y).to_bits(),
+                "{n}"
+            );
+            let m = n & !31;
+            assert_eq!(
+                dot_bf16_gemm(&x[..m], &y[..m]).to_bits(),
+                gemm_dot_bf16_body(&x[..m], &y[..m]).to_bits(),
+                "{n}"
+            );
+        }
+    }
+
     #[test]
     fn f16_dots_equal_the_portable_bodies() {
         let mut state = 0x1234_5678u32;

@@ -94,6 +94,8 @@ pub struct QuantMatrix {
     cols: usize,
     row_bytes: usize,
     data: Data,
+    /// BF16 weights summed in ggml's order ([`QuantMatrix::with_ggml_bf16`]).
+    ggml_bf16: bool,
 }
 
 impl std::fmt::Debug for QuantMatrix {
@@ -116,6 +118,7 @@ impl QuantMatrix {
             cols,
             row_bytes,
             data: Data::Owned(AlignedBuf::from_bytes(bytes)),
+            ggml_bf16: false,
         })
     }
 
@@ -135,6 +138,7 @@ impl QuantMatrix {
             cols,
             row_bytes,
             data: Data::Shared(src),
+            ggml_bf16: false,
         })
     }
 
@@ -174,6 +178,7 @@ impl QuantMatrix {
             cols,
             row_bytes,
             data: Data::Owned(AlignedBuf::from_bytes(bytes)),
+            ggml_bf16: false,
         })
     }
 
@@ -192,6 +197,7 @@ impl QuantMatrix {
             cols,
             row_bytes,
             data: Data::Shared(src),
+            ggml_bf16: false,
         })
     }
 
@@ -221,6 +227,7 @@ impl QuantMatrix {
             cols: self.cols,
             row_bytes: self.row_bytes,
             data: Data::Shared(src),
+            ggml_bf16: self.ggml_bf16,
         })
     }
 
@@ -323,6 +330,7 @@ impl QuantMatrix {
             cols,
             row_bytes: nb * wbb,
             data: Data::Owned(AlignedBuf::from_bytes(&out)),
+            ggml_bf16: false,
         })
     }
 
@@ -338,6 +346,17 @@ impl QuantMatrix {
             Store::Codec { id, .. } => Encoding::Codec(*id),
             Store::TernaryA8 { .. } => Encoding::Codec(EncodingId::TernaryTensor),
         }
+    }
+
+    /// With `on`, BF16 weights (only those) are summed in ggml's order — the activations
+    /// rounded to bf16 as ggml's `fp32_to_bf16` rounds them, `vec_dot_bf16`'s two `vdpbf16ps`
+    /// accumulators for one row, tinyBLAS's one for two or more (row count a multiple of 4,
+    /// length of 32) — as llama.cpp computes a GGUF's BF16 tensors; without, they meet f32
+    /// activations (the checkpoint's own numbers, as transformers runs a BF16 master in
+    /// float32).
+    pub fn with_ggml_bf16(mut self, on: bool) -> Self {
+        self.ggml_bf16 = on && matches!(self.store, Store::Ggml(GgmlType::BF16));
+        self
     }
 
     /// The ggml type, for ggml-encoded matrices.
@@ -439,6 +458,7 @@ impl QuantMatrix {
             cols: self.cols,
             row_bytes: self.row_bytes,
             data: Data::Owned(AlignedBuf::from_bytes(&out)),
+            ggml_bf16: self.ggml_bf16,
         })
     }
 
@@ -710,6 +730,7 @@ impl QuantMatrix {
         };
         match ty {
             GgmlType::F32 | GgmlType::F16 | GgmlType::IQ4_NL => (class != OrderClass::One) as usize,
+            GgmlType::BF16 if self.ggml_bf16 => (class != OrderClass::One) as usize,
             GgmlType::Q4_K
             | GgmlType::Q5_K
             | GgmlType::Q6_K
@@ -767,14 +788,19 @@ impl QuantMatrix {
                 ..
             } => return self.codec_matmul(&**codec, *row_separable, x, n, y, ctx),
         };
-        let mut k = kernels::select(ty, ctx.path())
-            .ok_or_else(|| KernelError::UnsupportedEncoding(ty.name().to_string()))?;
+        let mut k = if self.ggml_bf16 {
+            kernels::bf16_kernel()
+        } else {
+            kernels::select(ty, ctx.path())
+                .ok_or_else(|| KernelError::UnsupportedEncoding(ty.name().to_string()))?
+        };
         // llamafile's f32 GEMM takes only weights whose row count is a multiple of 4
         // (`tinyBLAS::matmul`); ggml runs the others (a one-row gate such as Qwen2-MoE's
         // shared-expert gate) through `vec_dot` whatever the number of activation rows.
         let many = k.many.filter(|&(from, _)| {
             order_rows >= from
-                && (!matches!(ty, GgmlType::F32 | GgmlType::F16) || self.rows.is_multiple_of(4))
+                && (!matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+                    || self.rows.is_multiple_of(4))
         });
         if let Some((_, dot)) = many {
             k.dot = dot;
@@ -785,7 +811,9 @@ impl QuantMatrix {
         #[cfg(target_arch = "x86_64")]
         if n >= 2
             && ctx.path() >= crate::dispatch::KernelPath::Avx2
-            && let Some(order) = kernels::ftile::Order::of(ty, many.is_some(), self.cols)
+            && (!self.ggml_bf16 || ctx.path() == crate::dispatch::KernelPath::Avx512Vnni)
+            && let Some(order) =
+                kernels::ftile::Order::of(ty, many.is_some(), self.cols, self.ggml_bf16)
         {
             return self.ftile_matmul(ty, order, k.act, x, n, y, ctx);
         }
@@ -847,9 +875,14 @@ impl QuantMatrix {
     ) -> Result<()> {
         let path = ctx.path();
         let (act_scratch, pool) = ctx.parts();
-        // F16 weights: the activations rounded to f16 values, kept as f32 (see `ftile`).
+        // F16 weights: the activations rounded to f16 values, kept as f32 (see `ftile`);
+        // BF16 in ggml's order: bf16 rows.
         let a: &[u8] = if act == ActKind::F32 {
             bytemuck::cast_slice(x)
+        } else if act == ActKind::Bf16 {
+            act_scratch.set_len(n * act.row_bytes(self.cols));
+            quantize_rows(act, x, self.cols, act_scratch.as_bytes_mut());
+            act_scratch.as_bytes()
         } else {
             act_scratch.set_len(n * self.cols * 4);
             kernels::ftile::round_f16(x, bytemuck::cast_slice_mut(act_scratch.as_bytes_mut()));

@@ -55,7 +55,10 @@ fn matmul_is_bit_identical_to_ggml_mul_mat_on_every_path() {
         let ty = ggml_type(name);
         let w = std::fs::read(d.join(t["w"].as_str().unwrap())).unwrap();
         let want = f32s(&std::fs::read(d.join(t["y"].as_str().unwrap())).unwrap());
-        let m = QuantMatrix::from_ggml(ty, &w, rows, k).unwrap();
+        // The fixtures are ggml's own products: BF16 in ggml's order (a GGUF's numerics).
+        let m = QuantMatrix::from_ggml(ty, &w, rows, k)
+            .unwrap()
+            .with_ggml_bf16(true);
         for path in KernelPath::supported() {
             for threads in [1, 2] {
                 let mut ctx = KernelCtx::with_path_and_threads(path, threads).unwrap();

@@ -163,6 +163,9 @@ impl Source<'_> {
         cols: usize,
     ) -> Result<QuantMatrix> {
         let w = ir.weight(id);
+        // A GGUF's BF16 tensors in ggml's order (as llama.cpp runs them); a checkpoint's
+        // against f32 activations (as transformers runs a BF16 master in float32).
+        let ggml = ir.source == SourceKind::Gguf;
         let bytes = self.bytes(ir, id)?;
         let part = match &range {
             Some(r) => bytes
@@ -181,14 +184,18 @@ impl Source<'_> {
                 index,
                 range,
             });
-            return Ok(QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?);
+            return Ok(
+                QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?.with_ggml_bf16(ggml)
+            );
         }
         if let Source::Package(p) = self {
             let src = Arc::new(PackageTensor {
                 obj: p.tensor_object(&w.name)?,
                 range,
             });
-            return Ok(QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?);
+            return Ok(
+                QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?.with_ggml_bf16(ggml)
+            );
         }
         // A safetensors tensor whose stored type is the encoding, from a file's mapping and
         // aligned for its elements (the kernels read weights as slices of them): borrowed.
@@ -204,9 +211,11 @@ impl Source<'_> {
                 entry: e.clone(),
                 range,
             });
-            return Ok(QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?);
+            return Ok(
+                QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?.with_ggml_bf16(ggml)
+            );
         }
-        Ok(QuantMatrix::from_ggml(w.encoding, part, rows, cols)?)
+        Ok(QuantMatrix::from_ggml(w.encoding, part, rows, cols)?.with_ggml_bf16(ggml))
     }
 
     /// One expert's projection as a matrix: its rows of a stacked expert tensor (borrowed

@@ -39,14 +39,30 @@ pub(crate) enum Order {
     VecDot,
     /// The x86 BF16 dot's four 8-lane accumulators over 32-element steps.
     Bf16,
+    /// ggml's BF16 GEMM (tinyBLAS on AVX512-BF16): one `vdpbf16ps` accumulator per output over
+    /// 32-element steps, then `reduce16`; bf16 activations.
+    Bf16Gemm,
+    /// `ggml_vec_dot_bf16` (AVX512-BF16): two `vdpbf16ps` accumulators over 64-element steps,
+    /// each reduced into a double, the tail in double; bf16 activations.
+    Bf16VecDot,
 }
 
 impl Order {
     /// The order a call of `ty` weights (`cols` wide) sums in, given whether the kernel
-    /// selection took the encoding's many-row dot (`many`); `None` for encodings these tiles
-    /// do not serve.
-    pub(crate) fn of(ty: GgmlType, many: bool, cols: usize) -> Option<Order> {
+    /// selection took the encoding's many-row dot (`many`) and whether BF16 weights are in
+    /// ggml's order (`ggml_bf16`: served only on a CPU with AVX512-BF16, whose instruction
+    /// those orders are); `None` for encodings these tiles do not serve.
+    pub(crate) fn of(ty: GgmlType, many: bool, cols: usize, ggml_bf16: bool) -> Option<Order> {
         match ty {
+            GgmlType::BF16 if ggml_bf16 => {
+                if !has_avx512bf16() {
+                    None
+                } else if many && cols.is_multiple_of(32) {
+                    Some(Order::Bf16Gemm)
+                } else {
+                    Some(Order::Bf16VecDot)
+                }
+            }
             // The many-row dot of F32/F16 falls back to `vec_dot` for rows not a multiple
             // of 16 (as tinyBLAS declines them).
             GgmlType::F32 | GgmlType::F16 if many && cols.is_multiple_of(16) => Some(Order::Gemm),
@@ -61,6 +77,58 @@ impl Order {
 const GEMM: u8 = 0;
 const VECDOT: u8 = 1;
 const BF16: u8 = 2;
+const BGEMM: u8 = 3;
+const BVECDOT: u8 = 4;
+
+/// The CPU has AVX-512F and AVX512-BF16.
+fn has_avx512bf16() -> bool {
+    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    })
+}
+
+/// The accumulators of an `M × N` tile of bf16 rows (weights at `w + m·ws`, activations at
+/// `a + t·as_`, bytes) over `steps` steps of `ACC · 32` elements: output `(m, t)`'s
+/// accumulator `c` (at `(m·N + t)·ACC + c`) is `vdpbf16ps` from zero over the 32-element
+/// chunks `c, c + ACC, …`.
+///
+/// # Safety
+/// `steps · ACC · 32` elements readable in every row; AVX-512F and AVX512-BF16.
+#[inline(always)]
+unsafe fn tile_bf16<const M: usize, const N: usize, const ACC: usize>(
+    w: *const u8,
+    ws: usize,
+    a: *const u8,
+    as_: usize,
+    steps: usize,
+) -> [__m512; 16] {
+    debug_assert!(M * N * ACC <= 16);
+    let ld = |p: *const u8| {
+        // SAFETY: 64 bytes at `p` (below); a bit-for-bit reinterpretation.
+        unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p.cast())) }
+    };
+    // SAFETY: AVX-512F and AVX512-BF16 (caller); every load is inside the rows' first
+    // `steps · ACC · 32` elements.
+    unsafe {
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for s in 0..steps {
+            for c in 0..ACC {
+                let e = (s * ACC + c) * 64;
+                let wv: [__m512bh; M] = std::array::from_fn(|m| ld(w.add(m * ws + e)));
+                for t in 0..N {
+                    let av = ld(a.add(t * as_ + e));
+                    for (m, &wm) in wv.iter().enumerate() {
+                        let i = (m * N + t) * ACC + c;
+                        acc[i] = _mm512_dpbf16_ps(acc[i], wm, av);
+                    }
+                }
+            }
+        }
+        acc
+    }
+}
 
 /// An element type: bytes per element, sixteen of them widened to f32, and one.
 trait Elem {
@@ -355,6 +423,37 @@ impl Tiles for Zmm {
                         }
                     }
                 }
+                BGEMM => {
+                    let acc = tile_bf16::<M, N, 1>(wp(0), wrb, ap(0), arb, cols / 32);
+                    if M * N >= 12 {
+                        let r = lanes(crate::ggml_f32::avx512::reduce16x16_ordered(&acc));
+                        for (c, &r) in r[..M * N].iter().enumerate() {
+                            *out(c / N, c % N) = r;
+                        }
+                        return;
+                    }
+                    for m in 0..M {
+                        for t in 0..N {
+                            *out(m, t) = reduce16(&lanes(acc[m * N + t]));
+                        }
+                    }
+                }
+                BVECDOT => {
+                    let np = cols & !63;
+                    let acc = tile_bf16::<M, N, 2>(wp(0), wrb, ap(0), arb, np / 64);
+                    for m in 0..M {
+                        for t in 0..N {
+                            let i = (m * N + t) * 2;
+                            let mut sumf = reduce16(&lanes(acc[i])) as f64;
+                            sumf += reduce16(&lanes(acc[i + 1])) as f64;
+                            for k in np..cols {
+                                sumf += (Bf16::one(wp(m).add(2 * k)) * Bf16::one(ap(t).add(2 * k)))
+                                    as f64;
+                            }
+                            *out(m, t) = sumf as f32;
+                        }
+                    }
+                }
                 _ => {
                     let full = cols & !31;
                     let acc = tile::<W, A, M, N, 2>(wp(0), wrb, ap(0), arb, full / 32);
@@ -581,6 +680,25 @@ unsafe fn run<W: Elem, A: Elem, const O: u8, const M: usize, const N: usize>(
     unsafe { drive::<Zmm, W, A, O, M, N>(w, wrb, a, arb, cols, n, y, rows, r0, r1) }
 }
 
+/// [`drive`] with 512-bit tiles of bf16 rows (`vdpbf16ps`).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_bf<const O: u8, const M: usize, const N: usize>(
+    w: *const u8,
+    wrb: usize,
+    a: *const u8,
+    arb: usize,
+    cols: usize,
+    n: usize,
+    y: *mut f32,
+    rows: usize,
+    r0: usize,
+    r1: usize,
+) {
+    // SAFETY: forwarded; AVX-512F and AVX512-BF16 here.
+    unsafe { drive::<Zmm, Bf16, Bf16, O, M, N>(w, wrb, a, arb, cols, n, y, rows, r0, r1) }
+}
+
 /// [`drive`] with 256-bit tiles.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
@@ -603,10 +721,12 @@ unsafe fn run2<W: Elem, A: Elem, const O: u8, const M: usize, const N: usize>(
 /// Outputs `y[t·rows + r]` for weight rows `r0..r1` and every activation row `t < n`, in
 /// `order`: `w` the matrix's rows (`ty`, `cols` elements each, `rows` of them), `a` the
 /// activation rows (f32, `cols` elements each, densely packed; for F16 weights rounded to f16
-/// values, see [`round_f16`]); 512-bit tiles with `zmm`, else 256-bit ones.
+/// values, see [`round_f16`]; for the ggml BF16 orders bf16 as ggml rounds them); 512-bit tiles
+/// with `zmm`, else 256-bit ones (the ggml BF16 orders always 512-bit).
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C, and with `zmm` AVX-512F; `w` holds `rows` rows and `a`
+/// The CPU has AVX2, FMA and F16C, and with `zmm` (or a ggml BF16 order) AVX-512F (and
+/// AVX512-BF16 for those orders); `w` holds `rows` rows and `a`
 /// `n`; `order` is one `Order::of(ty, …)` gave; `y` holds `n · rows` outputs, of which this
 /// call writes only those of rows `r0..r1 ≤ rows`.
 #[allow(clippy::too_many_arguments)]
@@ -638,6 +758,8 @@ pub(crate) unsafe fn rows(
             (GgmlType::F32, Order::VecDot, false) => go(run2::<F32, F32, VECDOT, 3, 4>, 4, 4, args),
             (GgmlType::F16, Order::VecDot, false) => go(run2::<F16, F32, VECDOT, 3, 4>, 2, 4, args),
             (GgmlType::BF16, Order::Bf16, false) => go(run2::<Bf16, F32, BF16, 3, 4>, 2, 4, args),
+            (GgmlType::BF16, Order::Bf16Gemm, _) => go(run_bf::<BGEMM, 4, 4>, 2, 2, args),
+            (GgmlType::BF16, Order::Bf16VecDot, _) => go(run_bf::<BVECDOT, 2, 4>, 2, 2, args),
             _ => unreachable!("ftile::rows: {ty:?} in {order:?} is no pair Order::of gives"),
         }
     }
@@ -714,9 +836,21 @@ mod tests {
                 Order::Bf16,
                 &[1, 9, 31, 32, 40, 100, 576, 1000],
             ),
+            (GgmlType::BF16, Order::Bf16Gemm, &[32, 96, 576, 1024]),
+            (
+                GgmlType::BF16,
+                Order::Bf16VecDot,
+                &[1, 31, 64, 100, 576, 1000],
+            ),
         ];
         for &(ty, order, colss) in cases {
+            let ggml_bf16 = matches!(order, Order::Bf16Gemm | Order::Bf16VecDot);
+            if ggml_bf16 && !has_avx512bf16() {
+                continue;
+            }
             let (dot, act) = match (ty, order) {
+                (_, Order::Bf16Gemm) => (super::super::dot_bf16_ggml_gemm as _, ActKind::Bf16),
+                (_, Order::Bf16VecDot) => (super::super::dot_bf16_ggml as _, ActKind::Bf16),
                 (GgmlType::F32, Order::Gemm) => (
                     super::super::dot_f32_ggml_gemm as super::super::DotFn,
                     ActKind::F32,
@@ -770,7 +904,11 @@ mod tests {
                         y.fill(f32::NAN);
                         // SAFETY: AVX-512F/F16C/FMA checked; shapes as documented.
                         unsafe {
-                            let a = bytemuck::cast_slice(&xa);
+                            let a = if ggml_bf16 {
+                                &a[..]
+                            } else {
+                                bytemuck::cast_slice(&xa)
+                            };
                             rows(
                                 zmm,
                                 ty,

@@ -137,6 +137,54 @@ pub(crate) fn f16_kernel() -> Kernel {
     }
 }
 
+/// bf16 weights and activations (`n` elements each, the activations rounded by ggml's
+/// `fp32_to_bf16`): `ggml_vec_dot_bf16`'s order (its AVX512-BF16 build).
+///
+/// # Safety
+/// As [`DotFn`] for bf16 weights and activations.
+pub(crate) unsafe fn dot_bf16_ggml(w: *const u8, a: *const u8, n: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`; both are 2-byte aligned bf16 rows.
+    let (w, a) = unsafe {
+        (
+            std::slice::from_raw_parts(w.cast::<u16>(), n),
+            std::slice::from_raw_parts(a.cast::<u16>(), n),
+        )
+    };
+    crate::ggml_f32::dot_bf16(w, a)
+}
+
+/// bf16 weights, two or more activation rows: llamafile `tinyBLAS`'s order when the row length
+/// is a multiple of 32 (ggml falls back to `vec_dot_bf16` otherwise).
+///
+/// # Safety
+/// As [`DotFn`] for bf16 weights and activations.
+pub(crate) unsafe fn dot_bf16_ggml_gemm(w: *const u8, a: *const u8, n: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe {
+        (
+            std::slice::from_raw_parts(w.cast::<u16>(), n),
+            std::slice::from_raw_parts(a.cast::<u16>(), n),
+        )
+    };
+    if n.is_multiple_of(32) {
+        crate::ggml_f32::dot_bf16_gemm(w, a)
+    } else {
+        crate::ggml_f32::dot_bf16(w, a)
+    }
+}
+
+/// The BF16 kernel in ggml's orders (the same on every path; the instruction where the CPU
+/// has AVX512-BF16, its exact emulation elsewhere).
+pub(crate) fn bf16_kernel() -> Kernel {
+    Kernel {
+        act: ActKind::Bf16,
+        dot: dot_bf16_ggml,
+        dot4: None,
+        many: Some((2, dot_bf16_ggml_gemm)),
+        many4: None,
+    }
+}
+
 /// The f32 kernel on every path: ggml's orders (the arithmetic is the same on all CPUs).
 pub(crate) fn f32_kernel() -> Kernel {
     Kernel {
