@@ -1,6 +1,6 @@
 //! Every ggml weight type no real parity model holds, end to end against llama.cpp (fixtures
 //! from `cargo xtask quant-models`): one llama-architecture model of 256-wide rows quantized by
-//! llama.cpp to Q4_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS and BF16 (every matrix, the embeddings
+//! llama.cpp to Q4_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS, BF16 and F16 (every matrix, the embeddings
 //! and the head in the one type). Synapse's logits at every position of three sequences (one
 //! batch each: the many-row orders) and after each of 8 decode steps on llama.cpp's greedy
 //! tokens (the one-row order) must be llama.cpp's, bit for bit, and its greedy tokens the same.
@@ -122,4 +122,11 @@ fn iq4_xs_matches_llama_cpp() {
 #[test]
 fn bf16_matches_llama_cpp() {
     check("bf16");
+}
+
+/// F16 (every matrix, the embeddings and the head): activations rounded to f16, `vec_dot_f16`
+/// for one row and tinyBLAS's order for a batch (the register tiles).
+#[test]
+fn f16_matches_llama_cpp() {
+    check("f16");
 }
