@@ -1,9 +1,10 @@
 //! Every ggml weight type no real parity model holds, end to end against llama.cpp (fixtures
 //! from `cargo xtask quant-models`): one llama-architecture model of 256-wide rows quantized by
 //! llama.cpp to Q4_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS, BF16 and F16 (every matrix, the
-//! embeddings and the head in the one type). Synapse's logits at every position of three sequences (one
-//! batch each: the many-row orders) and after each of 8 decode steps on llama.cpp's greedy
-//! tokens (the one-row order) must be llama.cpp's, bit for bit, and its greedy tokens the same.
+//! embeddings and the head in the one type). Synapse's logits at every position of three
+//! sequences (one batch each: the many-row orders) and after each of 8 decode steps on
+//! llama.cpp's greedy tokens (the one-row order) must be llama.cpp's, bit for bit, and its greedy
+//! tokens the same.
 
 mod common;
 
