@@ -736,7 +736,8 @@ impl QuantMatrix {
             | GgmlType::Q6_K
             | GgmlType::Q2_K
             | GgmlType::Q3_K
-            | GgmlType::IQ4_XS => (class == OrderClass::Many) as usize,
+            | GgmlType::IQ4_XS
+            | GgmlType::IQ2_XXS => (class == OrderClass::Many) as usize,
             _ => 0,
         }
     }

@@ -92,9 +92,15 @@ fn act_of(ty: GgmlType) -> Act {
     match ty {
         T::Q8_0 | T::Q4_0 | T::Q5_0 | T::IQ4_NL => Act::Q8_0,
         T::Q4_1 | T::Q5_1 => Act::Q8_1,
-        T::Q4_K | T::Q5_K | T::Q6_K | T::Q2_K | T::Q3_K | T::IQ4_XS | T::TQ1_0 | T::TQ2_0 => {
-            Act::Q8K
-        }
+        T::Q4_K
+        | T::Q5_K
+        | T::Q6_K
+        | T::Q2_K
+        | T::Q3_K
+        | T::IQ4_XS
+        | T::TQ1_0
+        | T::TQ2_0
+        | T::IQ2_XXS => Act::Q8K,
         T::F16 => Act::F16,
         _ => Act::F32,
     }

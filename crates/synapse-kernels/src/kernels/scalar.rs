@@ -417,6 +417,71 @@ unsafe fn dot_iq4_xs(w: *const u8, a: *const u8, nb: usize) -> f32 {
     hsum8(acc)
 }
 
+/// `ggml_vec_dot_iq2_xxs_q8_K` (AVX2): per 32-element group, each element's grid byte times its
+/// activation signed by the group's sign pattern (`sign_epi8`: a negated −128 stays −128),
+/// pairs summed (`maddubs`), the group's lanes of four times its scale `2·ls + 1` (`madd`);
+/// a block's 8 groups' lanes added as integers (exact), then `fma(d·d_a, lane, acc)` per lane;
+/// `0.125 · hsum_float_8`. No tiled form: the same order for every row count.
+unsafe fn dot_iq2_xxs(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 66, a, nb) };
+    let mut acc = [0f32; 8];
+    for (b, y) in w.chunks_exact(66).zip(a) {
+        let mut lanes = [0i32; 8];
+        for ib32 in 0..8 {
+            let (grid, neg, ls) = iq2xxs_group(b, ib32);
+            let q8: &[i8; 32] = y.qs[32 * ib32..32 * ib32 + 32].try_into().unwrap();
+            // `sign_epi8` on the activations: a negated −128 stays −128.
+            let q8s: [i8; 32] =
+                std::array::from_fn(|e| if neg[e] { q8[e].wrapping_neg() } else { q8[e] });
+            for (l, v) in lanes.iter_mut().zip(lanes32(&grid, &q8s)) {
+                *l += ls * v;
+            }
+        }
+        fma_lanes(&mut acc, f16_at(b, 0) * y.d, lanes);
+    }
+    0.125 * hsum8(acc)
+}
+
+/// IQ2_XXS group `ib32` of block `b`: its 32 grid values (as `i8`, all ≤ 43), which are
+/// negated (`KSIGNS_IQ2XS` bit `j` of element `j`'s sign byte), and its scale `2·ls + 1`.
+#[inline]
+fn iq2xxs_group(b: &[u8], ib32: usize) -> ([i8; 32], [bool; 32], i32) {
+    use synapse_formats::decode::iq_tables::{IQ2XXS_GRID, KSIGNS_IQ2XS};
+    let o = 2 + 8 * ib32;
+    let aux1 = u32::from_le_bytes([b[o + 4], b[o + 5], b[o + 6], b[o + 7]]);
+    let (mut grid, mut neg) = ([0i8; 32], [false; 32]);
+    for l in 0..4 {
+        let g = IQ2XXS_GRID[b[o + l] as usize].to_le_bytes();
+        let signs = KSIGNS_IQ2XS[((aux1 >> (7 * l)) & 127) as usize];
+        for j in 0..8 {
+            grid[8 * l + j] = g[j] as i8;
+            neg[8 * l + j] = (signs >> j) & 1 != 0;
+        }
+    }
+    (grid, neg, 2 * (aux1 >> 28) as i32 + 1)
+}
+
+/// IQ2_XXS in ggml's tiled order (8 or more rows): the signs on the grid values (so a −128
+/// activation meets `±g` exactly, unlike `sign_epi8`), the super-block's integer sum over its
+/// groups times their scales, then `fma((s · (d · 0.125)), d_a, acc)`.
+unsafe fn dot_iq2_xxs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 66, a, nb) };
+    let mut acc = 0f32;
+    for (b, y) in w.chunks_exact(66).zip(a) {
+        let mut s1 = 0i32;
+        for ib32 in 0..8 {
+            let (grid, neg, ls) = iq2xxs_group(b, ib32);
+            let v: [i8; 32] = std::array::from_fn(|e| if neg[e] { -grid[e] } else { grid[e] });
+            let q8: &[i8; 32] = y.qs[32 * ib32..32 * ib32 + 32].try_into().unwrap();
+            s1 += ls * lanes32(&v, q8).iter().sum::<i32>();
+        }
+        acc = tiled_step(acc, s1, None, f16_at(b, 0) * 0.125, y.d);
+    }
+    acc
+}
+
 /// `ggml_vec_dot_iq4_nl_q8_0` (AVX2): even blocks into one 8-lane accumulator, odd blocks
 /// into another, `hsum_float_8` of their lane sums; an odd last block added after, in
 /// scalar (`fma(d, Σ, sum)`, as GCC contracts ggml's `sumf += d*(sumi1 + sumi2)`).
@@ -572,6 +637,7 @@ pub(crate) fn many(ty: GgmlType) -> Option<(usize, DotFn)> {
         GgmlType::Q2_K => dot_q2_k_tiled,
         GgmlType::Q3_K => dot_q3_k_tiled,
         GgmlType::IQ4_XS => dot_iq4_xs_tiled,
+        GgmlType::IQ2_XXS => dot_iq2_xxs_tiled,
         _ => return None,
     };
     Some((super::MANY_ROWS, f))
@@ -664,6 +730,7 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         T::IQ4_NL => (ActKind::Q8x32, dot_iq4_nl),
         T::TQ1_0 => (ActKind::Q8K, dot_tq1_0),
         T::TQ2_0 => (ActKind::Q8K, dot_tq2_0),
+        T::IQ2_XXS => (ActKind::Q8K, dot_iq2_xxs),
         _ => return decode_kernel(ty),
     };
     let many = match ty {
