@@ -737,7 +737,8 @@ impl QuantMatrix {
             | GgmlType::Q2_K
             | GgmlType::Q3_K
             | GgmlType::IQ4_XS
-            | GgmlType::IQ2_XXS => (class == OrderClass::Many) as usize,
+            | GgmlType::IQ2_XXS
+            | GgmlType::IQ3_XXS => (class == OrderClass::Many) as usize,
             _ => 0,
         }
     }

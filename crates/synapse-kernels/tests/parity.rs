@@ -100,7 +100,8 @@ fn act_of(ty: GgmlType) -> Act {
         | T::IQ4_XS
         | T::TQ1_0
         | T::TQ2_0
-        | T::IQ2_XXS => Act::Q8K,
+        | T::IQ2_XXS
+        | T::IQ3_XXS => Act::Q8K,
         T::F16 => Act::F16,
         _ => Act::F32,
     }

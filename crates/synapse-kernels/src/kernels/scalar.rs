@@ -417,21 +417,35 @@ unsafe fn dot_iq4_xs(w: *const u8, a: *const u8, nb: usize) -> f32 {
     hsum8(acc)
 }
 
-/// `ggml_vec_dot_iq2_xxs_q8_K` (AVX2): per 32-element group, each element's grid byte times its
-/// activation signed by the group's sign pattern (`sign_epi8`: a negated −128 stays −128),
-/// pairs summed (`maddubs`), the group's lanes of four times its scale `2·ls + 1` (`madd`);
-/// a block's 8 groups' lanes added as integers (exact), then `fma(d·d_a, lane, acc)` per lane;
-/// `0.125 · hsum_float_8`. No tiled form: the same order for every row count.
-unsafe fn dot_iq2_xxs(w: *const u8, a: *const u8, nb: usize) -> f32 {
+/// A lattice-code group's 32 grid values (as `i8`), which of them are negated, and its scale.
+type LatticeGroup = ([i8; 32], [bool; 32], i32);
+
+/// `ggml_vec_dot_iq{2,3}_xxs_q8_K` (AVX2): per 32-element group, each element's grid byte times
+/// its activation signed by the group's sign pattern (`sign_epi8`: a negated −128 stays
+/// −128), pairs summed (`maddubs`), the group's lanes of four times its scale `2·ls + 1`
+/// (`madd`); a block's 8 groups' lanes added as integers (exact), then `fma(d·d_a, lane, acc)`
+/// per lane; `k · hsum_float_8` (`k` 0.125 for IQ2_XXS, 0.25 for IQ3_XXS). Blocks of `bs`
+/// bytes, group `g` of block `b` from `group(b, g)`.
+///
+/// # Safety
+/// As [`DotFn`] for blocks of `bs` bytes and Q8_K activations.
+#[inline(always)]
+unsafe fn lattice_dot(
+    w: *const u8,
+    a: *const u8,
+    nb: usize,
+    bs: usize,
+    k: f32,
+    group: impl Fn(&[u8], usize) -> LatticeGroup,
+) -> f32 {
     // SAFETY: forwarded contract of `DotFn`.
-    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 66, a, nb) };
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * bs, a, nb) };
     let mut acc = [0f32; 8];
-    for (b, y) in w.chunks_exact(66).zip(a) {
+    for (b, y) in w.chunks_exact(bs).zip(a) {
         let mut lanes = [0i32; 8];
         for ib32 in 0..8 {
-            let (grid, neg, ls) = iq2xxs_group(b, ib32);
+            let (grid, neg, ls) = group(b, ib32);
             let q8: &[i8; 32] = y.qs[32 * ib32..32 * ib32 + 32].try_into().unwrap();
-            // `sign_epi8` on the activations: a negated −128 stays −128.
             let q8s: [i8; 32] =
                 std::array::from_fn(|e| if neg[e] { q8[e].wrapping_neg() } else { q8[e] });
             for (l, v) in lanes.iter_mut().zip(lanes32(&grid, &q8s)) {
@@ -440,46 +454,103 @@ unsafe fn dot_iq2_xxs(w: *const u8, a: *const u8, nb: usize) -> f32 {
         }
         fma_lanes(&mut acc, f16_at(b, 0) * y.d, lanes);
     }
-    0.125 * hsum8(acc)
+    k * hsum8(acc)
 }
 
-/// IQ2_XXS group `ib32` of block `b`: its 32 grid values (as `i8`, all ≤ 43), which are
-/// negated (`KSIGNS_IQ2XS` bit `j` of element `j`'s sign byte), and its scale `2·ls + 1`.
-#[inline]
-fn iq2xxs_group(b: &[u8], ib32: usize) -> ([i8; 32], [bool; 32], i32) {
-    use synapse_formats::decode::iq_tables::{IQ2XXS_GRID, KSIGNS_IQ2XS};
-    let o = 2 + 8 * ib32;
-    let aux1 = u32::from_le_bytes([b[o + 4], b[o + 5], b[o + 6], b[o + 7]]);
+/// The lattice codes in ggml's tiled order (8 or more rows): the signs on the grid values (so
+/// a −128 activation meets `±g` exactly, unlike `sign_epi8`), the super-block's integer sum over
+/// its groups times their scales, then `fma((s · (d · k)), d_a, acc)`.
+///
+/// # Safety
+/// As [`lattice_dot`].
+#[inline(always)]
+unsafe fn lattice_tiled(
+    w: *const u8,
+    a: *const u8,
+    nb: usize,
+    bs: usize,
+    k: f32,
+    group: impl Fn(&[u8], usize) -> LatticeGroup,
+) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * bs, a, nb) };
+    let mut acc = 0f32;
+    for (b, y) in w.chunks_exact(bs).zip(a) {
+        let mut s1 = 0i32;
+        for ib32 in 0..8 {
+            let (grid, neg, ls) = group(b, ib32);
+            let v: [i8; 32] = std::array::from_fn(|e| if neg[e] { -grid[e] } else { grid[e] });
+            let q8: &[i8; 32] = y.qs[32 * ib32..32 * ib32 + 32].try_into().unwrap();
+            s1 += ls * lanes32(&v, q8).iter().sum::<i32>();
+        }
+        acc = tiled_step(acc, s1, None, f16_at(b, 0) * k, y.d);
+    }
+    acc
+}
+
+/// A group's 32 values from four 8-value grid rows, its four 7-bit sign indices and scale from
+/// the word `aux` (`KSIGNS_IQ2XS` bit `j` of element `j`'s sign byte).
+#[inline(always)]
+fn lattice_group(rows: [[u8; 8]; 4], aux: u32) -> LatticeGroup {
+    use synapse_formats::decode::iq_tables::KSIGNS_IQ2XS;
     let (mut grid, mut neg) = ([0i8; 32], [false; 32]);
-    for l in 0..4 {
-        let g = IQ2XXS_GRID[b[o + l] as usize].to_le_bytes();
-        let signs = KSIGNS_IQ2XS[((aux1 >> (7 * l)) & 127) as usize];
+    for (l, g) in rows.iter().enumerate() {
+        let signs = KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize];
         for j in 0..8 {
             grid[8 * l + j] = g[j] as i8;
             neg[8 * l + j] = (signs >> j) & 1 != 0;
         }
     }
-    (grid, neg, 2 * (aux1 >> 28) as i32 + 1)
+    (grid, neg, 2 * (aux >> 28) as i32 + 1)
 }
 
-/// IQ2_XXS in ggml's tiled order (8 or more rows): the signs on the grid values (so a −128
-/// activation meets `±g` exactly, unlike `sign_epi8`), the super-block's integer sum over its
-/// groups times their scales, then `fma((s · (d · 0.125)), d_a, acc)`.
+/// IQ2_XXS group `ib32` of block `b` (grid values ≤ 43).
+#[inline(always)]
+fn iq2xxs_group(b: &[u8], ib32: usize) -> LatticeGroup {
+    use synapse_formats::decode::iq_tables::IQ2XXS_GRID;
+    let o = 2 + 8 * ib32;
+    let aux = u32::from_le_bytes([b[o + 4], b[o + 5], b[o + 6], b[o + 7]]);
+    lattice_group(
+        std::array::from_fn(|l| IQ2XXS_GRID[b[o + l] as usize].to_le_bytes()),
+        aux,
+    )
+}
+
+/// IQ3_XXS group `ib32` of block `b` (two 4-value grid entries per 8 values, ≤ 62).
+#[inline(always)]
+fn iq3xxs_group(b: &[u8], ib32: usize) -> LatticeGroup {
+    use synapse_formats::decode::iq_tables::IQ3XXS_GRID;
+    let o = 66 + 4 * ib32;
+    let aux = u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+    let qs = &b[2 + 8 * ib32..2 + 8 * ib32 + 8];
+    lattice_group(
+        std::array::from_fn(|l| {
+            let g = IQ3XXS_GRID[qs[2 * l] as usize] as u64
+                | (IQ3XXS_GRID[qs[2 * l + 1] as usize] as u64) << 32;
+            g.to_le_bytes()
+        }),
+        aux,
+    )
+}
+
+unsafe fn dot_iq2_xxs(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    unsafe { lattice_dot(w, a, nb, 66, 0.125, iq2xxs_group) }
+}
+
 unsafe fn dot_iq2_xxs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
     // SAFETY: forwarded contract of `DotFn`.
-    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 66, a, nb) };
-    let mut acc = 0f32;
-    for (b, y) in w.chunks_exact(66).zip(a) {
-        let mut s1 = 0i32;
-        for ib32 in 0..8 {
-            let (grid, neg, ls) = iq2xxs_group(b, ib32);
-            let v: [i8; 32] = std::array::from_fn(|e| if neg[e] { -grid[e] } else { grid[e] });
-            let q8: &[i8; 32] = y.qs[32 * ib32..32 * ib32 + 32].try_into().unwrap();
-            s1 += ls * lanes32(&v, q8).iter().sum::<i32>();
-        }
-        acc = tiled_step(acc, s1, None, f16_at(b, 0) * 0.125, y.d);
-    }
-    acc
+    unsafe { lattice_tiled(w, a, nb, 66, 0.125, iq2xxs_group) }
+}
+
+unsafe fn dot_iq3_xxs(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    unsafe { lattice_dot(w, a, nb, 98, 0.25, iq3xxs_group) }
+}
+
+unsafe fn dot_iq3_xxs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    unsafe { lattice_tiled(w, a, nb, 98, 0.25, iq3xxs_group) }
 }
 
 /// `ggml_vec_dot_iq4_nl_q8_0` (AVX2): even blocks into one 8-lane accumulator, odd blocks
@@ -638,6 +709,7 @@ pub(crate) fn many(ty: GgmlType) -> Option<(usize, DotFn)> {
         GgmlType::Q3_K => dot_q3_k_tiled,
         GgmlType::IQ4_XS => dot_iq4_xs_tiled,
         GgmlType::IQ2_XXS => dot_iq2_xxs_tiled,
+        GgmlType::IQ3_XXS => dot_iq3_xxs_tiled,
         _ => return None,
     };
     Some((super::MANY_ROWS, f))
@@ -731,6 +803,7 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         T::TQ1_0 => (ActKind::Q8K, dot_tq1_0),
         T::TQ2_0 => (ActKind::Q8K, dot_tq2_0),
         T::IQ2_XXS => (ActKind::Q8K, dot_iq2_xxs),
+        T::IQ3_XXS => (ActKind::Q8K, dot_iq3_xxs),
         _ => return decode_kernel(ty),
     };
     let many = match ty {

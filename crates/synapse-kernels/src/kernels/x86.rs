@@ -1087,50 +1087,82 @@ macro_rules! x86_kernels {
                 unsafe { tq_dot4::<54, 52>(w, a, s, nb, |b| tq1_codes(b)) }
             }
 
-            /// Two IQ2_XXS groups at `p` (16 bytes: grid indices and sign/scale words): their
-            /// grid rows gathered by index, their sign patterns (`±1` bytes), their scales
-            /// `2·ls + 1`.
+            /// Two lattice-code groups `ib32`, `ib32 + 1` of block `b` (`L`: 0 IQ2_XXS, 1
+            /// IQ3_XXS): their grid rows gathered by index, their sign patterns (`±1` bytes),
+            /// their scales `2·ls + 1`.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn iq2xxs_pair(p: *const u8) -> ([__m256i; 2], [__m256i; 2], [i16; 2]) {
-                use synapse_formats::decode::iq_tables::IQ2XXS_GRID;
+            unsafe fn lattice_pair<const L: u8>(
+                b: *const u8,
+                ib32: usize,
+            ) -> ([__m256i; 2], [__m256i; 2], [i16; 2]) {
+                use synapse_formats::decode::iq_tables::{IQ2XXS_GRID, IQ3XXS_GRID};
                 unsafe {
-                    let aux: [u32; 4] = std::array::from_fn(|k| rd(p.add(4 * k).cast::<u32>()));
-                    let g = |k: usize, j: usize| IQ2XXS_GRID[((aux[k] >> (8 * j)) & 0xff) as usize] as i64;
                     let sg = |v: u32| super::KEVEN_SIGNS[(v & 127) as usize] as i64;
+                    let signs = |w: u32| {
+                        _mm256_set_epi64x(sg(w >> 21), sg(w >> 14), sg(w >> 7), sg(w))
+                    };
+                    let (q, words) = if L == 0 {
+                        let p = b.add(2 + 8 * ib32);
+                        let aux: [u32; 4] = std::array::from_fn(|k| rd(p.add(4 * k).cast::<u32>()));
+                        let g = |k: usize, j: usize| {
+                            IQ2XXS_GRID[((aux[k] >> (8 * j)) & 0xff) as usize] as i64
+                        };
+                        (
+                            [
+                                _mm256_set_epi64x(g(0, 3), g(0, 2), g(0, 1), g(0, 0)),
+                                _mm256_set_epi64x(g(2, 3), g(2, 2), g(2, 1), g(2, 0)),
+                            ],
+                            [aux[1], aux[3]],
+                        )
+                    } else {
+                        let q3 = b.add(2 + 8 * ib32);
+                        let gas = b.add(66 + 4 * ib32);
+                        let g = |k: usize| IQ3XXS_GRID[*q3.add(k) as usize] as i32;
+                        let row = |o: usize| {
+                            _mm256_set_epi32(
+                                g(o + 7), g(o + 6), g(o + 5), g(o + 4),
+                                g(o + 3), g(o + 2), g(o + 1), g(o),
+                            )
+                        };
+                        (
+                            [row(0), row(8)],
+                            [rd(gas.cast::<u32>()), rd(gas.add(4).cast::<u32>())],
+                        )
+                    };
                     (
-                        [
-                            _mm256_set_epi64x(g(0, 3), g(0, 2), g(0, 1), g(0, 0)),
-                            _mm256_set_epi64x(g(2, 3), g(2, 2), g(2, 1), g(2, 0)),
-                        ],
-                        [
-                            _mm256_set_epi64x(sg(aux[1] >> 21), sg(aux[1] >> 14), sg(aux[1] >> 7), sg(aux[1])),
-                            _mm256_set_epi64x(sg(aux[3] >> 21), sg(aux[3] >> 14), sg(aux[3] >> 7), sg(aux[3])),
-                        ],
-                        [(2 * (aux[1] >> 28) + 1) as i16, (2 * (aux[3] >> 28) + 1) as i16],
+                        q,
+                        [signs(words[0]), signs(words[1])],
+                        [(2 * (words[0] >> 28) + 1) as i16, (2 * (words[1] >> 28) + 1) as i16],
                     )
                 }
             }
 
-            /// `ggml_vec_dot_iq2_xxs_q8_K` (AVX2) itself (see `scalar::dot_iq2_xxs`): two groups
-            /// a step, the activations signed by `sign_epi8`, `maddubs` then `madd` by each
-            /// group's `2·ls + 1`.
+            /// `ggml_vec_dot_iq{2,3}_xxs_q8_K` (AVX2) itself (see `scalar::lattice_dot`): two
+            /// groups a step, the activations signed by `sign_epi8`, `maddubs` then `madd` by
+            /// each group's `2·ls + 1`; blocks of `BS` bytes, the final factor `k`.
+            #[inline]
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_iq2_xxs(w: *const u8, a: *const u8, nb: usize) -> f32 {
+            unsafe fn lattice_dot<const L: u8, const BS: usize>(
+                w: *const u8,
+                a: *const u8,
+                nb: usize,
+                k: f32,
+            ) -> f32 {
                 unsafe {
                     let a = a.cast::<crate::act::BlockQ8K>();
                     let mut accumf = _mm256_setzero_ps();
                     for i in 0..nb {
-                        let b = w.add(i * 66);
+                        let b = w.add(i * BS);
                         let y = &*a.add(i);
                         let d = f16(b) * y.d;
                         let mut sumi = [_mm256_setzero_si256(); 2];
                         for ib32 in (0..8).step_by(2) {
-                            let (q2, s2, ls) = iq2xxs_pair(b.add(2 + 8 * ib32));
-                            for k in 0..2 {
-                                let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * (ib32 + k)).cast());
-                                let dot = _mm256_maddubs_epi16(q2[k], _mm256_sign_epi8(q8, s2[k]));
-                                sumi[k] = _mm256_add_epi32(sumi[k], _mm256_madd_epi16(dot, _mm256_set1_epi16(ls[k])));
+                            let (q2, s2, ls) = lattice_pair::<L>(b, ib32);
+                            for h in 0..2 {
+                                let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * (ib32 + h)).cast());
+                                let dot = _mm256_maddubs_epi16(q2[h], _mm256_sign_epi8(q8, s2[h]));
+                                sumi[h] = _mm256_add_epi32(sumi[h], _mm256_madd_epi16(dot, _mm256_set1_epi16(ls[h])));
                             }
                         }
                         accumf = _mm256_fmadd_ps(
@@ -1139,39 +1171,65 @@ macro_rules! x86_kernels {
                             accumf,
                         );
                     }
-                    0.125 * hsum_ps(accumf)
+                    k * hsum_ps(accumf)
                 }
             }
 
-            /// IQ2_XXS in ggml's tiled order (see `scalar::dot_iq2_xxs_tiled`): the signs on
-            /// the grid values, exactly — the positive and the negative elements' `maddubs`
+            /// The lattice codes in ggml's tiled order (see `scalar::lattice_tiled`): the signs
+            /// on the grid values, exactly — the positive and the negative elements' `maddubs`
             /// apart, subtracted — the block's integer sum, then the tiled float step.
+            #[inline]
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_iq2_xxs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+            unsafe fn lattice_tiled<const L: u8, const BS: usize>(
+                w: *const u8,
+                a: *const u8,
+                nb: usize,
+                k: f32,
+            ) -> f32 {
                 unsafe {
                     let a = a.cast::<crate::act::BlockQ8K>();
                     let neg1 = _mm256_set1_epi8(-1);
                     let mut acc = 0f32;
                     for i in 0..nb {
-                        let b = w.add(i * 66);
+                        let b = w.add(i * BS);
                         let y = &*a.add(i);
                         let mut sumi = _mm256_setzero_si256();
                         for ib32 in (0..8).step_by(2) {
-                            let (q2, s2, ls) = iq2xxs_pair(b.add(2 + 8 * ib32));
-                            for k in 0..2 {
-                                let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * (ib32 + k)).cast());
-                                let neg = _mm256_cmpeq_epi8(s2[k], neg1);
-                                let pos = _mm256_maddubs_epi16(_mm256_andnot_si256(neg, q2[k]), q8);
-                                let negs = _mm256_maddubs_epi16(_mm256_and_si256(neg, q2[k]), q8);
+                            let (q2, s2, ls) = lattice_pair::<L>(b, ib32);
+                            for h in 0..2 {
+                                let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * (ib32 + h)).cast());
+                                let neg = _mm256_cmpeq_epi8(s2[h], neg1);
+                                let pos = _mm256_maddubs_epi16(_mm256_andnot_si256(neg, q2[h]), q8);
+                                let negs = _mm256_maddubs_epi16(_mm256_and_si256(neg, q2[h]), q8);
                                 let dot = _mm256_sub_epi16(pos, negs);
-                                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(dot, _mm256_set1_epi16(ls[k])));
+                                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(dot, _mm256_set1_epi16(ls[h])));
                             }
                         }
                         let s1 = hsum_epi32(sumi);
-                        acc = (s1 as f32 * (f16(b) * 0.125)).mul_add(y.d, acc);
+                        acc = (s1 as f32 * (f16(b) * k)).mul_add(y.d, acc);
                     }
                     acc
                 }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq2_xxs(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { lattice_dot::<0, 66>(w, a, nb, 0.125) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq2_xxs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { lattice_tiled::<0, 66>(w, a, nb, 0.125) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq3_xxs(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { lattice_dot::<1, 98>(w, a, nb, 0.25) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq3_xxs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { lattice_tiled::<1, 98>(w, a, nb, 0.25) }
             }
 
             /// `ggml_vec_dot_tq2_0_q8_K` (AVX2) in its own order (see `scalar::dot_tq2_0`).
@@ -1413,6 +1471,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
             use GgmlType as T;
             let many: Option<(usize, DotFn)> = match ty {
                 T::IQ2_XXS => Some((super::MANY_ROWS, $m::dot_iq2_xxs_tiled)),
+                T::IQ3_XXS => Some((super::MANY_ROWS, $m::dot_iq3_xxs_tiled)),
                 T::Q4_K => Some((super::MANY_ROWS, $m::dot_q4_k_many)),
                 T::Q5_K => Some((super::MANY_ROWS, $m::dot_q5_k_many)),
                 T::Q6_K => Some((super::MANY_ROWS, $m::dot_q6_k_many)),
@@ -1450,6 +1509,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::IQ4_XS => (ActKind::Q8K, $m::dot_iq4_xs, Some($m::dot4_iq4_xs), many),
                 T::IQ4_NL => (ActKind::Q8x32, $m::dot_iq4_nl, None, many),
                 T::IQ2_XXS => (ActKind::Q8K, $m::dot_iq2_xxs, None, many),
+                T::IQ3_XXS => (ActKind::Q8K, $m::dot_iq3_xxs, None, many),
                 _ => return None,
             };
             (k.0, k.1, k.2, k.3, many4)
