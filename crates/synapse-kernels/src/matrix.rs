@@ -738,7 +738,8 @@ impl QuantMatrix {
             | GgmlType::Q3_K
             | GgmlType::IQ4_XS
             | GgmlType::IQ2_XXS
-            | GgmlType::IQ3_XXS => (class == OrderClass::Many) as usize,
+            | GgmlType::IQ3_XXS
+            | GgmlType::IQ3_S => (class == OrderClass::Many) as usize,
             _ => 0,
         }
     }

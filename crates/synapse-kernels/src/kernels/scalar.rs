@@ -424,7 +424,8 @@ type LatticeGroup = ([i8; 32], [bool; 32], i32);
 /// its activation signed by the group's sign pattern (`sign_epi8`: a negated −128 stays
 /// −128), pairs summed (`maddubs`), the group's lanes of four times its scale `2·ls + 1`
 /// (`madd`); a block's 8 groups' lanes added as integers (exact), then `fma(d·d_a, lane, acc)`
-/// per lane; `k · hsum_float_8` (`k` 0.125 for IQ2_XXS, 0.25 for IQ3_XXS). Blocks of `bs`
+/// per lane; `k · hsum_float_8` (`k` 0.125 for IQ2_XXS, 0.25 for IQ3_XXS, 1 for IQ3_S, whose
+/// `xor`/`sub` sign is the same wrap). Blocks of `bs`
 /// bytes, group `g` of block `b` from `group(b, g)`.
 ///
 /// # Safety
@@ -488,20 +489,29 @@ unsafe fn lattice_tiled(
     acc
 }
 
-/// A group's 32 values from four 8-value grid rows, its four 7-bit sign indices and scale from
-/// the word `aux` (`KSIGNS_IQ2XS` bit `j` of element `j`'s sign byte).
+/// A group's 32 values from four 8-value grid rows and four sign bytes (bit `j` of byte `l`:
+/// element `8l + j` negated), with its scale.
 #[inline(always)]
-fn lattice_group(rows: [[u8; 8]; 4], aux: u32) -> LatticeGroup {
-    use synapse_formats::decode::iq_tables::KSIGNS_IQ2XS;
+fn lattice_group(rows: [[u8; 8]; 4], signs: [u8; 4], ls: i32) -> LatticeGroup {
     let (mut grid, mut neg) = ([0i8; 32], [false; 32]);
     for (l, g) in rows.iter().enumerate() {
-        let signs = KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize];
         for j in 0..8 {
             grid[8 * l + j] = g[j] as i8;
-            neg[8 * l + j] = (signs >> j) & 1 != 0;
+            neg[8 * l + j] = (signs[l] >> j) & 1 != 0;
         }
     }
-    (grid, neg, 2 * (aux >> 28) as i32 + 1)
+    (grid, neg, ls)
+}
+
+/// The sign bytes and scale `2·ls + 1` of an IQ2_XXS/IQ3_XXS group's word: four 7-bit indices
+/// into `KSIGNS_IQ2XS`, the scale in the top four bits.
+#[inline(always)]
+fn xxs_signs(aux: u32) -> ([u8; 4], i32) {
+    use synapse_formats::decode::iq_tables::KSIGNS_IQ2XS;
+    (
+        std::array::from_fn(|l| KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize]),
+        2 * (aux >> 28) as i32 + 1,
+    )
 }
 
 /// IQ2_XXS group `ib32` of block `b` (grid values ≤ 43).
@@ -510,9 +520,11 @@ fn iq2xxs_group(b: &[u8], ib32: usize) -> LatticeGroup {
     use synapse_formats::decode::iq_tables::IQ2XXS_GRID;
     let o = 2 + 8 * ib32;
     let aux = u32::from_le_bytes([b[o + 4], b[o + 5], b[o + 6], b[o + 7]]);
+    let (signs, ls) = xxs_signs(aux);
     lattice_group(
         std::array::from_fn(|l| IQ2XXS_GRID[b[o + l] as usize].to_le_bytes()),
-        aux,
+        signs,
+        ls,
     )
 }
 
@@ -523,13 +535,35 @@ fn iq3xxs_group(b: &[u8], ib32: usize) -> LatticeGroup {
     let o = 66 + 4 * ib32;
     let aux = u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
     let qs = &b[2 + 8 * ib32..2 + 8 * ib32 + 8];
+    let (signs, ls) = xxs_signs(aux);
     lattice_group(
         std::array::from_fn(|l| {
             let g = IQ3XXS_GRID[qs[2 * l] as usize] as u64
                 | (IQ3XXS_GRID[qs[2 * l + 1] as usize] as u64) << 32;
             g.to_le_bytes()
         }),
-        aux,
+        signs,
+        ls,
+    )
+}
+
+/// IQ3_S group `ib32` of block `b`: 9-bit grid indices (the high bit from `qh`), explicit sign
+/// bytes, the scale `2·s + 1` from a nibble (values ≤ 15).
+#[inline(always)]
+fn iq3s_group(b: &[u8], ib32: usize) -> LatticeGroup {
+    use synapse_formats::decode::iq_tables::IQ3S_GRID;
+    let qs = &b[2 + 8 * ib32..2 + 8 * ib32 + 8];
+    let h = b[66 + ib32] as usize;
+    let sc = b[106 + ib32 / 2];
+    let s = if ib32.is_multiple_of(2) { sc & 0x0f } else { sc >> 4 };
+    lattice_group(
+        std::array::from_fn(|l| {
+            let i1 = qs[2 * l] as usize | ((h << (8 - 2 * l)) & 256);
+            let i2 = qs[2 * l + 1] as usize | ((h << (7 - 2 * l)) & 256);
+            (IQ3S_GRID[i1] as u64 | (IQ3S_GRID[i2] as u64) << 32).to_le_bytes()
+        }),
+        std::array::from_fn(|l| b[74 + 4 * ib32 + l]),
+        1 + 2 * s as i32,
     )
 }
 
@@ -551,6 +585,16 @@ unsafe fn dot_iq3_xxs(w: *const u8, a: *const u8, nb: usize) -> f32 {
 unsafe fn dot_iq3_xxs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
     // SAFETY: forwarded contract of `DotFn`.
     unsafe { lattice_tiled(w, a, nb, 98, 0.25, iq3xxs_group) }
+}
+
+unsafe fn dot_iq3_s(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    unsafe { lattice_dot(w, a, nb, 110, 1.0, iq3s_group) }
+}
+
+unsafe fn dot_iq3_s_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    unsafe { lattice_tiled(w, a, nb, 110, 1.0, iq3s_group) }
 }
 
 /// `ggml_vec_dot_iq4_nl_q8_0` (AVX2): even blocks into one 8-lane accumulator, odd blocks
@@ -710,6 +754,7 @@ pub(crate) fn many(ty: GgmlType) -> Option<(usize, DotFn)> {
         GgmlType::IQ4_XS => dot_iq4_xs_tiled,
         GgmlType::IQ2_XXS => dot_iq2_xxs_tiled,
         GgmlType::IQ3_XXS => dot_iq3_xxs_tiled,
+        GgmlType::IQ3_S => dot_iq3_s_tiled,
         _ => return None,
     };
     Some((super::MANY_ROWS, f))
@@ -804,6 +849,7 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         T::TQ2_0 => (ActKind::Q8K, dot_tq2_0),
         T::IQ2_XXS => (ActKind::Q8K, dot_iq2_xxs),
         T::IQ3_XXS => (ActKind::Q8K, dot_iq3_xxs),
+        T::IQ3_S => (ActKind::Q8K, dot_iq3_s),
         _ => return decode_kernel(ty),
     };
     let many = match ty {

@@ -1088,7 +1088,7 @@ macro_rules! x86_kernels {
             }
 
             /// Two lattice-code groups `ib32`, `ib32 + 1` of block `b` (`L`: 0 IQ2_XXS, 1
-            /// IQ3_XXS): their grid rows gathered by index, their sign patterns (`±1` bytes),
+            /// IQ3_XXS, 2 IQ3_S): their grid rows gathered by index, their sign patterns (`±1` bytes),
             /// their scales `2·ls + 1`.
             #[inline]
             #[target_feature(enable = $features)]
@@ -1096,12 +1096,46 @@ macro_rules! x86_kernels {
                 b: *const u8,
                 ib32: usize,
             ) -> ([__m256i; 2], [__m256i; 2], [i16; 2]) {
-                use synapse_formats::decode::iq_tables::{IQ2XXS_GRID, IQ3XXS_GRID};
+                use synapse_formats::decode::iq_tables::{IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
                 unsafe {
                     let sg = |v: u32| super::KEVEN_SIGNS[(v & 127) as usize] as i64;
                     let signs = |w: u32| {
                         _mm256_set_epi64x(sg(w >> 21), sg(w >> 14), sg(w >> 7), sg(w))
                     };
+                    if L == 2 {
+                        // IQ3_S: 9-bit indices, explicit sign bytes (bit j of byte l: element
+                        // 8l + j), nibble scales.
+                        let qs = b.add(2 + 8 * ib32);
+                        let row = |h: usize| {
+                            let qh = *b.add(66 + ib32 + h) as usize;
+                            let g = |k: usize| {
+                                IQ3S_GRID[*qs.add(8 * h + k) as usize | ((qh << (8 - k)) & 256)] as i32
+                            };
+                            _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0))
+                        };
+                        let expand = |h: usize| {
+                            let bits = rd(b.add(74 + 4 * (ib32 + h)).cast::<u32>());
+                            let sel = _mm256_setr_epi8(
+                                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+                            );
+                            let bit = _mm256_setr_epi8(
+                                1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128,
+                                1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128,
+                            );
+                            let v = _mm256_and_si256(
+                                _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), sel),
+                                bit,
+                            );
+                            _mm256_or_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(1))
+                        };
+                        let sc = *b.add(106 + ib32 / 2);
+                        return (
+                            [row(0), row(1)],
+                            [expand(0), expand(1)],
+                            [(1 + 2 * (sc & 0x0f)) as i16, (1 + 2 * (sc >> 4)) as i16],
+                        );
+                    }
                     let (q, words) = if L == 0 {
                         let p = b.add(2 + 8 * ib32);
                         let aux: [u32; 4] = std::array::from_fn(|k| rd(p.add(4 * k).cast::<u32>()));
@@ -1230,6 +1264,16 @@ macro_rules! x86_kernels {
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_iq3_xxs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
                 unsafe { lattice_tiled::<1, 98>(w, a, nb, 0.25) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq3_s(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { lattice_dot::<2, 110>(w, a, nb, 1.0) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq3_s_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { lattice_tiled::<2, 110>(w, a, nb, 1.0) }
             }
 
             /// `ggml_vec_dot_tq2_0_q8_K` (AVX2) in its own order (see `scalar::dot_tq2_0`).
@@ -1472,6 +1516,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
             let many: Option<(usize, DotFn)> = match ty {
                 T::IQ2_XXS => Some((super::MANY_ROWS, $m::dot_iq2_xxs_tiled)),
                 T::IQ3_XXS => Some((super::MANY_ROWS, $m::dot_iq3_xxs_tiled)),
+                T::IQ3_S => Some((super::MANY_ROWS, $m::dot_iq3_s_tiled)),
                 T::Q4_K => Some((super::MANY_ROWS, $m::dot_q4_k_many)),
                 T::Q5_K => Some((super::MANY_ROWS, $m::dot_q5_k_many)),
                 T::Q6_K => Some((super::MANY_ROWS, $m::dot_q6_k_many)),
@@ -1510,6 +1555,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::IQ4_NL => (ActKind::Q8x32, $m::dot_iq4_nl, None, many),
                 T::IQ2_XXS => (ActKind::Q8K, $m::dot_iq2_xxs, None, many),
                 T::IQ3_XXS => (ActKind::Q8K, $m::dot_iq3_xxs, None, many),
+                T::IQ3_S => (ActKind::Q8K, $m::dot_iq3_s, None, many),
                 _ => return None,
             };
             (k.0, k.1, k.2, k.3, many4)
