@@ -102,7 +102,8 @@ fn act_of(ty: GgmlType) -> Act {
         | T::TQ2_0
         | T::IQ2_XXS
         | T::IQ3_XXS
-        | T::IQ3_S => Act::Q8K,
+        | T::IQ3_S
+        | T::IQ2_XS => Act::Q8K,
         T::F16 => Act::F16,
         _ => Act::F32,
     }

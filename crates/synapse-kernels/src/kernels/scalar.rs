@@ -417,15 +417,17 @@ unsafe fn dot_iq4_xs(w: *const u8, a: *const u8, nb: usize) -> f32 {
     hsum8(acc)
 }
 
-/// A lattice-code group's 32 grid values (as `i8`), which of them are negated, and its scale.
-type LatticeGroup = ([i8; 32], [bool; 32], i32);
+/// A lattice-code group's 32 grid values (as `i8`), which of them are negated, and the scales
+/// of its two 16-element halves (equal for the codes with one scale per group).
+type LatticeGroup = ([i8; 32], [bool; 32], [i32; 2]);
 
 /// `ggml_vec_dot_iq{2,3}_xxs_q8_K` (AVX2): per 32-element group, each element's grid byte times
 /// its activation signed by the group's sign pattern (`sign_epi8`: a negated −128 stays
 /// −128), pairs summed (`maddubs`), the group's lanes of four times its scale `2·ls + 1`
 /// (`madd`); a block's 8 groups' lanes added as integers (exact), then `fma(d·d_a, lane, acc)`
-/// per lane; `k · hsum_float_8` (`k` 0.125 for IQ2_XXS, 0.25 for IQ3_XXS, 1 for IQ3_S, whose
-/// `xor`/`sub` sign is the same wrap). Blocks of `bs`
+/// per lane (IQ2_XS: a scale per 16, lanes 0–3 and 4–7 of a group); `k · hsum_float_8` (`k`
+/// 0.125 for IQ2_XXS and IQ2_XS, 0.25 for IQ3_XXS, 1 for IQ3_S, whose `xor`/`sub` sign is the
+/// same wrap). Blocks of `bs`
 /// bytes, group `g` of block `b` from `group(b, g)`.
 ///
 /// # Safety
@@ -449,8 +451,8 @@ unsafe fn lattice_dot(
             let q8: &[i8; 32] = y.qs[32 * ib32..32 * ib32 + 32].try_into().unwrap();
             let q8s: [i8; 32] =
                 std::array::from_fn(|e| if neg[e] { q8[e].wrapping_neg() } else { q8[e] });
-            for (l, v) in lanes.iter_mut().zip(lanes32(&grid, &q8s)) {
-                *l += ls * v;
+            for (j, (l, v)) in lanes.iter_mut().zip(lanes32(&grid, &q8s)).enumerate() {
+                *l += ls[j / 4] * v;
             }
         }
         fma_lanes(&mut acc, f16_at(b, 0) * y.d, lanes);
@@ -482,7 +484,8 @@ unsafe fn lattice_tiled(
             let (grid, neg, ls) = group(b, ib32);
             let v: [i8; 32] = std::array::from_fn(|e| if neg[e] { -grid[e] } else { grid[e] });
             let q8: &[i8; 32] = y.qs[32 * ib32..32 * ib32 + 32].try_into().unwrap();
-            s1 += ls * lanes32(&v, q8).iter().sum::<i32>();
+            let l = lanes32(&v, q8);
+            s1 += ls[0] * l[..4].iter().sum::<i32>() + ls[1] * l[4..].iter().sum::<i32>();
         }
         acc = tiled_step(acc, s1, None, f16_at(b, 0) * k, y.d);
     }
@@ -490,9 +493,9 @@ unsafe fn lattice_tiled(
 }
 
 /// A group's 32 values from four 8-value grid rows and four sign bytes (bit `j` of byte `l`:
-/// element `8l + j` negated), with its scale.
+/// element `8l + j` negated), with its halves' scales.
 #[inline(always)]
-fn lattice_group(rows: [[u8; 8]; 4], signs: [u8; 4], ls: i32) -> LatticeGroup {
+fn lattice_group(rows: [[u8; 8]; 4], signs: [u8; 4], ls: [i32; 2]) -> LatticeGroup {
     let (mut grid, mut neg) = ([0i8; 32], [false; 32]);
     for (l, g) in rows.iter().enumerate() {
         for j in 0..8 {
@@ -506,11 +509,12 @@ fn lattice_group(rows: [[u8; 8]; 4], signs: [u8; 4], ls: i32) -> LatticeGroup {
 /// The sign bytes and scale `2·ls + 1` of an IQ2_XXS/IQ3_XXS group's word: four 7-bit indices
 /// into `KSIGNS_IQ2XS`, the scale in the top four bits.
 #[inline(always)]
-fn xxs_signs(aux: u32) -> ([u8; 4], i32) {
+fn xxs_signs(aux: u32) -> ([u8; 4], [i32; 2]) {
     use synapse_formats::decode::iq_tables::KSIGNS_IQ2XS;
+    let ls = 2 * (aux >> 28) as i32 + 1;
     (
         std::array::from_fn(|l| KSIGNS_IQ2XS[((aux >> (7 * l)) & 127) as usize]),
-        2 * (aux >> 28) as i32 + 1,
+        [ls, ls],
     )
 }
 
@@ -555,7 +559,11 @@ fn iq3s_group(b: &[u8], ib32: usize) -> LatticeGroup {
     let qs = &b[2 + 8 * ib32..2 + 8 * ib32 + 8];
     let h = b[66 + ib32] as usize;
     let sc = b[106 + ib32 / 2];
-    let s = if ib32.is_multiple_of(2) { sc & 0x0f } else { sc >> 4 };
+    let s = if ib32.is_multiple_of(2) {
+        sc & 0x0f
+    } else {
+        sc >> 4
+    };
     lattice_group(
         std::array::from_fn(|l| {
             let i1 = qs[2 * l] as usize | ((h << (8 - 2 * l)) & 256);
@@ -563,7 +571,21 @@ fn iq3s_group(b: &[u8], ib32: usize) -> LatticeGroup {
             (IQ3S_GRID[i1] as u64 | (IQ3S_GRID[i2] as u64) << 32).to_le_bytes()
         }),
         std::array::from_fn(|l| b[74 + 4 * ib32 + l]),
-        1 + 2 * s as i32,
+        [1 + 2 * s as i32; 2],
+    )
+}
+
+/// IQ2_XS group `ib32` of block `b`: per 8 values a 9-bit grid index and a 7-bit sign index
+/// (`KSIGNS_IQ2XS`), a 4-bit scale per 16 (values ≤ 43).
+#[inline(always)]
+fn iq2xs_group(b: &[u8], ib32: usize) -> LatticeGroup {
+    use synapse_formats::decode::iq_tables::{IQ2XS_GRID, KSIGNS_IQ2XS};
+    let q = |l: usize| u16::from_le_bytes([b[2 + 8 * ib32 + 2 * l], b[3 + 8 * ib32 + 2 * l]]);
+    let sc = b[66 + ib32];
+    lattice_group(
+        std::array::from_fn(|l| IQ2XS_GRID[(q(l) & 511) as usize].to_le_bytes()),
+        std::array::from_fn(|l| KSIGNS_IQ2XS[(q(l) >> 9) as usize]),
+        [2 * (sc & 0x0f) as i32 + 1, 2 * (sc >> 4) as i32 + 1],
     )
 }
 
@@ -585,6 +607,16 @@ unsafe fn dot_iq3_xxs(w: *const u8, a: *const u8, nb: usize) -> f32 {
 unsafe fn dot_iq3_xxs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
     // SAFETY: forwarded contract of `DotFn`.
     unsafe { lattice_tiled(w, a, nb, 98, 0.25, iq3xxs_group) }
+}
+
+unsafe fn dot_iq2_xs(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    unsafe { lattice_dot(w, a, nb, 74, 0.125, iq2xs_group) }
+}
+
+unsafe fn dot_iq2_xs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    unsafe { lattice_tiled(w, a, nb, 74, 0.125, iq2xs_group) }
 }
 
 unsafe fn dot_iq3_s(w: *const u8, a: *const u8, nb: usize) -> f32 {
@@ -755,6 +787,7 @@ pub(crate) fn many(ty: GgmlType) -> Option<(usize, DotFn)> {
         GgmlType::IQ2_XXS => dot_iq2_xxs_tiled,
         GgmlType::IQ3_XXS => dot_iq3_xxs_tiled,
         GgmlType::IQ3_S => dot_iq3_s_tiled,
+        GgmlType::IQ2_XS => dot_iq2_xs_tiled,
         _ => return None,
     };
     Some((super::MANY_ROWS, f))
@@ -850,6 +883,7 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         T::IQ2_XXS => (ActKind::Q8K, dot_iq2_xxs),
         T::IQ3_XXS => (ActKind::Q8K, dot_iq3_xxs),
         T::IQ3_S => (ActKind::Q8K, dot_iq3_s),
+        T::IQ2_XS => (ActKind::Q8K, dot_iq2_xs),
         _ => return decode_kernel(ty),
     };
     let many = match ty {

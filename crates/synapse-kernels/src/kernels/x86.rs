@@ -1088,15 +1088,18 @@ macro_rules! x86_kernels {
             }
 
             /// Two lattice-code groups `ib32`, `ib32 + 1` of block `b` (`L`: 0 IQ2_XXS, 1
-            /// IQ3_XXS, 2 IQ3_S): their grid rows gathered by index, their sign patterns (`±1` bytes),
-            /// their scales `2·ls + 1`.
+            /// IQ3_XXS, 2 IQ3_S, 3 IQ2_XS): their grid rows gathered by index, their sign
+            /// patterns (`±1` bytes), their scales `2·ls + 1` as `madd` multipliers (IQ2_XS: one
+            /// per 16 elements).
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn lattice_pair<const L: u8>(
                 b: *const u8,
                 ib32: usize,
-            ) -> ([__m256i; 2], [__m256i; 2], [i16; 2]) {
-                use synapse_formats::decode::iq_tables::{IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
+            ) -> ([__m256i; 2], [__m256i; 2], [__m256i; 2]) {
+                use synapse_formats::decode::iq_tables::{
+                    IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID,
+                };
                 unsafe {
                     let sg = |v: u32| super::KEVEN_SIGNS[(v & 127) as usize] as i64;
                     let signs = |w: u32| {
@@ -1133,7 +1136,35 @@ macro_rules! x86_kernels {
                         return (
                             [row(0), row(1)],
                             [expand(0), expand(1)],
-                            [(1 + 2 * (sc & 0x0f)) as i16, (1 + 2 * (sc >> 4)) as i16],
+                            [
+                                _mm256_set1_epi16((1 + 2 * (sc & 0x0f)) as i16),
+                                _mm256_set1_epi16((1 + 2 * (sc >> 4)) as i16),
+                            ],
+                        );
+                    }
+                    if L == 3 {
+                        // IQ2_XS: per 8 values a 9-bit grid index and a 7-bit sign index, a
+                        // scale per 16 (the madd multipliers' low and high halves).
+                        let q = |h: usize, l: usize| rd(b.add(2 + 8 * (ib32 + h) + 2 * l).cast::<u16>());
+                        let g = |h: usize, l: usize| IQ2XS_GRID[(q(h, l) & 511) as usize] as i64;
+                        let sgn = |h: usize, l: usize| super::KEVEN_SIGNS[(q(h, l) >> 9) as usize] as i64;
+                        let sc = |h: usize| {
+                            let v = *b.add(66 + ib32 + h);
+                            _mm256_set_m128i(
+                                _mm_set1_epi16((2 * (v >> 4) + 1) as i16),
+                                _mm_set1_epi16((2 * (v & 0x0f) + 1) as i16),
+                            )
+                        };
+                        return (
+                            [
+                                _mm256_set_epi64x(g(0, 3), g(0, 2), g(0, 1), g(0, 0)),
+                                _mm256_set_epi64x(g(1, 3), g(1, 2), g(1, 1), g(1, 0)),
+                            ],
+                            [
+                                _mm256_set_epi64x(sgn(0, 3), sgn(0, 2), sgn(0, 1), sgn(0, 0)),
+                                _mm256_set_epi64x(sgn(1, 3), sgn(1, 2), sgn(1, 1), sgn(1, 0)),
+                            ],
+                            [sc(0), sc(1)],
                         );
                     }
                     let (q, words) = if L == 0 {
@@ -1167,7 +1198,10 @@ macro_rules! x86_kernels {
                     (
                         q,
                         [signs(words[0]), signs(words[1])],
-                        [(2 * (words[0] >> 28) + 1) as i16, (2 * (words[1] >> 28) + 1) as i16],
+                        [
+                            _mm256_set1_epi16((2 * (words[0] >> 28) + 1) as i16),
+                            _mm256_set1_epi16((2 * (words[1] >> 28) + 1) as i16),
+                        ],
                     )
                 }
             }
@@ -1196,7 +1230,7 @@ macro_rules! x86_kernels {
                             for h in 0..2 {
                                 let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * (ib32 + h)).cast());
                                 let dot = _mm256_maddubs_epi16(q2[h], _mm256_sign_epi8(q8, s2[h]));
-                                sumi[h] = _mm256_add_epi32(sumi[h], _mm256_madd_epi16(dot, _mm256_set1_epi16(ls[h])));
+                                sumi[h] = _mm256_add_epi32(sumi[h], _mm256_madd_epi16(dot, ls[h]));
                             }
                         }
                         accumf = _mm256_fmadd_ps(
@@ -1236,7 +1270,7 @@ macro_rules! x86_kernels {
                                 let pos = _mm256_maddubs_epi16(_mm256_andnot_si256(neg, q2[h]), q8);
                                 let negs = _mm256_maddubs_epi16(_mm256_and_si256(neg, q2[h]), q8);
                                 let dot = _mm256_sub_epi16(pos, negs);
-                                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(dot, _mm256_set1_epi16(ls[h])));
+                                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(dot, ls[h]));
                             }
                         }
                         let s1 = hsum_epi32(sumi);
@@ -1264,6 +1298,16 @@ macro_rules! x86_kernels {
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_iq3_xxs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
                 unsafe { lattice_tiled::<1, 98>(w, a, nb, 0.25) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq2_xs(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { lattice_dot::<3, 74>(w, a, nb, 0.125) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq2_xs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { lattice_tiled::<3, 74>(w, a, nb, 0.125) }
             }
 
             #[target_feature(enable = $features)]
@@ -1517,6 +1561,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::IQ2_XXS => Some((super::MANY_ROWS, $m::dot_iq2_xxs_tiled)),
                 T::IQ3_XXS => Some((super::MANY_ROWS, $m::dot_iq3_xxs_tiled)),
                 T::IQ3_S => Some((super::MANY_ROWS, $m::dot_iq3_s_tiled)),
+                T::IQ2_XS => Some((super::MANY_ROWS, $m::dot_iq2_xs_tiled)),
                 T::Q4_K => Some((super::MANY_ROWS, $m::dot_q4_k_many)),
                 T::Q5_K => Some((super::MANY_ROWS, $m::dot_q5_k_many)),
                 T::Q6_K => Some((super::MANY_ROWS, $m::dot_q6_k_many)),
@@ -1556,6 +1601,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::IQ2_XXS => (ActKind::Q8K, $m::dot_iq2_xxs, None, many),
                 T::IQ3_XXS => (ActKind::Q8K, $m::dot_iq3_xxs, None, many),
                 T::IQ3_S => (ActKind::Q8K, $m::dot_iq3_s, None, many),
+                T::IQ2_XS => (ActKind::Q8K, $m::dot_iq2_xs, None, many),
                 _ => return None,
             };
             (k.0, k.1, k.2, k.3, many4)
