@@ -425,9 +425,9 @@ type LatticeGroup = ([i8; 32], [bool; 32], [i32; 2]);
 /// its activation signed by the group's sign pattern (`sign_epi8`: a negated −128 stays
 /// −128), pairs summed (`maddubs`), the group's lanes of four times its scale `2·ls + 1`
 /// (`madd`); a block's 8 groups' lanes added as integers (exact), then `fma(d·d_a, lane, acc)`
-/// per lane (IQ2_XS: a scale per 16, lanes 0–3 and 4–7 of a group); `k · hsum_float_8` (`k`
-/// 0.125 for IQ2_XXS and IQ2_XS, 0.25 for IQ3_XXS, 1 for IQ3_S, whose `xor`/`sub` sign is the
-/// same wrap). Blocks of `bs`
+/// per lane (IQ2_XS, IQ2_S: a scale per 16, lanes 0–3 and 4–7 of a group); `k ·
+/// hsum_float_8` (`k` 0.125 for IQ2_XXS, IQ2_XS and IQ2_S, 0.25 for IQ3_XXS, 1 for IQ3_S;
+/// IQ3_S's and IQ2_S's `xor`/`sub` signs are the same wrap). Blocks of `bs`
 /// bytes, group `g` of block `b` from `group(b, g)`.
 ///
 /// # Safety
@@ -609,6 +609,33 @@ unsafe fn dot_iq3_xxs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
     unsafe { lattice_tiled(w, a, nb, 98, 0.25, iq3xxs_group) }
 }
 
+/// IQ2_S group `ib32` of block `b`: 10-bit grid indices (two high bits per 8 values from
+/// `qh`), explicit sign bytes, a 4-bit scale per 16 (values ≤ 43).
+#[inline(always)]
+fn iq2s_group(b: &[u8], ib32: usize) -> LatticeGroup {
+    use synapse_formats::decode::iq_tables::IQ2S_GRID;
+    let qh = b[66 + ib32] as usize;
+    let sc = b[74 + ib32];
+    lattice_group(
+        std::array::from_fn(|l| {
+            let idx = b[2 + 4 * ib32 + l] as usize | ((qh << (8 - 2 * l)) & 0x300);
+            IQ2S_GRID[idx].to_le_bytes()
+        }),
+        std::array::from_fn(|l| b[34 + 4 * ib32 + l]),
+        [2 * (sc & 0x0f) as i32 + 1, 2 * (sc >> 4) as i32 + 1],
+    )
+}
+
+unsafe fn dot_iq2_s(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    unsafe { lattice_dot(w, a, nb, 82, 0.125, iq2s_group) }
+}
+
+unsafe fn dot_iq2_s_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    unsafe { lattice_tiled(w, a, nb, 82, 0.125, iq2s_group) }
+}
+
 unsafe fn dot_iq2_xs(w: *const u8, a: *const u8, nb: usize) -> f32 {
     // SAFETY: forwarded contract of `DotFn`.
     unsafe { lattice_dot(w, a, nb, 74, 0.125, iq2xs_group) }
@@ -788,6 +815,7 @@ pub(crate) fn many(ty: GgmlType) -> Option<(usize, DotFn)> {
         GgmlType::IQ3_XXS => dot_iq3_xxs_tiled,
         GgmlType::IQ3_S => dot_iq3_s_tiled,
         GgmlType::IQ2_XS => dot_iq2_xs_tiled,
+        GgmlType::IQ2_S => dot_iq2_s_tiled,
         _ => return None,
     };
     Some((super::MANY_ROWS, f))
@@ -884,6 +912,7 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         T::IQ3_XXS => (ActKind::Q8K, dot_iq3_xxs),
         T::IQ3_S => (ActKind::Q8K, dot_iq3_s),
         T::IQ2_XS => (ActKind::Q8K, dot_iq2_xs),
+        T::IQ2_S => (ActKind::Q8K, dot_iq2_s),
         _ => return decode_kernel(ty),
     };
     let many = match ty {

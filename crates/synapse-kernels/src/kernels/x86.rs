@@ -1087,8 +1087,27 @@ macro_rules! x86_kernels {
                 unsafe { tq_dot4::<54, 52>(w, a, s, nb, |b| tq1_codes(b)) }
             }
 
+            /// 32 explicit sign bits (bit `j` of byte `l`: element `8l + j`) as `±1` bytes.
+            #[inline]
+            #[target_feature(enable = $features)]
+            fn sign_bytes(bits: u32) -> __m256i {
+                let sel = _mm256_setr_epi8(
+                    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                    2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+                );
+                let bit = _mm256_setr_epi8(
+                    1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128,
+                    1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128,
+                );
+                let v = _mm256_and_si256(
+                    _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), sel),
+                    bit,
+                );
+                _mm256_or_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(1))
+            }
+
             /// Two lattice-code groups `ib32`, `ib32 + 1` of block `b` (`L`: 0 IQ2_XXS, 1
-            /// IQ3_XXS, 2 IQ3_S, 3 IQ2_XS): their grid rows gathered by index, their sign
+            /// IQ3_XXS, 2 IQ3_S, 3 IQ2_XS, 4 IQ2_S): their grid rows gathered by index, their sign
             /// patterns (`±1` bytes), their scales `2·ls + 1` as `madd` multipliers (IQ2_XS: one
             /// per 16 elements).
             #[inline]
@@ -1098,7 +1117,7 @@ macro_rules! x86_kernels {
                 ib32: usize,
             ) -> ([__m256i; 2], [__m256i; 2], [__m256i; 2]) {
                 use synapse_formats::decode::iq_tables::{
-                    IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID,
+                    IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID,
                 };
                 unsafe {
                     let sg = |v: u32| super::KEVEN_SIGNS[(v & 127) as usize] as i64;
@@ -1116,22 +1135,7 @@ macro_rules! x86_kernels {
                             };
                             _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0))
                         };
-                        let expand = |h: usize| {
-                            let bits = rd(b.add(74 + 4 * (ib32 + h)).cast::<u32>());
-                            let sel = _mm256_setr_epi8(
-                                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
-                            );
-                            let bit = _mm256_setr_epi8(
-                                1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128,
-                                1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128,
-                            );
-                            let v = _mm256_and_si256(
-                                _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), sel),
-                                bit,
-                            );
-                            _mm256_or_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(1))
-                        };
+                        let expand = |h: usize| sign_bytes(rd(b.add(74 + 4 * (ib32 + h)).cast::<u32>()));
                         let sc = *b.add(106 + ib32 / 2);
                         return (
                             [row(0), row(1)],
@@ -1140,6 +1144,33 @@ macro_rules! x86_kernels {
                                 _mm256_set1_epi16((1 + 2 * (sc & 0x0f)) as i16),
                                 _mm256_set1_epi16((1 + 2 * (sc >> 4)) as i16),
                             ],
+                        );
+                    }
+                    if L == 4 {
+                        // IQ2_S: 10-bit indices (two high bits per 8 values from `qh`),
+                        // explicit sign bytes, a scale per 16.
+                        let g = |h: usize, l: usize| {
+                            let qh = *b.add(66 + ib32 + h) as usize;
+                            let idx = *b.add(2 + 4 * (ib32 + h) + l) as usize | ((qh << (8 - 2 * l)) & 0x300);
+                            IQ2S_GRID[idx] as i64
+                        };
+                        let sc = |h: usize| {
+                            let v = *b.add(74 + ib32 + h);
+                            _mm256_set_m128i(
+                                _mm_set1_epi16((2 * (v >> 4) + 1) as i16),
+                                _mm_set1_epi16((2 * (v & 0x0f) + 1) as i16),
+                            )
+                        };
+                        return (
+                            [
+                                _mm256_set_epi64x(g(0, 3), g(0, 2), g(0, 1), g(0, 0)),
+                                _mm256_set_epi64x(g(1, 3), g(1, 2), g(1, 1), g(1, 0)),
+                            ],
+                            [
+                                sign_bytes(rd(b.add(34 + 4 * ib32).cast::<u32>())),
+                                sign_bytes(rd(b.add(38 + 4 * ib32).cast::<u32>())),
+                            ],
+                            [sc(0), sc(1)],
                         );
                     }
                     if L == 3 {
@@ -1298,6 +1329,16 @@ macro_rules! x86_kernels {
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_iq3_xxs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
                 unsafe { lattice_tiled::<1, 98>(w, a, nb, 0.25) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq2_s(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { lattice_dot::<4, 82>(w, a, nb, 0.125) }
+            }
+
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq2_s_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { lattice_tiled::<4, 82>(w, a, nb, 0.125) }
             }
 
             #[target_feature(enable = $features)]
@@ -1562,6 +1603,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::IQ3_XXS => Some((super::MANY_ROWS, $m::dot_iq3_xxs_tiled)),
                 T::IQ3_S => Some((super::MANY_ROWS, $m::dot_iq3_s_tiled)),
                 T::IQ2_XS => Some((super::MANY_ROWS, $m::dot_iq2_xs_tiled)),
+                T::IQ2_S => Some((super::MANY_ROWS, $m::dot_iq2_s_tiled)),
                 T::Q4_K => Some((super::MANY_ROWS, $m::dot_q4_k_many)),
                 T::Q5_K => Some((super::MANY_ROWS, $m::dot_q5_k_many)),
                 T::Q6_K => Some((super::MANY_ROWS, $m::dot_q6_k_many)),
@@ -1602,6 +1644,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::IQ3_XXS => (ActKind::Q8K, $m::dot_iq3_xxs, None, many),
                 T::IQ3_S => (ActKind::Q8K, $m::dot_iq3_s, None, many),
                 T::IQ2_XS => (ActKind::Q8K, $m::dot_iq2_xs, None, many),
+                T::IQ2_S => (ActKind::Q8K, $m::dot_iq2_s, None, many),
                 _ => return None,
             };
             (k.0, k.1, k.2, k.3, many4)
