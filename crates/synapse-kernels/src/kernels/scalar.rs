@@ -636,6 +636,79 @@ unsafe fn dot_iq2_s_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
     unsafe { lattice_tiled(w, a, nb, 82, 0.125, iq2s_group) }
 }
 
+/// IQ1_S group `ib` of block `b`: its 32 grid values (−1, 0, 1), its scale `2·s + 1` and the
+/// sign of its delta (bit 15 of its `qh` word).
+#[inline(always)]
+fn iq1s_group(b: &[u8], ib: usize) -> ([i8; 32], i32, i32) {
+    use synapse_formats::decode::iq_tables::IQ1S_GRID;
+    let hw = u16::from_le_bytes([b[34 + 2 * ib], b[35 + 2 * ib]]) as usize;
+    let mut v = [0i8; 32];
+    for l in 0..4 {
+        let g = IQ1S_GRID[b[2 + 4 * ib + l] as usize | (((hw >> (3 * l)) & 7) << 8)].to_le_bytes();
+        for j in 0..8 {
+            v[8 * l + j] = g[j] as i8;
+        }
+    }
+    let delta = if hw & 0x8000 != 0 { -1 } else { 1 };
+    (v, 2 * ((hw >> 12) & 7) as i32 + 1, delta)
+}
+
+/// `ggml_vec_dot_iq1_s_q8_K` (AVX2): per 32-element group the grid values (−1, 0, 1) times the
+/// activations as `mul_add_epi8` forms them (`maddubs(|g|, sign(q8, g))`: a negated −128 stays
+/// −128), lanes of four times the scale, a block's lanes into one integer accumulator; the
+/// delta's term `Σ (bsum pair)·(±1)·ls` apart, in an integer; per block `d = d_a·d_w`,
+/// `acc = fma(d, lane, acc)` per lane and `acc₁ = fma(d, delta term, acc₁)`; the result
+/// `hsum_float_8(acc) + 0.125·acc₁`, a multiply and an add (the oracle's build: `vmulss`,
+/// `vaddss`; the fixtures do not tell the fused form apart, the disassembly does).
+unsafe fn dot_iq1_s(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 50, a, nb) };
+    let (mut acc, mut acc1) = ([0f32; 8], 0f32);
+    for (b, y) in w.chunks_exact(50).zip(a) {
+        let (mut lanes, mut sumi1) = ([0i32; 8], 0i32);
+        for ib in 0..8 {
+            let (g, ls, delta) = iq1s_group(b, ib);
+            let q8 = &y.qs[32 * ib..32 * ib + 32];
+            for (e, (&g, &q)) in g.iter().zip(q8).enumerate() {
+                let p = match g.signum() {
+                    0 => 0,
+                    1 => g as i32 * q as i32,
+                    _ => -(g as i32) * q.wrapping_neg() as i32,
+                };
+                lanes[e / 4] += ls * p;
+            }
+            sumi1 += (y.bsums[2 * ib] as i32 + y.bsums[2 * ib + 1] as i32) * delta * ls;
+        }
+        let d = y.d * f16_at(b, 0);
+        fma_lanes(&mut acc, d, lanes);
+        acc1 = d.mul_add(sumi1 as f32, acc1);
+    }
+    hsum8(acc) + 0.125 * acc1
+}
+
+/// IQ1_S in ggml's tiled order (8 or more rows): the codes `8·g + delta` (exact integers), the
+/// block's sum over its groups times their scales, then `fma(s·(d·0.125), d_a, acc)`.
+unsafe fn dot_iq1_s_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 50, a, nb) };
+    let mut acc = 0f32;
+    for (b, y) in w.chunks_exact(50).zip(a) {
+        let mut s1 = 0i32;
+        for ib in 0..8 {
+            let (g, ls, delta) = iq1s_group(b, ib);
+            let q8 = &y.qs[32 * ib..32 * ib + 32];
+            let sum: i32 = g
+                .iter()
+                .zip(q8)
+                .map(|(&g, &q)| (8 * g as i32 + delta) * q as i32)
+                .sum();
+            s1 += ls * sum;
+        }
+        acc = tiled_step(acc, s1, None, f16_at(b, 0) * 0.125, y.d);
+    }
+    acc
+}
+
 unsafe fn dot_iq2_xs(w: *const u8, a: *const u8, nb: usize) -> f32 {
     // SAFETY: forwarded contract of `DotFn`.
     unsafe { lattice_dot(w, a, nb, 74, 0.125, iq2xs_group) }
@@ -816,6 +889,7 @@ pub(crate) fn many(ty: GgmlType) -> Option<(usize, DotFn)> {
         GgmlType::IQ3_S => dot_iq3_s_tiled,
         GgmlType::IQ2_XS => dot_iq2_xs_tiled,
         GgmlType::IQ2_S => dot_iq2_s_tiled,
+        GgmlType::IQ1_S => dot_iq1_s_tiled,
         _ => return None,
     };
     Some((super::MANY_ROWS, f))
@@ -913,6 +987,7 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         T::IQ3_S => (ActKind::Q8K, dot_iq3_s),
         T::IQ2_XS => (ActKind::Q8K, dot_iq2_xs),
         T::IQ2_S => (ActKind::Q8K, dot_iq2_s),
+        T::IQ1_S => (ActKind::Q8K, dot_iq1_s),
         _ => return decode_kernel(ty),
     };
     let many = match ty {

@@ -1331,6 +1331,99 @@ macro_rules! x86_kernels {
                 unsafe { lattice_tiled::<1, 98>(w, a, nb, 0.25) }
             }
 
+            /// Two IQ1_S groups `ib`, `ib + 1` of block `b`: their grid values (−1, 0, 1) as
+            /// bytes, their `qh` words.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn iq1s_pair(b: *const u8, ib: usize) -> ([__m256i; 2], [u16; 2]) {
+                use synapse_formats::decode::iq_tables::IQ1S_GRID;
+                unsafe {
+                    let hw = |h: usize| rd(b.add(34 + 2 * (ib + h)).cast::<u16>());
+                    let g = |h: usize, l: usize| {
+                        let idx = *b.add(2 + 4 * (ib + h) + l) as usize
+                            | (((hw(h) as usize >> (3 * l)) & 7) << 8);
+                        IQ1S_GRID[idx] as i64
+                    };
+                    (
+                        [
+                            _mm256_set_epi64x(g(0, 3), g(0, 2), g(0, 1), g(0, 0)),
+                            _mm256_set_epi64x(g(1, 3), g(1, 2), g(1, 1), g(1, 0)),
+                        ],
+                        [hw(0), hw(1)],
+                    )
+                }
+            }
+
+            /// `ggml_vec_dot_iq1_s_q8_K` (AVX2) itself (see `scalar::dot_iq1_s`).
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq1_s(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe {
+                    let a = a.cast::<crate::act::BlockQ8K>();
+                    let mut accum = _mm256_setzero_ps();
+                    let mut accum1 = 0f32;
+                    for i in 0..nb {
+                        let b = w.add(i * 50);
+                        let y = &*a.add(i);
+                        let mut sumi = _mm256_setzero_si256();
+                        let mut sumi1 = 0i32;
+                        for ib in (0..8).step_by(2) {
+                            let (q1, hw) = iq1s_pair(b, ib);
+                            for h in 0..2 {
+                                let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * (ib + h)).cast());
+                                let dot = _mm256_maddubs_epi16(
+                                    _mm256_sign_epi8(q1[h], q1[h]),
+                                    _mm256_sign_epi8(q8, q1[h]),
+                                );
+                                let ls = 2 * ((hw[h] >> 12) & 7) as i32 + 1;
+                                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(dot, _mm256_set1_epi16(ls as i16)));
+                                let delta = if hw[h] & 0x8000 != 0 { -1 } else { 1 };
+                                sumi1 += (y.bsums[2 * (ib + h)] as i32 + y.bsums[2 * (ib + h) + 1] as i32) * delta * ls;
+                            }
+                        }
+                        let d = y.d * f16(b);
+                        accum = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), accum);
+                        accum1 = d.mul_add(sumi1 as f32, accum1);
+                    }
+                    hsum_ps(accum) + 0.125 * accum1
+                }
+            }
+
+            /// IQ1_S in ggml's tiled order (see `scalar::dot_iq1_s_tiled`): `Σ (8g + δ)·q8` as
+            /// `8·Σ g·q8 + δ·Σ q8`, the grid term from the +1 and −1 elements' `maddubs` apart
+            /// (exact), the activation sums from the block's `bsums`.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq1_s_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe {
+                    let a = a.cast::<crate::act::BlockQ8K>();
+                    let one = _mm256_set1_epi8(1);
+                    let mut acc = 0f32;
+                    for i in 0..nb {
+                        let b = w.add(i * 50);
+                        let y = &*a.add(i);
+                        let mut s1 = 0i32;
+                        for ib in (0..8).step_by(2) {
+                            let (q1, hw) = iq1s_pair(b, ib);
+                            for h in 0..2 {
+                                let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * (ib + h)).cast());
+                                let pos = _mm256_and_si256(_mm256_cmpeq_epi8(q1[h], one), one);
+                                let neg = _mm256_and_si256(_mm256_cmpeq_epi8(q1[h], _mm256_set1_epi8(-1)), one);
+                                let dot = _mm256_sub_epi16(
+                                    _mm256_maddubs_epi16(pos, q8),
+                                    _mm256_maddubs_epi16(neg, q8),
+                                );
+                                let gq = hsum_epi32(_mm256_madd_epi16(dot, _mm256_set1_epi16(1)));
+                                let ls = 2 * ((hw[h] >> 12) & 7) as i32 + 1;
+                                let delta = if hw[h] & 0x8000 != 0 { -1 } else { 1 };
+                                let sq = y.bsums[2 * (ib + h)] as i32 + y.bsums[2 * (ib + h) + 1] as i32;
+                                s1 += ls * (8 * gq + delta * sq);
+                            }
+                        }
+                        acc = (s1 as f32 * (f16(b) * 0.125)).mul_add(y.d, acc);
+                    }
+                    acc
+                }
+            }
+
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_iq2_s(w: *const u8, a: *const u8, nb: usize) -> f32 {
                 unsafe { lattice_dot::<4, 82>(w, a, nb, 0.125) }
@@ -1604,6 +1697,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::IQ3_S => Some((super::MANY_ROWS, $m::dot_iq3_s_tiled)),
                 T::IQ2_XS => Some((super::MANY_ROWS, $m::dot_iq2_xs_tiled)),
                 T::IQ2_S => Some((super::MANY_ROWS, $m::dot_iq2_s_tiled)),
+                T::IQ1_S => Some((super::MANY_ROWS, $m::dot_iq1_s_tiled)),
                 T::Q4_K => Some((super::MANY_ROWS, $m::dot_q4_k_many)),
                 T::Q5_K => Some((super::MANY_ROWS, $m::dot_q5_k_many)),
                 T::Q6_K => Some((super::MANY_ROWS, $m::dot_q6_k_many)),
@@ -1645,6 +1739,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::IQ3_S => (ActKind::Q8K, $m::dot_iq3_s, None, many),
                 T::IQ2_XS => (ActKind::Q8K, $m::dot_iq2_xs, None, many),
                 T::IQ2_S => (ActKind::Q8K, $m::dot_iq2_s, None, many),
+                T::IQ1_S => (ActKind::Q8K, $m::dot_iq1_s, None, many),
                 _ => return None,
             };
             (k.0, k.1, k.2, k.3, many4)
