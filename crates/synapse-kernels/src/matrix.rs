@@ -742,7 +742,8 @@ impl QuantMatrix {
             | GgmlType::IQ3_S
             | GgmlType::IQ2_XS
             | GgmlType::IQ2_S
-            | GgmlType::IQ1_S => (class == OrderClass::Many) as usize,
+            | GgmlType::IQ1_S
+            | GgmlType::IQ1_M => (class == OrderClass::Many) as usize,
             _ => 0,
         }
     }

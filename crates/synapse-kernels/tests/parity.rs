@@ -105,7 +105,8 @@ fn act_of(ty: GgmlType) -> Act {
         | T::IQ3_S
         | T::IQ2_XS
         | T::IQ2_S
-        | T::IQ1_S => Act::Q8K,
+        | T::IQ1_S
+        | T::IQ1_M => Act::Q8K,
         T::F16 => Act::F16,
         _ => Act::F32,
     }

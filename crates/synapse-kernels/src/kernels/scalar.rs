@@ -709,6 +709,107 @@ unsafe fn dot_iq1_s_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
     acc
 }
 
+/// IQ1_M block `b`'s scale (an f16 spread over the four scale words' top nibbles) and group
+/// `g`'s grid values (−1, 0, 1), per-8 delta signs and per-16 scales `2·s + 1`.
+#[inline(always)]
+pub(crate) fn iq1m_group(b: &[u8], g: usize) -> ([i8; 32], [i32; 4], [i32; 2]) {
+    use synapse_formats::decode::iq_tables::IQ1S_GRID;
+    let (qh0, qh1) = (b[32 + 2 * g] as usize, b[33 + 2 * g] as usize);
+    let idx = [
+        b[4 * g] as usize | ((qh0 << 8) & 0x700),
+        b[4 * g + 1] as usize | ((qh0 << 4) & 0x700),
+        b[4 * g + 2] as usize | ((qh1 << 8) & 0x700),
+        b[4 * g + 3] as usize | ((qh1 << 4) & 0x700),
+    ];
+    let mut v = [0i8; 32];
+    for (l, &i) in idx.iter().enumerate() {
+        for (j, &x) in IQ1S_GRID[i].to_le_bytes().iter().enumerate() {
+            v[8 * l + j] = x as i8;
+        }
+    }
+    let sign = |bit: bool| if bit { -1 } else { 1 };
+    let delta = [
+        sign(qh0 & 0x08 != 0),
+        sign(qh0 & 0x80 != 0),
+        sign(qh1 & 0x08 != 0),
+        sign(qh1 & 0x80 != 0),
+    ];
+    let sc = u16::from_le_bytes([b[48 + 2 * (g / 2)], b[49 + 2 * (g / 2)]]) as i32;
+    let sh = 6 * (g % 2);
+    (
+        v,
+        delta,
+        [2 * ((sc >> sh) & 7) + 1, 2 * ((sc >> (sh + 3)) & 7) + 1],
+    )
+}
+
+/// IQ1_M's block scale: the f16 whose nibbles are the four scale words' top nibbles.
+#[inline(always)]
+pub(crate) fn iq1m_scale(b: &[u8]) -> f32 {
+    let sc = |k: usize| u16::from_le_bytes([b[48 + 2 * k], b[49 + 2 * k]]);
+    let u = (sc(0) >> 12) | ((sc(1) >> 8) & 0x00f0) | ((sc(2) >> 4) & 0x0f00) | (sc(3) & 0xf000);
+    half::f16::from_bits(u).to_f32()
+}
+
+/// `ggml_vec_dot_iq1_m_q8_K` (AVX2): the grid part as IQ1_S's (`mul_add_epi8` lanes) and the
+/// delta part as pair sums of the activations signed per 8 (`sign_epi8`: a negated −128 stays
+/// −128), both times the per-16 scales into two integer lane sets; per block `d = d_a·d_w`,
+/// `fma(d, lane, acc)` into two accumulators; `fma(hsum(acc₂), 0.125, hsum(acc₁))` (fused in
+/// the oracle's build).
+unsafe fn dot_iq1_m(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 56, a, nb) };
+    let (mut acc1, mut acc2) = ([0f32; 8], [0f32; 8]);
+    for (b, y) in w.chunks_exact(56).zip(a) {
+        let (mut l1, mut l2) = ([0i32; 8], [0i32; 8]);
+        for g in 0..8 {
+            let (v, delta, ls) = iq1m_group(b, g);
+            for (e, &x) in v.iter().enumerate() {
+                let q = y.qs[32 * g + e];
+                let p = match x.signum() {
+                    0 => 0,
+                    1 => x as i32 * q as i32,
+                    _ => -(x as i32) * q.wrapping_neg() as i32,
+                };
+                let pd = if delta[e / 8] < 0 {
+                    q.wrapping_neg()
+                } else {
+                    q
+                } as i32;
+                l1[e / 4] += ls[e / 16] * p;
+                l2[e / 4] += ls[e / 16] * pd;
+            }
+        }
+        let d = y.d * iq1m_scale(b);
+        fma_lanes(&mut acc1, d, l1);
+        fma_lanes(&mut acc2, d, l2);
+    }
+    hsum8(acc2).mul_add(0.125, hsum8(acc1))
+}
+
+/// IQ1_M in ggml's tiled order (8 or more rows): the codes `8·g + δ` (exact integers), the
+/// block's sum over its 16-element halves times their scales, then `fma(s·(d·0.125), d_a,
+/// acc)`.
+unsafe fn dot_iq1_m_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8K>(w, nb * 56, a, nb) };
+    let mut acc = 0f32;
+    for (b, y) in w.chunks_exact(56).zip(a) {
+        let mut s1 = 0i32;
+        for g in 0..8 {
+            let (v, delta, ls) = iq1m_group(b, g);
+            for (h, &l) in ls.iter().enumerate() {
+                let sum: i32 = (16 * h..16 * h + 16)
+                    .map(|e| (8 * v[e] as i32 + delta[e / 8]) * y.qs[32 * g + e] as i32)
+                    .sum();
+                s1 += l * sum;
+            }
+        }
+        acc = tiled_step(acc, s1, None, iq1m_scale(b) * 0.125, y.d);
+    }
+    acc
+}
+
 unsafe fn dot_iq2_xs(w: *const u8, a: *const u8, nb: usize) -> f32 {
     // SAFETY: forwarded contract of `DotFn`.
     unsafe { lattice_dot(w, a, nb, 74, 0.125, iq2xs_group) }
@@ -890,6 +991,7 @@ pub(crate) fn many(ty: GgmlType) -> Option<(usize, DotFn)> {
         GgmlType::IQ2_XS => dot_iq2_xs_tiled,
         GgmlType::IQ2_S => dot_iq2_s_tiled,
         GgmlType::IQ1_S => dot_iq1_s_tiled,
+        GgmlType::IQ1_M => dot_iq1_m_tiled,
         _ => return None,
     };
     Some((super::MANY_ROWS, f))
@@ -988,6 +1090,7 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         T::IQ2_XS => (ActKind::Q8K, dot_iq2_xs),
         T::IQ2_S => (ActKind::Q8K, dot_iq2_s),
         T::IQ1_S => (ActKind::Q8K, dot_iq1_s),
+        T::IQ1_M => (ActKind::Q8K, dot_iq1_m),
         _ => return decode_kernel(ty),
     };
     let many = match ty {

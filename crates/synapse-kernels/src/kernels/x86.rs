@@ -1424,6 +1424,91 @@ macro_rules! x86_kernels {
                 }
             }
 
+            /// IQ1_M group `g` of block `b` as vectors: grid bytes, per-8 delta signs (`±1`
+            /// bytes) and the `madd` multipliers of its two 16-element scales.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn iq1m_vectors(b: &[u8], g: usize) -> (__m256i, __m256i, __m256i) {
+                let (v, delta, ls) = crate::kernels::scalar::iq1m_group(b, g);
+                let dl = |l: usize| if delta[l] < 0 { -1i64 } else { 0x0101_0101_0101_0101 };
+                unsafe {
+                    (
+                        _mm256_loadu_si256(v.as_ptr().cast()),
+                        _mm256_set_epi64x(dl(3), dl(2), dl(1), dl(0)),
+                        _mm256_set_m128i(
+                            _mm_set1_epi16(ls[1] as i16),
+                            _mm_set1_epi16(ls[0] as i16),
+                        ),
+                    )
+                }
+            }
+
+            /// `ggml_vec_dot_iq1_m_q8_K` (AVX2) itself (see `scalar::dot_iq1_m`).
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq1_m(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe {
+                    let a = a.cast::<crate::act::BlockQ8K>();
+                    let one = _mm256_set1_epi8(1);
+                    let (mut accum1, mut accum2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                    for i in 0..nb {
+                        let b = std::slice::from_raw_parts(w.add(i * 56), 56);
+                        let y = &*a.add(i);
+                        let (mut sumi1, mut sumi2) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                        for g in 0..8 {
+                            let (q1, delta, sc) = iq1m_vectors(b, g);
+                            let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * g).cast());
+                            let dot1 = _mm256_maddubs_epi16(_mm256_sign_epi8(q1, q1), _mm256_sign_epi8(q8, q1));
+                            let dot3 = _mm256_maddubs_epi16(one, _mm256_sign_epi8(q8, delta));
+                            sumi1 = _mm256_add_epi32(sumi1, _mm256_madd_epi16(dot1, sc));
+                            sumi2 = _mm256_add_epi32(sumi2, _mm256_madd_epi16(dot3, sc));
+                        }
+                        let d = _mm256_set1_ps(y.d * crate::kernels::scalar::iq1m_scale(b));
+                        accum1 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi1), accum1);
+                        accum2 = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi2), accum2);
+                    }
+                    hsum_ps(accum2).mul_add(0.125, hsum_ps(accum1))
+                }
+            }
+
+            /// IQ1_M in ggml's tiled order (see `scalar::dot_iq1_m_tiled`): per lane
+            /// `8·Σ g·q8 + δ·Σ q8` (the grid term from the +1 and −1 elements' `maddubs` apart,
+            /// exact) times its half's scale, the block's integer sum, the tiled float step.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq1_m_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe {
+                    let a = a.cast::<crate::act::BlockQ8K>();
+                    let one = _mm256_set1_epi8(1);
+                    let mut acc = 0f32;
+                    for i in 0..nb {
+                        let b = std::slice::from_raw_parts(w.add(i * 56), 56);
+                        let y = &*a.add(i);
+                        let mut sumi = _mm256_setzero_si256();
+                        for g in 0..8 {
+                            let (q1, delta, sc) = iq1m_vectors(b, g);
+                            let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * g).cast());
+                            let pos = _mm256_and_si256(_mm256_cmpeq_epi8(q1, one), one);
+                            let neg = _mm256_and_si256(_mm256_cmpeq_epi8(q1, _mm256_set1_epi8(-1)), one);
+                            let gq = _mm256_sub_epi16(
+                                _mm256_maddubs_epi16(pos, q8),
+                                _mm256_maddubs_epi16(neg, q8),
+                            );
+                            // δ·q8 exactly: the +δ and −δ elements' sums apart.
+                            let dneg = _mm256_and_si256(_mm256_cmpeq_epi8(delta, _mm256_set1_epi8(-1)), one);
+                            let dpos = _mm256_andnot_si256(_mm256_cmpeq_epi8(delta, _mm256_set1_epi8(-1)), one);
+                            let dq = _mm256_sub_epi16(
+                                _mm256_maddubs_epi16(dpos, q8),
+                                _mm256_maddubs_epi16(dneg, q8),
+                            );
+                            let t = _mm256_add_epi16(_mm256_slli_epi16(gq, 3), dq);
+                            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(t, sc));
+                        }
+                        let s1 = hsum_epi32(sumi);
+                        acc = (s1 as f32 * (crate::kernels::scalar::iq1m_scale(b) * 0.125)).mul_add(y.d, acc);
+                    }
+                    acc
+                }
+            }
+
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_iq2_s(w: *const u8, a: *const u8, nb: usize) -> f32 {
                 unsafe { lattice_dot::<4, 82>(w, a, nb, 0.125) }
@@ -1698,6 +1783,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::IQ2_XS => Some((super::MANY_ROWS, $m::dot_iq2_xs_tiled)),
                 T::IQ2_S => Some((super::MANY_ROWS, $m::dot_iq2_s_tiled)),
                 T::IQ1_S => Some((super::MANY_ROWS, $m::dot_iq1_s_tiled)),
+                T::IQ1_M => Some((super::MANY_ROWS, $m::dot_iq1_m_tiled)),
                 T::Q4_K => Some((super::MANY_ROWS, $m::dot_q4_k_many)),
                 T::Q5_K => Some((super::MANY_ROWS, $m::dot_q5_k_many)),
                 T::Q6_K => Some((super::MANY_ROWS, $m::dot_q6_k_many)),
@@ -1740,6 +1826,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::IQ2_XS => (ActKind::Q8K, $m::dot_iq2_xs, None, many),
                 T::IQ2_S => (ActKind::Q8K, $m::dot_iq2_s, None, many),
                 T::IQ1_S => (ActKind::Q8K, $m::dot_iq1_s, None, many),
+                T::IQ1_M => (ActKind::Q8K, $m::dot_iq1_m, None, many),
                 _ => return None,
             };
             (k.0, k.1, k.2, k.3, many4)
