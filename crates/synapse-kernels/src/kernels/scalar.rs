@@ -589,26 +589,6 @@ fn iq2xs_group(b: &[u8], ib32: usize) -> LatticeGroup {
     )
 }
 
-unsafe fn dot_iq2_xxs(w: *const u8, a: *const u8, nb: usize) -> f32 {
-    // SAFETY: forwarded contract of `DotFn`.
-    unsafe { lattice_dot(w, a, nb, 66, 0.125, iq2xxs_group) }
-}
-
-unsafe fn dot_iq2_xxs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
-    // SAFETY: forwarded contract of `DotFn`.
-    unsafe { lattice_tiled(w, a, nb, 66, 0.125, iq2xxs_group) }
-}
-
-unsafe fn dot_iq3_xxs(w: *const u8, a: *const u8, nb: usize) -> f32 {
-    // SAFETY: forwarded contract of `DotFn`.
-    unsafe { lattice_dot(w, a, nb, 98, 0.25, iq3xxs_group) }
-}
-
-unsafe fn dot_iq3_xxs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
-    // SAFETY: forwarded contract of `DotFn`.
-    unsafe { lattice_tiled(w, a, nb, 98, 0.25, iq3xxs_group) }
-}
-
 /// IQ2_S group `ib32` of block `b`: 10-bit grid indices (two high bits per 8 values from
 /// `qh`), explicit sign bytes, a 4-bit scale per 16 (values ≤ 43).
 #[inline(always)]
@@ -624,16 +604,6 @@ fn iq2s_group(b: &[u8], ib32: usize) -> LatticeGroup {
         std::array::from_fn(|l| b[34 + 4 * ib32 + l]),
         [2 * (sc & 0x0f) as i32 + 1, 2 * (sc >> 4) as i32 + 1],
     )
-}
-
-unsafe fn dot_iq2_s(w: *const u8, a: *const u8, nb: usize) -> f32 {
-    // SAFETY: forwarded contract of `DotFn`.
-    unsafe { lattice_dot(w, a, nb, 82, 0.125, iq2s_group) }
-}
-
-unsafe fn dot_iq2_s_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
-    // SAFETY: forwarded contract of `DotFn`.
-    unsafe { lattice_tiled(w, a, nb, 82, 0.125, iq2s_group) }
 }
 
 /// IQ1_S group `ib` of block `b`: its 32 grid values (−1, 0, 1), its scale `2·s + 1` and the
@@ -707,6 +677,30 @@ unsafe fn dot_iq1_s_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
         acc = tiled_step(acc, s1, None, f16_at(b, 0) * 0.125, y.d);
     }
     acc
+}
+
+/// The `DotFn` pair (one-row order, tiled order) of each lattice code: `(one-row, tiled,
+/// block bytes, final factor k, group decoder)`.
+macro_rules! lattice_fns {
+    ($($dot:ident, $tiled:ident, $bs:literal, $k:literal, $group:ident;)*) => {$(
+        unsafe fn $dot(w: *const u8, a: *const u8, nb: usize) -> f32 {
+            // SAFETY: forwarded contract of `DotFn`.
+            unsafe { lattice_dot(w, a, nb, $bs, $k, $group) }
+        }
+
+        unsafe fn $tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+            // SAFETY: forwarded contract of `DotFn`.
+            unsafe { lattice_tiled(w, a, nb, $bs, $k, $group) }
+        }
+    )*};
+}
+
+lattice_fns! {
+    dot_iq2_xxs, dot_iq2_xxs_tiled, 66, 0.125, iq2xxs_group;
+    dot_iq2_xs, dot_iq2_xs_tiled, 74, 0.125, iq2xs_group;
+    dot_iq2_s, dot_iq2_s_tiled, 82, 0.125, iq2s_group;
+    dot_iq3_xxs, dot_iq3_xxs_tiled, 98, 0.25, iq3xxs_group;
+    dot_iq3_s, dot_iq3_s_tiled, 110, 1.0, iq3s_group;
 }
 
 /// IQ1_M block `b`'s scale (an f16 spread over the four scale words' top nibbles) and group
@@ -808,26 +802,6 @@ unsafe fn dot_iq1_m_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
         acc = tiled_step(acc, s1, None, iq1m_scale(b) * 0.125, y.d);
     }
     acc
-}
-
-unsafe fn dot_iq2_xs(w: *const u8, a: *const u8, nb: usize) -> f32 {
-    // SAFETY: forwarded contract of `DotFn`.
-    unsafe { lattice_dot(w, a, nb, 74, 0.125, iq2xs_group) }
-}
-
-unsafe fn dot_iq2_xs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
-    // SAFETY: forwarded contract of `DotFn`.
-    unsafe { lattice_tiled(w, a, nb, 74, 0.125, iq2xs_group) }
-}
-
-unsafe fn dot_iq3_s(w: *const u8, a: *const u8, nb: usize) -> f32 {
-    // SAFETY: forwarded contract of `DotFn`.
-    unsafe { lattice_dot(w, a, nb, 110, 1.0, iq3s_group) }
-}
-
-unsafe fn dot_iq3_s_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
-    // SAFETY: forwarded contract of `DotFn`.
-    unsafe { lattice_tiled(w, a, nb, 110, 1.0, iq3s_group) }
 }
 
 /// `ggml_vec_dot_iq4_nl_q8_0` (AVX2): even blocks into one 8-lane accumulator, odd blocks

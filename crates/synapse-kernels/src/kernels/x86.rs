@@ -59,6 +59,31 @@ macro_rules! kq_one_and_four {
     };
 }
 
+/// The lattice codes' `DotFn`s of one feature set (inside [`x86_kernels`]): `lattice_dot` and
+/// `lattice_tiled` for each code's `(L, block bytes, final factor)`.
+macro_rules! lattice_wrappers {
+    ($features:literal) => {
+        lattice_wrappers!(@ $features;
+            dot_iq2_xxs, dot_iq2_xxs_tiled, 0, 66, 0.125;
+            dot_iq3_xxs, dot_iq3_xxs_tiled, 1, 98, 0.25;
+            dot_iq3_s, dot_iq3_s_tiled, 2, 110, 1.0;
+            dot_iq2_xs, dot_iq2_xs_tiled, 3, 74, 0.125;
+            dot_iq2_s, dot_iq2_s_tiled, 4, 82, 0.125;
+        );
+    };
+    (@ $features:literal; $($dot:ident, $tiled:ident, $l:literal, $bs:literal, $k:literal;)*) => {$(
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $dot(w: *const u8, a: *const u8, nb: usize) -> f32 {
+            unsafe { lattice_dot::<$l, $bs>(w, a, nb, $k) }
+        }
+
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
+            unsafe { lattice_tiled::<$l, $bs>(w, a, nb, $k) }
+        }
+    )*};
+}
+
 macro_rules! x86_kernels {
     (
         $m:ident,
@@ -1311,26 +1336,6 @@ macro_rules! x86_kernels {
                 }
             }
 
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_iq2_xxs(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { lattice_dot::<0, 66>(w, a, nb, 0.125) }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_iq2_xxs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { lattice_tiled::<0, 66>(w, a, nb, 0.125) }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_iq3_xxs(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { lattice_dot::<1, 98>(w, a, nb, 0.25) }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_iq3_xxs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { lattice_tiled::<1, 98>(w, a, nb, 0.25) }
-            }
-
             /// Two IQ1_S groups `ib`, `ib + 1` of block `b`: their grid values (−1, 0, 1) as
             /// bytes, their `qh` words.
             #[inline]
@@ -1509,35 +1514,7 @@ macro_rules! x86_kernels {
                 }
             }
 
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_iq2_s(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { lattice_dot::<4, 82>(w, a, nb, 0.125) }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_iq2_s_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { lattice_tiled::<4, 82>(w, a, nb, 0.125) }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_iq2_xs(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { lattice_dot::<3, 74>(w, a, nb, 0.125) }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_iq2_xs_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { lattice_tiled::<3, 74>(w, a, nb, 0.125) }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_iq3_s(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { lattice_dot::<2, 110>(w, a, nb, 1.0) }
-            }
-
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_iq3_s_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
-                unsafe { lattice_tiled::<2, 110>(w, a, nb, 1.0) }
-            }
+            lattice_wrappers!($features);
 
             /// `ggml_vec_dot_tq2_0_q8_K` (AVX2) in its own order (see `scalar::dot_tq2_0`).
             #[target_feature(enable = $features)]
