@@ -206,11 +206,11 @@ pub(crate) const KVALUES_IQ4NL_BIASED: [u8; 16] = {
     t
 };
 /// E2M1 values doubled (ggml's `kvalues_mxfp4`); the E8M0 scale is halved to match.
-const KVALUES_FP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+pub(crate) const KVALUES_FP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 const POW3: [u8; 6] = [1, 3, 9, 27, 81, 243];
 
 /// `0.5 · 2^(e − 127)` as ggml's `ggml_e8m0_to_fp32_half` computes it.
-fn e8m0_half(e: u8) -> f32 {
+pub(crate) fn e8m0_half(e: u8) -> f32 {
     let bits = if e < 2 {
         0x0020_0000u32 << e
     } else {

@@ -809,31 +809,63 @@ unsafe fn dot_iq1_m_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
 /// scalar (`fma(d, Σ, sum)`, as GCC contracts ggml's `sumf += d*(sumi1 + sumi2)`).
 unsafe fn dot_iq4_nl(w: *const u8, a: *const u8, nb: usize) -> f32 {
     // SAFETY: forwarded contract of `DotFn`.
-    let (w, a) = unsafe { parts::<BlockQ8x32>(w, nb * 18, a, nb) };
+    unsafe { nl_pairs(w, a, nb, 18, |b| iq4_values(&b[2..18]), |b| f16_at(b, 0)) }
+}
+
+/// `ggml_vec_dot_mxfp4_q8_0` (AVX2): IQ4_NL's order (see [`dot_iq4_nl`]) over E2M1 values
+/// doubled and the block's E8M0 scale halved (`d_a · e8m0_half(e)`).
+unsafe fn dot_mxfp4(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    unsafe {
+        nl_pairs(
+            w,
+            a,
+            nb,
+            17,
+            |b| unpack_nibbles32(&b[1..17]).map(|c| super::decode::KVALUES_FP4[c as usize]),
+            |b| super::decode::e8m0_half(b[0]),
+        )
+    }
+}
+
+/// The 32-element non-linear 4-bit codes' `vec_dot` (IQ4_NL, MXFP4): even blocks into one
+/// 8-lane accumulator, odd blocks into another, `hsum_float_8` of their lane sums; an odd last
+/// block added after, in scalar (`fma(d, Σ, sum)`, as GCC contracts ggml's
+/// `sumf += d*(sumi1 + sumi2)`). Blocks of `bs` bytes, their values and scale from `values` and
+/// `dw`.
+///
+/// # Safety
+/// As [`DotFn`] for blocks of `bs` bytes and Q8_0 activations.
+#[inline(always)]
+unsafe fn nl_pairs(
+    w: *const u8,
+    a: *const u8,
+    nb: usize,
+    bs: usize,
+    values: impl Fn(&[u8]) -> [i8; 32],
+    dw: impl Fn(&[u8]) -> f32,
+) -> f32 {
+    // SAFETY: forwarded contract of `DotFn`.
+    let (w, a) = unsafe { parts::<BlockQ8x32>(w, nb * bs, a, nb) };
     let (mut acc1, mut acc2) = ([0f32; 8], [0f32; 8]);
     let pairs = nb / 2;
     for p in 0..pairs {
         for (acc, ib) in [(&mut acc1, 2 * p), (&mut acc2, 2 * p + 1)] {
-            let b = &w[18 * ib..18 * ib + 18];
+            let b = &w[bs * ib..bs * ib + bs];
             let y = &a[ib];
-            fma_lanes(
-                acc,
-                y.d * f16_at(b, 0),
-                lanes32(&iq4_values(&b[2..18]), &y.qs),
-            );
+            fma_lanes(acc, y.d * dw(b), lanes32(&values(b), &y.qs));
         }
     }
     let mut sum = hsum8(std::array::from_fn(|k| acc1[k] + acc2[k]));
     if nb % 2 == 1 {
         let ib = nb - 1;
-        let (b, y) = (&w[18 * ib..18 * ib + 18], &a[ib]);
-        let v = iq4_values(&b[2..18]);
-        let s: i32 = v
+        let (b, y) = (&w[bs * ib..bs * ib + bs], &a[ib]);
+        let s: i32 = values(b)
             .iter()
             .zip(&y.qs)
             .map(|(&v, &q)| v as i32 * q as i32)
             .sum();
-        sum = (y.d * f16_at(b, 0)).mul_add(s as f32, sum);
+        sum = (y.d * dw(b)).mul_add(s as f32, sum);
     }
     sum
 }
@@ -1065,6 +1097,7 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         T::IQ2_S => (ActKind::Q8K, dot_iq2_s),
         T::IQ1_S => (ActKind::Q8K, dot_iq1_s),
         T::IQ1_M => (ActKind::Q8K, dot_iq1_m),
+        T::MXFP4 => (ActKind::Q8x32, dot_mxfp4),
         _ => return decode_kernel(ty),
     };
     let many = match ty {

@@ -901,26 +901,59 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// `ggml_vec_dot_iq4_nl_q8_0` (AVX2): even blocks into one accumulator, odd ones
-            /// into another, `hsum_float_8` of their sum, an odd last block added after.
+            /// The 32-element non-linear 4-bit codes' `vec_dot` (`ggml_vec_dot_iq4_nl_q8_0`,
+            /// `ggml_vec_dot_mxfp4_q8_0`, AVX2): even blocks into one accumulator, odd ones
+            /// into another, `hsum_float_8` of their sum, an odd last block added after; blocks
+            /// of `BS` bytes, their values and scale from `values` and `dw`.
+            #[inline]
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_iq4_nl(w: *const u8, a: *const u8, nb: usize) -> f32 {
+            unsafe fn nl_pairs<const BS: usize>(
+                w: *const u8,
+                a: *const u8,
+                nb: usize,
+                values: impl Fn(*const u8) -> __m256i,
+                dw: impl Fn(*const u8) -> f32,
+            ) -> f32 {
                 unsafe {
                     let mut acc = [_mm256_setzero_ps(); 2];
                     for i in 0..nb / 2 * 2 {
-                        let (wb, ab) = (w.add(i * 18), a.add(i * A32));
+                        let (wb, ab) = (w.add(i * BS), a.add(i * A32));
                         _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
-                        let d = _mm256_set1_ps(rd(ab.cast::<f32>()) * f16(wb));
-                        let l = _mm256_cvtepi32_ps(iq4nl_lanes(iq4_values(wb.add(2)), ab));
+                        let d = _mm256_set1_ps(rd(ab.cast::<f32>()) * dw(wb));
+                        let l = _mm256_cvtepi32_ps(iq4nl_lanes(values(wb), ab));
                         acc[i % 2] = _mm256_fmadd_ps(d, l, acc[i % 2]);
                     }
                     let mut sum = hsum_ps(_mm256_add_ps(acc[0], acc[1]));
                     if nb % 2 == 1 {
-                        let (wb, ab) = (w.add((nb - 1) * 18), a.add((nb - 1) * A32));
-                        let s = hsum_epi32(iq4nl_lanes(iq4_values(wb.add(2)), ab));
-                        sum = (rd(ab.cast::<f32>()) * f16(wb)).mul_add(s as f32, sum);
+                        let (wb, ab) = (w.add((nb - 1) * BS), a.add((nb - 1) * A32));
+                        let s = hsum_epi32(iq4nl_lanes(values(wb), ab));
+                        sum = (rd(ab.cast::<f32>()) * dw(wb)).mul_add(s as f32, sum);
                     }
                     sum
+                }
+            }
+
+            /// `ggml_vec_dot_iq4_nl_q8_0` (AVX2), see [`nl_pairs`].
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_iq4_nl(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe { nl_pairs::<18>(w, a, nb, |b| iq4_values(b.add(2)), |b| f16(b)) }
+            }
+
+            /// `ggml_vec_dot_mxfp4_q8_0` (AVX2), see [`nl_pairs`]: E2M1 values doubled, the
+            /// E8M0 scale halved.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_mxfp4(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe {
+                    nl_pairs::<17>(
+                        w,
+                        a,
+                        nb,
+                        |b| {
+                            let t = _mm_loadu_si128(crate::kernels::decode::KVALUES_FP4.as_ptr().cast());
+                            _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nibbles32(b.add(1)))
+                        },
+                        |b| crate::kernels::decode::e8m0_half(*b),
+                    )
                 }
             }
 
@@ -1804,6 +1837,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::IQ2_S => (ActKind::Q8K, $m::dot_iq2_s, None, many),
                 T::IQ1_S => (ActKind::Q8K, $m::dot_iq1_s, None, many),
                 T::IQ1_M => (ActKind::Q8K, $m::dot_iq1_m, None, many),
+                T::MXFP4 => (ActKind::Q8x32, $m::dot_mxfp4, None, many),
                 _ => return None,
             };
             (k.0, k.1, k.2, k.3, many4)
