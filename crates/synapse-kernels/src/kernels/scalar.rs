@@ -828,6 +828,36 @@ unsafe fn dot_mxfp4(w: *const u8, a: *const u8, nb: usize) -> f32 {
     }
 }
 
+/// `ggml_vec_dot_nvfp4_q8_0` (AVX2): per 64-element block (four UE4M3 scales of 16, E2M1
+/// values doubled) and its two Q8_0 activation blocks, the 32-element halves' lanes of four
+/// against their activation block, each lane times its 16's scale `ue4m3_half(d_s)·d_a`
+/// (`fma` into one 8-lane accumulator, the first half then the second), `hsum_float_8`.
+unsafe fn dot_nvfp4(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    use synapse_formats::decode::fp4::ue4m3_to_f32_half;
+    // SAFETY: forwarded contract of `DotFn` (`nb` blocks of 64: twice as many activation
+    // blocks of 32).
+    let (w, a) = unsafe { parts::<BlockQ8x32>(w, nb * 36, a, 2 * nb) };
+    let mut acc = [0f32; 8];
+    for (b, y) in w.chunks_exact(36).zip(a.chunks_exact(2)) {
+        for (h, yh) in y.iter().enumerate() {
+            let v: [i8; 32] = std::array::from_fn(|e| {
+                let (s, j) = (2 * h + e / 16, e % 16);
+                let q = b[4 + 8 * s + j % 8];
+                let c = if j < 8 { q & 0x0f } else { q >> 4 };
+                super::decode::KVALUES_FP4[c as usize]
+            });
+            let sc = [
+                ue4m3_to_f32_half(b[2 * h]) * yh.d,
+                ue4m3_to_f32_half(b[2 * h + 1]) * yh.d,
+            ];
+            for (k, (a, l)) in acc.iter_mut().zip(lanes32(&v, &yh.qs)).enumerate() {
+                *a = sc[k / 4].mul_add(l as f32, *a);
+            }
+        }
+    }
+    hsum8(acc)
+}
+
 /// The 32-element non-linear 4-bit codes' `vec_dot` (IQ4_NL, MXFP4): even blocks into one
 /// 8-lane accumulator, odd blocks into another, `hsum_float_8` of their lane sums; an odd last
 /// block added after, in scalar (`fma(d, Σ, sum)`, as GCC contracts ggml's
@@ -1098,6 +1128,7 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         T::IQ1_S => (ActKind::Q8K, dot_iq1_s),
         T::IQ1_M => (ActKind::Q8K, dot_iq1_m),
         T::MXFP4 => (ActKind::Q8x32, dot_mxfp4),
+        T::NVFP4 => (ActKind::Q8x32, dot_nvfp4),
         _ => return decode_kernel(ty),
     };
     let many = match ty {

@@ -933,6 +933,36 @@ macro_rules! x86_kernels {
                 }
             }
 
+            /// `ggml_vec_dot_nvfp4_q8_0` (AVX2) itself (see `scalar::dot_nvfp4`): per 64-element
+            /// block two 32-element halves, each half's values (low and high nibbles of its 16
+            /// bytes, in 8-byte runs) against its Q8_0 block, lanes times their 16's scale.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_nvfp4(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                use synapse_formats::decode::fp4::ue4m3_to_f32_half;
+                unsafe {
+                    let t = _mm_loadu_si128(crate::kernels::decode::KVALUES_FP4.as_ptr().cast());
+                    let m4 = _mm_set1_epi8(0x0f);
+                    let mut acc = _mm256_setzero_ps();
+                    for i in 0..nb {
+                        let wb = w.add(i * 36);
+                        for h in 0..2 {
+                            let ab = a.add((2 * i + h) * A32);
+                            let q = _mm_loadu_si128(wb.add(4 + 16 * h).cast());
+                            let lo = _mm_shuffle_epi8(t, _mm_and_si128(q, m4));
+                            let hi = _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+                            let v = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
+                            let da = rd(ab.cast::<f32>());
+                            let sc = _mm256_set_m128(
+                                _mm_set1_ps(ue4m3_to_f32_half(*wb.add(2 * h + 1)) * da),
+                                _mm_set1_ps(ue4m3_to_f32_half(*wb.add(2 * h)) * da),
+                            );
+                            acc = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(iq4nl_lanes(v, ab)), acc);
+                        }
+                    }
+                    hsum_ps(acc)
+                }
+            }
+
             /// `ggml_vec_dot_iq4_nl_q8_0` (AVX2), see [`nl_pairs`].
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_iq4_nl(w: *const u8, a: *const u8, nb: usize) -> f32 {
@@ -1838,6 +1868,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::IQ1_S => (ActKind::Q8K, $m::dot_iq1_s, None, many),
                 T::IQ1_M => (ActKind::Q8K, $m::dot_iq1_m, None, many),
                 T::MXFP4 => (ActKind::Q8x32, $m::dot_mxfp4, None, many),
+                T::NVFP4 => (ActKind::Q8x32, $m::dot_nvfp4, None, many),
                 _ => return None,
             };
             (k.0, k.1, k.2, k.3, many4)
