@@ -43,7 +43,12 @@ TYPES = [
     ("q4_0", 2, "Q4_0"), ("q5_1", 9, "Q5_1"), ("q2_k", 10, "Q2_K"), ("q3_k", 11, "Q3_K"),
     ("q5_k", 16, "Q5_K"), ("iq4_nl", 25, "IQ4_NL"), ("iq4_xs", 30, "IQ4_XS"), ("bf16", 32, "BF16"),
     ("f16", 1, "F16"),
+    # The i-quant grids (llama.cpp's quantizer wants an importance matrix for these: a seeded
+    # positive one per tensor, see `imatrix`).
+    ("iq2_xxs", 19, "IQ2_XXS"), ("iq2_xs", 20, "IQ2_XS"), ("iq2_s", 29, "IQ2_S"),
+    ("iq3_xxs", 23, "IQ3_XXS"), ("iq3_s", 26, "IQ3_S"), ("iq1_s", 24, "IQ1_S"), ("iq1_m", 31, "IQ1_M"),
 ]
+IMATRIX_TYPES = {"iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"}
 
 
 def write_f32(tiny_llama: str, out: str) -> None:
@@ -105,11 +110,34 @@ def write_f32(tiny_llama: str, out: str) -> None:
     w.close()
 
 
-def quantize(src: str, dst: str, ftype: int) -> None:
+def imatrix(src: str):
+    """A seeded importance matrix for every matrix of `src` (per column, in 0.5..2): what
+    llama.cpp's imatrix tool would hand the quantizer, made up. Returns the ctypes array and what
+    keeps its buffers alive."""
+    r = gguf.GGUFReader(src)
+    mats = sorted((t.name, int(t.shape[0])) for t in r.tensors if len(t.shape) == 2)
+    rng = np.random.default_rng(SEED + 1)
+    arr = (L.llama_model_imatrix_data * (len(mats) + 1))()
+    keep = [arr]
+    for i, (name, cols) in enumerate(mats):
+        buf = (ctypes.c_float * cols)(*rng.uniform(0.5, 2.0, size=cols).astype(np.float32))
+        nm = name.encode()
+        keep.append((buf, nm))
+        arr[i].name = nm
+        arr[i].data = ctypes.cast(buf, ctypes.POINTER(ctypes.c_float))
+        arr[i].size = cols
+    arr[len(mats)].name = None
+    return arr, keep
+
+
+def quantize(src: str, dst: str, ftype: int, with_imatrix: bool = False) -> None:
     qp = L.llama_model_quantize_default_params()
     qp.ftype = ftype
     qp.pure = True
     qp.nthread = 1
+    if with_imatrix:
+        arr, keep = imatrix(src)
+        qp.imatrix = ctypes.cast(arr, ctypes.POINTER(L.llama_model_imatrix_data))
     rc = L.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(qp))
     if rc != 0:
         raise RuntimeError(f"llama_model_quantize {dst}: rc {rc}")
@@ -185,7 +213,7 @@ def main() -> None:
     try:
         for stem, ftype, ggml_name in TYPES:
             path = os.path.join(out, f"model.{stem}.gguf")
-            quantize(f32, path, ftype)
+            quantize(f32, path, ftype, stem in IMATRIX_TYPES)
             types = tensor_types(path)
             wrong = {n: t for n, t in types.items() if n.endswith(".weight") and "norm" not in n and t != ggml_name}
             if wrong:

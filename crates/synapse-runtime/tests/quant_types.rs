@@ -1,7 +1,8 @@
 //! Every ggml weight type no real parity model holds, end to end against llama.cpp (fixtures
 //! from `cargo xtask quant-models`): one llama-architecture model of 256-wide rows quantized by
-//! llama.cpp to Q4_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS, BF16 and F16 (every matrix, the
-//! embeddings and the head in the one type). Synapse's logits at every position of three
+//! llama.cpp to Q4_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS, BF16, F16 and the i-quant grids
+//! IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (every matrix, the embeddings and the
+//! head in the one type). Synapse's logits at every position of three
 //! sequences (one batch each: the many-row orders) and after each of 8 decode steps on
 //! llama.cpp's greedy tokens (the one-row order) must be llama.cpp's, bit for bit, and its greedy
 //! tokens the same.
@@ -130,4 +131,41 @@ fn bf16_matches_llama_cpp() {
 #[test]
 fn f16_matches_llama_cpp() {
     check("f16");
+}
+
+/// The i-quant grids (quantized by llama.cpp with a seeded importance matrix): `vec_dot`'s
+/// orders for the decode steps, the tiled matmul's for the batches.
+#[test]
+fn iq2_xxs_matches_llama_cpp() {
+    check("iq2_xxs");
+}
+
+#[test]
+fn iq2_xs_matches_llama_cpp() {
+    check("iq2_xs");
+}
+
+#[test]
+fn iq2_s_matches_llama_cpp() {
+    check("iq2_s");
+}
+
+#[test]
+fn iq3_xxs_matches_llama_cpp() {
+    check("iq3_xxs");
+}
+
+#[test]
+fn iq3_s_matches_llama_cpp() {
+    check("iq3_s");
+}
+
+#[test]
+fn iq1_s_matches_llama_cpp() {
+    check("iq1_s");
+}
+
+#[test]
+fn iq1_m_matches_llama_cpp() {
+    check("iq1_m");
 }
