@@ -706,7 +706,7 @@ lattice_fns! {
 /// IQ1_M block `b`'s scale (an f16 spread over the four scale words' top nibbles) and group
 /// `g`'s grid values (−1, 0, 1), per-8 delta signs and per-16 scales `2·s + 1`.
 #[inline(always)]
-pub(crate) fn iq1m_group(b: &[u8], g: usize) -> ([i8; 32], [i32; 4], [i32; 2]) {
+fn iq1m_group(b: &[u8], g: usize) -> ([i8; 32], [i32; 4], [i32; 2]) {
     use synapse_formats::decode::iq_tables::IQ1S_GRID;
     let (qh0, qh1) = (b[32 + 2 * g] as usize, b[33 + 2 * g] as usize);
     let idx = [

@@ -1493,22 +1493,32 @@ macro_rules! x86_kernels {
             }
 
             /// IQ1_M group `g` of block `b` as vectors: grid bytes, per-8 delta signs (`±1`
-            /// bytes) and the `madd` multipliers of its two 16-element scales.
+            /// bytes) and the `madd` multipliers of its two 16-element scales (the values
+            /// `scalar::iq1m_group` gives).
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn iq1m_vectors(b: &[u8], g: usize) -> (__m256i, __m256i, __m256i) {
-                let (v, delta, ls) = crate::kernels::scalar::iq1m_group(b, g);
-                let dl = |l: usize| if delta[l] < 0 { -1i64 } else { 0x0101_0101_0101_0101 };
-                unsafe {
-                    (
-                        _mm256_loadu_si256(v.as_ptr().cast()),
-                        _mm256_set_epi64x(dl(3), dl(2), dl(1), dl(0)),
-                        _mm256_set_m128i(
-                            _mm_set1_epi16(ls[1] as i16),
-                            _mm_set1_epi16(ls[0] as i16),
-                        ),
-                    )
-                }
+                use synapse_formats::decode::iq_tables::IQ1S_GRID;
+                let (qh0, qh1) = (b[32 + 2 * g] as usize, b[33 + 2 * g] as usize);
+                let gr = |k: usize, qh: usize, sh: usize| {
+                    IQ1S_GRID[b[4 * g + k] as usize | ((qh << sh) & 0x700)] as i64
+                };
+                let dl = |bit: bool| if bit { -1i64 } else { 0x0101_0101_0101_0101 };
+                let sc = u16::from_le_bytes([b[48 + 2 * (g / 2)], b[49 + 2 * (g / 2)]]) as i32;
+                let sh = 6 * (g % 2);
+                (
+                    _mm256_set_epi64x(gr(3, qh1, 4), gr(2, qh1, 8), gr(1, qh0, 4), gr(0, qh0, 8)),
+                    _mm256_set_epi64x(
+                        dl(qh1 & 0x80 != 0),
+                        dl(qh1 & 0x08 != 0),
+                        dl(qh0 & 0x80 != 0),
+                        dl(qh0 & 0x08 != 0),
+                    ),
+                    _mm256_set_m128i(
+                        _mm_set1_epi16((2 * ((sc >> (sh + 3)) & 7) + 1) as i16),
+                        _mm_set1_epi16((2 * ((sc >> sh) & 7) + 1) as i16),
+                    ),
+                )
             }
 
             /// `ggml_vec_dot_iq1_m_q8_K` (AVX2) itself (see `scalar::dot_iq1_m`).
