@@ -32,8 +32,8 @@ import bench_ggml_matmul as B  # noqa: E402
 ROWS, K, NMAX, SEED = 24, 512, 128, 11
 NS = [1, 2, 4, 7, 8, 16, 32, 128]
 TYPES = ["f32", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k",
-         "iq4_nl", "iq4_xs", "f16", "tq1_0", "tq2_0", "bf16", "iq2_xxs", "iq3_xxs", "iq3_s", "iq2_xs", "iq2_s", "iq1_s", "iq1_m", "mxfp4", "nvfp4"]
-IDS = dict(B.TYPES, iq4_xs=23, tq1_0=34, tq2_0=35, iq2_xxs=16, iq3_xxs=18, iq3_s=21, iq2_xs=17, iq2_s=22, iq1_s=19, iq1_m=29, mxfp4=39, nvfp4=40)
+         "iq4_nl", "iq4_xs", "f16", "tq1_0", "tq2_0", "bf16", "iq2_xxs", "iq3_xxs", "iq3_s", "iq2_xs", "iq2_s", "iq1_s", "iq1_m", "mxfp4", "nvfp4", "q1_0", "q2_0"]
+IDS = dict(B.TYPES, iq4_xs=23, tq1_0=34, tq2_0=35, iq2_xxs=16, iq3_xxs=18, iq3_s=21, iq2_xs=17, iq2_s=22, iq1_s=19, iq1_m=29, mxfp4=39, nvfp4=40, q1_0=41, q2_0=42)
 # Types whose quantizer needs an importance matrix (ggml_quantize_requires_imatrix): given a
 # seeded positive one.
 NEEDS_IMATRIX = {"iq2_xxs", "iq2_xs", "iq1_s", "iq1_m"}

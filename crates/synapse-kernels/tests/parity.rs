@@ -90,7 +90,9 @@ enum Act {
 fn act_of(ty: GgmlType) -> Act {
     use GgmlType as T;
     match ty {
-        T::Q8_0 | T::Q4_0 | T::Q5_0 | T::IQ4_NL | T::MXFP4 | T::NVFP4 => Act::Q8_0,
+        T::Q8_0 | T::Q4_0 | T::Q5_0 | T::IQ4_NL | T::MXFP4 | T::NVFP4 | T::Q1_0 | T::Q2_0 => {
+            Act::Q8_0
+        }
         T::Q4_1 | T::Q5_1 => Act::Q8_1,
         T::Q4_K
         | T::Q5_K

@@ -858,6 +858,64 @@ unsafe fn dot_nvfp4(w: *const u8, a: *const u8, nb: usize) -> f32 {
     hsum8(acc)
 }
 
+/// `ggml_vec_dot_q1_0_q8_0` (AVX2): per 128-element block its four Q8_0 activation blocks, each
+/// element `+a` where its bit is set and `−a` where not (`xor`/`sub`: a negated −128 stays
+/// −128), lanes of four; `acc_b = d_{a,0}·lanes₀`, then `fma(d_{a,k}, lanes_k, acc_b)` for the
+/// other three, then `acc = fma(d_w, acc_b, acc)`; `hsum_float_8`.
+unsafe fn dot_q1_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn` (`nb` blocks of 128: four activation blocks each).
+    let (w, a) = unsafe { parts::<BlockQ8x32>(w, nb * 18, a, 4 * nb) };
+    let mut acc = [0f32; 8];
+    for (b, y) in w.chunks_exact(18).zip(a.chunks_exact(4)) {
+        let mut blk = [0f32; 8];
+        for (k, yk) in y.iter().enumerate() {
+            let mut l = [0i32; 8];
+            for (e, &q) in yk.qs.iter().enumerate() {
+                let set = (b[2 + 4 * k + e / 8] >> (e % 8)) & 1 != 0;
+                l[e / 4] += if set { q } else { q.wrapping_neg() } as i32;
+            }
+            for (x, l) in blk.iter_mut().zip(l) {
+                *x = if k == 0 {
+                    yk.d * l as f32
+                } else {
+                    yk.d.mul_add(l as f32, *x)
+                };
+            }
+        }
+        let d = f16_at(b, 0);
+        for (x, v) in acc.iter_mut().zip(blk) {
+            *x = d.mul_add(v, *x);
+        }
+    }
+    hsum8(acc)
+}
+
+/// `ggml_vec_dot_q2_0_q8_0` (its generic C on x86): per 64-element block its two Q8_0 blocks'
+/// integer sums of `(c − 1)·a`, `s += d_a·Σ` over the two, `sum += d_w·s` — each a multiply and
+/// an add (the oracle's build does not fuse them: `vmulss`, `vaddss`).
+unsafe fn dot_q2_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    // SAFETY: forwarded contract of `DotFn` (`nb` blocks of 64: two activation blocks each).
+    let (w, a) = unsafe { parts::<BlockQ8x32>(w, nb * 18, a, 2 * nb) };
+    let mut sum = 0f32;
+    for (b, y) in w.chunks_exact(18).zip(a.chunks_exact(2)) {
+        let mut s = 0f32;
+        for (k, yk) in y.iter().enumerate() {
+            let si: i32 = yk
+                .qs
+                .iter()
+                .enumerate()
+                .map(|(e, &q)| {
+                    let c = (b[2 + 8 * k + e / 4] >> (2 * (e % 4))) & 3;
+                    (c as i32 - 1) * q as i32
+                })
+                .sum();
+            s += yk.d * si as f32;
+        }
+        sum += f16_at(b, 0) * s;
+    }
+    sum
+}
+
 /// The 32-element non-linear 4-bit codes' `vec_dot` (IQ4_NL, MXFP4): even blocks into one
 /// 8-lane accumulator, odd blocks into another, `hsum_float_8` of their lane sums; an odd last
 /// block added after, in scalar (`fma(d, Σ, sum)`, as GCC contracts ggml's
@@ -1129,6 +1187,8 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         T::IQ1_M => (ActKind::Q8K, dot_iq1_m),
         T::MXFP4 => (ActKind::Q8x32, dot_mxfp4),
         T::NVFP4 => (ActKind::Q8x32, dot_nvfp4),
+        T::Q1_0 => (ActKind::Q8x32, dot_q1_0),
+        T::Q2_0 => (ActKind::Q8x32, dot_q2_0),
         _ => return decode_kernel(ty),
     };
     let many = match ty {

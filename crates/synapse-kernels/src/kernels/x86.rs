@@ -963,6 +963,39 @@ macro_rules! x86_kernels {
                 }
             }
 
+            /// `ggml_vec_dot_q1_0_q8_0` (AVX2) itself (see `scalar::dot_q1_0`).
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn dot_q1_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
+                unsafe {
+                    let ones8 = _mm256_set1_epi8(1);
+                    let ones16 = _mm256_set1_epi16(1);
+                    let mut acc = _mm256_setzero_ps();
+                    for i in 0..nb {
+                        let wb = w.add(i * 18);
+                        let mut blk = _mm256_setzero_ps();
+                        for k in 0..4 {
+                            let ab = a.add((4 * i + k) * A32);
+                            let qy = ld(ab.add(8));
+                            // 0xFF where the bit is clear: those activations negated.
+                            let sm = _mm256_cmpeq_epi8(
+                                _mm256_sub_epi8(sign_bytes(rd(wb.add(2 + 4 * k).cast::<u32>())), ones8),
+                                _mm256_setzero_si256(),
+                            );
+                            let sy = _mm256_sub_epi8(_mm256_xor_si256(qy, sm), sm);
+                            let s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, sy), ones16);
+                            let dy = _mm256_set1_ps(rd(ab.cast::<f32>()));
+                            blk = if k == 0 {
+                                _mm256_mul_ps(dy, _mm256_cvtepi32_ps(s32))
+                            } else {
+                                _mm256_fmadd_ps(dy, _mm256_cvtepi32_ps(s32), blk)
+                            };
+                        }
+                        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(wb)), blk, acc);
+                    }
+                    hsum_ps(acc)
+                }
+            }
+
             /// `ggml_vec_dot_iq4_nl_q8_0` (AVX2), see [`nl_pairs`].
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_iq4_nl(w: *const u8, a: *const u8, nb: usize) -> f32 {
@@ -1879,6 +1912,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::IQ1_M => (ActKind::Q8K, $m::dot_iq1_m, None, many),
                 T::MXFP4 => (ActKind::Q8x32, $m::dot_mxfp4, None, many),
                 T::NVFP4 => (ActKind::Q8x32, $m::dot_nvfp4, None, many),
+                T::Q1_0 => (ActKind::Q8x32, $m::dot_q1_0, None, many),
                 _ => return None,
             };
             (k.0, k.1, k.2, k.3, many4)
