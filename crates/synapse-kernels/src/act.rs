@@ -124,7 +124,7 @@ pub(crate) fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
 /// ggml's `ggml_compute_fp32_to_bf16`: round to nearest even; a NaN keeps its top bits and is
 /// made quiet.
 #[inline(always)]
-pub(crate) fn fp32_to_bf16(v: f32) -> u16 {
+fn fp32_to_bf16(v: f32) -> u16 {
     let u = v.to_bits();
     if u & 0x7fff_ffff > 0x7f80_0000 {
         return ((u >> 16) | 64) as u16;

@@ -292,8 +292,9 @@ fma_dispatch! {
     fn dot_bf16_gemm_portable(x: &[u16], y: &[u16]) -> f32 => gemm_dot_bf16_body
 }
 
+/// The CPU has AVX-512F and AVX512-BF16 (the BF16 dots' and tiles' instruction).
 #[cfg(target_arch = "x86_64")]
-fn has_avx512bf16() -> bool {
+pub(crate) fn has_avx512bf16() -> bool {
     static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *F.get_or_init(|| {
         std::arch::is_x86_feature_detected!("avx512f")

@@ -153,7 +153,9 @@ impl Source<'_> {
     }
 
     /// The bytes `range` of weight `id` (all of it for `None`) as a `rows × cols` matrix:
-    /// borrowed from a GGUF's or a package's mapping, copied from the other sources.
+    /// borrowed from a GGUF's or a package's mapping, copied from the other sources. A GGUF's
+    /// BF16 tensors sum in ggml's order (as llama.cpp runs them); a checkpoint's meet f32
+    /// activations (as transformers runs a BF16 master in float32).
     fn matrix_of(
         &self,
         ir: &ModelIr,
@@ -162,10 +164,21 @@ impl Source<'_> {
         rows: usize,
         cols: usize,
     ) -> Result<QuantMatrix> {
+        Ok(self
+            .matrix_bytes_of(ir, id, range, rows, cols)?
+            .with_ggml_bf16(ir.source == SourceKind::Gguf))
+    }
+
+    /// [`Self::matrix_of`]'s matrix, before the numerics of its source are set.
+    fn matrix_bytes_of(
+        &self,
+        ir: &ModelIr,
+        id: WeightId,
+        range: Option<std::ops::Range<usize>>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<QuantMatrix> {
         let w = ir.weight(id);
-        // A GGUF's BF16 tensors in ggml's order (as llama.cpp runs them); a checkpoint's
-        // against f32 activations (as transformers runs a BF16 master in float32).
-        let ggml = ir.source == SourceKind::Gguf;
         let bytes = self.bytes(ir, id)?;
         let part = match &range {
             Some(r) => bytes
@@ -184,18 +197,14 @@ impl Source<'_> {
                 index,
                 range,
             });
-            return Ok(
-                QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?.with_ggml_bf16(ggml)
-            );
+            return Ok(QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?);
         }
         if let Source::Package(p) = self {
             let src = Arc::new(PackageTensor {
                 obj: p.tensor_object(&w.name)?,
                 range,
             });
-            return Ok(
-                QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?.with_ggml_bf16(ggml)
-            );
+            return Ok(QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?);
         }
         // A safetensors tensor whose stored type is the encoding, from a file's mapping and
         // aligned for its elements (the kernels read weights as slices of them): borrowed.
@@ -211,11 +220,9 @@ impl Source<'_> {
                 entry: e.clone(),
                 range,
             });
-            return Ok(
-                QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?.with_ggml_bf16(ggml)
-            );
+            return Ok(QuantMatrix::from_ggml_shared(w.encoding, src, rows, cols)?);
         }
-        Ok(QuantMatrix::from_ggml(w.encoding, part, rows, cols)?.with_ggml_bf16(ggml))
+        Ok(QuantMatrix::from_ggml(w.encoding, part, rows, cols)?)
     }
 
     /// One expert's projection as a matrix: its rows of a stacked expert tensor (borrowed

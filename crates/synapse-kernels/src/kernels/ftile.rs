@@ -28,7 +28,7 @@ use std::arch::x86_64::*;
 
 use synapse_formats::GgmlType;
 
-use crate::ggml_f32::reduce16;
+use crate::ggml_f32::{has_avx512bf16, reduce16};
 
 /// How an output is summed (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,15 +79,6 @@ const VECDOT: u8 = 1;
 const BF16: u8 = 2;
 const BGEMM: u8 = 3;
 const BVECDOT: u8 = 4;
-
-/// The CPU has AVX-512F and AVX512-BF16.
-fn has_avx512bf16() -> bool {
-    static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *F.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bf16")
-    })
-}
 
 /// The accumulators of an `M × N` tile of bf16 rows (weights at `w + m·ws`, activations at
 /// `a + t·as_`, bytes) over `steps` steps of `ACC · 32` elements: output `(m, t)`'s
@@ -375,6 +366,34 @@ fn lanes_of<const L: usize>(acc: &[__m512]) -> [f32; L] {
     o
 }
 
+/// Each of an `M × N` tile's one-accumulator outputs (`acc[m·N + t]`) reduced as `reduce16`
+/// reduces it, stored through `out(m, t)`: sixteen at once when the tile fills most of a
+/// register set (unused accumulators are zeros), else one by one.
+///
+/// # Safety
+/// `out` gives writable outputs; AVX-512F.
+#[inline(always)]
+unsafe fn store_reduced<const M: usize, const N: usize>(
+    acc: &[__m512; 16],
+    out: impl Fn(usize, usize) -> *mut f32,
+) {
+    // SAFETY: writable outputs (caller).
+    unsafe {
+        if M * N >= 12 {
+            let r = lanes(crate::ggml_f32::avx512::reduce16x16_ordered(acc));
+            for (c, &r) in r[..M * N].iter().enumerate() {
+                *out(c / N, c % N) = r;
+            }
+        } else {
+            for m in 0..M {
+                for t in 0..N {
+                    *out(m, t) = reduce16(&lanes(acc[m * N + t]));
+                }
+            }
+        }
+    }
+}
+
 impl Tiles for Zmm {
     #[inline(always)]
     unsafe fn cell_block<W: Elem, A: Elem, const O: u8, const M: usize, const N: usize>(
@@ -397,20 +416,7 @@ impl Tiles for Zmm {
             match O {
                 GEMM => {
                     let acc = tile::<W, A, M, N, 1>(wp(0), wrb, ap(0), arb, cols / 16);
-                    if M * N >= 12 {
-                        // Sixteen reductions at once (unused accumulators are zeros), each
-                        // `reduce16`'s additions.
-                        let r = lanes(crate::ggml_f32::avx512::reduce16x16_ordered(&acc));
-                        for (c, &r) in r[..M * N].iter().enumerate() {
-                            *out(c / N, c % N) = r;
-                        }
-                        return;
-                    }
-                    for m in 0..M {
-                        for t in 0..N {
-                            *out(m, t) = reduce16(&lanes(acc[m * N + t]));
-                        }
-                    }
+                    store_reduced::<M, N>(&acc, out);
                 }
                 VECDOT => {
                     let np = cols & !63;
@@ -425,18 +431,7 @@ impl Tiles for Zmm {
                 }
                 BGEMM => {
                     let acc = tile_bf16::<M, N, 1>(wp(0), wrb, ap(0), arb, cols / 32);
-                    if M * N >= 12 {
-                        let r = lanes(crate::ggml_f32::avx512::reduce16x16_ordered(&acc));
-                        for (c, &r) in r[..M * N].iter().enumerate() {
-                            *out(c / N, c % N) = r;
-                        }
-                        return;
-                    }
-                    for m in 0..M {
-                        for t in 0..N {
-                            *out(m, t) = reduce16(&lanes(acc[m * N + t]));
-                        }
-                    }
+                    store_reduced::<M, N>(&acc, out);
                 }
                 BVECDOT => {
                     let np = cols & !63;

@@ -606,6 +606,13 @@ fn iq2s_group(b: &[u8], ib32: usize) -> LatticeGroup {
     )
 }
 
+/// One product of x86 `mul_add_epi8(x, q)` (`maddubs(|x|, sign(q, x))`): `x·q`, except that a
+/// negated −128 stays −128 (`sign_epi8`'s wrap).
+#[inline(always)]
+fn mul_add_epi8(x: i8, q: i8) -> i32 {
+    x.unsigned_abs() as i32 * (if x < 0 { q.wrapping_neg() } else { q }) as i32
+}
+
 /// IQ1_S group `ib` of block `b`: its 32 grid values (−1, 0, 1), its scale `2·s + 1` and the
 /// sign of its delta (bit 15 of its `qh` word).
 #[inline(always)]
@@ -640,11 +647,7 @@ unsafe fn dot_iq1_s(w: *const u8, a: *const u8, nb: usize) -> f32 {
             let (g, ls, delta) = iq1s_group(b, ib);
             let q8 = &y.qs[32 * ib..32 * ib + 32];
             for (e, (&g, &q)) in g.iter().zip(q8).enumerate() {
-                let p = match g.signum() {
-                    0 => 0,
-                    1 => g as i32 * q as i32,
-                    _ => -(g as i32) * q.wrapping_neg() as i32,
-                };
+                let p = mul_add_epi8(g, q);
                 lanes[e / 4] += ls * p;
             }
             sumi1 += (y.bsums[2 * ib] as i32 + y.bsums[2 * ib + 1] as i32) * delta * ls;
@@ -760,11 +763,7 @@ unsafe fn dot_iq1_m(w: *const u8, a: *const u8, nb: usize) -> f32 {
             let (v, delta, ls) = iq1m_group(b, g);
             for (e, &x) in v.iter().enumerate() {
                 let q = y.qs[32 * g + e];
-                let p = match x.signum() {
-                    0 => 0,
-                    1 => x as i32 * q as i32,
-                    _ => -(x as i32) * q.wrapping_neg() as i32,
-                };
+                let p = mul_add_epi8(x, q);
                 let pd = if delta[e / 8] < 0 {
                     q.wrapping_neg()
                 } else {

@@ -978,7 +978,7 @@ macro_rules! x86_kernels {
                             let qy = ld(ab.add(8));
                             // 0xFF where the bit is clear: those activations negated.
                             let sm = _mm256_cmpeq_epi8(
-                                _mm256_sub_epi8(sign_bytes(rd(wb.add(2 + 4 * k).cast::<u32>())), ones8),
+                                bit_mask(rd(wb.add(2 + 4 * k).cast::<u32>())),
                                 _mm256_setzero_si256(),
                             );
                             let sy = _mm256_sub_epi8(_mm256_xor_si256(qy, sm), sm);
@@ -1208,10 +1208,10 @@ macro_rules! x86_kernels {
                 unsafe { tq_dot4::<54, 52>(w, a, s, nb, |b| tq1_codes(b)) }
             }
 
-            /// 32 explicit sign bits (bit `j` of byte `l`: element `8l + j`) as `±1` bytes.
+            /// 32 bits as bytes (bit `j` of byte `l`: byte `8l + j`), `0xFF` where set.
             #[inline]
             #[target_feature(enable = $features)]
-            fn sign_bytes(bits: u32) -> __m256i {
+            fn bit_mask(bits: u32) -> __m256i {
                 let sel = _mm256_setr_epi8(
                     0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
                     2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
@@ -1224,7 +1224,29 @@ macro_rules! x86_kernels {
                     _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), sel),
                     bit,
                 );
-                _mm256_or_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(1))
+                _mm256_cmpeq_epi8(v, bit)
+            }
+
+            /// 32 explicit sign bits (bit `j` of byte `l`: element `8l + j`) as `±1` bytes.
+            #[inline]
+            #[target_feature(enable = $features)]
+            fn sign_bytes(bits: u32) -> __m256i {
+                _mm256_or_si256(bit_mask(bits), _mm256_set1_epi8(1))
+            }
+
+            /// Pair sums (`i16`) of `v·q8` for small signed `v` (|v| ≤ 62), exact for every
+            /// `q8` — a −128 too, where `maddubs(|v|, sign(q8, v))` would wrap: the positive
+            /// and the negative elements' `maddubs` apart, subtracted. The tiled orders'
+            /// integer sums.
+            #[inline]
+            #[target_feature(enable = $features)]
+            fn exact_pairs(v: __m256i, q8: __m256i) -> __m256i {
+                let neg = _mm256_cmpgt_epi8(_mm256_setzero_si256(), v);
+                let mag = _mm256_abs_epi8(v);
+                _mm256_sub_epi16(
+                    _mm256_maddubs_epi16(_mm256_andnot_si256(neg, mag), q8),
+                    _mm256_maddubs_epi16(_mm256_and_si256(neg, mag), q8),
+                )
             }
 
             /// Two lattice-code groups `ib32`, `ib32 + 1` of block `b` (`L`: 0 IQ2_XXS, 1
@@ -1408,7 +1430,6 @@ macro_rules! x86_kernels {
             ) -> f32 {
                 unsafe {
                     let a = a.cast::<crate::act::BlockQ8K>();
-                    let neg1 = _mm256_set1_epi8(-1);
                     let mut acc = 0f32;
                     for i in 0..nb {
                         let b = w.add(i * BS);
@@ -1418,10 +1439,7 @@ macro_rules! x86_kernels {
                             let (q2, s2, ls) = lattice_pair::<L>(b, ib32);
                             for h in 0..2 {
                                 let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * (ib32 + h)).cast());
-                                let neg = _mm256_cmpeq_epi8(s2[h], neg1);
-                                let pos = _mm256_maddubs_epi16(_mm256_andnot_si256(neg, q2[h]), q8);
-                                let negs = _mm256_maddubs_epi16(_mm256_and_si256(neg, q2[h]), q8);
-                                let dot = _mm256_sub_epi16(pos, negs);
+                                let dot = exact_pairs(_mm256_sign_epi8(q2[h], s2[h]), q8);
                                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(dot, ls[h]));
                             }
                         }
@@ -1496,7 +1514,6 @@ macro_rules! x86_kernels {
             pub(crate) unsafe fn dot_iq1_s_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
                 unsafe {
                     let a = a.cast::<crate::act::BlockQ8K>();
-                    let one = _mm256_set1_epi8(1);
                     let mut acc = 0f32;
                     for i in 0..nb {
                         let b = w.add(i * 50);
@@ -1506,12 +1523,7 @@ macro_rules! x86_kernels {
                             let (q1, hw) = iq1s_pair(b, ib);
                             for h in 0..2 {
                                 let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * (ib + h)).cast());
-                                let pos = _mm256_and_si256(_mm256_cmpeq_epi8(q1[h], one), one);
-                                let neg = _mm256_and_si256(_mm256_cmpeq_epi8(q1[h], _mm256_set1_epi8(-1)), one);
-                                let dot = _mm256_sub_epi16(
-                                    _mm256_maddubs_epi16(pos, q8),
-                                    _mm256_maddubs_epi16(neg, q8),
-                                );
+                                let dot = exact_pairs(q1[h], q8);
                                 let gq = hsum_epi32(_mm256_madd_epi16(dot, _mm256_set1_epi16(1)));
                                 let ls = 2 * ((hw[h] >> 12) & 7) as i32 + 1;
                                 let delta = if hw[h] & 0x8000 != 0 { -1 } else { 1 };
@@ -1588,7 +1600,6 @@ macro_rules! x86_kernels {
             pub(crate) unsafe fn dot_iq1_m_tiled(w: *const u8, a: *const u8, nb: usize) -> f32 {
                 unsafe {
                     let a = a.cast::<crate::act::BlockQ8K>();
-                    let one = _mm256_set1_epi8(1);
                     let mut acc = 0f32;
                     for i in 0..nb {
                         let b = std::slice::from_raw_parts(w.add(i * 56), 56);
@@ -1597,19 +1608,8 @@ macro_rules! x86_kernels {
                         for g in 0..8 {
                             let (q1, delta, sc) = iq1m_vectors(b, g);
                             let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(32 * g).cast());
-                            let pos = _mm256_and_si256(_mm256_cmpeq_epi8(q1, one), one);
-                            let neg = _mm256_and_si256(_mm256_cmpeq_epi8(q1, _mm256_set1_epi8(-1)), one);
-                            let gq = _mm256_sub_epi16(
-                                _mm256_maddubs_epi16(pos, q8),
-                                _mm256_maddubs_epi16(neg, q8),
-                            );
-                            // δ·q8 exactly: the +δ and −δ elements' sums apart.
-                            let dneg = _mm256_and_si256(_mm256_cmpeq_epi8(delta, _mm256_set1_epi8(-1)), one);
-                            let dpos = _mm256_andnot_si256(_mm256_cmpeq_epi8(delta, _mm256_set1_epi8(-1)), one);
-                            let dq = _mm256_sub_epi16(
-                                _mm256_maddubs_epi16(dpos, q8),
-                                _mm256_maddubs_epi16(dneg, q8),
-                            );
+                            let gq = exact_pairs(q1, q8);
+                            let dq = exact_pairs(delta, q8);
                             let t = _mm256_add_epi16(_mm256_slli_epi16(gq, 3), dq);
                             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(t, sc));
                         }
