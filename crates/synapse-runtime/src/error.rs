@@ -110,6 +110,15 @@ pub enum RuntimeError {
     /// stage's own error or the transport's).
     #[error("pipeline stage: {0}")]
     Stage(String),
+    /// A memory budget (`--memory`) cannot hold what running needs: the part of the budget
+    /// a component was given, and what it cannot fit.
+    #[error("memory budget {budget} B: {reason}")]
+    MemoryBudget {
+        /// The budget (or the share of it the refusing component was given), bytes.
+        budget: u64,
+        /// What does not fit in it.
+        reason: String,
+    },
     /// Invalid sampling or generation parameters.
     #[error("invalid parameter {name}: {reason}")]
     InvalidParam {

@@ -81,6 +81,21 @@ pub struct PagingStats {
     pub bypassed: u64,
 }
 
+impl std::ops::AddAssign for PagingStats {
+    /// Counters of two pagers (or of one pager's whole life across executors) added up.
+    fn add_assign(&mut self, o: PagingStats) {
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.evictions += o.evictions;
+        self.bytes_in += o.bytes_in;
+        self.prefetches += o.prefetches;
+        self.prefetched_misses += o.prefetched_misses;
+        self.predicted += o.predicted;
+        self.predicted_used += o.predicted_used;
+        self.bypassed += o.bypassed;
+    }
+}
+
 impl PagingStats {
     /// Hits over uses (1 when nothing was used).
     pub fn hit_rate(&self) -> f64 {
@@ -410,8 +425,8 @@ impl ExpertPager {
         }
         let largest = slot_caps.iter().sum::<usize>() as u64;
         if budget < largest {
-            return Err(RuntimeError::InvalidParam {
-                name: "memory",
+            return Err(RuntimeError::MemoryBudget {
+                budget,
                 reason: format!(
                     "{budget} B for routed experts holds no expert (the largest takes \
                      {largest} B)"

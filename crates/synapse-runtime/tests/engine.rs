@@ -553,7 +553,13 @@ fn admission_limits() {
         model.weight_bytes() as u64
             - synapse_runtime::residency::LayerPager::pageable_bytes(&model, 0..model.layers.len()),
     );
-    assert!(Engine::start(model, pieces, small).is_err());
+    match Engine::start(model, pieces, small.clone()) {
+        Err(synapse_runtime::RuntimeError::MemoryBudget { budget, reason }) => {
+            assert_eq!(Some(budget), small.memory);
+            assert!(reason.contains("slots fit"), "{reason}");
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
 }
 
 /// Regression (a CI run of the server's queue-full test): a session being admitted was for a

@@ -343,7 +343,10 @@ fn an_engine_pages_experts_under_its_memory_budget_with_the_same_tokens() {
     let Err(e) = synapse_runtime::engine::Scheduler::new(m, Arc::new(common::Ids), cfg) else {
         panic!("a budget without room for an expert was taken");
     };
-    assert!(e.to_string().contains("memory budget"), "{e}");
+    assert!(
+        matches!(e, synapse_runtime::RuntimeError::MemoryBudget { .. }),
+        "{e}"
+    );
 }
 
 /// A package borrows its objects' mappings as a GGUF does its file's, so its routed experts
@@ -472,4 +475,90 @@ fn a_profile_installed_under_a_memory_budget_pages_its_experts() {
         q4.expert_bytes() as f64 / 1e6,
         st.expert_misses
     );
+}
+
+/// Under a memory budget two profiles never run at once: a profile installed while a session
+/// runs on the source is accepted at once, the running session finishes on the source with the
+/// source's tokens, and a session submitted after the install is admitted only once that one
+/// has finished (its executor dropped), then runs on the new profile with that profile's
+/// tokens. The paging counters, summed over the executors, never go down across the switch.
+#[test]
+fn a_profile_installed_while_sessions_run_waits_for_them_under_a_budget() {
+    use synapse_runtime::engine::{EngineConfig, Event, Request, Scheduler};
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, _) = model(tmp.path());
+    let q4 = common::through_cache(&m, Q4, &tmp.path().join("store"));
+    let (want_src, _) = common::engine_greedy(&m, None, 1, &PROMPT, 20);
+    let (want_q4, _) = common::engine_greedy(&q4, None, 1, &PROMPT, 20);
+    assert_ne!(want_src, want_q4, "the profiles must differ for the test to say anything");
+    let cfg = |memory| EngineConfig {
+        slots: 2,
+        ctx: 128,
+        ubatch: 32,
+        step_tokens: 64,
+        memory,
+        ..EngineConfig::default()
+    };
+    let probe = Scheduler::new(m.clone(), Arc::new(common::Ids), cfg(Some(u64::MAX))).unwrap();
+    let l = probe.ledger().unwrap();
+    drop(probe);
+    let src_exp = m.expert_bytes() as u64;
+    let budget = m.weight_bytes() as u64 - src_exp + l.kv + l.scratch + src_exp / 4;
+    let mut s = Scheduler::new(m.clone(), Arc::new(common::Ids), cfg(Some(budget))).unwrap();
+    let request = || {
+        let mut r = Request::greedy(PROMPT.to_vec(), 20);
+        r.stop_at_eog = false;
+        r
+    };
+    let mut a = s.submit(request()).unwrap();
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    while ta.len() < 3 {
+        s.step();
+        while let Some(e) = a.try_next() {
+            if let Event::Token(t) = e {
+                ta.push(t.id);
+            }
+        }
+    }
+    s.install(q4.clone()).unwrap();
+    assert_eq!(s.executor().model().profile.hash(), q4.profile.hash());
+    let mut b = s.submit(request()).unwrap();
+    let (mut a_done, mut b_done, mut b_admitted) = (false, false, false);
+    let mut misses = s.stats().expert_misses;
+    let mut steps = 0;
+    while !(a_done && b_done) {
+        s.step();
+        steps += 1;
+        assert!(steps < 1000, "no progress");
+        while let Some(e) = a.try_next() {
+            match e {
+                Event::Token(t) => ta.push(t.id),
+                Event::Done(_) => a_done = true,
+                Event::Error(e) => panic!("{e}"),
+                _ => {}
+            }
+        }
+        while let Some(e) = b.try_next() {
+            match e {
+                Event::Admitted { .. } => {
+                    assert!(a_done, "admitted on the new profile while the old one ran");
+                    b_admitted = true;
+                }
+                Event::Token(t) => tb.push(t.id),
+                Event::Done(_) => b_done = true,
+                Event::Error(e) => panic!("{e}"),
+                _ => {}
+            }
+        }
+        let st = s.stats();
+        assert!(
+            !b_admitted || st.retired_profiles == 0,
+            "the old profile's executor outlived its sessions: {st:?}"
+        );
+        assert!(st.expert_misses >= misses, "paging counters went down: {st:?}");
+        misses = st.expert_misses;
+    }
+    assert_eq!(ta, want_src[0], "the running session changed profile");
+    assert_eq!(tb, want_q4[0], "the new session did not run on the installed profile");
+    assert!(s.stats().expert_misses > 0);
 }

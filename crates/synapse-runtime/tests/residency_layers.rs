@@ -296,10 +296,8 @@ fn what_cannot_page_is_refused() {
     // Less than one block.
     let block = total / m.layers.len() as u64;
     match ex.page_layers(Some(block - 1)) {
-        Err(RuntimeError::InvalidParam {
-            name: "memory",
-            reason,
-        }) => {
+        Err(RuntimeError::MemoryBudget { budget, reason }) => {
+            assert_eq!(budget, block - 1);
             assert!(reason.contains("holds none"), "{reason}")
         }
         other => panic!("{other:?}"),
@@ -359,7 +357,10 @@ fn an_engine_pages_blocks_under_its_memory_budget_with_the_same_tokens() {
     let Err(e) = synapse_runtime::engine::Scheduler::new(m, Arc::new(common::Ids), cfg) else {
         panic!("a budget without room for a block was taken");
     };
-    assert!(e.to_string().contains("memory budget"), "{e}");
+    assert!(
+        matches!(e, synapse_runtime::RuntimeError::MemoryBudget { .. }),
+        "{e}"
+    );
 }
 
 /// A safetensors checkpoint loads lazily too: its projections borrow the file's mapping (not

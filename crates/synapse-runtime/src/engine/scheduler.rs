@@ -34,6 +34,7 @@ use crate::executor::{Executor, Row, prompt_order};
 use crate::kv::{KvCache, SlotId};
 use crate::load::{FfnW, Model};
 use crate::pipeline::{RowRead, StageLink};
+use crate::residency::PagingStats;
 use crate::sampling::Sampler;
 use synapse_kernels::OrderClass;
 
@@ -129,6 +130,8 @@ pub struct Scheduler {
     depth: usize,
     flights: VecDeque<Flight>,
     max_decodes: usize,
+    /// The paging counters (experts, blocks) of executors already dropped.
+    paged_before: (PagingStats, PagingStats),
 }
 
 /// A pass sent down a pipeline, as its logits will be read: the sessions by id (indices in
@@ -353,12 +356,15 @@ impl Scheduler {
                 None => {
                     let per = kv.slot_bytes() as u64;
                     let fit = budget.saturating_sub(weights + scratch) / per.max(1);
-                    return Err(invalid(format!(
-                        "memory budget {budget} B: weights take {weights} B, compute scratch \
-                         {scratch} B and each of {} slots {per} B of KV ({} positions); {fit} \
-                         slots fit (lower --parallel or --ctx-size)",
-                        cfg.slots, cfg.ctx
-                    )));
+                    return Err(RuntimeError::MemoryBudget {
+                        budget,
+                        reason: format!(
+                            "weights take {weights} B, compute scratch {scratch} B and each of \
+                             {} slots {per} B of KV ({} positions); {fit} slots fit (lower \
+                             --parallel or --ctx-size)",
+                            cfg.slots, cfg.ctx
+                        ),
+                    });
                 }
             }
         }
@@ -372,22 +378,24 @@ impl Scheduler {
             exec.set_downstream(h.link)?;
         }
         if let Some(b) = expert_budget {
-            exec.page_experts(Some(b)).map_err(|e| {
-                invalid(format!(
-                    "memory budget {} B: the weights outside the routed experts, the KV and \
-                     scratch leave {b} B for {experts} B of experts ({e})",
-                    cfg.memory.unwrap_or(0)
-                ))
-            })?;
+            exec.page_experts(Some(b))
+                .map_err(|e| RuntimeError::MemoryBudget {
+                    budget: cfg.memory.unwrap_or(0),
+                    reason: format!(
+                        "the weights outside the routed experts, the KV and scratch leave {b} B \
+                         for {experts} B of experts ({e})"
+                    ),
+                })?;
         }
         if let Some(b) = layer_budget {
-            exec.page_layers(Some(b)).map_err(|e| {
-                invalid(format!(
-                    "memory budget {} B: the embedding and head, the KV and scratch leave {b} B \
-                     for {layer_bytes} B of block weights ({e})",
-                    cfg.memory.unwrap_or(0)
-                ))
-            })?;
+            exec.page_layers(Some(b))
+                .map_err(|e| RuntimeError::MemoryBudget {
+                    budget: cfg.memory.unwrap_or(0),
+                    reason: format!(
+                        "the embedding and head, the KV and scratch leave {b} B for \
+                         {layer_bytes} B of block weights ({e})"
+                    ),
+                })?;
         }
         let ledger = cfg.memory.map(|budget| super::api::MemoryLedger {
             budget,
@@ -471,6 +479,7 @@ impl Scheduler {
             depth,
             flights: VecDeque::with_capacity(depth),
             max_decodes: usize::MAX,
+            paged_before: Default::default(),
             ledger,
             cfg,
         })
@@ -564,8 +573,11 @@ impl Scheduler {
     /// started with (their K/V belongs to it), and an executor no session uses any more is
     /// dropped. With `EngineConfig::memory` set, the new profile's weights plus the KV must fit
     /// it, or else its routed experts (a dense model's blocks) page within what the rest
-    /// leaves, as the first profile's would (while sessions of the old profile run, weights
-    /// the two profiles do not share are resident twice).
+    /// leaves, as the first profile's would; and two profiles never run at once: while
+    /// sessions of an earlier profile run, admission waits (requests stay queued) until they
+    /// have finished and its executor is dropped, so the new profile's weights, pager slots
+    /// and scratch become resident only in what the old one's left (an executor not yet run
+    /// holds none of them).
     pub fn install(&mut self, model: Arc<Model>) -> Result<()> {
         if self.pipelined {
             return Err(RuntimeError::InvalidParam {
@@ -603,11 +615,11 @@ impl Scheduler {
             let layers = model.layers.len();
             let alone = self.draft.is_none();
             paging = paging_budgets(&model, layers, weights, kv + scratch, budget, alone)
-                .ok_or_else(|| RuntimeError::InvalidParam {
-                    name: "install",
+                .ok_or_else(|| RuntimeError::MemoryBudget {
+                    budget,
                     reason: format!(
-                        "memory budget {budget} B: the profile's weights take {weights} B, a \
-                         draft's {draft} B, the KV {kv} B and compute scratch {scratch} B"
+                        "the profile's weights take {weights} B, a draft's {draft} B, the KV \
+                         {kv} B and compute scratch {scratch} B"
                     ),
                 })?;
         }
@@ -650,7 +662,14 @@ impl Scheduler {
     fn drop_unused_execs(&mut self) {
         for (i, e) in self.execs.iter_mut().enumerate() {
             if i != self.current && e.is_some() && !self.active.iter().any(|a| a.exec == i) {
-                *e = None;
+                if let Some(gone) = e.take() {
+                    if let Some(p) = gone.paging_stats() {
+                        self.paged_before.0 += p;
+                    }
+                    if let Some(p) = gone.layer_pager().map(|p| p.stats()) {
+                        self.paged_before.1 += p;
+                    }
+                }
             }
         }
         let retired = self
@@ -845,26 +864,6 @@ impl Scheduler {
     }
 
     fn pass_on(&mut self, exec: &mut Executor, recv: bool, one_exec: bool) {
-        // The pager's counters as of the previous pass (this one borrows the executor).
-        if let Some(p) = exec.paging_stats() {
-            let st = &self.stats;
-            st.expert_hits.store(p.hits, Ordering::Relaxed);
-            st.expert_misses.store(p.misses, Ordering::Relaxed);
-            st.expert_evictions.store(p.evictions, Ordering::Relaxed);
-            st.expert_bytes_in.store(p.bytes_in, Ordering::Relaxed);
-            st.expert_prefetches.store(p.prefetches, Ordering::Relaxed);
-            st.expert_predicted.store(p.predicted, Ordering::Relaxed);
-            st.expert_predicted_used
-                .store(p.predicted_used, Ordering::Relaxed);
-            st.expert_bypassed.store(p.bypassed, Ordering::Relaxed);
-        }
-        if let Some(p) = exec.layer_pager().map(|p| p.stats()) {
-            let st = &self.stats;
-            st.block_hits.store(p.hits, Ordering::Relaxed);
-            st.block_misses.store(p.misses, Ordering::Relaxed);
-            st.block_evictions.store(p.evictions, Ordering::Relaxed);
-            st.block_bytes_in.store(p.bytes_in, Ordering::Relaxed);
-        }
         if exec.has_downstream() && !recv {
             exec.set_row_reads(&self.row_reads);
         }
@@ -1491,6 +1490,11 @@ impl Scheduler {
     }
 
     fn admit(&mut self) {
+        // Under a memory budget, a newly installed profile waits for the last session of an
+        // earlier one (see [`Scheduler::install`]).
+        if self.cfg.memory.is_some() && self.active.iter().any(|a| a.exec != self.current) {
+            return;
+        }
         while let Some(front) = self.waiting.front() {
             let Some(_) = self.slot_busy.iter().position(|b| !b) else {
                 break;
@@ -1606,8 +1610,43 @@ impl Scheduler {
         }
     }
 
+    /// The paging counters of every executor the engine has run (the live ones, and those
+    /// of dropped profiles kept in `paged_before`): they only grow.
+    fn paging_totals(&self) -> (PagingStats, PagingStats) {
+        let (mut experts, mut blocks) = self.paged_before;
+        for e in self.execs.iter().flatten() {
+            if let Some(p) = e.paging_stats() {
+                experts += p;
+            }
+            if let Some(p) = e.layer_pager().map(|p| p.stats()) {
+                blocks += p;
+            }
+        }
+        (experts, blocks)
+    }
+
     fn publish(&self) {
         let s = &self.stats;
+        // Raised, never lowered: an executor taken out for its pass is missing from the sum
+        // until the publication after it.
+        {
+            let (p, b) = self.paging_totals();
+            let up = |a: &std::sync::atomic::AtomicU64, v: u64| {
+                a.fetch_max(v, Ordering::Relaxed);
+            };
+            up(&s.expert_hits, p.hits);
+            up(&s.expert_misses, p.misses);
+            up(&s.expert_evictions, p.evictions);
+            up(&s.expert_bytes_in, p.bytes_in);
+            up(&s.expert_prefetches, p.prefetches);
+            up(&s.expert_predicted, p.predicted);
+            up(&s.expert_predicted_used, p.predicted_used);
+            up(&s.expert_bypassed, p.bypassed);
+            up(&s.block_hits, b.hits);
+            up(&s.block_misses, b.misses);
+            up(&s.block_evictions, b.evictions);
+            up(&s.block_bytes_in, b.bytes_in);
+        }
         s.active.store(self.active.len() as u64, Ordering::SeqCst);
         s.waiting
             .store(self.waiting.len() as u64, Ordering::Relaxed);

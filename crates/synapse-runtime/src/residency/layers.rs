@@ -209,9 +209,12 @@ impl LayerPager {
         }
         let slot_bytes = slot_caps.iter().sum::<usize>() as u64;
         if budget < slot_bytes {
-            return Err(refuse(format!(
-                "{budget} B for the blocks holds none (the largest takes {slot_bytes} B)"
-            )));
+            return Err(RuntimeError::MemoryBudget {
+                budget,
+                reason: format!(
+                    "{budget} B for the blocks holds none (the largest takes {slot_bytes} B)"
+                ),
+            });
         }
         for u in &units {
             for lin in linears(&u.mapped).expect("checked dense") {
