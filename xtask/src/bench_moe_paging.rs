@@ -18,7 +18,9 @@
 //! the experts' bytes (at 100% plus 16 MiB, so that all experts fit and none pages: the fully
 //! resident reference). Each run starts with every expert paged out, so its first uses are
 //! misses. Every run is one `synapse-cli generate --json` child; a run during
-//! which other processes used more than `--foreign-limit` CPU-seconds is redone.
+//! which other processes used more than `--foreign-limit` CPU-seconds is redone. The bench
+//! fails when a budgeted run's peak RSS over its start exceeds its budget or its tokens differ
+//! from the unlimited runs' (paging may change the speed, never a result).
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
@@ -140,6 +142,8 @@ struct Run {
     kept: Option<u64>,
     peak_over_start: Option<u64>,
     budget: Option<u64>,
+    /// The generated token ids (every run of a fraction must give the unlimited runs' ids).
+    tokens: Vec<u64>,
 }
 
 fn run_once(
@@ -201,7 +205,14 @@ fn parse(j: &Value) -> Run {
     Run {
         decode: f(&t["decode_tok_s"]),
         load: f(&t["load_s"]),
-        first_token_s: prompt / f(&t["prefill_tok_s"]),
+        // Timed by generate (from the start of generation to the first token); older
+        // binaries: the prompt over the prefill rate.
+        first_token_s: t["first_token_s"]
+            .as_f64()
+            .unwrap_or(prompt / f(&t["prefill_tok_s"])),
+        tokens: j["tokens"].as_array().map_or(Vec::new(), |a| {
+            a.iter().filter_map(|v| v.as_u64()).collect()
+        }),
         hit_rate: m["paging"]["hit_rate"].as_f64(),
         kept: m["layers_kept"].as_u64(),
         peak_over_start: match (m["peak_rss"].as_u64(), m["baseline_rss"].as_u64()) {
@@ -358,6 +369,7 @@ pub fn run(a: Args) -> Result<()> {
                 "unlimited_first_token_s": md(&without, &|r| r.first_token_s),
                 "peak_rss_over_start": with.iter().filter_map(|r| r.peak_over_start).max(),
                 "within_budget": with.iter().all(|r| r.peak_over_start.zip(r.budget).is_some_and(|(p, b)| p <= b)),
+                "same_tokens": !without.is_empty() && with.iter().chain(&without).all(|r| r.tokens == without[0].tokens),
             });
             rows.push(row);
         }
@@ -410,6 +422,18 @@ pub fn run(a: Args) -> Result<()> {
             }
         );
     }
+    let bad: Vec<String> = rows
+        .iter()
+        .filter(|r| r["within_budget"] != true || r["same_tokens"] != true)
+        .map(|r| {
+            format!(
+                "{:.1}%: within budget {}, same tokens as unlimited {}",
+                r["fraction"].as_f64().unwrap_or(f64::NAN) * 100.0,
+                r["within_budget"],
+                r["same_tokens"]
+            )
+        })
+        .collect();
     let out = repo_root().join("target/bench-moe-paging.json");
     std::fs::write(
         &out,
@@ -418,5 +442,12 @@ pub fn run(a: Args) -> Result<()> {
         }))?,
     )?;
     println!("wrote {}", out.display());
+    if !bad.is_empty() {
+        bail!(
+            "a budgeted run broke its budget or changed the tokens: {}",
+            bad.join("; ")
+        );
+    }
+    println!("every budgeted run: within its budget, the unlimited runs' tokens");
     Ok(())
 }

@@ -188,6 +188,50 @@ fn moe_experts_page_within_the_budget_with_the_same_tokens() {
     assert!(!o.status.success());
 }
 
+/// A Synapse package (`import --out`) pages its experts under `--memory` as its GGUF does:
+/// the GGUF's tokens, peak RSS above the start within the budget, experts held within theirs.
+#[test]
+fn a_package_pages_its_experts_within_the_budget_with_the_same_tokens() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shape = MoeShape::small();
+    let path = tmp.path().join(shape.file_name());
+    write(&shape, &path).unwrap();
+    let free = json(&generate(&path, None));
+    let pkg = tmp.path().join("pkg");
+    let o = cli(&[
+        "import",
+        path.to_str().unwrap(),
+        "--out",
+        pkg.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let big = json(&generate(&pkg, Some("4G")));
+    assert_eq!(big["tokens"], free["tokens"], "the package unbudgeted");
+    let m = &big["memory"];
+    let fixed = u(&m["loaded"]) + u(&m["weights_outside_experts"]) + u(&m["kv"]) + u(&m["scratch"]);
+    let experts = u(&m["experts_total"]);
+    let budget = fixed + experts / 2;
+    let o = json(&generate(&pkg, Some(&budget.to_string())));
+    let m = &o["memory"];
+    assert_eq!(
+        o["tokens"], free["tokens"],
+        "the package at half its experts"
+    );
+    let used = u(&m["peak_rss"]) - u(&m["baseline_rss"]);
+    eprintln!(
+        "package at half its experts: budget {:.1} MB, peak RSS above start {:.1} MB, {} misses",
+        budget as f64 / 1e6,
+        used as f64 / 1e6,
+        m["paging"]["misses"]
+    );
+    assert!(
+        used <= budget,
+        "peak RSS rose {used} B over a {budget} B budget"
+    );
+    assert!(u(&m["experts_held"]) <= u(&m["experts_budget"]));
+    assert!(u(&m["paging"]["evictions"]) > 0);
+}
+
 /// A precision profile's re-encoded experts (objects of the variant cache) page under
 /// `--memory` as the file's own do: the same tokens as the profile unbudgeted, peak RSS above
 /// the start within the budget, and what loading the profile read (the source's pages, the

@@ -329,7 +329,13 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     if stream && std::io::stderr().is_terminal() {
         eprint!("{prompt}");
     }
-    let mut piece = |id: u32| dec.push(id).unwrap_or_default();
+    // Time to the first generated token, from the start of generation (after loading).
+    let t_gen = Instant::now();
+    let mut first_token_s: Option<f64> = None;
+    let mut piece = |id: u32| {
+        first_token_s.get_or_insert_with(|| t_gen.elapsed().as_secs_f64());
+        dec.push(id).unwrap_or_default()
+    };
     let mut on_text = |s: &str| {
         text_out.push_str(s);
         if stream {
@@ -490,6 +496,7 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
             }),
             "timings": {
                 "load_s": load_s,
+                "first_token_s": first_token_s,
                 "prefill_tok_s": t.prefill_tok_s(),
                 "decode_tok_s": t.decode_tok_s(),
                 "prefill_tokens": t.prefill_tokens,
