@@ -6,7 +6,7 @@ Run by `cargo xtask tiny-models` (see fixtures/README.md); never by the tests.
 Usage: python tiny_models.py LLAMA_CPP_DIR OUT_DIR [FAMILY ...]
   LLAMA_CPP_DIR: the llama.cpp vendored in the llama-cpp-python sdist (convert_hf_to_gguf.py, gguf-py/)
   FAMILY in: llama qwen2 gemma3 olmoe granitemoe qwen2moe mixtral bitnet bitnet-relu2
-  bitnet-w158a8 olmoe-clip bitnet-packed olmoe-k (default: all)
+  bitnet-w158a8 olmoe-clip bitnet-packed olmoe-k olmoe-norm qwen2moe-norm (default: all)
 
 For each FAMILY writes OUT_DIR/<family>/:
   config.json, generation_config.json, model.safetensors    (transformers save_pretrained, fp32)
@@ -22,6 +22,9 @@ olmoe-k is OLMoE 256 wide (K-quant blocks hold 256 weights of a row) quantized b
 quantizer to Q4_K_M (model.q4_k_m.gguf, logits.llama-q4_k_m.f32): the K-quant experts whose rows
 llama.cpp's mul_mat_id tiles where 8 or more of a batch route to one. Its safetensors and F32 GGUF
 (8 MB each) are checked against transformers and then not kept (oracle.json `pruned`).
+olmoe-norm and qwen2moe-norm are olmoe and qwen2moe (the same weights) with norm_topk_prob=True:
+the top-k routing weights renormalised to sum 1, which llama.cpp's graphs for these architectures
+never do, so transformers is their only oracle (no GGUFs).
 Logits files are little-endian f32, the sequences' rows concatenated: [sum(len(seq)), n_vocab].
 Everything is seeded; weights ~ N(0, 0.1), norm weights ~ 1 + N(0, 0.1) (Gemma: N(0, 0.1), since its
 RMSNorm multiplies by 1 + w).
@@ -53,14 +56,17 @@ Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor i
 SENTENCE = "The quick brown fox runs CPU kernels, 42 times."
 
 FAMILIES = ["llama", "qwen2", "gemma3", "olmoe", "granitemoe", "qwen2moe", "mixtral", "bitnet",
-            "bitnet-relu2", "bitnet-w158a8", "olmoe-clip", "bitnet-packed", "olmoe-k"]
+            "bitnet-relu2", "bitnet-w158a8", "olmoe-clip", "bitnet-packed", "olmoe-k",
+            "olmoe-norm", "qwen2moe-norm"]
 # Quantized by llama.cpp's quantizer (`llama_model_quantize`) from the F32 GGUF, not converted.
 QUANTIZED = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
 # Families whose large files are dropped once checked (see the module docs).
 PRUNE = {"olmoe-k": ("model.safetensors", "model.f32.gguf")}
 # Families llama.cpp has no graph for: transformers is their only oracle (no GGUFs). OLMoE with
-# clip_qkv: llama.cpp's converter drops the clamp and its OLMoE graph has none.
-HF_ONLY = {"bitnet-relu2", "bitnet-w158a8", "olmoe-clip", "bitnet-packed"}
+# clip_qkv: llama.cpp's converter drops the clamp and its OLMoE graph has none. OLMoE and Qwen2-MoE
+# with norm_topk_prob: llama.cpp's olmoe and qwen2moe graphs never renormalise the top-k weights.
+HF_ONLY = {"bitnet-relu2", "bitnet-w158a8", "olmoe-clip", "bitnet-packed", "olmoe-norm",
+           "qwen2moe-norm"}
 # BitNet b1.58's W1.58A8 as transformers runs it over full-precision masters (AutoBitLinear,
 # online: weights ternarised per tensor, activations quantised per token to 8 bits).
 W158A8 = {"quant_method": "bitnet", "linear_class": "autobitlinear", "quantization_mode": "online"}
@@ -133,27 +139,29 @@ def make_config(family: str, vocab: int):
         k = dict(k, hidden_size=256, num_key_value_heads=NH, intermediate_size=256)
         return "OlmoeForCausalLM", transformers.OlmoeConfig(
             **k, num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, tie_word_embeddings=False)
-    if family in ("olmoe", "olmoe-clip"):
+    if family in ("olmoe", "olmoe-clip", "olmoe-norm"):
         # no GQA: llama.cpp's OLMoE expects attn_k_norm of size n_embd (real OLMoE has no GQA);
         # olmoe-clip clamps q and k (after their norms) and v to [-1, 1], which cuts a good part
-        # of these random models' values (their q/k have unit RMS)
+        # of these random models' values (their q/k have unit RMS); olmoe-norm renormalises the
+        # top-k routing weights (norm_topk_prob), with the same weights as olmoe
         k = dict(k, num_key_value_heads=NH, intermediate_size=FF_MOE)
         clip = dict(clip_qkv=1.0) if family == "olmoe-clip" else {}
         return "OlmoeForCausalLM", transformers.OlmoeConfig(
-            **k, num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, tie_word_embeddings=False,
-            **clip)
+            **k, num_experts=4, num_experts_per_tok=2, norm_topk_prob=family == "olmoe-norm",
+            tie_word_embeddings=False, **clip)
     if family == "granitemoe":
         k = dict(k, intermediate_size=FF_MOE)
         return "GraniteMoeForCausalLM", transformers.GraniteMoeConfig(
             **k, num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=12.0,
             logits_scaling=4.0, residual_multiplier=0.22, attention_multiplier=0.0625,
             tie_word_embeddings=True)
-    if family == "qwen2moe":
+    if family in ("qwen2moe", "qwen2moe-norm"):
         # every layer sparse, a shared expert with its sigmoid gate, no top-k renormalisation
-        # (llama.cpp's qwen2moe graph never renormalises), q/k/v biases
+        # (llama.cpp's qwen2moe graph never renormalises), q/k/v biases; qwen2moe-norm
+        # renormalises the top-k routing weights (norm_topk_prob), with the same weights
         return "Qwen2MoeForCausalLM", transformers.Qwen2MoeConfig(
             **k, moe_intermediate_size=FF_MOE, shared_expert_intermediate_size=96, num_experts=4,
-            num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
+            num_experts_per_tok=2, norm_topk_prob=family == "qwen2moe-norm", decoder_sparse_step=1, mlp_only_layers=[],
             use_sliding_window=False, tie_word_embeddings=False, rope_theta=1000000.0)
     if family == "mixtral":
         # 8 experts, top-2, renormalised top-k weights; llama.cpp reads it as `llama` with ffn_*_exps

@@ -1,11 +1,11 @@
 //! `cargo xtask tiny-models`: tiny random-weight models of every family (transformers →
 //! safetensors → GGUF F32/Q8_0, BitNet's F32/TQ1_0/TQ2_0, via llama.cpp's
-//! `convert_hf_to_gguf.py`; `bitnet-relu2`, `bitnet-w158a8` and `bitnet-packed` have no
-//! llama.cpp graph, so no GGUF) with transformers' and llama.cpp's logits for fixed token
-//! sequences. Regenerates `fixtures/tiny/` (format: `fixtures/README.md`).
+//! `convert_hf_to_gguf.py`; the [`HF_ONLY`] families have no llama.cpp graph, so no GGUF)
+//! with transformers' and llama.cpp's logits for fixed token sequences. Regenerates
+//! `fixtures/tiny/` (format: `fixtures/README.md`).
 //!
 //! The work is done by `xtask/py/tiny_models.py` in the oracle venv (needs torch, transformers,
-//! safetensors, sentencepiece and llama-cpp-python there).
+//! safetensors, sentencepiece, and llama-cpp-python unless every family made is in [`HF_ONLY`]).
 
 use crate::{oracle_env, parity_fixtures::run_py};
 use anyhow::{Result, bail};
@@ -13,7 +13,7 @@ use std::ffi::OsStr;
 use std::path::PathBuf;
 
 /// The families the generator can make (folder names under `fixtures/tiny/`).
-pub const FAMILIES: [&str; 13] = [
+pub const FAMILIES: [&str; 15] = [
     "llama",
     "qwen2",
     "gemma3",
@@ -27,6 +27,21 @@ pub const FAMILIES: [&str; 13] = [
     "olmoe-clip",
     "bitnet-packed",
     "olmoe-k",
+    "olmoe-norm",
+    "qwen2moe-norm",
+];
+
+/// The families llama.cpp has no graph for: transformers is their only oracle (no GGUFs, so
+/// neither llama.cpp's converter nor llama-cpp-python is needed to make them). OLMoE with
+/// `clip_qkv` (llama.cpp's converter drops the clamp); OLMoE and Qwen2-MoE with
+/// `norm_topk_prob` (llama.cpp's graphs never renormalise their top-k weights).
+pub const HF_ONLY: &[&str] = &[
+    "bitnet-relu2",
+    "bitnet-w158a8",
+    "olmoe-clip",
+    "bitnet-packed",
+    "olmoe-norm",
+    "qwen2moe-norm",
 ];
 
 /// The families made when none are named: those whose fixtures are committed (all).
@@ -43,7 +58,8 @@ pub struct Args {
     #[arg(long)]
     out: Option<PathBuf>,
     /// Families to make (default: all, llama qwen2 gemma3 olmoe granitemoe qwen2moe mixtral
-    /// bitnet bitnet-relu2 bitnet-w158a8 olmoe-clip bitnet-packed olmoe-k).
+    /// bitnet bitnet-relu2 bitnet-w158a8 olmoe-clip bitnet-packed olmoe-k olmoe-norm
+    /// qwen2moe-norm).
     families: Vec<String>,
 }
 
@@ -55,7 +71,9 @@ pub fn run(args: Args) -> Result<()> {
             .map(|p| p.join("llama_cpp_python-0.3.36/vendor/llama.cpp"))
             .unwrap_or_default()
     });
-    if !llama_dir.join("convert_hf_to_gguf.py").is_file() {
+    let hf_only =
+        !args.families.is_empty() && args.families.iter().all(|f| HF_ONLY.contains(&f.as_str()));
+    if !hf_only && !llama_dir.join("convert_hf_to_gguf.py").is_file() {
         bail!(
             "no convert_hf_to_gguf.py in {}: unpack the llama-cpp-python 0.3.36 sdist \
              (`pip download --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36`) and pass \
@@ -89,7 +107,7 @@ pub fn run(args: Args) -> Result<()> {
 mod tests {
     //! Integrity of the committed `fixtures/tiny/` (what the runtime's family tests rely on).
 
-    use super::COMMITTED;
+    use super::{COMMITTED, HF_ONLY};
     use crate::oracle_env::repo_root;
     use serde_json::Value;
 
@@ -113,13 +131,6 @@ mod tests {
 
     #[test]
     fn committed_families_are_consistent() {
-        // The families llama.cpp has no graph for (transformers is their only oracle: no GGUFs).
-        const HF_ONLY: &[&str] = &[
-            "bitnet-relu2",
-            "bitnet-w158a8",
-            "olmoe-clip",
-            "bitnet-packed",
-        ];
         for fam in COMMITTED {
             let dir = repo_root().join("fixtures/tiny").join(fam);
             let o: Value = serde_json::from_slice(

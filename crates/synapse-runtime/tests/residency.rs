@@ -563,7 +563,6 @@ fn a_profile_installed_while_sessions_run_waits_for_them_under_a_budget() {
                 Event::Token(t) => tb.push(t.id),
                 Event::Done(_) => b_done = true,
                 Event::Error(e) => panic!("{e}"),
-                _ => {}
             }
         }
         let st = s.stats();

@@ -295,6 +295,54 @@ fn tiny_olmoe_clip_qkv() {
     assert!(rel > 1e-3, "the clamp changed nothing ({rel:.3e})");
 }
 
+/// OLMoE with `norm_topk_prob` (the top-2 routing weights renormalised to sum 1; the weights
+/// of `olmoe`): Synapse's safetensors import against transformers.
+#[test]
+fn tiny_olmoe_norm_topk_prob() {
+    check_norm_topk_prob("olmoe-norm");
+}
+
+/// Qwen2-MoE with `norm_topk_prob` (the routed top-2 weights renormalised to sum 1, the shared
+/// expert as before; the weights of `qwen2moe`): Synapse's safetensors import against
+/// transformers.
+#[test]
+fn tiny_qwen2moe_norm_topk_prob() {
+    check_norm_topk_prob("qwen2moe-norm");
+}
+
+/// A `norm_topk_prob: true` family against transformers, its only oracle: llama.cpp's olmoe
+/// and qwen2moe graphs never renormalise the top-k weights, so there is no GGUF to hold it to.
+/// The flag bites: the same checkpoint read with `norm_topk_prob: false` is far from
+/// transformers' logits.
+fn check_norm_topk_prob(family: &str) {
+    let dir = common::workspace_root().join("fixtures/tiny").join(family);
+    if !common::require(&dir.join("oracle.json"), "tiny-model fixture") {
+        return;
+    }
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        cfg["norm_topk_prob"],
+        serde_json::Value::Bool(true),
+        "{family}"
+    );
+    check_cases(
+        family,
+        vec![(dir.clone(), dir.join("logits.hf.f32"), hf_tolerance(family))],
+    );
+    let unnormalised = fixture_copy(&dir, true, |c| c["norm_topk_prob"] = false.into());
+    let seqs = common::tiny_sequences(&dir);
+    let (_, rel) = compare(
+        &run_all(unnormalised.path(), &seqs),
+        &read_f32(&dir.join("logits.hf.f32")),
+    );
+    eprintln!("{family} without the renormalisation: rel {rel:.3e}");
+    assert!(
+        rel > 1e-3,
+        "{family}: the renormalisation changed nothing ({rel:.3e})"
+    );
+}
+
 /// BitNet b1.58 2B4T's graph (ReLU², untied head): transformers is the only oracle.
 #[test]
 fn tiny_bitnet_relu2() {

@@ -661,14 +661,15 @@ impl Scheduler {
     /// Drops the executors of profiles no session runs on (never the current one).
     fn drop_unused_execs(&mut self) {
         for (i, e) in self.execs.iter_mut().enumerate() {
-            if i != self.current && e.is_some() && !self.active.iter().any(|a| a.exec == i) {
-                if let Some(gone) = e.take() {
-                    if let Some(p) = gone.paging_stats() {
-                        self.paged_before.0 += p;
-                    }
-                    if let Some(p) = gone.layer_pager().map(|p| p.stats()) {
-                        self.paged_before.1 += p;
-                    }
+            if i != self.current
+                && !self.active.iter().any(|a| a.exec == i)
+                && let Some(gone) = e.take()
+            {
+                if let Some(p) = gone.paging_stats() {
+                    self.paged_before.0 += p;
+                }
+                if let Some(p) = gone.layer_pager().map(|p| p.stats()) {
+                    self.paged_before.1 += p;
                 }
             }
         }
