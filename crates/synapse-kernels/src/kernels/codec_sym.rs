@@ -868,7 +868,13 @@ pub(crate) unsafe fn rows_avx2<const ASYM: bool>(
                     };
                     // The 32 codes of each half, in order (u8).
                     let mut codes = [_mm256_setzero_si256(); 2];
+                    if b == 2 || b == 4 {
+                        codes = unpack_group_avx2(b, area, low4);
+                    }
                     for (hf, c) in codes.iter_mut().enumerate() {
+                        if b == 2 || b == 4 {
+                            break;
+                        }
                         if b == 8 {
                             *c = _mm256_loadu_si256(area.add(32 * hf).cast());
                             continue;
@@ -952,6 +958,59 @@ pub(crate) unsafe fn rows_avx2<const ASYM: bool>(
             }
             t0 += nt;
         }
+    }
+}
+
+/// A 2- or 4-bit group's 64 codes (the LSB-first stream at `area`: 16 or 32 bytes) as two
+/// registers of 32 bytes, elements 0..32 and 32..64 in order, by shifts, masks and
+/// interleaves (no multiply). 2 bits: byte `j` holds codes `4j..4j+4`; the stream is read
+/// into both 128-bit halves, shifted per 64-bit lane by 0/4 and 2/6 and masked, giving the
+/// codes `4j + k` of every `j` for `k` = 0, 2 (one register) and 1, 3 (the other); two byte
+/// and two word interleaves put `4j..4j+4` next to each other. 4 bits: byte `j` holds codes
+/// `2j` (low nibble) and `2j + 1`; one byte interleave of the masked nibbles. Each leaves the
+/// halves' 128-bit lanes crossed, which one lane permute per output sorts.
+///
+/// # Safety
+/// The CPU has AVX2; `area` can be read for 16 (2 bits) or 32 (4 bits) bytes.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn unpack_group_avx2(
+    b: usize,
+    area: *const u8,
+    low4: std::arch::x86_64::__m256i,
+) -> [std::arch::x86_64::__m256i; 2] {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's contract.
+    unsafe {
+        let (e1, e2) = if b == 2 {
+            let three = _mm256_set1_epi8(3);
+            let x = _mm256_broadcastsi128_si256(_mm_loadu_si128(area.cast()));
+            // [codes 4j | codes 4j+2] and [4j+1 | 4j+3], j = 0..16.
+            let ta = _mm256_and_si256(_mm256_srlv_epi64(x, _mm256_set_epi64x(4, 4, 0, 0)), three);
+            let tb = _mm256_and_si256(_mm256_srlv_epi64(x, _mm256_set_epi64x(6, 6, 2, 2)), three);
+            // [(4j, 4j+1) j = 0..8 | (4j+2, 4j+3) j = 0..8], and j = 8..16.
+            let l = _mm256_unpacklo_epi8(ta, tb);
+            let h = _mm256_unpackhi_epi8(ta, tb);
+            // [(4j, 4j+1) j = 0..8 | j = 8..16], and the (4j+2, 4j+3) pairs likewise.
+            let p01 = _mm256_permute2x128_si256::<0x20>(l, h);
+            let p23 = _mm256_permute2x128_si256::<0x31>(l, h);
+            // [elements 0..16 | 32..48], [16..32 | 48..64].
+            (
+                _mm256_unpacklo_epi16(p01, p23),
+                _mm256_unpackhi_epi16(p01, p23),
+            )
+        } else {
+            let y = _mm256_loadu_si256(area.cast());
+            let lo = _mm256_and_si256(y, low4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(y), low4);
+            // [elements 0..16 | 32..48], [16..32 | 48..64].
+            (_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi))
+        };
+        [
+            _mm256_permute2x128_si256::<0x20>(e1, e2),
+            _mm256_permute2x128_si256::<0x31>(e1, e2),
+        ]
     }
 }
 
