@@ -103,6 +103,19 @@ pub fn pv_t_f32(
         };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if super::has_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked at run time); runs, probabilities and
+        // outputs are in range (asserted above).
+        unsafe {
+            if lanes == 64 {
+                avx2::run::<8>(vt, stride, runs, first_cell, qs, hd)
+            } else {
+                avx2::run::<2>(vt, stride, runs, first_cell, qs, hd)
+            }
+        };
+        return;
+    }
     state[..need].fill(0.0);
     scalar(
         lanes,
@@ -155,6 +168,102 @@ fn reduce_lanes(st: &[f32]) -> f32 {
         std::array::from_fn(|l| st[l])
     };
     super::reduce16(&v)
+}
+
+/// AVX2 + FMA: the same lanes (`8·N` of them) and the same FMA chains, eight lanes to a
+/// register. Value dimensions outside, queries inside (a value row's cells stay in L1 for
+/// every query); each (query, dimension) pair is summed whole in one go, its lanes in
+/// registers while whole lane cycles of cells stream by, in a local array before and after
+/// (where a run starts or ends inside a cycle), so no state is kept between calls.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{PvtQuery, PvtRun, reduce_lanes};
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX2 and FMA; the runs lie inside `hd` value rows of `vt` at `stride`; every query's
+    /// `p` has the cells and its `out` `hd` floats; `N` is 2 (16 lanes) or 8 (64).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn run<const N: usize>(
+        vt: &[f32],
+        stride: usize,
+        runs: &[PvtRun],
+        first_cell: usize,
+        qs: &mut [PvtQuery<'_>],
+        hd: usize,
+    ) {
+        let lanes = 8 * N;
+        // SAFETY: the caller's contract; every index below stays inside a run's columns, a
+        // query's cells or the lane array.
+        unsafe {
+            for d in 0..hd {
+                let row = vt.as_ptr().add(d * stride);
+                for q in qs.iter_mut() {
+                    let mut st = [0f32; 64];
+                    let sp = st.as_mut_ptr();
+                    let p = q.p.as_ptr();
+                    let mut j = 0;
+                    for r in runs {
+                        let v = row.add(r.col);
+                        let pj = p.add(j);
+                        let (mut k, mut l) = (0, (first_cell + j) % lanes);
+                        // Up to a register boundary one lane at a time, then up to the cycle's
+                        // end a register at a time (each lane once: no chain through memory).
+                        while k < r.len && l % 8 != 0 {
+                            *sp.add(l) = (*v.add(k)).mul_add(*pj.add(k), *sp.add(l));
+                            (k, l) = (k + 1, (l + 1) % lanes);
+                        }
+                        while k + 8 <= r.len && l != 0 {
+                            let a = _mm256_loadu_ps(sp.add(l));
+                            let a = _mm256_fmadd_ps(
+                                _mm256_loadu_ps(v.add(k)),
+                                _mm256_loadu_ps(pj.add(k)),
+                                a,
+                            );
+                            _mm256_storeu_ps(sp.add(l), a);
+                            (k, l) = (k + 8, (l + 8) % lanes);
+                        }
+                        // Whole cycles with the lanes in registers.
+                        if l == 0 && k + lanes <= r.len {
+                            let mut acc: [__m256; N] =
+                                std::array::from_fn(|i| _mm256_loadu_ps(sp.add(8 * i)));
+                            while k + lanes <= r.len {
+                                for (i, a) in acc.iter_mut().enumerate() {
+                                    let c = k + 8 * i;
+                                    *a = _mm256_fmadd_ps(
+                                        _mm256_loadu_ps(v.add(c)),
+                                        _mm256_loadu_ps(pj.add(c)),
+                                        *a,
+                                    );
+                                }
+                                k += lanes;
+                            }
+                            for (i, a) in acc.iter().enumerate() {
+                                _mm256_storeu_ps(sp.add(8 * i), *a);
+                            }
+                        }
+                        // The rest of the run: less than a cycle, each lane at most once.
+                        while k + 8 <= r.len && l % 8 == 0 {
+                            let a = _mm256_loadu_ps(sp.add(l));
+                            let a = _mm256_fmadd_ps(
+                                _mm256_loadu_ps(v.add(k)),
+                                _mm256_loadu_ps(pj.add(k)),
+                                a,
+                            );
+                            _mm256_storeu_ps(sp.add(l), a);
+                            (k, l) = (k + 8, (l + 8) % lanes);
+                        }
+                        while k < r.len {
+                            *sp.add(l) = (*v.add(k)).mul_add(*pj.add(k), *sp.add(l));
+                            (k, l) = (k + 1, (l + 1) % lanes);
+                        }
+                        j += r.len;
+                    }
+                    q.out[d] = reduce_lanes(&st[..lanes]);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
