@@ -1309,11 +1309,29 @@ impl Job<'_> {
         let nb = m.cols / self.ty.block_size();
         let w = m.data.as_bytes();
         debug_assert!(r1 <= m.rows && self.act.len() >= self.n * self.arb);
+        // Activation rows in blocks of ~32 KB (a multiple of four rows), each block swept by
+        // every weight row of the chunk while it is in L1: otherwise every weight row streamed
+        // all of a prompt's activations from L2 again. Each output is one kernel call's either
+        // way (the same bits).
+        let tb = if self.n > 4 {
+            (((32 << 10) / self.arb.max(1)) / 4 * 4).max(4)
+        } else {
+            self.n
+        };
+        for tb0 in (0..self.n).step_by(tb.max(1)) {
+            let tb1 = (tb0 + tb).min(self.n);
+            self.rows_block(w, nb, r0, r1, tb0, tb1);
+        }
+    }
+
+    /// [`Job::rows`] for the activation rows `t0..t1`.
+    fn rows_block(&self, w: &[u8], nb: usize, r0: usize, r1: usize, t0: usize, t1: usize) {
+        let m = self.m;
         for r in r0..r1 {
             let wr = &w[r * m.row_bytes..(r + 1) * m.row_bytes];
-            let mut t = 0;
+            let mut t = t0;
             if let Some(dot4) = self.k.dot4 {
-                while t + 4 <= self.n {
+                while t + 4 <= t1 {
                     let a = &self.act[t * self.arb..(t + 4) * self.arb];
                     // SAFETY: as below, for the four activation rows t..t+4 (all inside `a`).
                     unsafe {
@@ -1325,7 +1343,7 @@ impl Job<'_> {
                     t += 4;
                 }
             }
-            for t in t..self.n {
+            for t in t..t1 {
                 let a = &self.act[t * self.arb..(t + 1) * self.arb];
                 // SAFETY: `wr` holds `nb` blocks, `a` one activation row of the kernel's
                 // format, the kernel was selected for a path this CPU supports (KernelCtx
