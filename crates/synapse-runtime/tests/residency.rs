@@ -440,32 +440,41 @@ fn re_encoded_experts_page_from_the_variant_cache() {
     assert!(e.contains("without a variant cache"), "{e}");
 }
 
-/// A precision profile installed in an engine whose experts page (a budget below its
-/// weights) pages its own experts in what the rest leaves: the same tokens as an unbudgeted
-/// engine at that profile, the ledger on the new profile, its experts paged.
-#[test]
-fn a_profile_installed_under_a_memory_budget_pages_its_experts() {
+/// An engine of `slots` sessions of 128 positions over `m` whose budget holds a quarter of the
+/// source's experts beside the rest (the KV and scratch of this configuration probed first),
+/// and that budget.
+fn quarter_budget_engine(
+    m: &Arc<Model>,
+    slots: usize,
+) -> (u64, synapse_runtime::engine::Scheduler) {
     use synapse_runtime::engine::{EngineConfig, Scheduler};
-    let tmp = tempfile::tempdir().unwrap();
-    let (m, _) = model(tmp.path());
-    let q4 = common::through_cache(&m, Q4, &tmp.path().join("store"));
-    let (want, _) = common::engine_greedy(&q4, None, 4, &PROMPT, 20);
     let cfg = |memory| EngineConfig {
-        slots: 4,
+        slots,
         ctx: 128,
         ubatch: 32,
         step_tokens: 64,
         memory,
         ..EngineConfig::default()
     };
-    // The KV and scratch of this configuration, then a budget where a quarter of the
-    // source's experts fit (and half of q4's).
     let probe = Scheduler::new(m.clone(), Arc::new(common::Ids), cfg(Some(u64::MAX))).unwrap();
     let l = probe.ledger().unwrap();
     drop(probe);
     let src_exp = m.expert_bytes() as u64;
     let budget = m.weight_bytes() as u64 - src_exp + l.kv + l.scratch + src_exp / 4;
-    let mut s = Scheduler::new(m.clone(), Arc::new(common::Ids), cfg(Some(budget))).unwrap();
+    let s = Scheduler::new(m.clone(), Arc::new(common::Ids), cfg(Some(budget))).unwrap();
+    (budget, s)
+}
+
+/// A precision profile installed in an engine whose experts page (a budget below its
+/// weights) pages its own experts in what the rest leaves: the same tokens as an unbudgeted
+/// engine at that profile, the ledger on the new profile, its experts paged.
+#[test]
+fn a_profile_installed_under_a_memory_budget_pages_its_experts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (m, _) = model(tmp.path());
+    let q4 = common::through_cache(&m, Q4, &tmp.path().join("store"));
+    let (want, _) = common::engine_greedy(&q4, None, 4, &PROMPT, 20);
+    let (budget, mut s) = quarter_budget_engine(&m, 4);
     assert!(
         s.ledger().unwrap().experts_budget.is_some(),
         "the source pages"
@@ -497,7 +506,7 @@ fn a_profile_installed_under_a_memory_budget_pages_its_experts() {
 /// tokens. The paging counters, summed over the executors, never go down across the switch.
 #[test]
 fn a_profile_installed_while_sessions_run_waits_for_them_under_a_budget() {
-    use synapse_runtime::engine::{EngineConfig, Event, Request, Scheduler};
+    use synapse_runtime::engine::{Event, Request};
     let tmp = tempfile::tempdir().unwrap();
     let (m, _) = model(tmp.path());
     let q4 = common::through_cache(&m, Q4, &tmp.path().join("store"));
@@ -507,20 +516,7 @@ fn a_profile_installed_while_sessions_run_waits_for_them_under_a_budget() {
         want_src, want_q4,
         "the profiles must differ for the test to say anything"
     );
-    let cfg = |memory| EngineConfig {
-        slots: 2,
-        ctx: 128,
-        ubatch: 32,
-        step_tokens: 64,
-        memory,
-        ..EngineConfig::default()
-    };
-    let probe = Scheduler::new(m.clone(), Arc::new(common::Ids), cfg(Some(u64::MAX))).unwrap();
-    let l = probe.ledger().unwrap();
-    drop(probe);
-    let src_exp = m.expert_bytes() as u64;
-    let budget = m.weight_bytes() as u64 - src_exp + l.kv + l.scratch + src_exp / 4;
-    let mut s = Scheduler::new(m.clone(), Arc::new(common::Ids), cfg(Some(budget))).unwrap();
+    let (_, mut s) = quarter_budget_engine(&m, 2);
     let request = || {
         let mut r = Request::greedy(PROMPT.to_vec(), 20);
         r.stop_at_eog = false;

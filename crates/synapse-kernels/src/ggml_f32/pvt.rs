@@ -209,19 +209,30 @@ mod avx2 {
                         let (mut k, mut l) = (0, (first_cell + j) % lanes);
                         // Up to a register boundary one lane at a time, then up to the cycle's
                         // end a register at a time (each lane once: no chain through memory).
+                        // One lane, or eight, of the array: cell k into lane l, then on.
+                        macro_rules! one {
+                            () => {
+                                *sp.add(l) = (*v.add(k)).mul_add(*pj.add(k), *sp.add(l));
+                                (k, l) = (k + 1, (l + 1) % lanes);
+                            };
+                        }
+                        macro_rules! eight {
+                            () => {
+                                let a = _mm256_loadu_ps(sp.add(l));
+                                let a = _mm256_fmadd_ps(
+                                    _mm256_loadu_ps(v.add(k)),
+                                    _mm256_loadu_ps(pj.add(k)),
+                                    a,
+                                );
+                                _mm256_storeu_ps(sp.add(l), a);
+                                (k, l) = (k + 8, (l + 8) % lanes);
+                            };
+                        }
                         while k < r.len && l % 8 != 0 {
-                            *sp.add(l) = (*v.add(k)).mul_add(*pj.add(k), *sp.add(l));
-                            (k, l) = (k + 1, (l + 1) % lanes);
+                            one!();
                         }
                         while k + 8 <= r.len && l != 0 {
-                            let a = _mm256_loadu_ps(sp.add(l));
-                            let a = _mm256_fmadd_ps(
-                                _mm256_loadu_ps(v.add(k)),
-                                _mm256_loadu_ps(pj.add(k)),
-                                a,
-                            );
-                            _mm256_storeu_ps(sp.add(l), a);
-                            (k, l) = (k + 8, (l + 8) % lanes);
+                            eight!();
                         }
                         // Whole cycles with the lanes in registers.
                         if l == 0 && k + lanes <= r.len {
@@ -244,18 +255,10 @@ mod avx2 {
                         }
                         // The rest of the run: less than a cycle, each lane at most once.
                         while k + 8 <= r.len && l % 8 == 0 {
-                            let a = _mm256_loadu_ps(sp.add(l));
-                            let a = _mm256_fmadd_ps(
-                                _mm256_loadu_ps(v.add(k)),
-                                _mm256_loadu_ps(pj.add(k)),
-                                a,
-                            );
-                            _mm256_storeu_ps(sp.add(l), a);
-                            (k, l) = (k + 8, (l + 8) % lanes);
+                            eight!();
                         }
                         while k < r.len {
-                            *sp.add(l) = (*v.add(k)).mul_add(*pj.add(k), *sp.add(l));
-                            (k, l) = (k + 1, (l + 1) % lanes);
+                            one!();
                         }
                         j += r.len;
                     }
