@@ -80,6 +80,20 @@ pub fn pv_t_f32(
         PvOrder::VecDot => 64,
         PvOrder::Gemm => 16,
     };
+    // Without AVX-512: AVX2 + FMA, no lane state kept between calls.
+    #[cfg(target_arch = "x86_64")]
+    if !super::has_avx512() && super::has_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked at run time); runs, probabilities and
+        // outputs are in range (asserted above).
+        unsafe {
+            if lanes == 64 {
+                avx2::run::<8>(vt, stride, runs, first_cell, qs, hd)
+            } else {
+                avx2::run::<2>(vt, stride, runs, first_cell, qs, hd)
+            }
+        };
+        return;
+    }
     // Lane state of every (query, dim) pair, carried from block to block.
     let need = qs.len() * hd * lanes;
     if state.len() < need {
@@ -100,19 +114,6 @@ pub fn pv_t_f32(
                 hd,
                 &mut state[..need],
             )
-        };
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if super::has_fma() {
-        // SAFETY: the CPU has AVX2 and FMA (checked at run time); runs, probabilities and
-        // outputs are in range (asserted above).
-        unsafe {
-            if lanes == 64 {
-                avx2::run::<8>(vt, stride, runs, first_cell, qs, hd)
-            } else {
-                avx2::run::<2>(vt, stride, runs, first_cell, qs, hd)
-            }
         };
         return;
     }

@@ -773,11 +773,11 @@ unsafe fn decode_block<const R: usize, const ASYM: bool, const K: usize>(
 }
 
 /// [`rows_scalar`] on AVX2 + FMA (no VBMI, no VNNI needed), the same bits. Each group's codes
-/// are unpacked once for up to 8 activation rows into 32 bytes per half, in element order: a
-/// byte shuffle brings each code's two bytes into a 16-bit lane, a per-lane multiply and a
-/// shift leave the code, and `packus` of the registers holding elements (0..8 | 16..24) and
-/// (8..16 | 24..32) of the half puts them in order (4-bit codes: two nibble masks and an
-/// interleave; 8-bit codes: one load). Then per half and activation row, as ggml's
+/// are unpacked once for up to 4 activation rows into 32 bytes per half, in element order:
+/// 2- and 4-bit codes by shifts, masks and interleaves ([`unpack_group_avx2`]); 8-bit codes by
+/// one load; other widths by a byte shuffle that brings each code's two bytes into a 16-bit
+/// lane, a per-lane multiply and a shift that leave the code, and `packus` of the registers
+/// holding elements (0..8 | 16..24) and (8..16 | 24..32) of the half. Then per half and activation row, as ggml's
 /// Q8_0 dot does, `vpmaddubsw` (codes ≤ 127 against |a| ≤ 127: pair sums below 2^15, no
 /// saturation) and `vpmaddwd` by ones give the 8 four-element lanes exactly, started at the
 /// prepared `init`; 8-bit codes (up to 255) go in signed instead, `q = u − 128`, as
@@ -870,36 +870,22 @@ pub(crate) unsafe fn rows_avx2<const ASYM: bool>(
                     let mut codes = [_mm256_setzero_si256(); 2];
                     if b == 2 || b == 4 {
                         codes = unpack_group_avx2(b, area, low4);
-                    }
-                    for (hf, c) in codes.iter_mut().enumerate() {
-                        if b == 2 || b == 4 {
-                            break;
+                    } else {
+                        for (hf, c) in codes.iter_mut().enumerate() {
+                            if b == 8 {
+                                *c = _mm256_loadu_si256(area.add(32 * hf).cast());
+                                continue;
+                            }
+                            let mut ab = [_mm256_setzero_si256(); 2];
+                            for (j, v) in ab.iter_mut().enumerate() {
+                                let at = 4 * b * hf + b * j;
+                                let lo = _mm_loadu_si128(area.add(at).cast());
+                                let hi = _mm_loadu_si128(area.add(at + 2 * b).cast());
+                                let x = _mm256_shuffle_epi8(_mm256_set_m128i(hi, lo), shuf);
+                                *v = _mm256_srl_epi16(_mm256_mullo_epi16(x, mul), right);
+                            }
+                            *c = _mm256_packus_epi16(ab[0], ab[1]);
                         }
-                        if b == 8 {
-                            *c = _mm256_loadu_si256(area.add(32 * hf).cast());
-                            continue;
-                        }
-                        if b == 4 {
-                            // Byte i holds codes 2i (low nibble) and 2i + 1.
-                            let x = _mm_loadu_si128(area.add(16 * hf).cast());
-                            let lo = _mm_and_si128(x, _mm256_castsi256_si128(low4));
-                            let hi =
-                                _mm_and_si128(_mm_srli_epi16(x, 4), _mm256_castsi256_si128(low4));
-                            *c = _mm256_set_m128i(
-                                _mm_unpackhi_epi8(lo, hi),
-                                _mm_unpacklo_epi8(lo, hi),
-                            );
-                            continue;
-                        }
-                        let mut ab = [_mm256_setzero_si256(); 2];
-                        for (j, v) in ab.iter_mut().enumerate() {
-                            let at = 4 * b * hf + b * j;
-                            let lo = _mm_loadu_si128(area.add(at).cast());
-                            let hi = _mm_loadu_si128(area.add(at + 2 * b).cast());
-                            let x = _mm256_shuffle_epi8(_mm256_set_m128i(hi, lo), shuf);
-                            *v = _mm256_srl_epi16(_mm256_mullo_epi16(x, mul), right);
-                        }
-                        *c = _mm256_packus_epi16(ab[0], ab[1]);
                     }
                     for (k, a) in acc.iter_mut().enumerate() {
                         let t = t0 + k;

@@ -665,12 +665,9 @@ impl Scheduler {
                 && !self.active.iter().any(|a| a.exec == i)
                 && let Some(gone) = e.take()
             {
-                if let Some(p) = gone.paging_stats() {
-                    self.paged_before.0 += p;
-                }
-                if let Some(p) = gone.layer_pager().map(|p| p.stats()) {
-                    self.paged_before.1 += p;
-                }
+                let (p, b) = pager_stats(&gone);
+                self.paged_before.0 += p;
+                self.paged_before.1 += b;
             }
         }
         let retired = self
@@ -1616,12 +1613,9 @@ impl Scheduler {
     fn paging_totals(&self) -> (PagingStats, PagingStats) {
         let (mut experts, mut blocks) = self.paged_before;
         for e in self.execs.iter().flatten() {
-            if let Some(p) = e.paging_stats() {
-                experts += p;
-            }
-            if let Some(p) = e.layer_pager().map(|p| p.stats()) {
-                blocks += p;
-            }
+            let (p, b) = pager_stats(e);
+            experts += p;
+            blocks += b;
         }
         (experts, blocks)
     }
@@ -1630,24 +1624,22 @@ impl Scheduler {
         let s = &self.stats;
         // Raised, never lowered: an executor taken out for its pass is missing from the sum
         // until the publication after it.
-        {
-            let (p, b) = self.paging_totals();
-            let up = |a: &std::sync::atomic::AtomicU64, v: u64| {
-                a.fetch_max(v, Ordering::Relaxed);
-            };
-            up(&s.expert_hits, p.hits);
-            up(&s.expert_misses, p.misses);
-            up(&s.expert_evictions, p.evictions);
-            up(&s.expert_bytes_in, p.bytes_in);
-            up(&s.expert_prefetches, p.prefetches);
-            up(&s.expert_predicted, p.predicted);
-            up(&s.expert_predicted_used, p.predicted_used);
-            up(&s.expert_bypassed, p.bypassed);
-            up(&s.block_hits, b.hits);
-            up(&s.block_misses, b.misses);
-            up(&s.block_evictions, b.evictions);
-            up(&s.block_bytes_in, b.bytes_in);
-        }
+        let (p, b) = self.paging_totals();
+        let up = |a: &std::sync::atomic::AtomicU64, v: u64| {
+            a.fetch_max(v, Ordering::Relaxed);
+        };
+        up(&s.expert_hits, p.hits);
+        up(&s.expert_misses, p.misses);
+        up(&s.expert_evictions, p.evictions);
+        up(&s.expert_bytes_in, p.bytes_in);
+        up(&s.expert_prefetches, p.prefetches);
+        up(&s.expert_predicted, p.predicted);
+        up(&s.expert_predicted_used, p.predicted_used);
+        up(&s.expert_bypassed, p.bypassed);
+        up(&s.block_hits, b.hits);
+        up(&s.block_misses, b.misses);
+        up(&s.block_evictions, b.evictions);
+        up(&s.block_bytes_in, b.bytes_in);
         s.active.store(self.active.len() as u64, Ordering::SeqCst);
         s.waiting
             .store(self.waiting.len() as u64, Ordering::Relaxed);
@@ -1663,6 +1655,14 @@ impl Scheduler {
                 .store(h.list.len() as u64, Ordering::Relaxed);
         }
     }
+}
+
+/// An executor's paging counters: its expert pager's and its block pager's (zero without).
+fn pager_stats(e: &Executor) -> (PagingStats, PagingStats) {
+    (
+        e.paging_stats().unwrap_or_default(),
+        e.layer_pager().map(|p| p.stats()).unwrap_or_default(),
+    )
 }
 
 /// Where `model`'s `weights` (a draft's and a shortlist's included) and `rest` (the KV and
