@@ -844,6 +844,16 @@ impl QuantMatrix {
         {
             return self.tiled_matmul(ty, x, n, y, ctx);
         }
+        #[cfg(target_arch = "x86_64")]
+        // The 32-block types' many-row GEMM off AVX-512 (same bits as the per-row kernels;
+        // IQ4_NL only for calls in its many-row order).
+        if kernels::tile32::on(ctx.path())
+            && n >= kernels::tile32::MIN_ROWS
+            && kernels::tile32::Codes::of(ty).is_some()
+            && (ty != GgmlType::IQ4_NL || order_rows >= 2)
+        {
+            return self.tile32_matmul(ty, x, n, y, ctx);
+        }
         let (act_scratch, pool) = ctx.parts();
         let act: &[u8] = if k.act == ActKind::F32 {
             bytemuck::cast_slice(x)
@@ -945,6 +955,58 @@ impl QuantMatrix {
 }
 
 impl QuantMatrix {
+    /// The 32-block types with many activation rows on AVX2 and AVX-VNNI: a tile of weight
+    /// rows unpacked once per call against groups of eight packed activation rows (see
+    /// `kernels::tile32`).
+    #[cfg(target_arch = "x86_64")]
+    fn tile32_matmul(
+        &self,
+        ty: GgmlType,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+        ctx: &mut KernelCtx,
+    ) -> Result<()> {
+        use crate::act::BlockQ8x32;
+        use kernels::tile32;
+        let path = ctx.path();
+        let (act_scratch, pack, pool) = ctx.parts2();
+        let (cols, nb) = (self.cols, self.cols / 32);
+        let (arb, groups) = (ActKind::Q8x32.row_bytes(cols), n.div_ceil(8));
+        act_scratch.set_len(n * arb);
+        pack.set_len(tile32::pack_len(n, nb));
+        // Quantize and pack each 8-row group on the pool (they are independent).
+        let (ap, pp) = (
+            SyncBytes(act_scratch.as_bytes_mut().as_mut_ptr()),
+            SyncBytes(pack.as_bytes_mut().as_mut_ptr()),
+        );
+        let pk = nb * tile32::PACK8;
+        pool.run_rows(groups, 1, 64 * n * cols, &|g0, g1| {
+            let (t0, t1) = (g0 * 8, (g1 * 8).min(n));
+            // SAFETY: chunks own disjoint groups: activation rows t0..t1 and packed groups
+            // g0..g1 of the buffers sized above.
+            let (a, p) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(ap.get().add(t0 * arb), (t1 - t0) * arb),
+                    std::slice::from_raw_parts_mut(pp.get().add(g0 * pk), (g1 - g0) * pk),
+                )
+            };
+            quantize_rows(ActKind::Q8x32, &x[t0 * cols..t1 * cols], cols, a);
+            let blocks: &[BlockQ8x32] = bytemuck::cast_slice(a);
+            tile32::pack(blocks, t1 - t0, nb, p);
+        });
+        let packed = pack.as_bytes();
+        let yp = SyncPtr(y.as_mut_ptr());
+        let (w, rb, rows) = (self.data.as_bytes(), self.row_bytes, self.rows);
+        pool.run_rows(rows, 8, 2 * rows * cols * n, &|r0, r1| {
+            // SAFETY: `path` is the context's (held only when the CPU supports it) and
+            // `tile32::on` it; `ty` is a tile32 type (checked by the caller); `packed` holds
+            // the n packed rows; chunks write disjoint rows of `y`.
+            unsafe { tile32::rows(path, ty, w, rb, nb, packed, n, rows, yp.get(), r0, r1) };
+        });
+        Ok(())
+    }
+
     /// K-quants with many activation rows on AVX-512 VNNI: ggml's tiled order, 16 rows per
     /// register (see `kernels::tiled`).
     #[cfg(target_arch = "x86_64")]

@@ -330,6 +330,11 @@ fn tiled_gemm_many_groups_is_bit_identical() {
             (T::IQ4_XS, 512, 5),
             (T::IQ4_XS, 256, 37),
             (T::IQ4_NL, 64, 37),
+            (T::Q4_1, 64, 37),
+            (T::Q5_1, 96, 37),
+            // A row wider than the AVX2 GEMM's weight tile holds more than two of.
+            (T::Q8_0, 4096, 7),
+            (T::Q4_1, 4096, 5),
         ] {
             let n = 530;
             let w = random_weights(ty, rows, cols, 7 + cols as u64);

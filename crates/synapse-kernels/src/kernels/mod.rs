@@ -18,6 +18,8 @@ pub(crate) mod scalar;
 pub(crate) mod ternary_i8;
 pub(crate) mod ternary_tl;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod tile32;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod tiled;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;

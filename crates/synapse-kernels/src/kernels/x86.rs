@@ -369,6 +369,147 @@ macro_rules! x86_kernels {
                 }
             }
 
+            /// One weight row of a 32-block type unpacked for [`t32_rows`] (`kernels::tile32`):
+            /// per block 64 bytes at `codes` — the unsigned `maddubs` operand (|v| of the
+            /// signed values, or the unsigned codes of the types with mins), then the signed
+            /// values (whose signs move onto the activations) — its scale at `d`, its min at
+            /// `m` (types with mins).
+            ///
+            /// # Safety
+            /// `w` holds `nb` blocks of `kind`'s type; `codes` is writable for `64·nb` bytes,
+            /// `d` and `m` for `nb` floats.
+            #[allow(dead_code)]
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn t32_unpack(
+                kind: crate::kernels::tile32::Codes,
+                w: *const u8,
+                nb: usize,
+                codes: *mut u8,
+                d: *mut f32,
+                m: *mut f32,
+            ) {
+                use crate::kernels::tile32::Codes as C;
+                unsafe {
+                    let ts = kind.block_bytes();
+                    for b in 0..nb {
+                        let (wb, o) = (w.add(b * ts), codes.add(64 * b));
+                        let signed = match kind {
+                            C::Q8_0 => Some(codes_q8_0(wb)),
+                            C::Q4_0 => Some(codes_q4_0(wb)),
+                            C::Q5_0 => Some(codes_q5_0(wb)),
+                            C::Iq4Nl => Some(iq4_values(wb.add(2))),
+                            C::Q4_1 => None,
+                            C::Q5_1 => None,
+                        };
+                        match signed {
+                            Some(v) => {
+                                _mm256_storeu_si256(o.cast(), _mm256_sign_epi8(v, v));
+                                _mm256_storeu_si256(o.add(32).cast(), v);
+                            }
+                            None => {
+                                let u = if kind == C::Q4_1 { codes_q4_1(wb) } else { codes_q5_1(wb) };
+                                _mm256_storeu_si256(o.cast(), u);
+                                *m.add(b) = f16(wb.add(2));
+                            }
+                        }
+                        *d.add(b) = f16(wb);
+                    }
+                }
+            }
+
+            /// One unpacked weight row ([`t32_unpack`]) against one packed group of eight
+            /// activation rows (`tile32::pack`): the eight outputs, each in the one-row
+            /// kernels' float order ([`dot_sblocks`], or [`dot_x1blocks`] with `MINS`): per
+            /// block `fma(d_w·d_a, lane, acc)` for each of the 8 lanes, `hsum_float_8` at the
+            /// end (and `Σ m·s`, each product rounded, after it). A register holds one lane of
+            /// the eight rows, so the horizontal sum is seven vertical adds and one product
+            /// gives the eight rows' `d_w·d_a`.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn t32_row<const MINS: bool>(
+                codes: *const u8,
+                d: *const f32,
+                m: *const f32,
+                nb: usize,
+                gp: *const u8,
+            ) -> __m256 {
+                use crate::kernels::tile32::{PACK8, PACK8_D, PACK8_S};
+                unsafe {
+                    let mut acc = [_mm256_setzero_ps(); 8];
+                    let mut sm = _mm256_setzero_ps();
+                    for b in 0..nb {
+                        let (p, cb) = (gp.add(b * PACK8), codes.add(64 * b));
+                        let da = _mm256_loadu_ps(p.add(PACK8_D).cast());
+                        let dv = _mm256_mul_ps(_mm256_set1_ps(*d.add(b)), da);
+                        if MINS {
+                            let sa = _mm256_loadu_ps(p.add(PACK8_S).cast());
+                            sm = _mm256_add_ps(sm, _mm256_mul_ps(_mm256_set1_ps(*m.add(b)), sa));
+                        }
+                        for (j, aj) in acc.iter_mut().enumerate() {
+                            let a = ld(p.add(32 * j));
+                            let u = _mm256_set1_epi32(rd(cb.add(4 * j).cast::<i32>()));
+                            let s = if MINS {
+                                a
+                            } else {
+                                _mm256_sign_epi8(a, _mm256_set1_epi32(rd(cb.add(32 + 4 * j).cast::<i32>())))
+                            };
+                            let l = mul_sum(_mm256_setzero_si256(), u, s);
+                            *aj = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(l), *aj);
+                        }
+                    }
+                    let t0 = _mm256_add_ps(acc[0], acc[4]);
+                    let t1 = _mm256_add_ps(acc[1], acc[5]);
+                    let t2 = _mm256_add_ps(acc[2], acc[6]);
+                    let t3 = _mm256_add_ps(acc[3], acc[7]);
+                    let h = _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3));
+                    if MINS { _mm256_add_ps(h, sm) } else { h }
+                }
+            }
+
+            /// All `n` activation rows (packed eight rows a group by `tile32::pack`) against
+            /// the `nt` weight rows of an unpacked tile ([`t32_unpack`]) whose first row is
+            /// output row `r0`: `y[t·rows + r0 + i]`.
+            ///
+            /// # Safety
+            /// `codes`, `d` and `m` hold `nt` unpacked rows of `nb` blocks; `packed` holds
+            /// `ceil(n/8)·nb` packed blocks; `y` is valid for `n·rows` writes and this call
+            /// alone writes rows `r0..r0 + nt` of it.
+            #[allow(dead_code, clippy::too_many_arguments)]
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn t32_rows(
+                mins: bool,
+                codes: *const u8,
+                d: *const f32,
+                m: *const f32,
+                nt: usize,
+                nb: usize,
+                packed: *const u8,
+                n: usize,
+                y: *mut f32,
+                rows: usize,
+                r0: usize,
+            ) {
+                use crate::kernels::tile32::PACK8;
+                unsafe {
+                    for g in 0..n.div_ceil(8) {
+                        let gp = packed.add(g * nb * PACK8);
+                        for i in 0..nt {
+                            let (c, dw, mw) = (codes.add(i * 64 * nb), d.add(i * nb), m.add(i * nb));
+                            let v = if mins {
+                                t32_row::<true>(c, dw, mw, nb, gp)
+                            } else {
+                                t32_row::<false>(c, dw, mw, nb, gp)
+                            };
+                            let mut o = [0f32; 8];
+                            _mm256_storeu_ps(o.as_mut_ptr(), v);
+                            for (k, x) in o.iter().enumerate().take(n - 8 * g) {
+                                *y.add((8 * g + k) * rows + r0 + i) = *x;
+                            }
+                        }
+                    }
+                }
+            }
+
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn dot_q8_0(w: *const u8, a: *const u8, nb: usize) -> f32 {
                 unsafe { dot_sblocks(w, a, nb, 34, |b| codes_q8_0(b)) }
