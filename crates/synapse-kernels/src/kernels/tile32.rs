@@ -60,11 +60,16 @@ impl Codes {
     }
 }
 
-/// Activation rows from which a call takes this GEMM; below it the per-row four-row tiles,
-/// which unpack and pack nothing ahead, are as fast or faster (kbench, 1 thread, Zen 3,
-/// 2048×640: at 4 rows 207–257 µs against this GEMM's 254–400 µs; at 6 rows 371–526 µs
-/// against 260–317 µs).
-pub(crate) const MIN_ROWS: usize = 6;
+/// Activation rows from which a call of `ty` takes this GEMM; below it the per-row four-row
+/// tiles, which unpack and pack nothing ahead, are as fast or faster (kbench, 1 thread, Zen 3,
+/// 2048×640 Q5_0/Q8_0/Q4_1: at 4 rows 207–257 µs against this GEMM's 254–400 µs, at 6 rows
+/// 371–526 µs against 260–317 µs). Q8_0, whose per-row kernel unpacks nothing but a sign,
+/// from 16 rows: at 8 rows Gemma 3's 262144-row Q8_0 LM head ran 6% faster per row
+/// (`engine_bench`, 8 streams, 3 runs alternated: 147.7–156.0 against 135.6–147.9 tok/s),
+/// at 16 rows this GEMM ran it in 40–51 ms against 46–62 ms (kbench, 2 threads).
+pub(crate) fn min_rows(ty: GgmlType) -> usize {
+    if ty == GgmlType::Q8_0 { 16 } else { 6 }
+}
 
 /// Whether `path` runs this GEMM.
 pub(crate) fn on(path: KernelPath) -> bool {
