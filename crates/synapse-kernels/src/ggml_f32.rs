@@ -480,12 +480,19 @@ fma_dispatch! {
 /// `first_cell + j`; cells outside `sc` are masked (−∞, so exactly 0 after `exp`). The
 /// cell index matters: ggml sums the exponentials 16 cells at a time (aligned to cell 0)
 /// in f32, then the chunk sums in f64, and scales by `(float)(1/sum)`. On AVX-512 a whole
-/// 16-cell chunk at a time (ggml's vector `expf` with its own `scalef`; the same bits).
+/// 16-cell chunk at a time (ggml's vector `expf` with its own `scalef`; the same bits), on
+/// AVX2 two 8-lane halves of one.
 pub fn softmax_cells(sc: &mut [f32], first_cell: usize) {
     #[cfg(target_arch = "x86_64")]
     if has_avx512() {
         // SAFETY: the CPU has AVX-512F (checked at run time).
         unsafe { avx512::softmax(sc, first_cell) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked at run time).
+        unsafe { simd::softmax(sc, first_cell) };
         return;
     }
     softmax_cells_scalar(sc, first_cell)
@@ -636,22 +643,214 @@ mod simd {
         }
     }
 
+    /// [`lanes64`] over two f32 rows, folded and reduced in registers: `reduce16(fold4(s))`
+    /// lane for lane — the 16-lane accumulator `j` is `acc[2j]` (lanes 0–7) and `acc[2j + 1]`
+    /// (lanes 8–15), so the fold is `(acc₀ + acc₄) + (acc₂ + acc₆)` for the low lanes and
+    /// `(acc₁ + acc₅) + (acc₃ + acc₇)` for the high ones; then high + low, the two 4-lane
+    /// halves, and `(t₀ + t₂) + (t₁ + t₃)`.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; `x` and `y` are valid for `np` (a multiple of 64) reads.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn dot64(x: *const f32, y: *const f32, np: usize) -> f32 {
+        // SAFETY: loads below `np` (caller).
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            let mut i = 0;
+            while i < np {
+                for (k, a) in acc.iter_mut().enumerate() {
+                    let (xv, yv) = (
+                        _mm256_loadu_ps(x.add(i + 8 * k)),
+                        _mm256_loadu_ps(y.add(i + 8 * k)),
+                    );
+                    *a = _mm256_fmadd_ps(xv, yv, *a);
+                }
+                i += 64;
+            }
+            let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+            let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+            let t8 = _mm256_add_ps(hi, lo);
+            let t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
+            let t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+            _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)))
+        }
+    }
+
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot(x: &[f32], y: &[f32]) -> f32 {
         let n = x.len().min(y.len());
         let np = n & !63;
-        let (xp, yp) = (x.as_ptr(), y.as_ptr());
-        // SAFETY: AVX2/FMA here; `lanes64` loads below `np <= n` for both slices.
-        let s = unsafe {
-            lanes64(np, |i| {
-                (_mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i)))
-            })
-        };
-        let mut sumf = reduce16(&fold4(&s));
+        // SAFETY: AVX2/FMA here; `dot64` loads below `np <= n` for both slices.
+        let mut sumf = unsafe { dot64(x.as_ptr(), y.as_ptr(), np) };
         for k in np..n {
             sumf += x[k] * y[k];
         }
         sumf
+    }
+
+    /// [`super::scores_f32`] for a query whose width `hd` is a multiple of 64: `dot(key, q)
+    /// · scale` per key, each dot [`dot64`].
+    ///
+    /// # Safety
+    /// AVX2 and FMA; `hd` is a multiple of 64 and every `offs[j] + hd <= keys.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn scores(
+        keys: &[f32],
+        offs: &[usize],
+        q: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let hd = q.len();
+        let (kp, qp) = (keys.as_ptr(), q.as_ptr());
+        let mut j = 0;
+        if hd == 64 {
+            // One 64-element step per dot: four keys' dots are independent straight-line
+            // code, interleaved so their add chains overlap.
+            while j + 4 <= out.len().min(offs.len()) {
+                // SAFETY: key rows `offs[j..j + 4]` are in range (caller).
+                let v = unsafe {
+                    [
+                        dot64(kp.add(offs[j]), qp, 64),
+                        dot64(kp.add(offs[j + 1]), qp, 64),
+                        dot64(kp.add(offs[j + 2]), qp, 64),
+                        dot64(kp.add(offs[j + 3]), qp, 64),
+                    ]
+                };
+                for (o, v) in out[j..j + 4].iter_mut().zip(v) {
+                    *o = v * scale;
+                }
+                j += 4;
+            }
+        }
+        for (o, &at) in out[j..].iter_mut().zip(&offs[j..]) {
+            // SAFETY: key row `at..at + hd` is in range (caller), `q` holds hd floats.
+            *o = unsafe { dot64(kp.add(at), qp, hd) } * scale;
+        }
+    }
+
+    /// ggml's vector [`super::expf`] on eight lanes, lane for lane the scalar one's bits:
+    /// the same fused steps, and `scalef(j, n)` as `j·2ⁿ` — exact when every lane's `n` is in
+    /// −125..=127 (`j` is within [0.7, 1.5], so the product is a normal float); otherwise
+    /// (a subnormal or flushed result, a NaN) the eight lanes go through the scalar `expf`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn v_expf(x: __m256) -> __m256 {
+        let c = |b: u32| _mm256_set1_ps(f32::from_bits(b));
+        let r = c(0x4b40_0000);
+        let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), r);
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                u,
+                _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+            ),
+            u,
+            _mm256_fmadd_ps(c(0x3f7f_fff6), b, _mm256_set1_ps(1.0)),
+        );
+        // Ordered compares: a NaN lane fails them and takes the scalar path.
+        let ok = _mm256_and_ps(
+            _mm256_cmp_ps::<_CMP_GE_OQ>(n, _mm256_set1_ps(-125.0)),
+            _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_set1_ps(127.0)),
+        );
+        if _mm256_movemask_ps(ok) == 0xff {
+            let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+                _mm256_cvtps_epi32(n),
+                _mm256_set1_epi32(127),
+            ));
+            return _mm256_mul_ps(j, _mm256_castsi256_ps(e));
+        }
+        let mut v = [0f32; 8];
+        // SAFETY: 8 floats.
+        unsafe { _mm256_storeu_ps(v.as_mut_ptr(), x) };
+        let v = v.map(super::expf);
+        // SAFETY: 8 floats.
+        unsafe { _mm256_loadu_ps(v.as_ptr()) }
+    }
+
+    /// [`super::softmax_cells`] a 16-cell chunk (two 8-lane halves) at a time: the same
+    /// maximum, exponentials, per-chunk `reduce16` added to an f64 sum, and scaling.
+    ///
+    /// # Safety
+    /// AVX2 and FMA are available.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn softmax(sc: &mut [f32], first_cell: usize) {
+        let n = sc.len();
+        if n == 0 {
+            return;
+        }
+        let p = sc.as_mut_ptr();
+        // The largest score, NaNs skipped as `f32::max` does (a NaN lane of `v` yields the
+        // running maximum), eight lanes at a time, then the tail.
+        let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n.
+            mv = _mm256_max_ps(unsafe { _mm256_loadu_ps(p.add(i)) }, mv);
+            i += 8;
+        }
+        let mut m8 = [0f32; 8];
+        // SAFETY: 8 floats.
+        unsafe { _mm256_storeu_ps(m8.as_mut_ptr(), mv) };
+        let max = sc[i..]
+            .iter()
+            .chain(&m8)
+            .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let mx = _mm256_set1_ps(max);
+        let mut sum = 0f64;
+        // Lane masks: lane l of a half is in when lo <= l < hi.
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mask = |lo: usize, hi: usize| {
+            _mm256_and_si256(
+                _mm256_cmpgt_epi32(lane, _mm256_set1_epi32(lo as i32 - 1)),
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(hi as i32), lane),
+            )
+        };
+        let (c0, c1) = (first_cell / 16, (first_cell + n - 1) / 16);
+        for c in c0..=c1 {
+            let cell0 = 16 * c;
+            // The chunk's cells inside `sc`, as lane indices lo..hi of the 16.
+            let lo = first_cell.max(cell0) - cell0;
+            let hi = (first_cell + n).min(cell0 + 16) - cell0;
+            let mut halves = [_mm256_setzero_ps(); 2];
+            for (h, out) in halves.iter_mut().enumerate() {
+                let (l, r) = (lo.max(8 * h), hi.min(8 * h + 8));
+                if l >= r {
+                    continue;
+                }
+                let m = mask(l - 8 * h, r - 8 * h);
+                // Lane k of this half is cell cell0 + 8h + k, i.e. sc[cell0 + 8h + k −
+                // first_cell]; only the masked-in lanes (inside sc) are touched.
+                let base = p.wrapping_add(cell0 + 8 * h).wrapping_sub(first_cell);
+                // SAFETY: masked loads and stores touch only lanes inside `sc`.
+                unsafe {
+                    let v = _mm256_maskload_ps(base, m);
+                    let e = _mm256_and_ps(v_expf(_mm256_sub_ps(v, mx)), _mm256_castsi256_ps(m));
+                    _mm256_maskstore_ps(base, m, e);
+                    *out = e;
+                }
+            }
+            // reduce16: high half + low half, then the 4-lane halves, then (t0+t2)+(t1+t3).
+            let t8 = _mm256_add_ps(halves[1], halves[0]);
+            let t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
+            let t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+            sum += _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1))) as f64;
+        }
+        let inv = (1.0 / sum) as f32;
+        let iv = _mm256_set1_ps(inv);
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: i + 8 <= n.
+            unsafe { _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), iv)) };
+            i += 8;
+        }
+        for v in &mut sc[i..] {
+            *v *= inv;
+        }
     }
 
     /// 8 f16 at `p` widened to f32 (exact).
@@ -840,6 +1039,13 @@ pub fn scores_f32(keys: &[f32], offs: &[usize], q: &[f32], scale: f32, out: &mut
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if has_fma() && hd >= 64 && hd.is_multiple_of(64) {
+        // SAFETY: the CPU has AVX2 and FMA (checked at run time); every key row is in range
+        // (asserted above).
+        unsafe { simd::scores(keys, &offs[..n], q, scale, &mut out[..n]) };
+        return;
+    }
     for (o, &at) in out[..n].iter_mut().zip(offs) {
         *o = dot_f32(&keys[at..at + hd], q) * scale;
     }
@@ -915,6 +1121,29 @@ pub fn scores_f32_into(
                 // SAFETY: the CPU has AVX-512F (checked at run time); every key row is in
                 // range for the longest query (asserted above).
                 unsafe { avx512::scores(keys, &offs[j0..j1], q, scale, &mut o[j0..j1]) };
+            }
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if has_fma()
+        && let Some(hd) = qs.first().map(|q| q.len())
+        && hd >= 64
+        && hd.is_multiple_of(64)
+        && qs.iter().all(|q| q.len() == hd)
+    {
+        assert!(
+            offs.iter().all(|&o| o + hd <= keys.len()),
+            "key offset out of range"
+        );
+        // Key blocks of ~16 KB: they stay in L1 across the queries.
+        let b = (4096 / hd).max(8);
+        for j0 in (0..n).step_by(b) {
+            let j1 = (j0 + b).min(n);
+            for (q, o) in qs.iter().zip(outs.iter_mut()) {
+                // SAFETY: the CPU has AVX2 and FMA (checked at run time); every key row is
+                // in range (asserted above).
+                unsafe { simd::scores(keys, &offs[j0..j1], q, scale, &mut o[j0..j1]) };
             }
         }
         return;
@@ -1684,9 +1913,16 @@ mod tests {
             (70, 33),
         ] {
             let mut a: Vec<f32> = (0..n).map(|_| rnd()).collect();
-            // Some far below the max (ggml's expf flushes |n| > 192 to 0).
+            // Some far below the max (ggml's expf flushes |n| > 192 to 0), some where its
+            // result is subnormal.
             for v in a.iter_mut().step_by(7) {
                 *v -= 500.0;
+            }
+            let max = a.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            for (k, v) in a.iter_mut().skip(3).step_by(11).enumerate() {
+                // x − max from −87.5 to −131: 2ⁿ·j from the smallest normals down into the
+                // subnormals (n from −127 to −189).
+                *v = max - 87.5 - (k % 12) as f32 * 4.0;
             }
             let mut b = a.clone();
             softmax_cells(&mut a, first);
@@ -1802,8 +2038,17 @@ mod tests {
         let exact: f64 = x.iter().zip(&y).map(|(a, b)| *a as f64 * *b as f64).sum();
         let d = dot_f32(&x, &y);
         assert!((d as f64 - exact).abs() < 1e-3 * exact.abs().max(1.0));
-        // The scalar (software fma) path gives the same bits.
+        // The scalar (software fma) path gives the same bits, at every width the SIMD path
+        // folds in registers (multiples of 64) and with tails.
         assert_eq!(d.to_bits(), dot_body(&x, &y).to_bits());
+        for n in [0usize, 17, 63, 64, 65, 128, 192, 256, 299] {
+            let (xs, ys) = (&x[..n], &y[300 - n..]);
+            assert_eq!(
+                dot_f32(xs, ys).to_bits(),
+                dot_body(xs, ys).to_bits(),
+                "length {n}"
+            );
+        }
         assert_eq!(
             dot_f32_gemm(&x[..288], &y[..288]).to_bits(),
             gemm_dot_body(&x[..288], &y[..288]).to_bits()
