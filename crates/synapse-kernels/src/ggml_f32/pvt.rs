@@ -89,7 +89,7 @@ pub fn pv_t_f32(
             if lanes == 64 {
                 avx2::run::<8>(vt, stride, runs, first_cell, qs, hd)
             } else {
-                avx2::run::<2>(vt, stride, runs, first_cell, qs, hd)
+                avx2::run16(vt, stride, runs, first_cell, qs, hd)
             }
         };
         return;
@@ -178,7 +178,7 @@ fn reduce_lanes(st: &[f32]) -> f32 {
 /// (where a run starts or ends inside a cycle), so no state is kept between calls.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{PvtQuery, PvtRun, reduce_lanes};
+    use super::{PvtQuery, PvtRun};
     use std::arch::x86_64::*;
 
     /// # Safety
@@ -263,9 +263,202 @@ mod avx2 {
                         }
                         j += r.len;
                     }
-                    q.out[d] = reduce_lanes(&st[..lanes]);
+                    q.out[d] = reduce(sp, N);
                 }
             }
+        }
+    }
+
+    /// tinyBLAS's 16-lane order ([`super::PvOrder::Gemm`], a call of two or more rows) with
+    /// `D` value dimensions × `Q` queries at once: every value load serves `Q` queries and
+    /// every probability load `D` dimensions (the per-pair [`run`] loads both for each FMA).
+    /// The same lanes and FMA chains as [`run`]: cells one at a time up to a lane-cycle
+    /// boundary, whole 16-cell cycles in registers, the rest one at a time.
+    ///
+    /// # Safety
+    /// As [`run`], for value rows `d0..d0 + D` and the queries' `p` rows at `ps` (each with
+    /// the cells) and outputs at `outs` (each with `d0 + D` floats).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile16<const D: usize, const Q: usize>(
+        vt: *const f32,
+        stride: usize,
+        runs: &[PvtRun],
+        first_cell: usize,
+        ps: [*const f32; Q],
+        d0: usize,
+        outs: [*mut f32; Q],
+    ) {
+        // SAFETY: the caller's contract; indices stay inside the runs' columns, the cells and
+        // the lane arrays.
+        unsafe {
+            let mut st = [[[0f32; 16]; Q]; D];
+            let mut j = 0;
+            for r in runs {
+                let rows: [*const f32; D] =
+                    std::array::from_fn(|dd| vt.add((d0 + dd) * stride + r.col));
+                let (mut k, mut l) = (0, (first_cell + j) % 16);
+                let one = |k: usize, l: usize, st: &mut [[[f32; 16]; Q]; D]| {
+                    for dd in 0..D {
+                        let v = *rows[dd].add(k);
+                        for qq in 0..Q {
+                            st[dd][qq][l] = v.mul_add(*ps[qq].add(j + k), st[dd][qq][l]);
+                        }
+                    }
+                };
+                while k < r.len && l != 0 {
+                    one(k, l, &mut st);
+                    (k, l) = (k + 1, (l + 1) % 16);
+                }
+                if k + 16 <= r.len {
+                    let mut acc: [[[__m256; 2]; Q]; D] = std::array::from_fn(|dd| {
+                        std::array::from_fn(|qq| {
+                            let a = st[dd][qq].as_ptr();
+                            [_mm256_loadu_ps(a), _mm256_loadu_ps(a.add(8))]
+                        })
+                    });
+                    while k + 16 <= r.len {
+                        let v: [[__m256; 2]; D] = std::array::from_fn(|dd| {
+                            [
+                                _mm256_loadu_ps(rows[dd].add(k)),
+                                _mm256_loadu_ps(rows[dd].add(k + 8)),
+                            ]
+                        });
+                        for qq in 0..Q {
+                            let pq = ps[qq].add(j + k);
+                            let (p0, p1) = (_mm256_loadu_ps(pq), _mm256_loadu_ps(pq.add(8)));
+                            for dd in 0..D {
+                                let a = &mut acc[dd][qq];
+                                a[0] = _mm256_fmadd_ps(v[dd][0], p0, a[0]);
+                                a[1] = _mm256_fmadd_ps(v[dd][1], p1, a[1]);
+                            }
+                        }
+                        k += 16;
+                    }
+                    for dd in 0..D {
+                        for qq in 0..Q {
+                            let a = st[dd][qq].as_mut_ptr();
+                            _mm256_storeu_ps(a, acc[dd][qq][0]);
+                            _mm256_storeu_ps(a.add(8), acc[dd][qq][1]);
+                        }
+                    }
+                }
+                while k < r.len {
+                    one(k, l, &mut st);
+                    (k, l) = (k + 1, (l + 1) % 16);
+                }
+                j += r.len;
+            }
+            for (dd, sd) in st.iter().enumerate() {
+                for (o, sq) in outs.iter().zip(sd) {
+                    *o.add(d0 + dd) = reduce(sq.as_ptr(), 2);
+                }
+            }
+        }
+    }
+
+    /// [`tile16`] over every value dimension and query: dimension pairs outside (their rows
+    /// stay in L1), query triples inside.
+    ///
+    /// # Safety
+    /// As [`run`] with `N == 2`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn run16(
+        vt: &[f32],
+        stride: usize,
+        runs: &[PvtRun],
+        first_cell: usize,
+        qs: &mut [PvtQuery<'_>],
+        hd: usize,
+    ) {
+        let v = vt.as_ptr();
+        let nq = qs.len();
+        // SAFETY: the caller's contract; every tile's rows, queries and outputs are in range.
+        unsafe {
+            let mut d0 = 0;
+            while d0 < hd {
+                let dn = (hd - d0).min(2);
+                let mut q0 = 0;
+                while q0 < nq {
+                    let qn = (nq - q0).min(3);
+                    // The tile's queries (the last repeated where fewer than three are left;
+                    // the smaller tiles take only the first `qn`).
+                    let pp: [*const f32; 3] =
+                        std::array::from_fn(|i| qs[q0 + i.min(qn - 1)].p.as_ptr());
+                    let oo: [*mut f32; 3] =
+                        std::array::from_fn(|i| qs[q0 + i.min(qn - 1)].out.as_mut_ptr());
+                    let p3 = |i: usize| pp[i];
+                    let o3 = |i: usize| oo[i];
+                    match (dn, qn) {
+                        (2, 3) => tile16::<2, 3>(
+                            v,
+                            stride,
+                            runs,
+                            first_cell,
+                            [p3(0), p3(1), p3(2)],
+                            d0,
+                            [o3(0), o3(1), o3(2)],
+                        ),
+                        (2, 2) => tile16::<2, 2>(
+                            v,
+                            stride,
+                            runs,
+                            first_cell,
+                            [p3(0), p3(1)],
+                            d0,
+                            [o3(0), o3(1)],
+                        ),
+                        (2, _) => tile16::<2, 1>(v, stride, runs, first_cell, [p3(0)], d0, [o3(0)]),
+                        (_, 3) => tile16::<1, 3>(
+                            v,
+                            stride,
+                            runs,
+                            first_cell,
+                            [p3(0), p3(1), p3(2)],
+                            d0,
+                            [o3(0), o3(1), o3(2)],
+                        ),
+                        (_, 2) => tile16::<1, 2>(
+                            v,
+                            stride,
+                            runs,
+                            first_cell,
+                            [p3(0), p3(1)],
+                            d0,
+                            [o3(0), o3(1)],
+                        ),
+                        _ => tile16::<1, 1>(v, stride, runs, first_cell, [p3(0)], d0, [o3(0)]),
+                    }
+                    q0 += qn;
+                }
+                d0 += dn;
+            }
+        }
+    }
+
+    /// [`super::reduce_lanes`] in registers: 64 lanes (`N == 8`) folded `(l + l₃₂) + (l₁₆ + l₄₈)`
+    /// to 16, then high eight + low eight, the two 4-lane halves, and `(t₀ + t₂) + (t₁ + t₃)`.
+    ///
+    /// # Safety
+    /// AVX2; `st` holds `8·n` floats, `n` is 2 or 8.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn reduce(st: *const f32, n: usize) -> f32 {
+        // SAFETY: loads inside the 8·n lanes (caller).
+        unsafe {
+            let l = |i: usize| _mm256_loadu_ps(st.add(8 * i));
+            let (lo, hi) = if n == 8 {
+                (
+                    _mm256_add_ps(_mm256_add_ps(l(0), l(4)), _mm256_add_ps(l(2), l(6))),
+                    _mm256_add_ps(_mm256_add_ps(l(1), l(5)), _mm256_add_ps(l(3), l(7))),
+                )
+            } else {
+                (l(0), l(1))
+            };
+            let t8 = _mm256_add_ps(hi, lo);
+            let t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
+            let t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+            _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)))
         }
     }
 }
@@ -678,6 +871,8 @@ mod tests {
             // quads inside (a head width that is not a multiple of four, a wrapped ring).
             (256, 600, &[(500, 100), (0, 400)], 500, 16),
             (6, 90, &[(3, 80)], 7, 6),
+            // An odd head width and query count (the AVX2 16-lane tiles' smaller shapes).
+            (5, 60, &[(2, 50)], 16, 7),
             // No cells at all (after calls that left the state dirty): zeros.
             (64, 10, &[], 0, 5),
         ];
