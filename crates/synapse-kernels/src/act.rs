@@ -211,6 +211,20 @@ pub(crate) fn quantize_rows(kind: ActKind, x: &[f32], cols: usize, out: &mut [u8
             std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
         }) {
+            if matches!(kind, ActKind::Q8x32 | ActKind::Q8K) {
+                let rb = kind.row_bytes(cols);
+                for (xr, or) in x.chunks_exact(cols).zip(out.chunks_exact_mut(rb)) {
+                    // SAFETY: the CPU has AVX2 (checked at run time).
+                    unsafe {
+                        if kind == ActKind::Q8x32 {
+                            avx2::q8x32(xr, bytemuck::cast_slice_mut(or))
+                        } else {
+                            avx2::q8k(xr, bytemuck::cast_slice_mut(or))
+                        }
+                    }
+                }
+                return;
+            }
             // SAFETY: the CPU has AVX2 and FMA (checked at run time).
             return unsafe { fast(kind, x, cols, out) };
         }
@@ -292,6 +306,123 @@ mod avx512 {
                         _mm512_cvtepi32_epi8(q),
                     );
                     b.bsums[i] = _mm512_reduce_add_epi32(q) as i16;
+                }
+            }
+        }
+    }
+}
+
+/// The Q8 activation quantizers on AVX2: the scalar code's operations eight lanes at a time
+/// (the largest magnitude is exact in any order; `v·id` rounded half to even by
+/// `vcvtps2dq`, clamped to ±127), so the blocks are bit-identical (tested below).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{BlockQ8K, BlockQ8x32, f16r};
+    use std::arch::x86_64::*;
+
+    /// The largest |v| of `n` registers of eight at `p` (NaNs skipped, as `f32::max` does:
+    /// `max_ps` returns its second operand, the running maximum, when the first is a NaN).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn amax(p: *const f32, n: usize) -> f32 {
+        let sign = _mm256_set1_ps(-0.0);
+        let mut m = _mm256_setzero_ps();
+        for i in 0..n {
+            // SAFETY: 8·n floats at `p` (caller).
+            m = _mm256_max_ps(
+                _mm256_andnot_ps(sign, unsafe { _mm256_loadu_ps(p.add(8 * i)) }),
+                m,
+            );
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1)))
+    }
+
+    /// Quants of `v·id`, rounded half to even and clamped to ±127, as i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn quants(v: __m256, id: __m256) -> __m256i {
+        let q = _mm256_cvtps_epi32(_mm256_mul_ps(v, id));
+        _mm256_min_epi32(
+            _mm256_max_epi32(q, _mm256_set1_epi32(-127)),
+            _mm256_set1_epi32(127),
+        )
+    }
+
+    /// Four registers of i32 quants (in ±127) as 32 bytes in element order.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn bytes(q: [__m256i; 4]) -> __m256i {
+        // packs interleave the 128-bit halves: words [q0.lo q1.lo q0.hi q1.hi], bytes
+        // [q0.lo q1.lo q2.lo q3.lo | q0.hi q1.hi q2.hi q3.hi] in 4-byte groups; restore.
+        let w01 = _mm256_packs_epi32(q[0], q[1]);
+        let w23 = _mm256_packs_epi32(q[2], q[3]);
+        let b = _mm256_packs_epi16(w01, w23);
+        _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+
+    /// Σ of the i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn hsum(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)))
+    }
+
+    /// [`super::quantize_q8x32`] on AVX2.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn q8x32(x: &[f32], out: &mut [BlockQ8x32]) {
+        for (xb, b) in x.chunks_exact(32).zip(out.iter_mut()) {
+            // SAFETY: `xb` holds 32 floats; `b.qs` 32 bytes.
+            unsafe {
+                let amax = amax(xb.as_ptr(), 4);
+                let d = amax / 127.0;
+                let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+                b.d = f16r(d);
+                let q: [__m256i; 4] =
+                    std::array::from_fn(|i| quants(_mm256_loadu_ps(xb.as_ptr().add(8 * i)), id));
+                _mm256_storeu_si256(b.qs.as_mut_ptr().cast(), bytes(q));
+                let s = hsum(_mm256_add_epi32(
+                    _mm256_add_epi32(q[0], q[1]),
+                    _mm256_add_epi32(q[2], q[3]),
+                ));
+                b.s = f16r(d * s as f32);
+            }
+        }
+    }
+
+    /// [`super::quantize_q8k`] on AVX2.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn q8k(x: &[f32], out: &mut [BlockQ8K]) {
+        for (xb, b) in x.chunks_exact(256).zip(out.iter_mut()) {
+            // SAFETY: `xb` holds 256 floats; `b.qs` 256 bytes.
+            unsafe {
+                let amax = amax(xb.as_ptr(), 32);
+                if amax == 0.0 {
+                    b.d = 0.0;
+                    b.qs = [0; 256];
+                    b.bsums = [0; 16];
+                    continue;
+                }
+                let id = 127.0 / amax;
+                b.d = 1.0 / id;
+                let idv = _mm256_set1_ps(id);
+                for i in 0..8 {
+                    let q: [__m256i; 4] = std::array::from_fn(|k| {
+                        quants(_mm256_loadu_ps(xb.as_ptr().add(32 * i + 8 * k)), idv)
+                    });
+                    _mm256_storeu_si256(b.qs.as_mut_ptr().add(32 * i).cast(), bytes(q));
+                    // The sums of 16: registers 0+1 and 2+3 of these 32 quants.
+                    b.bsums[2 * i] = hsum(_mm256_add_epi32(q[0], q[1])) as i16;
+                    b.bsums[2 * i + 1] = hsum(_mm256_add_epi32(q[2], q[3])) as i16;
                 }
             }
         }
