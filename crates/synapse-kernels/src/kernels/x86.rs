@@ -393,6 +393,9 @@ macro_rules! x86_kernels {
                     let ts = kind.block_bytes();
                     for b in 0..nb {
                         let (wb, o) = (w.add(b * ts), codes.add(64 * b));
+                        // Rows stream back to back: keep ~1.5 KB of weights in flight (Gemma's
+                        // Q8_0 LM head at 8 rows: 26.4 → 24.6 ms median, kbench, 2 threads).
+                        _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
                         let signed = match kind {
                             C::Q8_0 => Some(codes_q8_0(wb)),
                             C::Q4_0 => Some(codes_q4_0(wb)),
