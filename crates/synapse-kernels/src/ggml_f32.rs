@@ -1091,10 +1091,7 @@ pub fn scores_f32_into(
     );
     #[cfg(target_arch = "x86_64")]
     if has_avx512()
-        && let Some(hd) = qs.first().map(|q| q.len())
-        && hd >= 64
-        && hd.is_multiple_of(64)
-        && qs.iter().all(|q| q.len() == hd)
+        && let Some(hd) = whole_steps(qs)
     {
         assert!(
             offs.iter().all(|&o| o + hd <= keys.len()),
@@ -1127,10 +1124,7 @@ pub fn scores_f32_into(
     }
     #[cfg(target_arch = "x86_64")]
     if has_fma()
-        && let Some(hd) = qs.first().map(|q| q.len())
-        && hd >= 64
-        && hd.is_multiple_of(64)
-        && qs.iter().all(|q| q.len() == hd)
+        && let Some(hd) = whole_steps(qs)
     {
         assert!(
             offs.iter().all(|&o| o + hd <= keys.len()),
@@ -1151,6 +1145,14 @@ pub fn scores_f32_into(
     for (q, o) in qs.iter().zip(outs.iter_mut()) {
         scores_f32(keys, offs, q, scale, &mut o[..n]);
     }
+}
+
+/// The queries' common width when it is a whole number of `vec_dot_f32`'s 64-element steps
+/// (every query the same width, at least one step).
+#[cfg(target_arch = "x86_64")]
+fn whole_steps(qs: &[&[f32]]) -> Option<usize> {
+    let hd = qs.first()?.len();
+    (hd >= 64 && hd.is_multiple_of(64) && qs.iter().all(|q| q.len() == hd)).then_some(hd)
 }
 
 #[cfg(target_arch = "x86_64")]

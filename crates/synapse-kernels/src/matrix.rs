@@ -954,6 +954,52 @@ impl QuantMatrix {
     }
 }
 
+/// Packs one group of quantized activation rows: `(rows' bytes, row count, out)`.
+#[cfg(target_arch = "x86_64")]
+type PackGroup<'a> = dyn Fn(&[u8], usize, &mut [u8]) + Sync + 'a;
+
+/// Quantizes `n` activation rows of `x` to `kind` (into `act`) and packs them `group` rows
+/// at a time with `pack_group(quantized rows, row count, out)` (into `pack`, `group_bytes` a
+/// group), the groups spread over the pool (they are independent).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn quantize_packed(
+    kind: ActKind,
+    x: &[f32],
+    n: usize,
+    cols: usize,
+    group: usize,
+    group_bytes: usize,
+    act: &mut AlignedBuf,
+    pack: &mut AlignedBuf,
+    pool: &crate::ctx::Pool,
+    pack_group: &PackGroup<'_>,
+) {
+    let (arb, groups) = (kind.row_bytes(cols), n.div_ceil(group));
+    act.set_len(n * arb);
+    pack.set_len(groups * group_bytes);
+    let (ap, pp) = (
+        SyncBytes(act.as_bytes_mut().as_mut_ptr()),
+        SyncBytes(pack.as_bytes_mut().as_mut_ptr()),
+    );
+    pool.run_rows(groups, 1, 64 * n * cols, &|g0, g1| {
+        let (t0, t1) = (g0 * group, (g1 * group).min(n));
+        // SAFETY: chunks own disjoint groups: activation rows t0..t1 and packed groups g0..g1
+        // of the buffers sized above.
+        let (a, p) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(ap.get().add(t0 * arb), (t1 - t0) * arb),
+                std::slice::from_raw_parts_mut(
+                    pp.get().add(g0 * group_bytes),
+                    (g1 - g0) * group_bytes,
+                ),
+            )
+        };
+        quantize_rows(kind, &x[t0 * cols..t1 * cols], cols, a);
+        pack_group(a, t1 - t0, p);
+    });
+}
+
 impl QuantMatrix {
     /// The 32-block types with many activation rows on AVX2 and AVX-VNNI: a tile of weight
     /// rows unpacked once per call against groups of eight packed activation rows (see
@@ -972,29 +1018,19 @@ impl QuantMatrix {
         let path = ctx.path();
         let (act_scratch, pack, pool) = ctx.parts2();
         let (cols, nb) = (self.cols, self.cols / 32);
-        let (arb, groups) = (ActKind::Q8x32.row_bytes(cols), n.div_ceil(8));
-        act_scratch.set_len(n * arb);
-        pack.set_len(tile32::pack_len(n, nb));
-        // Quantize and pack each 8-row group on the pool (they are independent).
-        let (ap, pp) = (
-            SyncBytes(act_scratch.as_bytes_mut().as_mut_ptr()),
-            SyncBytes(pack.as_bytes_mut().as_mut_ptr()),
-        );
         let pk = nb * tile32::PACK8;
-        pool.run_rows(groups, 1, 64 * n * cols, &|g0, g1| {
-            let (t0, t1) = (g0 * 8, (g1 * 8).min(n));
-            // SAFETY: chunks own disjoint groups: activation rows t0..t1 and packed groups
-            // g0..g1 of the buffers sized above.
-            let (a, p) = unsafe {
-                (
-                    std::slice::from_raw_parts_mut(ap.get().add(t0 * arb), (t1 - t0) * arb),
-                    std::slice::from_raw_parts_mut(pp.get().add(g0 * pk), (g1 - g0) * pk),
-                )
-            };
-            quantize_rows(ActKind::Q8x32, &x[t0 * cols..t1 * cols], cols, a);
-            let blocks: &[BlockQ8x32] = bytemuck::cast_slice(a);
-            tile32::pack(blocks, t1 - t0, nb, p);
-        });
+        quantize_packed(
+            ActKind::Q8x32,
+            x,
+            n,
+            cols,
+            8,
+            pk,
+            act_scratch,
+            pack,
+            pool,
+            &|a, t, p| tile32::pack(bytemuck::cast_slice::<u8, BlockQ8x32>(a), t, nb, p),
+        );
         let packed = pack.as_bytes();
         let yp = SyncPtr(y.as_mut_ptr());
         let (w, rb, rows) = (self.data.as_bytes(), self.row_bytes, self.rows);
@@ -1027,33 +1063,27 @@ impl QuantMatrix {
             (ActKind::Q8K, self.cols / 256, tiled::PACK)
         };
         let (act_scratch, pack, pool) = ctx.parts2();
-        let (cols, arb, groups) = (self.cols, kind.row_bytes(self.cols), n.div_ceil(tiled::G));
-        act_scratch.set_len(n * arb);
-        pack.set_len(groups * nb * pk);
-        // Quantize and pack each 16-row group on the pool (they are independent).
-        let (ap, pp) = (
-            SyncBytes(act_scratch.as_bytes_mut().as_mut_ptr()),
-            SyncBytes(pack.as_bytes_mut().as_mut_ptr()),
+        let cols = self.cols;
+        quantize_packed(
+            kind,
+            x,
+            n,
+            cols,
+            tiled::G,
+            nb * pk,
+            act_scratch,
+            pack,
+            pool,
+            &|a, t, p| {
+                if k32 {
+                    let blocks: &[BlockQ8x32] = bytemuck::cast_slice(a);
+                    tiled::pack32(blocks, t, nb, tiled::bias32(ty), p);
+                } else {
+                    let blocks: &[BlockQ8K] = bytemuck::cast_slice(a);
+                    tiled::pack(blocks, t, nb, p);
+                }
+            },
         );
-        pool.run_rows(groups, 1, 64 * n * cols, &|g0, g1| {
-            let (t0, t1) = (g0 * tiled::G, (g1 * tiled::G).min(n));
-            // SAFETY: chunks own disjoint groups: activation rows t0..t1 and packed groups
-            // g0..g1 of the buffers sized above.
-            let (a, p) = unsafe {
-                (
-                    std::slice::from_raw_parts_mut(ap.get().add(t0 * arb), (t1 - t0) * arb),
-                    std::slice::from_raw_parts_mut(pp.get().add(g0 * nb * pk), (g1 - g0) * nb * pk),
-                )
-            };
-            quantize_rows(kind, &x[t0 * cols..t1 * cols], cols, a);
-            if k32 {
-                let blocks: &[BlockQ8x32] = bytemuck::cast_slice(a);
-                tiled::pack32(blocks, t1 - t0, nb, tiled::bias32(ty), p);
-            } else {
-                let blocks: &[BlockQ8K] = bytemuck::cast_slice(a);
-                tiled::pack(blocks, t1 - t0, nb, p);
-            }
-        });
         let packed = pack.as_bytes();
         let yp = SyncPtr(y.as_mut_ptr());
         let (w, rb, rows) = (self.data.as_bytes(), self.row_bytes, self.rows);

@@ -161,7 +161,26 @@ pub(crate) unsafe fn rows(
     };
     debug_assert!(packed.len() >= pack_len(n, nb) && r1 <= rows && w.len() >= rows * row_bytes);
     use super::x86::{avx2, avxvnni};
-    let vnni = path == KernelPath::AvxVnni;
+    // The path's two halves: unpacking a weight row, the rows of a tile against the groups.
+    type Unpack = unsafe fn(Codes, *const u8, usize, *mut u8, *mut f32, *mut f32);
+    type Rows = unsafe fn(
+        bool,
+        *const u8,
+        *const f32,
+        *const f32,
+        usize,
+        usize,
+        *const u8,
+        usize,
+        *mut f32,
+        usize,
+        usize,
+    );
+    let (unpack, tile_rows): (Unpack, Rows) = if path == KernelPath::AvxVnni {
+        (avxvnni::t32_unpack, avxvnni::t32_rows)
+    } else {
+        (avx2::t32_unpack, avx2::t32_rows)
+    };
     // An even number of rows, at least 2.
     let rt = (TILE_BYTES / (64 * nb).max(1)).clamp(2, 16) & !1;
     TILE.with(|cell| {
@@ -187,51 +206,26 @@ pub(crate) unsafe fn rows(
                 unsafe {
                     let wr = w.as_ptr().add(r * row_bytes);
                     let (c, d, m) = (cp.add(64 * o), dp.add(o), mp.add(o));
-                    if vnni {
-                        avxvnni::t32_unpack(kind, wr, nb, c, d, m);
-                    } else {
-                        avx2::t32_unpack(kind, wr, nb, c, d, m);
-                    }
+                    unpack(kind, wr, nb, c, d, m);
                 }
             }
-            // SAFETY: the tile holds t1 − t0 unpacked rows; `act`, `y` and the rows written
-            // are the caller's contract.
+            // SAFETY: the tile holds t1 − t0 unpacked rows; `packed`, `y` and the rows
+            // written are the caller's contract.
             unsafe {
-                let a = (
+                let (c, d, m, nt) = (cp.cast_const(), dp.cast_const(), mp.cast_const(), t1 - t0);
+                tile_rows(
                     kind.mins(),
-                    cp.cast_const(),
-                    dp.cast_const(),
-                    mp.cast_const(),
+                    c,
+                    d,
+                    m,
+                    nt,
+                    nb,
+                    packed.as_ptr(),
+                    n,
+                    y,
+                    rows,
+                    t0,
                 );
-                if vnni {
-                    avxvnni::t32_rows(
-                        a.0,
-                        a.1,
-                        a.2,
-                        a.3,
-                        t1 - t0,
-                        nb,
-                        packed.as_ptr(),
-                        n,
-                        y,
-                        rows,
-                        t0,
-                    );
-                } else {
-                    avx2::t32_rows(
-                        a.0,
-                        a.1,
-                        a.2,
-                        a.3,
-                        t1 - t0,
-                        nb,
-                        packed.as_ptr(),
-                        n,
-                        y,
-                        rows,
-                        t0,
-                    );
-                }
             }
             t0 = t1;
         }
