@@ -670,11 +670,19 @@ mod simd {
             }
             let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
             let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
-            let t8 = _mm256_add_ps(hi, lo);
-            let t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
-            let t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
-            _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)))
+            reduce16_halves(lo, hi)
         }
+    }
+
+    /// [`super::reduce16`] of sixteen lanes held as their low and high eight: high + low,
+    /// then the two 4-lane halves, then `(t₀ + t₂) + (t₁ + t₃)`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn reduce16_halves(lo: __m256, hi: __m256) -> f32 {
+        let t8 = _mm256_add_ps(hi, lo);
+        let t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
+        let t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+        _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)))
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -834,11 +842,7 @@ mod simd {
                     *out = e;
                 }
             }
-            // reduce16: high half + low half, then the 4-lane halves, then (t0+t2)+(t1+t3).
-            let t8 = _mm256_add_ps(halves[1], halves[0]);
-            let t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
-            let t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
-            sum += _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1))) as f64;
+            sum += reduce16_halves(halves[0], halves[1]) as f64;
         }
         let inv = (1.0 / sum) as f32;
         let iv = _mm256_set1_ps(inv);

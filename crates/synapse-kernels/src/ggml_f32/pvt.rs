@@ -455,10 +455,7 @@ mod avx2 {
             } else {
                 (l(0), l(1))
             };
-            let t8 = _mm256_add_ps(hi, lo);
-            let t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
-            let t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
-            _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)))
+            crate::ggml_f32::simd::reduce16_halves(lo, hi)
         }
     }
 }
