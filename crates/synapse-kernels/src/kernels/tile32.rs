@@ -43,17 +43,6 @@ impl Codes {
         })
     }
 
-    /// Bytes of one block.
-    pub(crate) fn block_bytes(self) -> usize {
-        match self {
-            Codes::Q8_0 => 34,
-            Codes::Q4_0 | Codes::Iq4Nl => 18,
-            Codes::Q5_0 => 22,
-            Codes::Q4_1 => 20,
-            Codes::Q5_1 => 24,
-        }
-    }
-
     /// Whether blocks carry a min (`Σ m·s` added after the lanes' sum).
     fn mins(self) -> bool {
         matches!(self, Codes::Q4_1 | Codes::Q5_1)
@@ -87,8 +76,8 @@ thread_local! {
         const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
-/// Unpacked bytes a weight-row tile is sized to (L1-resident beside the activation rows of
-/// one register tile).
+/// Unpacked bytes a weight-row tile is sized to (L1-resident beside one packed group of
+/// activation rows).
 const TILE_BYTES: usize = 16 << 10;
 
 /// Bytes of one packed (group of eight activation rows, block): the codes as
@@ -162,7 +151,7 @@ pub(crate) unsafe fn rows(
     debug_assert!(packed.len() >= pack_len(n, nb) && r1 <= rows && w.len() >= rows * row_bytes);
     use super::x86::{avx2, avxvnni};
     // The path's two halves: unpacking a weight row, the rows of a tile against the groups.
-    type Unpack = unsafe fn(Codes, *const u8, usize, *mut u8, *mut f32, *mut f32);
+    type Unpack = unsafe fn(Codes, *const u8, usize, usize, *mut u8, *mut f32, *mut f32);
     type Rows = unsafe fn(
         bool,
         *const u8,
@@ -181,8 +170,8 @@ pub(crate) unsafe fn rows(
     } else {
         (avx2::t32_unpack, avx2::t32_rows)
     };
-    // An even number of rows, at least 2.
-    let rt = (TILE_BYTES / (64 * nb).max(1)).clamp(2, 16) & !1;
+    let rt = (TILE_BYTES / (64 * nb).max(1)).clamp(2, 16);
+    let ts = ty.type_size();
     TILE.with(|cell| {
         let (codes, dw, mw) = &mut *cell.borrow_mut();
         // Grown only: matrices of other widths reuse the buffers as they are.
@@ -206,7 +195,7 @@ pub(crate) unsafe fn rows(
                 unsafe {
                     let wr = w.as_ptr().add(r * row_bytes);
                     let (c, d, m) = (cp.add(64 * o), dp.add(o), mp.add(o));
-                    unpack(kind, wr, nb, c, d, m);
+                    unpack(kind, wr, ts, nb, c, d, m);
                 }
             }
             // SAFETY: the tile holds t1 − t0 unpacked rows; `packed`, `y` and the rows

@@ -376,13 +376,14 @@ macro_rules! x86_kernels {
             /// `m` (types with mins).
             ///
             /// # Safety
-            /// `w` holds `nb` blocks of `kind`'s type; `codes` is writable for `64·nb` bytes,
-            /// `d` and `m` for `nb` floats.
+            /// `w` holds `nb` blocks of `kind`'s type, `ts` bytes each; `codes` is writable
+            /// for `64·nb` bytes, `d` and `m` for `nb` floats.
             #[allow(dead_code)]
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn t32_unpack(
                 kind: crate::kernels::tile32::Codes,
                 w: *const u8,
+                ts: usize,
                 nb: usize,
                 codes: *mut u8,
                 d: *mut f32,
@@ -390,7 +391,6 @@ macro_rules! x86_kernels {
             ) {
                 use crate::kernels::tile32::Codes as C;
                 unsafe {
-                    let ts = kind.block_bytes();
                     for b in 0..nb {
                         let (wb, o) = (w.add(b * ts), codes.add(64 * b));
                         // Rows stream back to back: keep ~1.5 KB of weights in flight (Gemma's
