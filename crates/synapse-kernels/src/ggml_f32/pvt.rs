@@ -87,7 +87,7 @@ pub fn pv_t_f32(
         // outputs are in range (asserted above).
         unsafe {
             if lanes == 64 {
-                avx2::run::<8>(vt, stride, runs, first_cell, qs, hd)
+                avx2::run64(vt, stride, runs, first_cell, qs, hd)
             } else {
                 avx2::run16(vt, stride, runs, first_cell, qs, hd)
             }
@@ -171,21 +171,154 @@ fn reduce_lanes(st: &[f32]) -> f32 {
     super::reduce16(&v)
 }
 
-/// AVX2 + FMA: the same lanes (`8·N` of them) and the same FMA chains, eight lanes to a
-/// register. Value dimensions outside, queries inside (a value row's cells stay in L1 for
-/// every query); each (query, dimension) pair is summed whole in one go, its lanes in
-/// registers while whole lane cycles of cells stream by, in a local array before and after
-/// (where a run starts or ends inside a cycle), so no state is kept between calls.
+/// AVX2 + FMA: the same lanes (64 or 16) and the same FMA chains, eight lanes to a register,
+/// several queries (and in the 16-lane order several value dimensions) to a tile, so a value
+/// load serves every query of the tile. Each (query, dimension) pair is summed whole in one
+/// go, its lanes in registers while whole lane cycles of cells stream by, in a local array
+/// before and after (where a run starts or ends inside a cycle), so no state is kept between
+/// calls.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{PvtQuery, PvtRun};
     use std::arch::x86_64::*;
 
+    /// `ggml_vec_dot_f32`'s 64-lane order ([`super::PvOrder::VecDot`], a decode step) for
+    /// `D` value rows × `Q` queries at once (the queries of one KV head): every value load
+    /// serves `Q` queries and every probability load `D` rows, and a value row is read from
+    /// memory once per call instead of once per query. The lanes are swept eight at a time
+    /// (the `D × Q` registers of one lane octet stay in registers), over blocks of
+    /// [`CHUNK`] cycles that stay in L1 for the eight sweeps, while the block
+    /// [`PF_BLOCKS`] ahead is prefetched a line per step (a decode step's values come from
+    /// memory; asked for all at once, or not at all, they came at ~45% of a plain streaming
+    /// read, one thread, 8000 cells × 256 dims). Every lane is the same FMA
+    /// chain as [`super::scalar`]'s (cells one or eight at a time up to a cycle boundary,
+    /// whole 64-cell cycles in registers, the rest the same way), then [`reduce`].
+    ///
     /// # Safety
-    /// AVX2 and FMA; the runs lie inside `hd` value rows of `vt` at `stride`; every query's
-    /// `p` has the cells and its `out` `hd` floats; `N` is 2 (16 lanes) or 8 (64).
+    /// AVX2 and FMA; the runs lie inside value rows `d0..d0 + D` of `vt` at `stride`; every
+    /// `ps[q]` has the cells and every `outs[q]` `d0 + D` floats.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn run<const N: usize>(
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile64<const D: usize, const Q: usize>(
+        vt: *const f32,
+        stride: usize,
+        runs: &[PvtRun],
+        first_cell: usize,
+        ps: [*const f32; Q],
+        outs: [*mut f32; Q],
+        d0: usize,
+    ) {
+        const LANES: usize = 64;
+        // SAFETY: the caller's contract; every index below stays inside a run's columns, a
+        // query's cells or a lane array.
+        unsafe {
+            let mut st = [[[0f32; LANES]; Q]; D];
+            let mut j = 0;
+            for r in runs {
+                let v: [*const f32; D] =
+                    std::array::from_fn(|dd| vt.add((d0 + dd) * stride + r.col));
+                let (mut k, mut l) = (0, (first_cell + j) % LANES);
+                // Cell k into lane l for every row and query, then on; or eight cells.
+                macro_rules! one {
+                    () => {
+                        for (sd, vd) in st.iter_mut().zip(v) {
+                            let x = *vd.add(k);
+                            for (s, p) in sd.iter_mut().zip(ps) {
+                                s[l] = x.mul_add(*p.add(j + k), s[l]);
+                            }
+                        }
+                        (k, l) = (k + 1, (l + 1) % LANES);
+                    };
+                }
+                macro_rules! eight {
+                    () => {
+                        for (sd, vd) in st.iter_mut().zip(v) {
+                            let x = _mm256_loadu_ps(vd.add(k));
+                            for (s, p) in sd.iter_mut().zip(ps) {
+                                let a = s.as_mut_ptr().add(l);
+                                let y = _mm256_loadu_ps(p.add(j + k));
+                                _mm256_storeu_ps(a, _mm256_fmadd_ps(x, y, _mm256_loadu_ps(a)));
+                            }
+                        }
+                        (k, l) = (k + 8, (l + 8) % LANES);
+                    };
+                }
+                while k < r.len && l % 8 != 0 {
+                    one!();
+                }
+                while k + 8 <= r.len && l != 0 {
+                    eight!();
+                }
+                // Whole cycles, a block of them at a time, eight lanes per sweep.
+                let cycles = if l == 0 { (r.len - k) / LANES } else { 0 };
+                let mut c0 = 0;
+                while c0 < cycles {
+                    let cn = (cycles - c0).min(CHUNK);
+                    for g in (0..LANES).step_by(8) {
+                        let mut acc: [[__m256; Q]; D] = std::array::from_fn(|dd| {
+                            std::array::from_fn(|qq| _mm256_loadu_ps(st[dd][qq].as_ptr().add(g)))
+                        });
+                        let mut c = k + c0 * LANES + g;
+                        for i in 0..cn {
+                            // One line of a block [`PF_BLOCKS`] ahead per step, the rows in
+                            // turn, so the block's lines are asked for evenly over its
+                            // sweeps (a prefetch never faults, even past the row).
+                            let it = g / 8 * CHUNK + i;
+                            let (dd, ln) = (it % D, it / D);
+                            if ln < CHUNK * LANES / 16 {
+                                let f = v[dd]
+                                    .wrapping_add(k + (c0 + PF_BLOCKS * CHUNK) * LANES + 16 * ln);
+                                _mm_prefetch::<_MM_HINT_T0>(f as *const i8);
+                            }
+                            let x: [__m256; D] =
+                                std::array::from_fn(|dd| _mm256_loadu_ps(v[dd].add(c)));
+                            for (qq, p) in ps.iter().enumerate() {
+                                let y = _mm256_loadu_ps(p.add(j + c));
+                                for dd in 0..D {
+                                    acc[dd][qq] = _mm256_fmadd_ps(x[dd], y, acc[dd][qq]);
+                                }
+                            }
+                            c += LANES;
+                        }
+                        for (sd, ad) in st.iter_mut().zip(acc) {
+                            for (s, a) in sd.iter_mut().zip(ad) {
+                                _mm256_storeu_ps(s.as_mut_ptr().add(g), a);
+                            }
+                        }
+                    }
+                    c0 += cn;
+                }
+                k += cycles * LANES;
+                // The rest of the run: less than a cycle, each lane at most once.
+                while k + 8 <= r.len && l % 8 == 0 {
+                    eight!();
+                }
+                while k < r.len {
+                    one!();
+                }
+                j += r.len;
+            }
+            for (dd, sd) in st.iter().enumerate() {
+                for (o, s) in outs.iter().zip(sd) {
+                    *o.add(d0 + dd) = reduce(s.as_ptr(), 8);
+                }
+            }
+        }
+    }
+
+    /// Cycles of 64 cells per block of [`tile64`] (2 KB of each value row).
+    const CHUNK: usize = 8;
+    /// How many blocks ahead [`tile64`] prefetches.
+    const PF_BLOCKS: usize = 2;
+
+    /// [`tile64`] over every value row and query: up to four queries two rows at a time, five
+    /// to eight one row at a time (one sweep of a row serves them all; two rows of eight
+    /// would not fit the registers), more in tiles of eight (the last smaller).
+    ///
+    /// # Safety
+    /// As [`tile64`], for value rows `0..hd` and the queries' `p` and `out`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn run64(
         vt: &[f32],
         stride: usize,
         runs: &[PvtRun],
@@ -193,91 +326,59 @@ mod avx2 {
         qs: &mut [PvtQuery<'_>],
         hd: usize,
     ) {
-        let lanes = 8 * N;
-        // SAFETY: the caller's contract; every index below stays inside a run's columns, a
-        // query's cells or the lane array.
-        unsafe {
-            for d in 0..hd {
-                let row = vt.as_ptr().add(d * stride);
-                for q in qs.iter_mut() {
-                    let mut st = [0f32; 64];
-                    let sp = st.as_mut_ptr();
-                    let p = q.p.as_ptr();
-                    let mut j = 0;
-                    for r in runs {
-                        let v = row.add(r.col);
-                        let pj = p.add(j);
-                        let (mut k, mut l) = (0, (first_cell + j) % lanes);
-                        // Up to a register boundary one lane at a time, then up to the cycle's
-                        // end a register at a time (each lane once: no chain through memory).
-                        // One lane, or eight, of the array: cell k into lane l, then on.
-                        macro_rules! one {
-                            () => {
-                                *sp.add(l) = (*v.add(k)).mul_add(*pj.add(k), *sp.add(l));
-                                (k, l) = (k + 1, (l + 1) % lanes);
-                            };
-                        }
-                        macro_rules! eight {
-                            () => {
-                                let a = _mm256_loadu_ps(sp.add(l));
-                                let a = _mm256_fmadd_ps(
-                                    _mm256_loadu_ps(v.add(k)),
-                                    _mm256_loadu_ps(pj.add(k)),
-                                    a,
-                                );
-                                _mm256_storeu_ps(sp.add(l), a);
-                                (k, l) = (k + 8, (l + 8) % lanes);
-                            };
-                        }
-                        while k < r.len && l % 8 != 0 {
-                            one!();
-                        }
-                        while k + 8 <= r.len && l != 0 {
-                            eight!();
-                        }
-                        // Whole cycles with the lanes in registers.
-                        if l == 0 && k + lanes <= r.len {
-                            let mut acc: [__m256; N] =
-                                std::array::from_fn(|i| _mm256_loadu_ps(sp.add(8 * i)));
-                            while k + lanes <= r.len {
-                                for (i, a) in acc.iter_mut().enumerate() {
-                                    let c = k + 8 * i;
-                                    *a = _mm256_fmadd_ps(
-                                        _mm256_loadu_ps(v.add(c)),
-                                        _mm256_loadu_ps(pj.add(c)),
-                                        *a,
-                                    );
-                                }
-                                k += lanes;
-                            }
-                            for (i, a) in acc.iter().enumerate() {
-                                _mm256_storeu_ps(sp.add(8 * i), *a);
-                            }
-                        }
-                        // The rest of the run: less than a cycle, each lane at most once.
-                        while k + 8 <= r.len && l % 8 == 0 {
-                            eight!();
-                        }
-                        while k < r.len {
-                            one!();
-                        }
-                        j += r.len;
-                    }
-                    q.out[d] = reduce(sp, N);
+        let v = vt.as_ptr();
+        for chunk in qs.chunks_mut(8) {
+            let m = chunk.len();
+            let ps: [*const f32; 8] = std::array::from_fn(|i| chunk[i.min(m - 1)].p.as_ptr());
+            let os: [*mut f32; 8] = std::array::from_fn(|i| chunk[i.min(m - 1)].out.as_mut_ptr());
+            let mut d0 = 0;
+            while d0 < hd {
+                let dn = if m > 4 { 1 } else { (hd - d0).min(2) };
+                macro_rules! go {
+                    ($d:literal, $q:literal) => {
+                        tile64::<$d, $q>(
+                            v,
+                            stride,
+                            runs,
+                            first_cell,
+                            std::array::from_fn(|i| ps[i]),
+                            std::array::from_fn(|i| os[i]),
+                            d0,
+                        )
+                    };
                 }
+                // SAFETY: the caller's contract, for this tile's rows and queries.
+                unsafe {
+                    match (dn, m) {
+                        (2, 4) => go!(2, 4),
+                        (2, 3) => go!(2, 3),
+                        (2, 2) => go!(2, 2),
+                        (2, _) => go!(2, 1),
+                        (_, 8) => go!(1, 8),
+                        (_, 7) => go!(1, 7),
+                        (_, 6) => go!(1, 6),
+                        (_, 5) => go!(1, 5),
+                        (_, 4) => go!(1, 4),
+                        (_, 3) => go!(1, 3),
+                        (_, 2) => go!(1, 2),
+                        _ => go!(1, 1),
+                    }
+                }
+                d0 += dn;
             }
         }
     }
 
     /// tinyBLAS's 16-lane order ([`super::PvOrder::Gemm`], a call of two or more rows) with
     /// `D` value dimensions × `Q` queries at once: every value load serves `Q` queries and
-    /// every probability load `D` dimensions (the per-pair [`run`] loads both for each FMA).
-    /// The same lanes and FMA chains as [`run`]: cells one at a time up to a lane-cycle
-    /// boundary, whole 16-cell cycles in registers, the rest one at a time.
+    /// every probability load `D` dimensions. The same lanes and FMA chains as
+    /// [`super::scalar`]: cells one at a time up to a lane-cycle boundary, whole 16-cell
+    /// cycles in registers, the rest one at a time.
     ///
     /// # Safety
-    /// As [`run`], for value rows `d0..d0 + D` and the queries' `p` rows at `ps` (each with
-    /// the cells) and outputs at `outs` (each with `d0 + D` floats).
+    /// AVX2 and FMA; the runs lie inside value rows `d0..d0 + D` of `vt` at `stride`; the
+    /// queries' `p` rows at `ps` each have the cells and their outputs at `outs` each
+    /// `d0 + D` floats.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn tile16<const D: usize, const Q: usize>(
@@ -361,7 +462,7 @@ mod avx2 {
     /// stay in L1), query triples inside.
     ///
     /// # Safety
-    /// As [`run`] with `N == 2`.
+    /// As [`tile16`], for every value row `0..hd` and the queries' `p` and `out`.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn run16(
         vt: &[f32],
@@ -870,6 +971,13 @@ mod tests {
             (6, 90, &[(3, 80)], 7, 6),
             // An odd head width and query count (the AVX2 16-lane tiles' smaller shapes).
             (5, 60, &[(2, 50)], 16, 7),
+            // An odd head width over many 64-cell cycles (several blocks of them, a partial
+            // last block) in a wrapped ring: the AVX2 64-lane tiles' two-row and one-row
+            // shapes with four and one queries.
+            (7, 1700, &[(1650, 40), (0, 1600)], 1650, 5),
+            // Six to eight queries (one-row tiles), then a second tile of eight and of one.
+            (3, 700, &[(0, 650)], 0, 6),
+            (2, 1100, &[(40, 1000)], 3, 17),
             // No cells at all (after calls that left the state dirty): zeros.
             (64, 10, &[], 0, 5),
         ];
