@@ -1276,31 +1276,28 @@ pub fn scores_f32_into(
                 let op: [*mut f32; 4] =
                     std::array::from_fn(|i| oc[i.min(m - 1)][j0..].as_mut_ptr());
                 let fetch = c == 0;
+                macro_rules! go {
+                    ($q:literal) => {
+                        simd::scores_q::<$q>(
+                            keys,
+                            ks,
+                            std::array::from_fn(|i| qp[i]),
+                            hd,
+                            scale,
+                            std::array::from_fn(|i| op[i]),
+                            fetch,
+                        )
+                    };
+                }
                 // SAFETY: the CPU has AVX2 and FMA (checked at run time); every key row is
                 // in range, every query holds hd floats and every output row `n` scores
                 // (asserted above).
                 unsafe {
                     match m {
-                        4 => simd::scores_q::<4>(keys, ks, qp, hd, scale, op, fetch),
-                        3 => simd::scores_q::<3>(
-                            keys,
-                            ks,
-                            [qp[0], qp[1], qp[2]],
-                            hd,
-                            scale,
-                            [op[0], op[1], op[2]],
-                            fetch,
-                        ),
-                        2 => simd::scores_q::<2>(
-                            keys,
-                            ks,
-                            [qp[0], qp[1]],
-                            hd,
-                            scale,
-                            [op[0], op[1]],
-                            fetch,
-                        ),
-                        _ => simd::scores_q::<1>(keys, ks, [qp[0]], hd, scale, [op[0]], fetch),
+                        4 => go!(4),
+                        3 => go!(3),
+                        2 => go!(2),
+                        _ => go!(1),
                     }
                 }
             }
