@@ -398,18 +398,53 @@ mod avx2 {
             for r in runs {
                 let rows: [*const f32; D] =
                     std::array::from_fn(|dd| vt.add((d0 + dd) * stride + r.col));
-                let (mut k, mut l) = (0, (first_cell + j) % 16);
-                let one = |k: usize, l: usize, st: &mut [[[f32; 16]; Q]; D]| {
-                    for dd in 0..D {
-                        let v = *rows[dd].add(k);
-                        for qq in 0..Q {
-                            st[dd][qq][l] = v.mul_add(*ps[qq].add(j + k), st[dd][qq][l]);
+                let (mut k, l) = (0, (first_cell + j) % 16);
+                // Lanes `a..b` of a part cycle, cell `k + (lane − a)` in each: masked loads
+                // give the other lanes v = p = +0.0, and `fma(0, 0, s) = s` (a lane is
+                // never −0.0: its chain starts at +0.0 and an exact-zero sum is +0.0).
+                let part = |k: usize, a: usize, b: usize, st: &mut [[[f32; 16]; Q]; D]| {
+                    let (va, vb) = (_mm256_set1_epi32(a as i32), _mm256_set1_epi32(b as i32));
+                    let mask = |i0: i32| {
+                        let idx = _mm256_add_epi32(
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                            _mm256_set1_epi32(i0),
+                        );
+                        // a <= idx < b
+                        _mm256_andnot_si256(
+                            _mm256_cmpgt_epi32(va, idx),
+                            _mm256_cmpgt_epi32(vb, idx),
+                        )
+                    };
+                    let (m0, m1) = (mask(0), mask(8));
+                    // Lane 0's cell (before the part for a > 0: masked off, never read).
+                    let at = |x: *const f32| x.wrapping_add(k).wrapping_sub(a);
+                    let v: [[__m256; 2]; D] = std::array::from_fn(|dd| {
+                        let x = at(rows[dd]);
+                        [
+                            _mm256_maskload_ps(x, m0),
+                            _mm256_maskload_ps(x.wrapping_add(8), m1),
+                        ]
+                    });
+                    for qq in 0..Q {
+                        let x = at(ps[qq].add(j));
+                        let (p0, p1) = (
+                            _mm256_maskload_ps(x, m0),
+                            _mm256_maskload_ps(x.wrapping_add(8), m1),
+                        );
+                        for dd in 0..D {
+                            let a = st[dd][qq].as_mut_ptr();
+                            _mm256_storeu_ps(a, _mm256_fmadd_ps(v[dd][0], p0, _mm256_loadu_ps(a)));
+                            _mm256_storeu_ps(
+                                a.add(8),
+                                _mm256_fmadd_ps(v[dd][1], p1, _mm256_loadu_ps(a.add(8))),
+                            );
                         }
                     }
                 };
-                while k < r.len && l != 0 {
-                    one(k, l, &mut st);
-                    (k, l) = (k + 1, (l + 1) % 16);
+                if l != 0 && r.len > 0 {
+                    let b = 16.min(l + r.len);
+                    part(0, l, b, &mut st);
+                    k = b - l;
                 }
                 if k + 16 <= r.len {
                     let mut acc: [[[__m256; 2]; Q]; D] = std::array::from_fn(|dd| {
@@ -444,9 +479,9 @@ mod avx2 {
                         }
                     }
                 }
-                while k < r.len {
-                    one(k, l, &mut st);
-                    (k, l) = (k + 1, (l + 1) % 16);
+                if k < r.len {
+                    // The last cells from lane 0 (k is on a cycle boundary here).
+                    part(k, 0, r.len - k, &mut st);
                 }
                 j += r.len;
             }
