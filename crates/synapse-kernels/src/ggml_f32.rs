@@ -862,15 +862,24 @@ mod simd {
 
     /// Keys `offs` (a multiple of eight, at most [`T_KEYS`]) of width 64 transposed into
     /// `kt`: element `e` of keys `8g .. 8g + 8` is the eight floats at `kt[(64g + e) · 8 ..]`.
+    /// Group `g`'s eight keys of the `next` block are prefetched with it (keys from memory came
+    /// at ~80% of the key-by-key path's speed without).
     ///
     /// # Safety
-    /// AVX2; every `offs[j] + 64 <= keys.len()`, and `kt` holds `64 · offs.len()` floats.
+    /// AVX2; every `offs[j] + 64 <= keys.len()`, and `kt` holds `64 · offs.len()` floats
+    /// (`next` is only prefetched, never read).
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn transpose64(keys: &[f32], offs: &[usize], kt: *mut f32) {
+    pub(super) unsafe fn transpose64(keys: &[f32], offs: &[usize], kt: *mut f32, next: &[usize]) {
         let kp = keys.as_ptr();
         // SAFETY: loads inside the key rows, stores inside `kt` (caller).
         unsafe {
             for (g, o) in offs.chunks_exact(8).enumerate() {
+                for &n in next.iter().skip(8 * g).take(8) {
+                    let r = kp.wrapping_add(n) as *const i8;
+                    for ln in 0..4 {
+                        _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(64 * ln));
+                    }
+                }
                 for c in 0..8 {
                     let r: [__m256; 8] =
                         std::array::from_fn(|i| _mm256_loadu_ps(kp.add(o[i] + 8 * c)));
@@ -1307,7 +1316,7 @@ pub fn scores_f32_multi(keys: &[f32], offs: &[usize], qs: &[&[f32]], scale: f32,
         // SAFETY: the CPU has AVX2 and FMA (checked at run time); every key row is in range
         // and every query holds 64 floats (asserted above); query i's row `i·n .. (i + 1)·n`
         // is inside `out` (asserted above).
-        unsafe { scores_t64(keys, offs, qs, scale, |i| op.add(i * n)) };
+        unsafe { scores_t64(keys, offs, qs, scale, &|i| op.add(i * n)) };
         return;
     }
     let mut rest = out;
@@ -1384,6 +1393,14 @@ pub fn scores_f32_into(
         );
         // Key blocks of ~16 KB: they stay in L1 across the queries.
         let b = (4096 / hd).max(8);
+        if hd == 64 && qs.len() >= T_MIN_QUERIES {
+            let o = outs.as_mut_ptr();
+            // SAFETY: the CPU has AVX2 and FMA (checked at run time); every key row is in
+            // range, every query holds 64 floats and every output row `n` scores (asserted
+            // above).
+            unsafe { scores_t64(keys, offs, qs, scale, &|i| (*o.add(i)).as_mut_ptr()) };
+            return;
+        }
         if hd < SCORES_Q_MIN_HD {
             for j0 in (0..n).step_by(b) {
                 let j1 = (j0 + b).min(n);
@@ -1440,12 +1457,14 @@ pub fn scores_f32_into(
 }
 
 /// The AVX2 scores of head width 64 transpose key blocks ([`simd::scores_t`]) from this many
-/// queries. AMD EPYC Zen 3, one thread, ns per dot (best of 15, alternated with the
-/// key-by-key path): 2048 keys in L3, 12 queries 3.90 → 2.77, 28 queries 3.90 → 2.46; 4
-/// queries no faster (5.36 / 5.34), and 7 queries over 8,000 keys from memory (a decode
-/// step) slower (7.99 → 9.75), so decode steps of fewer query heads keep the key-by-key path.
+/// queries (a prompt's rows × a KV head's query heads, or a decode step's query heads of one
+/// KV head). AMD EPYC Zen 3, one thread, ns per dot (best of 15, alternated with the
+/// key-by-key path): 2048 keys in L3, 12 queries 3.90 → 2.77, 28 queries 3.90 → 2.46, 6
+/// queries 4.05 → 3.77; keys from memory (8,000 × 16 heads, the next block prefetched while
+/// one is transposed) 8 queries 5.06 → 4.32, 7 queries 5.38 → 4.87; 4 queries mixed (6.41 →
+/// 6.23 from memory, 4.19 → 4.61 from L3), 3 queries slower (6.97 → 7.15).
 #[cfg(target_arch = "x86_64")]
-const T_MIN_QUERIES: usize = 8;
+const T_MIN_QUERIES: usize = 6;
 
 /// [`scores_f32_multi`] at head width 64 on AVX2: key blocks of [`simd::T_KEYS`] transposed
 /// once, then scored by every query, two queries × sixteen keys at a time, eight keys per
@@ -1462,7 +1481,7 @@ unsafe fn scores_t64(
     offs: &[usize],
     qs: &[&[f32]],
     scale: f32,
-    row: impl Fn(usize) -> *mut f32,
+    row: &dyn Fn(usize) -> *mut f32,
 ) {
     let n = offs.len();
     let n8 = n & !7;
@@ -1474,7 +1493,8 @@ unsafe fn scores_t64(
     for j0 in (0..n8).step_by(simd::T_KEYS) {
         let j1 = (j0 + simd::T_KEYS).min(n8);
         // SAFETY: key rows in range, `kt` holds 64 floats per key of the block (caller).
-        unsafe { simd::transpose64(keys, &offs[j0..j1], kt.as_mut_ptr()) };
+        let next = &offs[j1..(j1 + simd::T_KEYS).min(n8)];
+        unsafe { simd::transpose64(keys, &offs[j0..j1], kt.as_mut_ptr(), next) };
         let ng = (j1 - j0) / 8;
         let mut i = 0;
         while i < qs.len() {
