@@ -966,6 +966,18 @@ mod simd {
         }
     }
 
+    /// The lanes `lo..hi` of eight as an all-ones mask (bounds may lie outside `0..8`: a
+    /// half of a 16-lane range).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn lane_mask(lo: i32, hi: i32) -> __m256i {
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        _mm256_and_si256(
+            _mm256_cmpgt_epi32(lane, _mm256_set1_epi32(lo - 1)),
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), lane),
+        )
+    }
+
     /// ggml's vector [`super::expf`] on eight lanes, lane for lane the scalar one's bits:
     /// the same fused steps, and `scalef(j, n)` as `j·2ⁿ` — exact when every lane's `n` is in
     /// −125..=127 (`j` is within [0.7, 1.5], so the product is a normal float); otherwise
@@ -1038,14 +1050,6 @@ mod simd {
             .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
         let mx = _mm256_set1_ps(max);
         let mut sum = 0f64;
-        // Lane masks: lane l of a half is in when lo <= l < hi.
-        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        let mask = |lo: usize, hi: usize| {
-            _mm256_and_si256(
-                _mm256_cmpgt_epi32(lane, _mm256_set1_epi32(lo as i32 - 1)),
-                _mm256_cmpgt_epi32(_mm256_set1_epi32(hi as i32), lane),
-            )
-        };
         let (c0, c1) = (first_cell / 16, (first_cell + n - 1) / 16);
         for c in c0..=c1 {
             let cell0 = 16 * c;
@@ -1072,7 +1076,7 @@ mod simd {
                 if l >= r {
                     continue;
                 }
-                let m = mask(l - 8 * h, r - 8 * h);
+                let m = lane_mask((l - 8 * h) as i32, (r - 8 * h) as i32);
                 // Lane k of this half is cell cell0 + 8h + k, i.e. sc[cell0 + 8h + k −
                 // first_cell]; only the masked-in lanes (inside sc) are touched.
                 let base = p.wrapping_add(cell0 + 8 * h).wrapping_sub(first_cell);
@@ -1492,8 +1496,8 @@ unsafe fn scores_t64(
     let kt = &mut kt.0;
     for j0 in (0..n8).step_by(simd::T_KEYS) {
         let j1 = (j0 + simd::T_KEYS).min(n8);
-        // SAFETY: key rows in range, `kt` holds 64 floats per key of the block (caller).
         let next = &offs[j1..(j1 + simd::T_KEYS).min(n8)];
+        // SAFETY: key rows in range, `kt` holds 64 floats per key of the block (caller).
         unsafe { simd::transpose64(keys, &offs[j0..j1], kt.as_mut_ptr(), next) };
         let ng = (j1 - j0) / 8;
         let mut i = 0;
@@ -2359,7 +2363,7 @@ mod tests {
             (64, 300, 3),
             (64, 40, 4),
             (64, 33, 1),
-            // Transposed key blocks (AVX2, head width 64, from 8 queries): whole and partial
+            // Transposed key blocks (AVX2, head width 64, from 6 queries): whole and partial
             // blocks, odd query counts, a tail of keys, fewer keys than one group.
             (64, 300, 12),
             (64, 130, 9),

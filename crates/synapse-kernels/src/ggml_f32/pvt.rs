@@ -180,6 +180,7 @@ fn reduce_lanes(st: &[f32]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{PvtQuery, PvtRun};
+    use crate::ggml_f32::simd::lane_mask;
     use std::arch::x86_64::*;
 
     /// `ggml_vec_dot_f32`'s 64-lane order ([`super::PvOrder::VecDot`], a decode step) for
@@ -403,19 +404,8 @@ mod avx2 {
                 // give the other lanes v = p = +0.0, and `fma(0, 0, s) = s` (a lane is
                 // never −0.0: its chain starts at +0.0 and an exact-zero sum is +0.0).
                 let part = |k: usize, a: usize, b: usize, st: &mut [[[f32; 16]; Q]; D]| {
-                    let (va, vb) = (_mm256_set1_epi32(a as i32), _mm256_set1_epi32(b as i32));
-                    let mask = |i0: i32| {
-                        let idx = _mm256_add_epi32(
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                            _mm256_set1_epi32(i0),
-                        );
-                        // a <= idx < b
-                        _mm256_andnot_si256(
-                            _mm256_cmpgt_epi32(va, idx),
-                            _mm256_cmpgt_epi32(vb, idx),
-                        )
-                    };
-                    let (m0, m1) = (mask(0), mask(8));
+                    let (a32, b32) = (a as i32, b as i32);
+                    let (m0, m1) = (lane_mask(a32, b32), lane_mask(a32 - 8, b32 - 8));
                     // Lane 0's cell (before the part for a > 0: masked off, never read).
                     let at = |x: *const f32| x.wrapping_add(k).wrapping_sub(a);
                     let v: [[__m256; 2]; D] = std::array::from_fn(|dd| {
