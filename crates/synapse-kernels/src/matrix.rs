@@ -848,7 +848,7 @@ impl QuantMatrix {
         // The 32-block types' many-row GEMM off AVX-512 (same bits as the per-row kernels;
         // IQ4_NL only for calls in its many-row order).
         if kernels::tile32::on(ctx.path())
-            && n >= kernels::tile32::min_rows(ty)
+            && kernels::tile32::takes(ty, n)
             && kernels::tile32::Codes::of(ty).is_some()
             && (ty != GgmlType::IQ4_NL || order_rows >= 2)
         {

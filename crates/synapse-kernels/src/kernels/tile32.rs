@@ -49,15 +49,21 @@ impl Codes {
     }
 }
 
-/// Activation rows from which a call of `ty` takes this GEMM; below it the per-row four-row
-/// tiles, which unpack and pack nothing ahead, are as fast or faster (kbench, 1 thread, Zen 3,
-/// 2048×640 Q5_0/Q8_0/Q4_1: at 4 rows 207–257 µs against this GEMM's 254–400 µs, at 6 rows
-/// 371–526 µs against 260–317 µs). Q8_0, whose per-row kernel unpacks nothing but a sign,
-/// from 16 rows: at 8 rows Gemma 3's 262144-row Q8_0 LM head ran 6% faster per row
-/// (`engine_bench`, 8 streams, 3 runs alternated: 147.7–156.0 against 135.6–147.9 tok/s),
-/// at 16 rows this GEMM ran it in 40–51 ms against 46–62 ms (kbench, 2 threads).
-pub(crate) fn min_rows(ty: GgmlType) -> usize {
-    if ty == GgmlType::Q8_0 { 16 } else { 6 }
+/// Whether a call of `ty` with `n` activation rows takes this GEMM. Below 6 rows the per-row
+/// four-row tiles, which unpack and pack nothing ahead, are as fast or faster (kbench, 1
+/// thread, Zen 3, 2048×640 Q5_0/Q8_0/Q4_1: at 4 rows 207–257 µs against this GEMM's 254–400
+/// µs, at 6 rows 371–526 µs against 260–317 µs). Q8_0, whose per-row kernel unpacks nothing
+/// but a sign, at 7 or 8 rows (one group, its weights read in place: the 262,144 × 640 LM
+/// head at 8 rows in 18.3–19.1 ms against the per-row kernel's 23.5–24.0, kbench, 2 threads,
+/// alternated; at 6 rows, which cost the group as much as 8, the two were even) and from 16
+/// rows (unpacked: 40–51 ms against 46–62 ms at 16 rows; at 8 rows the unpacking pass made
+/// it 4–10% slower than the per-row kernel).
+pub(crate) fn takes(ty: GgmlType, n: usize) -> bool {
+    if ty == GgmlType::Q8_0 {
+        matches!(n, 7 | 8) || n >= 16
+    } else {
+        n >= 6
+    }
 }
 
 /// Whether `path` runs this GEMM.
@@ -170,6 +176,31 @@ pub(crate) unsafe fn rows(
     } else {
         (avx2::t32_unpack, avx2::t32_rows)
     };
+    if kind == Codes::Q8_0 && n <= 8 {
+        type Direct =
+            unsafe fn(*const u8, usize, usize, *const u8, usize, *mut f32, usize, usize, usize);
+        let direct: Direct = if path == KernelPath::AvxVnni {
+            avxvnni::t32_q8_0_direct
+        } else {
+            avx2::t32_q8_0_direct
+        };
+        // SAFETY: rows r0..r1 are inside `w`, `packed` holds the one group of n <= 8 rows;
+        // `y` and the rows written are the caller's contract; the CPU has the path's features.
+        unsafe {
+            direct(
+                w.as_ptr(),
+                row_bytes,
+                nb,
+                packed.as_ptr(),
+                n,
+                y,
+                rows,
+                r0,
+                r1,
+            )
+        };
+        return;
+    }
     let rt = (TILE_BYTES / (64 * nb).max(1)).clamp(2, 16);
     let ts = ty.type_size();
     TILE.with(|cell| {
