@@ -263,6 +263,34 @@ fn large_matrix_threads_cover_every_row() {
     }
 }
 
+/// A Q8_0 matrix larger than any cache (71 MB, as a 262,144-row LM head is read), at the
+/// activation-row counts whose AVX2 GEMM reads its blocks in place (8, and 16 for a matrix this
+/// large) and one beside them: every row has its one-row call's bits.
+#[test]
+fn dram_sized_q8_0_matrix_keeps_the_one_row_bits() {
+    let (rows, cols) = (131_072, 512);
+    let w = random_weights(GgmlType::Q8_0, rows, cols, 41);
+    let m = QuantMatrix::from_ggml(GgmlType::Q8_0, &w, rows, cols).unwrap();
+    let path = KernelPath::best_supported();
+    let n = 16;
+    let x: Vec<f32> = (0..n)
+        .flat_map(|t| generate_data(0.7 + t as f32, cols, 2.0))
+        .collect();
+    let alone: Vec<Vec<f32>> = (0..n)
+        .map(|t| run(&m, &x[t * cols..(t + 1) * cols], 1, path, 2))
+        .collect();
+    for n in [8, 12, 16] {
+        let got = run(&m, &x[..n * cols], n, path, 2);
+        for (t, want) in alone.iter().enumerate().take(n) {
+            assert_same_bits(
+                &got[t * rows..(t + 1) * rows],
+                want,
+                &format!("{path} n={n} row {t}"),
+            );
+        }
+    }
+}
+
 #[test]
 fn shape_errors_are_typed() {
     let w = random_weights(GgmlType::Q8_0, 2, 64, 1);

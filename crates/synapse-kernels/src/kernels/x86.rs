@@ -513,18 +513,18 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// Q8_0 weight rows `r0..r1` read in place (no [`t32_unpack`]) against one packed
-            /// group of at most eight activation rows: `y[t·rows + r]` for `t < n`. Each
-            /// output has [`t32_row`]'s bits: the broadcast lane is `v`, the `maddubs`
+            /// Q8_0 weight rows `r0..r1` read in place (no [`t32_unpack`]) against the `n`
+            /// activation rows packed eight a group at `gp` (`tile32::pack`): `y[t·rows + r]`.
+            /// Each output has [`t32_row`]'s bits: the broadcast lane is `v`, the `maddubs`
             /// operands are `|v|` (`vpabsb`, the byte `sign(v, v)` stores) and `sign(a, v)`.
-            /// With at most eight activation rows the unpacking is not shared by further
-            /// groups, and reading the 34-byte blocks directly saves its pass (Gemma's
-            /// 262,144 × 640 Q8_0 LM head at eight decode rows).
+            /// With one or two groups the unpacking is shared by too few of them, and reading
+            /// the 34-byte blocks directly saves its pass (Gemma's 262,144 × 640 Q8_0 LM head
+            /// at 8 or 16 decode rows); a weight row stays in L1 while its groups pass.
             ///
             /// # Safety
-            /// `w` holds rows `r0..r1` of `nb` blocks each, `row_bytes` apart; `gp` holds one
-            /// packed group of `nb` blocks (`tile32::pack`); `n <= 8`; `y` is valid for
-            /// `n·rows` writes and this call alone writes rows `r0..r1` of it.
+            /// `w` holds rows `r0..r1` of `nb` blocks each, `row_bytes` apart; `gp` holds
+            /// `ceil(n/8)·nb` packed blocks; `y` is valid for `n·rows` writes and this call
+            /// alone writes rows `r0..r1` of it.
             #[allow(dead_code, clippy::too_many_arguments)]
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn t32_q8_0_direct(
@@ -542,29 +542,32 @@ macro_rules! x86_kernels {
                 unsafe {
                     for r in r0..r1 {
                         let wr = w.add(r * row_bytes);
-                        let mut acc = [_mm256_setzero_ps(); 8];
-                        for b in 0..nb {
-                            let (p, wb) = (gp.add(b * PACK8), wr.add(34 * b));
-                            // Rows stream back to back: keep ~1.5 KB of weights in flight.
-                            _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
-                            let da = _mm256_loadu_ps(p.add(PACK8_D).cast());
-                            let dv = _mm256_mul_ps(_mm256_set1_ps(f16(wb)), da);
-                            for (j, aj) in acc.iter_mut().enumerate() {
-                                let v = _mm256_set1_epi32(rd(wb.add(2 + 4 * j).cast::<i32>()));
-                                let s = _mm256_sign_epi8(ld(p.add(32 * j)), v);
-                                let l = mul_sum(_mm256_setzero_si256(), _mm256_abs_epi8(v), s);
-                                *aj = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(l), *aj);
+                        for g in 0..n.div_ceil(8) {
+                            let gp = gp.add(g * nb * PACK8);
+                            let mut acc = [_mm256_setzero_ps(); 8];
+                            for b in 0..nb {
+                                let (p, wb) = (gp.add(b * PACK8), wr.add(34 * b));
+                                // Rows stream back to back: keep ~1.5 KB of weights in flight.
+                                _mm_prefetch::<_MM_HINT_T0>(wb.add(PREFETCH).cast());
+                                let da = _mm256_loadu_ps(p.add(PACK8_D).cast());
+                                let dv = _mm256_mul_ps(_mm256_set1_ps(f16(wb)), da);
+                                for (j, aj) in acc.iter_mut().enumerate() {
+                                    let v = _mm256_set1_epi32(rd(wb.add(2 + 4 * j).cast::<i32>()));
+                                    let s = _mm256_sign_epi8(ld(p.add(32 * j)), v);
+                                    let l = mul_sum(_mm256_setzero_si256(), _mm256_abs_epi8(v), s);
+                                    *aj = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(l), *aj);
+                                }
                             }
-                        }
-                        let t0 = _mm256_add_ps(acc[0], acc[4]);
-                        let t1 = _mm256_add_ps(acc[1], acc[5]);
-                        let t2 = _mm256_add_ps(acc[2], acc[6]);
-                        let t3 = _mm256_add_ps(acc[3], acc[7]);
-                        let h = _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3));
-                        let mut o = [0f32; 8];
-                        _mm256_storeu_ps(o.as_mut_ptr(), h);
-                        for (k, x) in o.iter().enumerate().take(n) {
-                            *y.add(k * rows + r) = *x;
+                            let t0 = _mm256_add_ps(acc[0], acc[4]);
+                            let t1 = _mm256_add_ps(acc[1], acc[5]);
+                            let t2 = _mm256_add_ps(acc[2], acc[6]);
+                            let t3 = _mm256_add_ps(acc[3], acc[7]);
+                            let h = _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3));
+                            let mut o = [0f32; 8];
+                            _mm256_storeu_ps(o.as_mut_ptr(), h);
+                            for (k, x) in o.iter().enumerate().take(n - 8 * g) {
+                                *y.add((8 * g + k) * rows + r) = *x;
+                            }
                         }
                     }
                 }
