@@ -23,7 +23,7 @@ pub(crate) const TILE: usize = 64;
 /// Bytes of one tile's group pair: 64 index bytes, then `[sA₀, sB₀, sA₁, sB₁]` as `u32`.
 pub(crate) const PAIR_BYTES: usize = 80;
 /// Group pairs summed in 16 bits before widening: `2 · 32 · 384 = 24,576 < 32,768`.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const FLUSH_PAIRS: usize = 32;
 /// Bytes of one group's tables: 16 low bytes, then 16 high bytes.
 pub(crate) const LUT_BYTES: usize = 32;
@@ -128,6 +128,12 @@ pub(crate) fn build_lut(q: impl Fn(usize) -> i8, g0: usize, g1: usize, lut: &mut
         unsafe { x86::build_lut(q, g0, g1, lut) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if crate::dispatch::KernelPath::Avx2.is_supported() {
+        // SAFETY: AVX2 checked just above.
+        unsafe { x86_avx2::build_lut(q, g0, g1, lut) };
+        return;
+    }
     build_lut_scalar(q, g0, g1, lut)
 }
 
@@ -179,9 +185,23 @@ pub(crate) unsafe fn tile_dot(
 ) {
     debug_assert!(tile.len() >= layout.tile_bytes() && lut.len() >= layout.lut_bytes());
     #[cfg(target_arch = "x86_64")]
-    if path == crate::dispatch::KernelPath::Avx512Vnni {
+    match path {
+        crate::dispatch::KernelPath::Avx512Vnni => {
+            // SAFETY: the path is supported (caller); sizes checked above.
+            unsafe { x86::tile(layout.pairs, tile.as_ptr(), lut.as_ptr(), out) };
+            return;
+        }
+        crate::dispatch::KernelPath::Avx2 | crate::dispatch::KernelPath::AvxVnni => {
+            // SAFETY: both paths include AVX2 (caller: supported); sizes checked above.
+            unsafe { x86_avx2::tile(layout.pairs, tile.as_ptr(), lut.as_ptr(), out) };
+            return;
+        }
+        _ => {}
+    }
+    #[cfg(target_arch = "aarch64")]
+    if path == crate::dispatch::KernelPath::Neon {
         // SAFETY: the path is supported (caller); sizes checked above.
-        unsafe { x86::tile(layout.pairs, tile.as_ptr(), lut.as_ptr(), out) };
+        unsafe { neon::tile(layout.pairs, tile.as_ptr(), lut.as_ptr(), out) };
         return;
     }
     let _ = path;
@@ -197,7 +217,7 @@ mod x86 {
     const PREFETCH: usize = 6144;
 
     /// The trits of magnitude `m` (lanes 0..16, 0 for 14 and 15) as i16, per position.
-    fn trit_vectors() -> [[i16; 16]; 3] {
+    pub(super) fn trit_vectors() -> [[i16; 16]; 3] {
         let mut t = [[0i16; 16]; 3];
         for m in 0..14 {
             for (ti, v) in t.iter_mut().zip(super::trits_of(m)) {
@@ -313,6 +333,211 @@ mod x86 {
         for (j, o) in out.iter_mut().enumerate() {
             let (b, lane) = super::lane_of(j);
             *o = lanes[2 * b as usize + lane / 16][lane % 16];
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+use x86::trit_vectors as x86_trit_vectors;
+
+#[cfg(target_arch = "x86_64")]
+mod x86_avx2 {
+    use super::{FLUSH_PAIRS, LUT_BYTES, PAIR_BYTES, TILE};
+    use std::arch::x86_64::*;
+
+    /// Bytes ahead the tile's stream is prefetched (into L2, as the AVX-512 kernel does).
+    const PREFETCH: usize = 6144;
+
+    /// [`super::build_lut_scalar`] a group a register: the 16 sums as i16 (`Σ tᵢ·qᵢ` by three
+    /// `vpmullw`), then a byte shuffle and a qword permute put their 16 low bytes and 16 high
+    /// bytes in the group's table order.
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn build_lut(q: impl Fn(usize) -> i8, g0: usize, g1: usize, lut: &mut [u8]) {
+        let t = super::x86_trit_vectors();
+        // SAFETY: 16 i16 read from local arrays.
+        let tv: [__m256i; 3] =
+            std::array::from_fn(|i| unsafe { _mm256_loadu_si256(t[i].as_ptr().cast()) });
+        // Per 128-bit lane: the low bytes of its 8 sums, then their high bytes.
+        let split = _mm256_setr_epi8(
+            0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3,
+            5, 7, 9, 11, 13, 15,
+        );
+        for g in g0..g1 {
+            let a = |i: usize| _mm256_set1_epi16(q(3 * g + i) as i16);
+            let s = _mm256_add_epi16(
+                _mm256_add_epi16(
+                    _mm256_mullo_epi16(tv[0], a(0)),
+                    _mm256_mullo_epi16(tv[1], a(1)),
+                ),
+                _mm256_mullo_epi16(tv[2], a(2)),
+            );
+            // [lo 0..8, hi 0..8 | lo 8..16, hi 8..16] → [lo 0..16 | hi 0..16].
+            let b = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_shuffle_epi8(s, split));
+            let out = &mut lut[g * LUT_BYTES..(g + 1) * LUT_BYTES];
+            // SAFETY: 32 bytes into the group's 32-byte table.
+            unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), b) };
+        }
+    }
+
+    /// One tile against one row's tables with 256-bit registers: rows 0..32 and 32..64 in
+    /// two index registers; per group and register two `vpshufb` (the sums' low and high
+    /// bytes), `unpack{lo,hi}_epi8` to i16 lanes, each half of the sign masks broadcast and
+    /// expanded to lanes (`and` with the lane's bit, `cmpeq`) and applied as `(v ^ m) − m`,
+    /// added in 16 bits; widened to i32 every [`FLUSH_PAIRS`] pairs.
+    ///
+    /// Register `h` (rows `32h..32h + 32`), 128-bit lane `c`: `unpacklo` holds rows
+    /// `32h + 16c + e`, `unpackhi` rows `32h + 16c + 8 + e` (`e` < 8) — lanes `16h + 8c + e`
+    /// of the layout's A and B masks, so each takes bits `16h..16h + 16` of them.
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn tile(pairs: usize, w: *const u8, lut: *const u8, out: &mut [i32; TILE]) {
+        let m4 = _mm256_set1_epi8(15);
+        let zero = _mm256_setzero_si256();
+        let bit = _mm256_setr_epi16(
+            1,
+            2,
+            4,
+            8,
+            16,
+            32,
+            64,
+            128,
+            256,
+            512,
+            1024,
+            2048,
+            4096,
+            8192,
+            16384,
+            i16::MIN,
+        );
+        // [A rows 32h.., B rows 32h..] per register h, as i16 lanes, then widened.
+        let mut wide = [zero; 8];
+        let mut p = 0;
+        while p < pairs {
+            let end = (p + FLUSH_PAIRS).min(pairs);
+            let mut acc = [zero; 4];
+            for pp in p..end {
+                // SAFETY: pair pp of the tile and groups 2pp, 2pp + 1 of the tables (caller).
+                unsafe {
+                    let b = w.add(pp * PAIR_BYTES);
+                    // 80 bytes a pair: two lines, or every fifth line would go unfetched.
+                    _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(PREFETCH).cast());
+                    _mm_prefetch::<_MM_HINT_T1>(b.wrapping_add(PREFETCH + 64).cast());
+                    let q = [
+                        _mm256_loadu_si256(b.cast()),
+                        _mm256_loadu_si256(b.add(32).cast()),
+                    ];
+                    for g in 0..2 {
+                        let t = lut.add((2 * pp + g) * LUT_BYTES);
+                        let tl = _mm256_broadcastsi128_si256(_mm_loadu_si128(t.cast()));
+                        let th = _mm256_broadcastsi128_si256(_mm_loadu_si128(t.add(16).cast()));
+                        for (h, qh) in q.iter().enumerate() {
+                            let ix = if g == 0 {
+                                _mm256_and_si256(*qh, m4)
+                            } else {
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(*qh), m4)
+                            };
+                            let (l, hb) =
+                                (_mm256_shuffle_epi8(tl, ix), _mm256_shuffle_epi8(th, ix));
+                            let v = [_mm256_unpacklo_epi8(l, hb), _mm256_unpackhi_epi8(l, hb)];
+                            for (ab, vv) in v.into_iter().enumerate() {
+                                let at = b.add(64 + 8 * g + 4 * ab + 2 * h).cast::<i16>();
+                                let sm = _mm256_set1_epi16(std::ptr::read_unaligned(at));
+                                let m = _mm256_cmpeq_epi16(_mm256_and_si256(sm, bit), bit);
+                                let neg = _mm256_sub_epi16(_mm256_xor_si256(vv, m), m);
+                                acc[2 * h + ab] = _mm256_add_epi16(acc[2 * h + ab], neg);
+                            }
+                        }
+                    }
+                }
+            }
+            for (k, a) in acc.into_iter().enumerate() {
+                let lo = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(a));
+                let hi = _mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(a));
+                wide[2 * k] = _mm256_add_epi32(wide[2 * k], lo);
+                wide[2 * k + 1] = _mm256_add_epi32(wide[2 * k + 1], hi);
+            }
+            p = end;
+        }
+        // wide[2k + c], k = 2h + ab: lane e is row 32h + 16c + 8ab + e.
+        for (i, v) in wide.into_iter().enumerate() {
+            let (k, c) = (i / 2, i % 2);
+            let (h, ab) = (k / 2, k % 2);
+            let mut lanes = [0i32; 8];
+            // SAFETY: 8 i32 to a local array.
+            unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), v) };
+            let r0 = 32 * h + 16 * c + 8 * ab;
+            out[r0..r0 + 8].copy_from_slice(&lanes);
+        }
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use super::{FLUSH_PAIRS, LUT_BYTES, PAIR_BYTES, TILE};
+    use std::arch::aarch64::*;
+
+    /// One tile against one row's tables with 128-bit registers: rows `16c..16c + 16` in
+    /// index register `c`; per group `tbl` looks up the sums' low and high bytes, `zip1`/`zip2`
+    /// make i16 lanes (rows `16c + e` and `16c + 8 + e`: lanes `8c + e` of the layout's A and
+    /// B masks, byte `c` of each), the sign byte expanded to lanes (`cmtst` with the lane's
+    /// bit) negates as `(v ^ m) − m`; added in 16 bits, widened to i32 every
+    /// [`FLUSH_PAIRS`] pairs. The same integers as the scalar path.
+    #[target_feature(enable = "neon")]
+    pub(crate) unsafe fn tile(pairs: usize, w: *const u8, lut: *const u8, out: &mut [i32; TILE]) {
+        // SAFETY: the caller's contract (whole tile and tables); local arrays otherwise.
+        unsafe {
+            let m4 = vdupq_n_u8(15);
+            let bits: [u16; 8] = [1, 2, 4, 8, 16, 32, 64, 128];
+            let bit = vld1q_u16(bits.as_ptr());
+            // [c][A, B] as i32 halves: lanes e < 4 and 4..8.
+            let mut wide = [[[vdupq_n_s32(0); 2]; 2]; 4];
+            let mut p = 0;
+            while p < pairs {
+                let end = (p + FLUSH_PAIRS).min(pairs);
+                let mut acc = [[vdupq_n_s16(0); 2]; 4];
+                for pp in p..end {
+                    let b = w.add(pp * PAIR_BYTES);
+                    let q: [uint8x16_t; 4] = std::array::from_fn(|c| vld1q_u8(b.add(16 * c)));
+                    for g in 0..2 {
+                        let t = lut.add((2 * pp + g) * LUT_BYTES);
+                        let (tl, th) = (vld1q_u8(t), vld1q_u8(t.add(16)));
+                        for (c, qc) in q.iter().enumerate() {
+                            let ix = if g == 0 {
+                                vandq_u8(*qc, m4)
+                            } else {
+                                vshrq_n_u8::<4>(*qc)
+                            };
+                            let (l, h) = (vqtbl1q_u8(tl, ix), vqtbl1q_u8(th, ix));
+                            let v = [
+                                vreinterpretq_s16_u8(vzip1q_u8(l, h)),
+                                vreinterpretq_s16_u8(vzip2q_u8(l, h)),
+                            ];
+                            for (ab, vv) in v.into_iter().enumerate() {
+                                let sb = *b.add(64 + 8 * g + 4 * ab + c) as u16;
+                                let m = vreinterpretq_s16_u16(vtstq_u16(vdupq_n_u16(sb), bit));
+                                let neg = vsubq_s16(veorq_s16(vv, m), m);
+                                acc[c][ab] = vaddq_s16(acc[c][ab], neg);
+                            }
+                        }
+                    }
+                }
+                for c in 0..4 {
+                    for ab in 0..2 {
+                        let a = acc[c][ab];
+                        wide[c][ab][0] = vaddw_s16(wide[c][ab][0], vget_low_s16(a));
+                        wide[c][ab][1] = vaddw_high_s16(wide[c][ab][1], a);
+                    }
+                }
+                p = end;
+            }
+            for c in 0..4 {
+                for ab in 0..2 {
+                    let r0 = 16 * c + 8 * ab;
+                    vst1q_s32(out[r0..].as_mut_ptr(), wide[c][ab][0]);
+                    vst1q_s32(out[r0 + 4..].as_mut_ptr(), wide[c][ab][1]);
+                }
+            }
         }
     }
 }
