@@ -338,9 +338,6 @@ mod x86 {
 }
 
 #[cfg(target_arch = "x86_64")]
-use x86::trit_vectors as x86_trit_vectors;
-
-#[cfg(target_arch = "x86_64")]
 mod x86_avx2 {
     use super::{FLUSH_PAIRS, LUT_BYTES, PAIR_BYTES, TILE};
     use std::arch::x86_64::*;
@@ -353,7 +350,7 @@ mod x86_avx2 {
     /// bytes in the group's table order.
     #[target_feature(enable = "avx2")]
     pub(crate) unsafe fn build_lut(q: impl Fn(usize) -> i8, g0: usize, g1: usize, lut: &mut [u8]) {
-        let t = super::x86_trit_vectors();
+        let t = super::x86::trit_vectors();
         // SAFETY: 16 i16 read from local arrays.
         let tv: [__m256i; 3] =
             std::array::from_fn(|i| unsafe { _mm256_loadu_si256(t[i].as_ptr().cast()) });

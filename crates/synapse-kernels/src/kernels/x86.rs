@@ -420,6 +420,36 @@ macro_rules! x86_kernels {
                 }
             }
 
+            /// `hsum_float_8` of eight outputs at once, register `l` holding lane `l` of all
+            /// of them: `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`, seven vertical adds.
+            #[inline]
+            #[target_feature(enable = $features)]
+            fn fold8(acc: &[__m256; 8]) -> __m256 {
+                let t0 = _mm256_add_ps(acc[0], acc[4]);
+                let t1 = _mm256_add_ps(acc[1], acc[5]);
+                let t2 = _mm256_add_ps(acc[2], acc[6]);
+                let t3 = _mm256_add_ps(acc[3], acc[7]);
+                _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3))
+            }
+
+            /// Group `g`'s outputs (activation rows `8g..min(8g + 8, n)`) of weight row `r`:
+            /// `y[t·rows + r]`.
+            ///
+            /// # Safety
+            /// `y` is valid for `n·rows` writes.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn store_group(v: __m256, y: *mut f32, rows: usize, n: usize, g: usize, r: usize) {
+                let mut o = [0f32; 8];
+                // SAFETY: eight floats into a local array; the caller's contract for `y`.
+                unsafe {
+                    _mm256_storeu_ps(o.as_mut_ptr(), v);
+                    for (k, x) in o.iter().enumerate().take(n - 8 * g) {
+                        *y.add((8 * g + k) * rows + r) = *x;
+                    }
+                }
+            }
+
             /// One unpacked weight row ([`t32_unpack`]) against one packed group of eight
             /// activation rows (`tile32::pack`): the eight outputs, each in the one-row
             /// kernels' float order ([`dot_sblocks`], or [`dot_x1blocks`] with `MINS`): per
@@ -460,11 +490,7 @@ macro_rules! x86_kernels {
                             *aj = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(l), *aj);
                         }
                     }
-                    let t0 = _mm256_add_ps(acc[0], acc[4]);
-                    let t1 = _mm256_add_ps(acc[1], acc[5]);
-                    let t2 = _mm256_add_ps(acc[2], acc[6]);
-                    let t3 = _mm256_add_ps(acc[3], acc[7]);
-                    let h = _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3));
+                    let h = fold8(&acc);
                     if MINS { _mm256_add_ps(h, sm) } else { h }
                 }
             }
@@ -503,11 +529,7 @@ macro_rules! x86_kernels {
                             } else {
                                 t32_row::<false>(c, dw, mw, nb, gp)
                             };
-                            let mut o = [0f32; 8];
-                            _mm256_storeu_ps(o.as_mut_ptr(), v);
-                            for (k, x) in o.iter().enumerate().take(n - 8 * g) {
-                                *y.add((8 * g + k) * rows + r0 + i) = *x;
-                            }
+                            store_group(v, y, rows, n, g, r0 + i);
                         }
                     }
                 }
@@ -558,16 +580,7 @@ macro_rules! x86_kernels {
                                     *aj = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(l), *aj);
                                 }
                             }
-                            let t0 = _mm256_add_ps(acc[0], acc[4]);
-                            let t1 = _mm256_add_ps(acc[1], acc[5]);
-                            let t2 = _mm256_add_ps(acc[2], acc[6]);
-                            let t3 = _mm256_add_ps(acc[3], acc[7]);
-                            let h = _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3));
-                            let mut o = [0f32; 8];
-                            _mm256_storeu_ps(o.as_mut_ptr(), h);
-                            for (k, x) in o.iter().enumerate().take(n - 8 * g) {
-                                *y.add((8 * g + k) * rows + r) = *x;
-                            }
+                            store_group(fold8(&acc), y, rows, n, g, r);
                         }
                     }
                 }
