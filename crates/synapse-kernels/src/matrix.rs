@@ -615,7 +615,7 @@ impl QuantMatrix {
         ctx: &mut KernelCtx,
     ) {
         use crate::act::BlockQ8x32;
-        use kernels::{gemv32, gemvk};
+        use kernels::{gemv32, gemv32_avx2, gemvk};
         let cols = ms[0].cols;
         let nb32 = cols / 32;
         let (act32_buf, actk_buf, init_buf, pool) = ctx.parts3();
@@ -657,6 +657,19 @@ impl QuantMatrix {
                 );
                 gemv32::prepare(act32, nb32, r, sv, i);
                 (r, sv, i)
+            } else if plan.kinds[..ms.len()].contains(&FewRowKernel::Gemv32Avx2) {
+                // The lane starts of the biased types (Q5_0's −16·Σ, then Q4_0's −8·Σ).
+                let ni = 8 * n * nb32;
+                init_buf.set_len(8 * ni);
+                let i: &mut [i32] = bytemuck::cast_slice_mut(init_buf.as_bytes_mut());
+                let (i16, i8) = i.split_at_mut(ni);
+                let tys = &plan.tys[..ms.len()];
+                for (bias, out) in [(16, i16), (8, i8)] {
+                    if tys.iter().any(|&t| gemv32_avx2::bias(t) == bias) {
+                        gemv32_avx2::prepare(act32, bias, out);
+                    }
+                }
+                (&[], &[], i)
             } else {
                 (&[], &[], &[])
             };
@@ -683,8 +696,9 @@ impl QuantMatrix {
                 let (a, b) = (a - starts[i], b - starts[i]);
                 let (w, rb, rows) = (m.data.as_bytes(), m.row_bytes, m.rows);
                 let yp = yps[i];
-                // SAFETY: the plan admits only AVX-512 VNNI contexts (which KernelCtx holds
-                // only when the CPU supports it); the activations hold n rows of this kind;
+                // SAFETY: the plan admits each kernel only on its path (Gemv32/Gemvk on
+                // AVX-512 VNNI, Gemv32Avx2 on AVX2 and AVX-VNNI), which KernelCtx holds only
+                // when the CPU supports it; the activations hold n rows of this kind;
                 // chunks write disjoint rows of each matrix's outputs.
                 unsafe {
                     match plan.kinds[i] {
@@ -698,6 +712,22 @@ impl QuantMatrix {
                             recs,
                             svs,
                             inits,
+                            yp.get(),
+                            rows,
+                            a,
+                            b,
+                        ),
+                        FewRowKernel::Gemv32Avx2 => gemv32_avx2::rows(
+                            plan.tys[i],
+                            w,
+                            rb,
+                            nb32,
+                            act32,
+                            if gemv32_avx2::bias(plan.tys[i]) == 8 {
+                                &inits[8 * n * nb32..]
+                            } else {
+                                inits
+                            },
                             yp.get(),
                             rows,
                             a,
@@ -1284,20 +1314,29 @@ enum FewRowKernel {
     Gemv32,
     /// `kernels::gemvk`: Q4_K/Q6_K below 32 rows or outside the tiled order; TQ2_0 always.
     Gemvk,
+    /// `kernels::gemv32_avx2`: the 32-block types at 1–5 rows on AVX2 and AVX-VNNI.
+    Gemv32Avx2,
 }
 
 #[cfg(target_arch = "x86_64")]
 impl FewRowKernel {
-    /// The few-row kernel `ty` runs on for `n` rows of `cols` summed in the order of an
-    /// `order_rows`-row call, if any: [`QuantMatrix::matmul_as`]'s one choice.
+    /// The few-row kernel `ty` runs on for `n` rows of `cols` (a matrix of `bytes`) summed in the
+    /// order of an `order_rows`-row call, if any: [`QuantMatrix::matmul_as`]'s one choice.
     fn of(
         ty: GgmlType,
         n: usize,
         cols: usize,
         order_rows: usize,
+        bytes: usize,
         path: crate::dispatch::KernelPath,
     ) -> Option<Self> {
-        use kernels::{gemv32, gemvk};
+        use kernels::{gemv32, gemv32_avx2, gemvk};
+        if matches!(
+            path,
+            crate::dispatch::KernelPath::Avx2 | crate::dispatch::KernelPath::AvxVnni
+        ) {
+            return gemv32_avx2::takes(ty, n, bytes).then_some(Self::Gemv32Avx2);
+        }
         if path != crate::dispatch::KernelPath::Avx512Vnni {
             return None;
         }
@@ -1354,8 +1393,8 @@ impl SharedPlan {
             if m.cols != cols || m.rows == 0 || (ty == GgmlType::TQ2_0 && ms.len() > 1) {
                 return None;
             }
-            let kind = FewRowKernel::of(ty, n, cols, order_rows, path)?;
-            plan.any32 |= kind == FewRowKernel::Gemv32;
+            let kind = FewRowKernel::of(ty, n, cols, order_rows, m.data.as_bytes().len(), path)?;
+            plan.any32 |= matches!(kind, FewRowKernel::Gemv32 | FewRowKernel::Gemv32Avx2);
             plan.anyk |= kind == FewRowKernel::Gemvk;
             plan.tq2 |= ty == GgmlType::TQ2_0;
             plan.tys[i] = ty;

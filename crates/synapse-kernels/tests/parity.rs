@@ -409,6 +409,59 @@ fn few_rows_every_count_is_bit_identical() {
     }
 }
 
+/// The few-row kernels of one parallel region (decode's q/k/v and gate/up: on AVX2 the row
+/// pairs of `gemv32_avx2`, whose Q5_0 and Q4_0 lanes start at `−16·Σ` and `−8·Σ` of the
+/// activations) against the scalar path, matrix by matrix, at every row count they take
+/// and past it; odd weight-row counts leave a last row without a pair.
+#[test]
+fn few_row_regions_of_mixed_types_match_the_scalar_path() {
+    use GgmlType as T;
+    use synapse_kernels::OrderClass;
+    let sets: [&[(GgmlType, usize)]; 3] = [
+        &[(T::Q5_0, 37), (T::Q4_0, 18), (T::Q8_0, 9)],
+        &[(T::Q4_0, 5), (T::Q5_1, 23), (T::Q4_1, 16), (T::Q5_0, 1)],
+        &[(T::Q5_0, 64), (T::Q5_0, 17)],
+    ];
+    let cols = 320;
+    for path in KernelPath::supported() {
+        for (si, set) in sets.iter().enumerate() {
+            let ms: Vec<QuantMatrix> = set
+                .iter()
+                .enumerate()
+                .map(|(i, &(ty, rows))| {
+                    let w = random_weights(ty, rows, cols, 300 + (si * 8 + i) as u64);
+                    QuantMatrix::from_ggml(ty, &w, rows, cols).unwrap()
+                })
+                .collect();
+            let refs: Vec<&QuantMatrix> = ms.iter().collect();
+            for n in 1..=7 {
+                let x: Vec<f32> = (0..n)
+                    .flat_map(|t| generate_data(0.7 + t as f32, cols, 3.0))
+                    .collect();
+                let mut ctx = KernelCtx::with_path_and_threads(path, 2).unwrap();
+                let mut got: Vec<Vec<f32>> =
+                    ms.iter().map(|m| vec![f32::NAN; n * m.rows()]).collect();
+                {
+                    let mut ys: Vec<&mut [f32]> =
+                        got.iter_mut().map(|y| y.as_mut_slice()).collect();
+                    QuantMatrix::matmul_runs_shared(
+                        &refs,
+                        &x,
+                        &[(n, OrderClass::One)],
+                        &mut ys,
+                        &mut ctx,
+                    )
+                    .unwrap();
+                }
+                for (i, m) in ms.iter().enumerate() {
+                    let want = run(m, &x, n, KernelPath::Scalar, 1);
+                    assert_same_bits(&got[i], &want, &format!("{path} set {si} matrix {i} n={n}"));
+                }
+            }
+        }
+    }
+}
+
 /// `matmul_as`: any number of rows summed in the order of a call of another size (batch
 /// invariance): every row equals that row inside a plain call of the class's size on the
 /// same path, bit for bit, on every path (and the ggml-order encodings equal the scalar path

@@ -11,6 +11,8 @@ pub(crate) mod ftile;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod gemv32;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod gemv32_avx2;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod gemvk;
 #[cfg(target_arch = "aarch64")]
 pub(crate) mod neon;
