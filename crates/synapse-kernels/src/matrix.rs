@@ -842,6 +842,7 @@ impl QuantMatrix {
         if let Some((_, dot)) = many {
             k.dot = dot;
             k.dot4 = k.many4;
+            k.dot2 = None;
         }
         // Float weights with two or more activation rows: register tiles (512-bit on the
         // AVX-512 path, 256-bit on AVX2), each output in the order `k.dot` sums it.
@@ -1472,6 +1473,19 @@ impl Job<'_> {
                         }
                     }
                     t += 4;
+                }
+            }
+            if let Some(dot2) = self.k.dot2 {
+                while t + 2 <= t1 {
+                    let a = &self.act[t * self.arb..(t + 2) * self.arb];
+                    // SAFETY: as below, for the two activation rows t..t+2 (both inside `a`).
+                    unsafe {
+                        let v = dot2(wr.as_ptr(), a.as_ptr(), self.arb, nb);
+                        for (k, v) in v.into_iter().enumerate() {
+                            *self.y.0.add((t + k) * m.rows + r) = v;
+                        }
+                    }
+                    t += 2;
                 }
             }
             for t in t..t1 {

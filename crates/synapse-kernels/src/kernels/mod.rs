@@ -43,6 +43,10 @@ pub(crate) type DotFn = unsafe fn(w: *const u8, a: *const u8, nb: usize) -> f32;
 pub(crate) type Dot4Fn =
     unsafe fn(w: *const u8, a: *const u8, astride: usize, nb: usize) -> [f32; 4];
 
+/// One weight row · two activation rows (`a`, `a + astride`): [`Dot4Fn`] for two.
+pub(crate) type Dot2Fn =
+    unsafe fn(w: *const u8, a: *const u8, astride: usize, nb: usize) -> [f32; 2];
+
 /// A selected kernel.
 #[derive(Clone, Copy)]
 pub(crate) struct Kernel {
@@ -50,6 +54,8 @@ pub(crate) struct Kernel {
     pub dot: DotFn,
     /// The many-row tile, where the encoding has one on this path.
     pub dot4: Option<Dot4Fn>,
+    /// The two-row tile (the rows a call has past its fours), where the encoding has one.
+    pub dot2: Option<Dot2Fn>,
     /// `(from, dot)`: the dot for calls with `from` or more activation rows, where ggml sums
     /// in a different order there (its tiled K-quant matmul from [`MANY_ROWS`], llamafile's
     /// f32 GEMM from 2); replaces `dot` and `dot4`.
@@ -136,6 +142,7 @@ pub(crate) fn f16_kernel() -> Kernel {
         act: ActKind::F16,
         dot: dot_f16_ggml,
         dot4: None,
+        dot2: None,
         many: Some((2, dot_f16_ggml_gemm)),
         many4: None,
     }
@@ -184,6 +191,7 @@ pub(crate) fn bf16_kernel() -> Kernel {
         act: ActKind::Bf16,
         dot: dot_bf16_ggml,
         dot4: None,
+        dot2: None,
         many: Some((2, dot_bf16_ggml_gemm)),
         many4: None,
     }
@@ -195,6 +203,7 @@ pub(crate) fn f32_kernel() -> Kernel {
         act: ActKind::F32,
         dot: dot_f32_ggml,
         dot4: None,
+        dot2: None,
         many: Some((2, dot_f32_ggml_gemm)),
         many4: None,
     }

@@ -255,6 +255,7 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         act,
         dot,
         dot4: None,
+        dot2: None,
         many: super::scalar::many(ty),
         many4: None,
     })

@@ -1198,6 +1198,7 @@ pub(crate) fn select(ty: GgmlType) -> Option<Kernel> {
         act,
         dot,
         dot4: None,
+        dot2: None,
         many,
         many4: None,
     })
@@ -1224,6 +1225,7 @@ pub(crate) fn decode_kernel(ty: GgmlType) -> Option<Kernel> {
         act: ActKind::F32,
         dot,
         dot4: None,
+        dot2: None,
         many: None,
         many4: None,
     })

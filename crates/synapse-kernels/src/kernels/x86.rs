@@ -38,6 +38,21 @@ macro_rules! one_and_four {
     };
 }
 
+/// The two-activation-row tile of a kernel body generic over its row count (`$body::<2>`).
+macro_rules! two {
+    ($features:literal, $two:ident, $body:ident $(, $g:literal)*) => {
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $two(
+            w: *const u8,
+            a: *const u8,
+            astride: usize,
+            nb: usize,
+        ) -> [f32; 2] {
+            unsafe { $body::<2 $(, $g)*>(w, a, astride, nb) }
+        }
+    };
+}
+
 /// [`one_and_four!`] for a K-quant driver (`kq_dot`, `kq_many`) over a lanes function, with
 /// the type's super-block bytes and `d` offset.
 macro_rules! kq_one_and_four {
@@ -797,6 +812,8 @@ macro_rules! x86_kernels {
 
             // Q4_K and Q5_K, one and four rows, in the one-row and the tiled order.
             one_and_four!($features, dot_q4_k, dot4_q4_k, dot_k4n, false, false);
+            two!($features, dot2_q4_k, dot_k4n, false, false);
+            two!($features, dot2_q5_k, dot_k4n, true, false);
             one_and_four!($features, dot_q4_k_many, dot4_q4_k_many, dot_k4n, false, true);
             one_and_four!($features, dot_q5_k, dot4_q5_k, dot_k4n, true, false);
             one_and_four!($features, dot_q5_k_many, dot4_q5_k_many, dot_k4n, true, true);
@@ -1856,6 +1873,7 @@ macro_rules! x86_kernels {
             }
 
             one_and_four!($features, dot_q6_k, dot4_q6_k, dot_q6kn, false);
+            two!($features, dot2_q6_k, dot_q6kn, false);
             one_and_four!($features, dot_q6_k_many, dot4_q6_k_many, dot_q6kn, true);
 
             /// Q6_K super-blocks against `N` Q8_K activation rows (`a + t·astride`), each
@@ -2132,10 +2150,16 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
                 T::Q1_0 => (ActKind::Q8x32, $m::dot_q1_0, None, many),
                 _ => return None,
             };
-            (k.0, k.1, k.2, k.3, many4)
+            let dot2: Option<super::Dot2Fn> = match ty {
+                T::Q4_K => Some($m::dot2_q4_k),
+                T::Q5_K => Some($m::dot2_q5_k),
+                T::Q6_K => Some($m::dot2_q6_k),
+                _ => None,
+            };
+            (k.0, k.1, k.2, dot2, k.3, many4)
         }};
     }
-    let (act, dot, dot4, many, many4) = match path {
+    let (act, dot, dot4, dot2, many, many4) = match path {
         KernelPath::Avx2 => table!(avx2),
         KernelPath::AvxVnni => table!(avxvnni),
         KernelPath::Avx512Vnni => table!(avx512vnni),
@@ -2145,6 +2169,7 @@ pub(crate) fn select(ty: GgmlType, path: KernelPath) -> Option<Kernel> {
         act,
         dot,
         dot4,
+        dot2,
         many,
         many4,
     })
