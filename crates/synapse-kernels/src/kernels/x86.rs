@@ -1906,6 +1906,12 @@ macro_rules! x86_kernels {
                             let corr = _mm256_madd_epi16(sc16, ld(ab[t].add(260)));
                             _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5))
                         });
+                        // Each 128-bit half of the scales in both lanes (one shuffle then
+                        // spreads a code vector's two scales, as ggml's `get_scale_shuffle`).
+                        let sc_halves = [
+                            _mm256_permute2x128_si256::<0x00>(sc16, sc16),
+                            _mm256_permute2x128_si256::<0x11>(sc16, sc16),
+                        ];
                         for n in 0..2 {
                             let ql0 = ld(wb.add(64 * n));
                             let ql1 = ld(wb.add(64 * n + 32));
@@ -1939,9 +1945,16 @@ macro_rules! x86_kernels {
                             ];
                             for (k, c) in codes.into_iter().enumerate() {
                                 let g = n * 8 + 2 * k;
-                                let s = _mm256_set_m128i(
-                                    _mm_set1_epi16(rd(wb.add(Q6K_SCALES + g + 1)) as i8 as i16),
-                                    _mm_set1_epi16(rd(wb.add(Q6K_SCALES + g)) as i8 as i16),
+                                // Scale g in the low lane, g + 1 in the high one.
+                                let (lo, hi) = (4 * k as i8, 4 * k as i8 + 2);
+                                let s = _mm256_shuffle_epi8(
+                                    sc_halves[n],
+                                    _mm256_setr_epi8(
+                                        lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1,
+                                        lo, lo + 1, lo, lo + 1, lo, lo + 1, hi, hi + 1, hi, hi + 1,
+                                        hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1,
+                                        hi, hi + 1,
+                                    ),
                                 );
                                 for (st, abt) in sumi.iter_mut().zip(&ab) {
                                     let p = _mm256_maddubs_epi16(c, ld(abt.add(4 + 16 * g)));
