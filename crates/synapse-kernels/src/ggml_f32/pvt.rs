@@ -244,8 +244,29 @@ mod avx2 {
                         (k, l) = (k + 8, (l + 8) % LANES);
                     };
                 }
-                while k < r.len && l % 8 != 0 {
-                    one!();
+                // Lanes `a..b` of the lane octet at `l − a`, cell `k + (lane − a)` in each:
+                // masked loads give the other lanes v = p = +0.0, and `fma(0, 0, s) = s` (a
+                // lane is never −0.0: its chain starts at +0.0 and an exact-zero sum is +0.0).
+                macro_rules! part {
+                    ($a:expr, $b:expr) => {
+                        let (a, b) = ($a, $b);
+                        let m = lane_mask(a as i32, b as i32);
+                        for (sd, vd) in st.iter_mut().zip(v) {
+                            // Lane 0's cell (before the part for a > 0: masked off, never read).
+                            let x = _mm256_maskload_ps(vd.wrapping_add(k).wrapping_sub(a), m);
+                            for (s, p) in sd.iter_mut().zip(ps) {
+                                let o = s.as_mut_ptr().add(l - a);
+                                let y =
+                                    _mm256_maskload_ps(p.wrapping_add(j + k).wrapping_sub(a), m);
+                                _mm256_storeu_ps(o, _mm256_fmadd_ps(x, y, _mm256_loadu_ps(o)));
+                            }
+                        }
+                        (k, l) = (k + b - a, (l + b - a) % LANES);
+                    };
+                }
+                if k < r.len && l % 8 != 0 {
+                    let a = l % 8;
+                    part!(a, 8.min(a + r.len - k));
                 }
                 while k + 8 <= r.len && l != 0 {
                     eight!();
@@ -293,6 +314,9 @@ mod avx2 {
                 // The rest of the run: less than a cycle, each lane at most once.
                 while k + 8 <= r.len && l % 8 == 0 {
                     eight!();
+                }
+                if k < r.len && l % 8 == 0 {
+                    part!(0, r.len - k);
                 }
                 while k < r.len {
                     one!();
