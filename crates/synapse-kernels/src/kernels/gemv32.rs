@@ -218,9 +218,10 @@ const Q41: u8 = 3;
 const Q51: u8 = 4;
 const IQ: u8 = 5;
 
-/// Both rows' block scales `[d_a, d_b]` in lanes 0 and 1 (one `vcvtph2ps`).
+/// Both rows' block scales `[d_a, d_b]` in lanes 0 and 1 (one `vcvtph2ps`; AVX2-level
+/// instructions only, so the AVX2 kernels share it).
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dpair(a: *const u8, b: *const u8) -> __m128 {
     // SAFETY: both point at a block's f16 scale.
     unsafe {
@@ -250,8 +251,8 @@ pub(crate) fn spread(dw: __m128, da: f32) -> __m512 {
 
 /// `hsum_float_8`: ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
 #[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn hsum8(v: __m256) -> f32 {
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn hsum8(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))

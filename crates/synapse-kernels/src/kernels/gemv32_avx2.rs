@@ -21,6 +21,7 @@
 
 use std::arch::x86_64::*;
 
+use super::gemv32::{dpair, hsum8};
 use crate::act::BlockQ8x32;
 use synapse_formats::GgmlType;
 
@@ -127,36 +128,6 @@ unsafe fn codes<const T: u8>(b: *const u8) -> __m256i {
     }
 }
 
-/// Two f16 values (at `a` and `b`) in lanes 0 and 1, by one `vcvtph2ps`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f16_pair(a: *const u8, b: *const u8) -> __m128 {
-    // SAFETY: both point at an f16.
-    unsafe {
-        let bits = std::ptr::read_unaligned(a.cast::<u16>()) as u32
-            | (std::ptr::read_unaligned(b.cast::<u16>()) as u32) << 16;
-        let x: __m128;
-        // `vmovd` in asm (see the x86 kernels' `f16`): no false dependency on an accumulator.
-        std::arch::asm!(
-            "vmovd {x}, {b:e}",
-            "vcvtph2ps {x}, {x}",
-            b = in(reg) bits,
-            x = out(xmm_reg) x,
-            options(pure, nomem, nostack),
-        );
-        x
-    }
-}
-
-/// `hsum_float_8`: ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn hsum8(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
-}
-
 /// `N` activation rows (row `t`'s blocks at `act[t·nb..]`, its lane starts at `init[8·t·nb..]`
 /// when the type has a bias) against weight rows `r0..r1`, two at a time.
 #[inline]
@@ -198,9 +169,9 @@ unsafe fn rows_impl<const T: u8, const N: usize>(
                 } else {
                     (ca, cb)
                 };
-                let dw = f16_pair(wa, wb);
+                let dw = dpair(wa, wb);
                 let mw = if mins {
-                    f16_pair(wa.add(2), wb.add(2))
+                    dpair(wa.add(2), wb.add(2))
                 } else {
                     _mm_setzero_ps()
                 };
