@@ -43,7 +43,7 @@ const Q8_ONE_ROW_BYTES: usize = 16 << 20;
 /// Whether a call of `n` activation rows of a `ty` matrix of `bytes` takes this kernel. Not
 /// one row of a DRAM-sized Q8_0 matrix (an LM head): the per-row kernel streams it at the
 /// read bandwidth already, and the row pairs read it slower (the 262,144 × 640 head 5.4–6.2
-/// ms against 7.5–9.1, kbench, 2 threads, Zen 3), while at 2–4 rows they are faster.
+/// ms against 6.8–9.1, kbench, 2 threads, Zen 3), while at 2–4 rows they are faster.
 pub(crate) fn takes(ty: GgmlType, n: usize, bytes: usize) -> bool {
     supports(ty)
         && (1..=MAX_ROWS).contains(&n)
