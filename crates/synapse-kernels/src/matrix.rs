@@ -568,7 +568,7 @@ impl QuantMatrix {
     /// [`Self::matmul_runs`] of several matrices over the same input rows (a layer's q, k and
     /// v; an FFN's gate and up): `ys[i]` gets `x·W_iᵀ`. When every matrix takes the few-row
     /// integer kernels for these rows (the 32-block types' `gemv32`, Q4_K/Q6_K's `gemvk`, on
-    /// AVX-512 VNNI), the activations are quantized once per kind and all the matrices' rows
+    /// AVX-512 VNNI; 1–5 rows of the 32-block types' `gemv32_avx2` on AVX2), the activations are quantized once per kind and all the matrices' rows
     /// run in one parallel region — one wake-up and one join instead of one per matrix (the
     /// pool's waits were 13% of a SmolLM2 decode step's profile samples). Otherwise one
     /// [`Self::matmul_runs`] per matrix. The same kernel runs each row on the same operands
@@ -1307,7 +1307,8 @@ unsafe impl Sync for SyncBytes {}
 #[cfg(target_arch = "x86_64")]
 const MAX_SHARED: usize = 4;
 
-/// The few-row integer kernels of AVX-512 VNNI, run through [`QuantMatrix::shared_region`].
+/// The few-row integer kernels (AVX-512 VNNI's, and AVX2's for the 32-block types), run
+/// through [`QuantMatrix::shared_region`].
 #[cfg(target_arch = "x86_64")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum FewRowKernel {
