@@ -121,20 +121,74 @@ fn gelu_table() -> &'static [f16] {
     })
 }
 
+/// [`gelu_table`] widened to f32 (exactly), for the AVX2 path's gathers.
+#[cfg(target_arch = "x86_64")]
+fn gelu_table_f32() -> &'static [f32] {
+    static T: OnceLock<Vec<f32>> = OnceLock::new();
+    T.get_or_init(|| gelu_table().iter().map(|h| h.to_f32()).collect())
+}
+
+/// The table form of [`geglu`], element by element (the reference the AVX2 path equals).
+fn geglu_table_scalar(g: &[f32], u: &[f32], y: &mut [f32]) {
+    let t = gelu_table();
+    for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
+        *y = if g <= -10.0 {
+            0.0
+        } else if g >= 10.0 {
+            g * u
+        } else {
+            t[f16::from_f32(g).to_bits() as usize].to_f32() * u
+        };
+    }
+}
+
+/// [`geglu_table_scalar`] eight at a time: `vcvtps2ph` (round to nearest even, as
+/// `f16::from_f32`), a gather from the f32-widened table, the same product, and the two
+/// range cases blended in (their comparisons false for NaN, as the scalar branches).
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; `g`, `u` and `y` have the same length, a multiple of 8.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn geglu_table_avx2(g: &[f32], u: &[f32], y: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let t = gelu_table_f32();
+    // SAFETY: every index is below the slices' common length; the gathered indices are
+    // f16 bit patterns, below the table's 65 536 entries.
+    unsafe {
+        let (lo, hi) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
+        for i in (0..y.len()).step_by(8) {
+            let gv = _mm256_loadu_ps(g.as_ptr().add(i));
+            let uv = _mm256_loadu_ps(u.as_ptr().add(i));
+            let idx = _mm256_cvtepu16_epi32(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(gv));
+            let tv = _mm256_i32gather_ps::<4>(t.as_ptr(), idx);
+            let r = _mm256_blendv_ps(
+                _mm256_mul_ps(tv, uv),
+                _mm256_mul_ps(gv, uv),
+                _mm256_cmp_ps::<_CMP_GE_OQ>(gv, hi),
+            );
+            let r = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(gv, lo), r);
+            _mm256_storeu_ps(y.as_mut_ptr().add(i), r);
+        }
+    }
+}
+
 /// `y = gelu(g) * u`. With `table`, GELU goes through an fp16 lookup as in ggml (input
 /// rounded to f16, output stored as f16; identity above 10, zero below −10).
 pub fn geglu(g: &[f32], u: &[f32], y: &mut [f32], table: bool) {
     if table {
-        let t = gelu_table();
-        for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
-            *y = if g <= -10.0 {
-                0.0
-            } else if g >= 10.0 {
-                g * u
-            } else {
-                t[f16::from_f32(g).to_bits() as usize].to_f32() * u
-            };
+        let n = y.len().min(g.len()).min(u.len());
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            let m = n / 8 * 8;
+            // SAFETY: AVX2 and F16C checked; the three slices are cut to `m`, a multiple of 8.
+            unsafe { geglu_table_avx2(&g[..m], &u[..m], &mut y[..m]) };
+            geglu_table_scalar(&g[m..n], &u[m..n], &mut y[m..n]);
+            return;
         }
+        geglu_table_scalar(&g[..n], &u[..n], &mut y[..n]);
     } else {
         for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
             *y = gelu_tanh(g) * u;
@@ -206,6 +260,52 @@ mod tests {
         rope_apply(&mut x, 4, RopeStyle::Normal, &cs);
         assert!((x[0] - 1f32.cos()).abs() < 1e-6 && (x[1] - 1f32.sin()).abs() < 1e-6);
         assert_eq!((x[2], x[3]), (0.0, 0.0));
+    }
+
+    /// The AVX2 table path equals the element-by-element one bit for bit: every f16 value
+    /// (and the halfway points between neighbours, which test the rounding), ±10 and just
+    /// past them, infinities and NaN, at a length that leaves a scalar tail.
+    #[test]
+    fn geglu_table_simd_equals_the_scalar_path() {
+        let mut g: Vec<f32> = Vec::new();
+        for b in 0..=u16::MAX {
+            let x = f16::from_bits(b).to_f32();
+            let next = f16::from_bits(b.wrapping_add(1)).to_f32();
+            g.push(x);
+            if x.is_finite() && next.is_finite() {
+                g.push(0.5 * (x + next));
+            }
+        }
+        for x in [
+            -10.0f32,
+            10.0,
+            -10.000001,
+            9.999999,
+            -9.999999,
+            10.000001,
+            f32::NAN,
+        ] {
+            // Twice: the factors below alternate in sign, so a −0.0 against a +0.0 shows.
+            g.extend([x, x]);
+        }
+        while g.len() % 8 != 5 {
+            g.push(1.0);
+        }
+        let u: Vec<f32> = (0..g.len())
+            .map(|i| (0.75 + (i % 13) as f32 * 0.37) * if i % 2 == 0 { 1.0 } else { -1.0 })
+            .collect();
+        let mut got = vec![f32::NAN; g.len()];
+        let mut want = vec![f32::NAN; g.len()];
+        geglu(&g, &u, &mut got, true);
+        geglu_table_scalar(&g, &u, &mut want);
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "g {} u {}: {a} vs {b}",
+                g[i],
+                u[i]
+            );
+        }
     }
 
     #[test]
