@@ -211,11 +211,12 @@ unsafe fn codes<const T: u8>(a: *const u8, b: *const u8) -> __m512i {
     }
 }
 
-const Q8: u8 = 0;
-const Q5: u8 = 1;
-const Q4: u8 = 2;
-const Q41: u8 = 3;
-const Q51: u8 = 4;
+/// The block types' tags of the const-generic kernel bodies (here and in `gemv32_avx2`).
+pub(crate) const Q8: u8 = 0;
+pub(crate) const Q5: u8 = 1;
+pub(crate) const Q4: u8 = 2;
+pub(crate) const Q41: u8 = 3;
+pub(crate) const Q51: u8 = 4;
 const IQ: u8 = 5;
 
 /// Both rows' block scales `[d_a, d_b]` in lanes 0 and 1 (one `vcvtph2ps`; AVX2-level

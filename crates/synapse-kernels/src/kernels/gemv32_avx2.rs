@@ -26,7 +26,7 @@
 
 use std::arch::x86_64::*;
 
-use super::gemv32::{dpair, hsum8};
+use super::gemv32::{Q4, Q5, Q8, Q41, Q51, dpair, hsum8};
 use crate::act::BlockQ8x32;
 use synapse_formats::GgmlType;
 
@@ -78,12 +78,6 @@ pub(crate) fn prepare(act: &[BlockQ8x32], bias: i32, init: &mut [i32]) {
         }
     }
 }
-
-const Q8: u8 = 0;
-const Q4: u8 = 1;
-const Q5: u8 = 2;
-const Q41: u8 = 3;
-const Q51: u8 = 4;
 
 /// A block's 32 nibbles in element order (low nibbles, then high), from the 16 bytes at `p`.
 #[inline]
