@@ -179,8 +179,9 @@ fn gemm_dot_f16_body(x: &[u16], y: &[u16]) -> f32 {
     reduce16(&acc)
 }
 
+/// Whether the CPU has AVX2, FMA and F16C (checked once).
 #[cfg(target_arch = "x86_64")]
-fn has_f16c() -> bool {
+pub(crate) fn has_f16c() -> bool {
     static F: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *F.get_or_init(|| has_fma() && std::arch::is_x86_feature_detected!("f16c"))
 }

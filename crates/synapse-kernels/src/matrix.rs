@@ -658,17 +658,10 @@ impl QuantMatrix {
                 gemv32::prepare(act32, nb32, r, sv, i);
                 (r, sv, i)
             } else if plan.kinds[..ms.len()].contains(&FewRowKernel::Gemv32Avx2) {
-                // The lane starts of the biased types (Q5_0's −16·Σ, then Q4_0's −8·Σ).
-                let ni = 8 * n * nb32;
-                init_buf.set_len(8 * ni);
+                // The lane starts of the biased types (Q5_0, Q4_0) among the matrices.
+                init_buf.set_len(4 * gemv32_avx2::init_len(n * nb32));
                 let i: &mut [i32] = bytemuck::cast_slice_mut(init_buf.as_bytes_mut());
-                let (i16, i8) = i.split_at_mut(ni);
-                let tys = &plan.tys[..ms.len()];
-                for (bias, out) in [(16, i16), (8, i8)] {
-                    if tys.iter().any(|&t| gemv32_avx2::bias(t) == bias) {
-                        gemv32_avx2::prepare(act32, bias, out);
-                    }
-                }
+                gemv32_avx2::prepare(act32, &plan.tys[..ms.len()], i);
                 (&[], &[], i)
             } else {
                 (&[], &[], &[])
@@ -723,11 +716,7 @@ impl QuantMatrix {
                             rb,
                             nb32,
                             act32,
-                            if gemv32_avx2::bias(plan.tys[i]) == 8 {
-                                &inits[8 * n * nb32..]
-                            } else {
-                                inits
-                            },
+                            inits,
                             yp.get(),
                             rows,
                             a,

@@ -179,11 +179,10 @@ pub fn geglu(g: &[f32], u: &[f32], y: &mut [f32], table: bool) {
     if table {
         let n = y.len().min(g.len()).min(u.len());
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
+        if crate::ggml_f32::has_f16c() {
             let m = n / 8 * 8;
-            // SAFETY: AVX2 and F16C checked; the three slices are cut to `m`, a multiple of 8.
+            // SAFETY: AVX2 and F16C checked (`has_f16c`); the three slices are cut to `m`, a
+            // multiple of 8.
             unsafe { geglu_table_avx2(&g[..m], &u[..m], &mut y[..m]) };
             geglu_table_scalar(&g[m..n], &u[m..n], &mut y[m..n]);
             return;

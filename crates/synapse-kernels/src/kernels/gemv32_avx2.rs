@@ -57,7 +57,7 @@ pub(crate) fn takes(ty: GgmlType, n: usize, bytes: usize) -> bool {
 
 /// The bias of `ty`'s unsigned codes (`u = q + bias`), 0 for the types that need no lane
 /// starts.
-pub(crate) fn bias(ty: GgmlType) -> i32 {
+fn bias(ty: GgmlType) -> i32 {
     match ty {
         GgmlType::Q4_0 => 8,
         GgmlType::Q5_0 => 16,
@@ -65,17 +65,40 @@ pub(crate) fn bias(ty: GgmlType) -> i32 {
     }
 }
 
-/// Each activation block's 8 lane starts `−bias·Σ(its 4 codes)` into `init` (block `i` at
-/// `8·i`).
-pub(crate) fn prepare(act: &[BlockQ8x32], bias: i32, init: &mut [i32]) {
-    for (a, o) in act.iter().zip(init.chunks_exact_mut(8)) {
-        for (j, v) in o.iter_mut().enumerate() {
-            *v = -bias
-                * a.qs[4 * j..4 * j + 4]
-                    .iter()
-                    .map(|&q| q as i32)
-                    .sum::<i32>();
+/// The biases with lane starts, in their order in [`prepare`]'s output.
+const BIASES: [i32; 2] = [16, 8];
+
+/// The i32 values [`prepare`] writes for `blocks` activation blocks (both biases' starts).
+pub(crate) fn init_len(blocks: usize) -> usize {
+    BIASES.len() * 8 * blocks
+}
+
+/// For the types of `tys` that have a bias (Q5_0, Q4_0), each activation block's 8 lane
+/// starts `−bias·Σ(its 4 codes)` (block `i` at `8·i` of that bias's part of `init`: Q5_0's
+/// first, then Q4_0's; a part no type of `tys` reads is left as it was).
+pub(crate) fn prepare(act: &[BlockQ8x32], tys: &[GgmlType], init: &mut [i32]) {
+    for (&b, part) in BIASES.iter().zip(init.chunks_exact_mut(8 * act.len())) {
+        if !tys.iter().any(|&t| bias(t) == b) {
+            continue;
         }
+        for (a, o) in act.iter().zip(part.chunks_exact_mut(8)) {
+            for (j, v) in o.iter_mut().enumerate() {
+                *v = -b
+                    * a.qs[4 * j..4 * j + 4]
+                        .iter()
+                        .map(|&q| q as i32)
+                        .sum::<i32>();
+            }
+        }
+    }
+}
+
+/// `ty`'s part of [`prepare`]'s output (empty for a type without a bias).
+fn starts(ty: GgmlType, init: &[i32]) -> &[i32] {
+    let part = init.len() / BIASES.len();
+    match BIASES.iter().position(|&b| b == bias(ty)) {
+        Some(i) => &init[i * part..(i + 1) * part],
+        None => &[],
     }
 }
 
@@ -222,11 +245,11 @@ unsafe fn rows_impl<const T: u8, const N: usize>(
 
 /// Output rows `r0..r1` of `W·X` for the `n` activation rows of `act` (`n·nb` blocks, row `t`
 /// at `t·nb`), written to `y[t·ystride + r]`, each in the one-row order. `init`: [`prepare`]
-/// of `act` with [`bias`]`(ty)` (unread when that is 0).
+/// of `act` with `ty` among its types ([`init_len`] values; unread for a type without a bias).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; [`takes`]`(ty, n)`; `w` holds the rows (`row_bytes` each)
-/// of `nb` blocks of `ty`; `init` holds `8·n·nb` values when the type has a bias; `y` is valid
+/// of `nb` blocks of `ty`; `init` holds [`init_len`]`(n·nb)` values when the type has a bias; `y` is valid
 /// for writes at `t·ystride + r` (`t < n`, `r0 <= r < r1`), which this call alone writes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
@@ -245,7 +268,8 @@ pub(crate) unsafe fn rows(
     let ts = ty.type_size();
     let n = act.len() / nb.max(1);
     debug_assert!(takes(ty, n, 0));
-    debug_assert!(bias(ty) == 0 || init.len() >= 8 * n * nb);
+    let init = starts(ty, init);
+    debug_assert!(bias(ty) == 0 || init.len() == 8 * n * nb);
     macro_rules! go {
         ($t:ident, $k:literal, $t0:expr) => {
             rows_impl::<$t, $k>(
