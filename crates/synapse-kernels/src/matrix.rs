@@ -1213,6 +1213,36 @@ impl QuantMatrix {
             });
             return Ok(());
         }
+        // 4-bit codes on AVX2 (and AVX-512 CPUs without VBMI): even and odd activation codes
+        // apart, the same bits in fewer instructions (`kernels::codec_q4_avx2`).
+        #[cfg(target_arch = "x86_64")]
+        if bits == 4
+            && match path {
+                crate::dispatch::KernelPath::Avx512Vnni => !codec_sym::has_avx512(),
+                p => matches!(
+                    p,
+                    crate::dispatch::KernelPath::AvxVnni | crate::dispatch::KernelPath::Avx2
+                ),
+            }
+        {
+            use kernels::codec_q4_avx2::{Q4Rec, records, rows as q4_rows};
+            recs_buf.set_len(n * ng * std::mem::size_of::<Q4Rec>());
+            let recs: &mut [Q4Rec] = bytemuck::cast_slice_mut(recs_buf.as_bytes_mut());
+            records(act, asym, recs);
+            let recs: &[Q4Rec] = recs;
+            let run = if asym {
+                q4_rows::<true>
+            } else {
+                q4_rows::<false>
+            };
+            pool.run_rows(rows, 8, 2 * rows * cols * n, &|r0, r1| {
+                // SAFETY: rows were validated as `ng` groups of this codec at construction;
+                // the records cover the n rows; chunks write disjoint rows; AVX2, FMA and
+                // F16C are there (the AVX2 path was chosen for this CPU).
+                unsafe { run(w, rb, ng, recs, msum, n, yp.get(), rows, r0, r1) };
+            });
+            return Ok(());
+        }
         pool.run_rows(rows, 8, 2 * rows * cols * n, &|r0, r1| {
             // SAFETY: rows were validated as `ng` groups of this codec at construction; the
             // lane arrays hold n·ng·16 entries; chunks write disjoint rows; the SIMD path only

@@ -4,6 +4,8 @@
 //! row against one activation row; the matrix drivers in [`crate::matrix`] quantize the
 //! activations once per call and tile rows × activation rows around it.
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod codec_q4_avx2;
 pub(crate) mod codec_sym;
 pub(crate) mod decode;
 #[cfg(target_arch = "x86_64")]

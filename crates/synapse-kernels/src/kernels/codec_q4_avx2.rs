@@ -1,0 +1,197 @@
+//! The 4-bit g64 codecs (`syn.q4.symmetric.g64.v1`, `syn.q4.asymmetric.g64.v1`) on AVX2 (and
+//! the AVX-VNNI CPUs, which run the same code): the float order of [`super::codec_sym`] —
+//! per 64-element group 16 i32 lanes of 4 consecutive products, `fma(float(lane), d_w·d_a,
+//! acc)` per lane, the lanes' fold at the end — in fewer instructions per group than
+//! [`super::codec_sym::rows_avx2`]'s generic unpacking.
+//!
+//! A group's code byte `j` holds codes `2j` (low nibble) and `2j + 1`. The low nibbles of the
+//! 32 bytes are then the even codes in order and the high nibbles the odd ones, so each
+//! activation row's group is prepared once ([`records`]) as its even codes `a₀, a₂, …, a₆₂`
+//! and its odd codes apart. `vpmaddubsw(low, even)` puts `u₄ᵢ·a₄ᵢ + u₄ᵢ₊₂·a₄ᵢ₊₂` in i16 `i`,
+//! `vpmaddubsw(high, odd)` the lane's other two products, and one `vpaddw` gives lane `i`'s
+//! four products in i16 `i` (at most 4·15·127: no overflow, and no pair sum saturates);
+//! symmetric lanes add their start `−8·Σ(4 codes)` there (the lane is then `Σ q·a`, |·| ≤
+//! 4·8·127). The even i16 lanes widen to i32 by `vpmaddwd` against (1, 0) pairs and the odd
+//! ones by an arithmetic shift, so one register holds lanes 0, 2, 4, 6 | 8, 10, 12, 14 and the
+//! other 1, 3, … 15: both take the scales `[d₀ ×4 | d₁ ×4]` of the group's two activation
+//! blocks, one `d_w·d_a` product for the pair. The fold `(l + l+8)`, then
+//! `((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))`, is the even register's halves summed and paired
+//! plus the odd register's. Unpacking is a load, a shift and two masks (the generic path
+//! interleaves and permutes the nibbles back into element order).
+//!
+//! Asymmetric groups (`x̂ = m + u·d`) take lanes `Σ u·a` (no start) and their minimum's chain
+//! `m = fma(m_w, S, m)` beside them, as [`super::codec_sym`] defines it.
+
+use std::arch::x86_64::*;
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::act::BlockQ8x32;
+
+use super::codec_sym::GROUP;
+
+/// One activation row's group, as this kernel reads it.
+#[repr(C, align(32))]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub(crate) struct Q4Rec {
+    /// The group's activation codes at even positions (`a₀, a₂, …, a₆₂`).
+    even: [i8; 32],
+    /// The codes at odd positions (`a₁, a₃, …, a₆₃`).
+    odd: [i8; 32],
+    /// Each lane's start: `−8·Σ` of its 4 codes (symmetric), 0 (asymmetric).
+    start: [i16; 16],
+    /// The scale of the block each register lane lies in: `[d₀ ×4, d₁ ×4]`.
+    da: [f32; 8],
+}
+
+/// The records of `act` (activation rows of whole groups, two Q8_0 blocks each), row by row,
+/// group by group, into `out` (one per group).
+pub(crate) fn records(act: &[BlockQ8x32], asym: bool, out: &mut [Q4Rec]) {
+    for (blocks, rec) in act.chunks_exact(2).zip(out.iter_mut()) {
+        let a: [i8; GROUP] = std::array::from_fn(|i| blocks[i / 32].qs[i % 32]);
+        for j in 0..32 {
+            rec.even[j] = a[2 * j];
+            rec.odd[j] = a[2 * j + 1];
+        }
+        for (i, s) in rec.start.iter_mut().enumerate() {
+            let sum: i32 = a[4 * i..4 * i + 4].iter().map(|&q| q as i32).sum();
+            *s = if asym { 0 } else { (-8 * sum) as i16 };
+        }
+        for (i, d) in rec.da.iter_mut().enumerate() {
+            *d = blocks[i / 4].d;
+        }
+    }
+}
+
+/// The f16 at `p`, as f32 (exact), in every lane.
+///
+/// # Safety
+/// `p` can be read for 2 bytes; the CPU has AVX2 and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn half8(p: *const u8) -> __m256 {
+    // SAFETY: the caller's contract.
+    let h = unsafe { std::ptr::read_unaligned(p.cast::<u16>()) };
+    _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// `(E₀ + E₂) + (E₁ + E₃)` of the 128-bit sum of `a`'s halves.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn pair_fold(a: __m256) -> __m128 {
+    let e = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+    let s = _mm_add_ps(e, _mm_movehl_ps(e, e));
+    _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s))
+}
+
+/// Output rows `r0..r1` of `W·X` for the `n` activation rows of `recs` (`n·ng` records from
+/// [`records`]; `msum`: [`super::codec_sym::prepare`]'s per-group minimum sums, asymmetric
+/// only), written to `y[t·ystride + r]` — the same bits as
+/// [`super::codec_sym::rows_scalar`] at 4 bits.
+///
+/// # Safety
+/// `w` holds rows of `ng` groups of 4-bit codes of this codec (`row_bytes` each); `y` is
+/// valid for writes at `t·ystride + r` (`t < n`, `r0 <= r < r1`), which this call alone
+/// writes; the CPU has AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn rows<const ASYM: bool>(
+    w: &[u8],
+    row_bytes: usize,
+    ng: usize,
+    recs: &[Q4Rec],
+    msum: &[f32],
+    n: usize,
+    y: *mut f32,
+    ystride: usize,
+    r0: usize,
+    r1: usize,
+) {
+    let hdr = if ASYM { 4 } else { 2 };
+    debug_assert!(recs.len() >= n * ng && r1 * row_bytes <= w.len());
+    debug_assert_eq!(row_bytes, ng * (hdr + 32));
+    let low4 = _mm256_set1_epi8(0x0f);
+    // (1, 0) pairs: `vpmaddwd` against it sign-extends the even i16 lanes.
+    let evens = _mm256_set1_epi32(1);
+    let mut t0 = 0;
+    while t0 < n {
+        // Up to four activation rows a pass, their count a constant of the pass (the
+        // accumulators stay in registers).
+        let nt = (n - t0).min(4);
+        macro_rules! pass {
+            ($nt:literal) => {
+                for r in r0..r1 {
+                    let row = r * row_bytes;
+                    let mut acc = [[_mm256_setzero_ps(); 2]; $nt];
+                    let mut m = [_mm_setzero_ps(); $nt];
+                    for g in 0..ng {
+                        // SAFETY: group `g` of row `r` lies inside `w` (the caller's
+                        // contract); the prefetch may point past it (it does not fault).
+                        let gp = unsafe { w.as_ptr().add(row + g * (hdr + 32)) };
+                        // Decode streams the weights once: ask for them ~6 KB ahead.
+                        _mm_prefetch::<_MM_HINT_T1>(gp.wrapping_add(6144).cast());
+                        // SAFETY: the group's header and 32 code bytes are inside `w`.
+                        let (dw, mw, c) = unsafe {
+                            (
+                                half8(gp),
+                                if ASYM {
+                                    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                                        std::ptr::read_unaligned(gp.add(2).cast::<u16>()) as i32,
+                                    )))
+                                } else {
+                                    0.0
+                                },
+                                _mm256_loadu_si256(gp.add(hdr).cast()),
+                            )
+                        };
+                        let lo = _mm256_and_si256(c, low4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(c), low4);
+                        for (k, a) in acc.iter_mut().enumerate() {
+                            let t = t0 + k;
+                            let rec = &recs[t * ng + g];
+                            // SAFETY: the record is 32-byte aligned and whole.
+                            let (ev, od, st, da) = unsafe {
+                                (
+                                    _mm256_load_si256(rec.even.as_ptr().cast()),
+                                    _mm256_load_si256(rec.odd.as_ptr().cast()),
+                                    _mm256_load_si256(rec.start.as_ptr().cast()),
+                                    _mm256_load_ps(rec.da.as_ptr()),
+                                )
+                            };
+                            let p = _mm256_add_epi16(
+                                _mm256_maddubs_epi16(lo, ev),
+                                _mm256_maddubs_epi16(hi, od),
+                            );
+                            let p = if ASYM { p } else { _mm256_add_epi16(p, st) };
+                            let le = _mm256_madd_epi16(p, evens);
+                            let lodd = _mm256_srai_epi32::<16>(p);
+                            let d = _mm256_mul_ps(dw, da);
+                            a[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(le), d, a[0]);
+                            a[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lodd), d, a[1]);
+                            if ASYM {
+                                m[k] = _mm_fmadd_ss(
+                                    _mm_set_ss(mw),
+                                    _mm_set_ss(msum[t * ng + g]),
+                                    m[k],
+                                );
+                            }
+                        }
+                    }
+                    for (k, a) in acc.iter().enumerate() {
+                        let s = _mm_add_ss(pair_fold(a[0]), pair_fold(a[1]));
+                        let s = if ASYM { _mm_add_ss(s, m[k]) } else { s };
+                        // SAFETY: the caller's contract on `y`.
+                        unsafe { *y.add((t0 + k) * ystride + r) = _mm_cvtss_f32(s) };
+                    }
+                }
+            };
+        }
+        match nt {
+            1 => pass!(1),
+            2 => pass!(2),
+            3 => pass!(3),
+            _ => pass!(4),
+        }
+        t0 += nt;
+    }
+}
