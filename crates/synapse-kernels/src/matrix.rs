@@ -1213,10 +1213,11 @@ impl QuantMatrix {
             });
             return Ok(());
         }
-        // 4-bit codes on AVX2 (and AVX-512 CPUs without VBMI): even and odd activation codes
-        // apart, the same bits in fewer instructions (`kernels::codec_q4_avx2`).
+        // 2- and 4-bit codes on AVX2 (and AVX-512 CPUs without VBMI): each lane's codes in i16
+        // pairs against activations prepared in the same order, the same bits in fewer
+        // instructions (`kernels::codec_lanes_avx2`).
         #[cfg(target_arch = "x86_64")]
-        if bits == 4
+        if kernels::codec_lanes_avx2::supports(bits)
             && match path {
                 crate::dispatch::KernelPath::Avx512Vnni => !codec_sym::has_avx512(),
                 p => matches!(
@@ -1225,15 +1226,16 @@ impl QuantMatrix {
                 ),
             }
         {
-            use kernels::codec_q4_avx2::{Q4Rec, records, rows as q4_rows};
-            recs_buf.set_len(n * ng * std::mem::size_of::<Q4Rec>());
-            let recs: &mut [Q4Rec] = bytemuck::cast_slice_mut(recs_buf.as_bytes_mut());
-            records(act, asym, recs);
-            let recs: &[Q4Rec] = recs;
-            let run = if asym {
-                q4_rows::<true>
-            } else {
-                q4_rows::<false>
+            use kernels::codec_lanes_avx2::{Rec, records, rows as lane_rows};
+            recs_buf.set_len(n * ng * std::mem::size_of::<Rec>());
+            let recs: &mut [Rec] = bytemuck::cast_slice_mut(recs_buf.as_bytes_mut());
+            records(bits, act, asym, recs);
+            let recs: &[Rec] = recs;
+            let run = match (bits, asym) {
+                (4, false) => lane_rows::<4, false>,
+                (4, true) => lane_rows::<4, true>,
+                (_, false) => lane_rows::<2, false>,
+                (_, true) => lane_rows::<2, true>,
             };
             pool.run_rows(rows, 8, 2 * rows * cols * n, &|r0, r1| {
                 // SAFETY: rows were validated as `ng` groups of this codec at construction;

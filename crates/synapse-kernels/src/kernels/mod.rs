@@ -5,7 +5,7 @@
 //! activations once per call and tile rows × activation rows around it.
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod codec_q4_avx2;
+pub(crate) mod codec_lanes_avx2;
 pub(crate) mod codec_sym;
 pub(crate) mod decode;
 #[cfg(target_arch = "x86_64")]

@@ -1,23 +1,28 @@
-//! The 4-bit g64 codecs (`syn.q4.symmetric.g64.v1`, `syn.q4.asymmetric.g64.v1`) on AVX2 (and
-//! the AVX-VNNI CPUs, which run the same code): the float order of [`super::codec_sym`] —
-//! per 64-element group 16 i32 lanes of 4 consecutive products, `fma(float(lane), d_w·d_a,
-//! acc)` per lane, the lanes' fold at the end — in fewer instructions per group than
-//! [`super::codec_sym::rows_avx2`]'s generic unpacking.
+//! The 2- and 4-bit g64 codecs (`syn.q{2,4}.{symmetric,asymmetric}.g64.v1`, ternary g64) on
+//! AVX2 (and the AVX-VNNI CPUs, which run the same code): the float order of
+//! [`super::codec_sym`] — per 64-element group 16 i32 lanes of 4 consecutive products,
+//! `fma(float(lane), d_w·d_a, acc)` per lane, the lanes' fold at the end — in fewer
+//! instructions per group than [`super::codec_sym::rows_avx2`]'s generic unpacking.
 //!
-//! A group's code byte `j` holds codes `2j` (low nibble) and `2j + 1`. The low nibbles of the
-//! 32 bytes are then the even codes in order and the high nibbles the odd ones, so each
-//! activation row's group is prepared once ([`records`]) as its even codes `a₀, a₂, …, a₆₂`
-//! and its odd codes apart. `vpmaddubsw(low, even)` puts `u₄ᵢ·a₄ᵢ + u₄ᵢ₊₂·a₄ᵢ₊₂` in i16 `i`,
-//! `vpmaddubsw(high, odd)` the lane's other two products, and one `vpaddw` gives lane `i`'s
-//! four products in i16 `i` (at most 4·15·127: no overflow, and no pair sum saturates);
-//! symmetric lanes add their start `−8·Σ(4 codes)` there (the lane is then `Σ q·a`, |·| ≤
-//! 4·8·127). The even i16 lanes widen to i32 by `vpmaddwd` against (1, 0) pairs and the odd
-//! ones by an arithmetic shift, so one register holds lanes 0, 2, 4, 6 | 8, 10, 12, 14 and the
-//! other 1, 3, … 15: both take the scales `[d₀ ×4 | d₁ ×4]` of the group's two activation
-//! blocks, one `d_w·d_a` product for the pair. The fold `(l + l+8)`, then
-//! `((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))`, is the even register's halves summed and paired
-//! plus the odd register's. Unpacking is a load, a shift and two masks (the generic path
-//! interleaves and permutes the nibbles back into element order).
+//! The codes are unpacked into two registers whose i16 pair `i` (bytes `2i`, `2i + 1`) holds
+//! two codes of lane `i` — the first register codes `4i` and `4i + 2` (4 bits) or `4i` and
+//! `4i + 1` (2 bits), the second the lane's other two — and each activation row's group is
+//! prepared once ([`records`]) with its codes in the same two orders. Then
+//! `vpmaddubsw(first, a₁) + vpmaddubsw(second, a₂)` (`vpaddw`) is lane `i`'s four products in
+//! i16 `i` (at most 4·15·127: no overflow, and no pair sum saturates); symmetric lanes add
+//! their start `−2^(b−1)·Σ(4 codes)` there (the lane is then `Σ q·a`). The even i16 lanes
+//! widen to i32 by `vpmaddwd` against (1, 0) pairs and the odd ones by an arithmetic shift,
+//! so one register holds lanes 0, 2, 4, 6 | 8, 10, 12, 14 and the other 1, 3, … 15: both take
+//! the scales `[d₀ ×4 | d₁ ×4]` of the group's two activation blocks, one `d_w·d_a` product
+//! for the pair. The fold `(l + l+8)`, then `((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))`, is the
+//! even register's halves summed and paired plus the odd register's.
+//!
+//! Unpacking: 4 bits (byte `j` holds codes `2j`, low nibble, and `2j + 1`): the low nibbles of
+//! the 32 bytes are the first register and the high ones the second (a load, a shift, two
+//! masks). 2 bits (byte `j` holds lane `j`'s four codes at bits 0, 2, 4, 6): each byte
+//! zero-extended to i16 `v`, `t = v | v << 6`, then `t & 0x0303` is codes (0, 1) and
+//! `t >> 4 & 0x0303` codes (2, 3) (six instructions for 64 codes; the generic path takes
+//! twelve).
 //!
 //! Asymmetric groups (`x̂ = m + u·d`) take lanes `Σ u·a` (no start) and their minimum's chain
 //! `m = fma(m_w, S, m)` beside them, as [`super::codec_sym`] defines it.
@@ -30,32 +35,47 @@ use crate::act::BlockQ8x32;
 
 use super::codec_sym::GROUP;
 
+/// Whether this kernel takes `bits`-bit codes.
+pub(crate) fn supports(bits: u32) -> bool {
+    bits == 2 || bits == 4
+}
+
 /// One activation row's group, as this kernel reads it.
 #[repr(C, align(32))]
 #[derive(Clone, Copy, Pod, Zeroable)]
-pub(crate) struct Q4Rec {
-    /// The group's activation codes at even positions (`a₀, a₂, …, a₆₂`).
-    even: [i8; 32],
-    /// The codes at odd positions (`a₁, a₃, …, a₆₃`).
-    odd: [i8; 32],
-    /// Each lane's start: `−8·Σ` of its 4 codes (symmetric), 0 (asymmetric).
+pub(crate) struct Rec {
+    /// The codes against the first code register: pair `i` is `a₄ᵢ, a₄ᵢ₊₂` (4 bits) or
+    /// `a₄ᵢ, a₄ᵢ₊₁` (2 bits).
+    first: [i8; 32],
+    /// The lanes' other two codes, against the second register.
+    second: [i8; 32],
+    /// Each lane's start: `−2^(b−1)·Σ` of its 4 codes (symmetric), 0 (asymmetric).
     start: [i16; 16],
     /// The scale of the block each register lane lies in: `[d₀ ×4, d₁ ×4]`.
     da: [f32; 8],
 }
 
-/// The records of `act` (activation rows of whole groups, two Q8_0 blocks each), row by row,
-/// group by group, into `out` (one per group).
-pub(crate) fn records(act: &[BlockQ8x32], asym: bool, out: &mut [Q4Rec]) {
+/// The records of `act` (activation rows of whole groups, two Q8_0 blocks each) for
+/// `bits`-bit codes, row by row, group by group, into `out` (one per group).
+pub(crate) fn records(bits: u32, act: &[BlockQ8x32], asym: bool, out: &mut [Rec]) {
+    // Within a lane, the positions of the first register's two codes, then the second's.
+    let (p, q) = if bits == 4 {
+        ([0, 2], [1, 3])
+    } else {
+        ([0, 1], [2, 3])
+    };
+    let bias = 1i32 << (bits - 1);
     for (blocks, rec) in act.chunks_exact(2).zip(out.iter_mut()) {
         let a: [i8; GROUP] = std::array::from_fn(|i| blocks[i / 32].qs[i % 32]);
-        for j in 0..32 {
-            rec.even[j] = a[2 * j];
-            rec.odd[j] = a[2 * j + 1];
+        for i in 0..16 {
+            for e in 0..2 {
+                rec.first[2 * i + e] = a[4 * i + p[e]];
+                rec.second[2 * i + e] = a[4 * i + q[e]];
+            }
         }
         for (i, s) in rec.start.iter_mut().enumerate() {
             let sum: i32 = a[4 * i..4 * i + 4].iter().map(|&q| q as i32).sum();
-            *s = if asym { 0 } else { (-8 * sum) as i16 };
+            *s = if asym { 0 } else { (-bias * sum) as i16 };
         }
         for (i, d) in rec.da.iter_mut().enumerate() {
             *d = blocks[i / 4].d;
@@ -85,21 +105,21 @@ fn pair_fold(a: __m256) -> __m128 {
 }
 
 /// Output rows `r0..r1` of `W·X` for the `n` activation rows of `recs` (`n·ng` records from
-/// [`records`]; `msum`: [`super::codec_sym::prepare`]'s per-group minimum sums, asymmetric
-/// only), written to `y[t·ystride + r]` — the same bits as
-/// [`super::codec_sym::rows_scalar`] at 4 bits.
+/// [`records`] for `BITS`; `msum`: [`super::codec_sym::prepare`]'s per-group minimum sums,
+/// asymmetric only), written to `y[t·ystride + r]` — the same bits as
+/// [`super::codec_sym::rows_scalar`].
 ///
 /// # Safety
-/// `w` holds rows of `ng` groups of 4-bit codes of this codec (`row_bytes` each); `y` is
+/// `w` holds rows of `ng` groups of `BITS`-bit codes of this codec (`row_bytes` each); `y` is
 /// valid for writes at `t·ystride + r` (`t < n`, `r0 <= r < r1`), which this call alone
 /// writes; the CPU has AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn rows<const ASYM: bool>(
+pub(crate) unsafe fn rows<const BITS: usize, const ASYM: bool>(
     w: &[u8],
     row_bytes: usize,
     ng: usize,
-    recs: &[Q4Rec],
+    recs: &[Rec],
     msum: &[f32],
     n: usize,
     y: *mut f32,
@@ -108,9 +128,12 @@ pub(crate) unsafe fn rows<const ASYM: bool>(
     r1: usize,
 ) {
     let hdr = if ASYM { 4 } else { 2 };
+    let gb = hdr + 8 * BITS;
+    debug_assert!(BITS == 2 || BITS == 4);
     debug_assert!(recs.len() >= n * ng && r1 * row_bytes <= w.len());
-    debug_assert_eq!(row_bytes, ng * (hdr + 32));
+    debug_assert_eq!(row_bytes, ng * gb);
     let low4 = _mm256_set1_epi8(0x0f);
+    let low2 = _mm256_set1_epi16(0x0303);
     // (1, 0) pairs: `vpmaddwd` against it sign-extends the even i16 lanes.
     let evens = _mm256_set1_epi32(1);
     let mut t0 = 0;
@@ -127,11 +150,11 @@ pub(crate) unsafe fn rows<const ASYM: bool>(
                     for g in 0..ng {
                         // SAFETY: group `g` of row `r` lies inside `w` (the caller's
                         // contract); the prefetch may point past it (it does not fault).
-                        let gp = unsafe { w.as_ptr().add(row + g * (hdr + 32)) };
+                        let gp = unsafe { w.as_ptr().add(row + g * gb) };
                         // Decode streams the weights once: ask for them ~6 KB ahead.
                         _mm_prefetch::<_MM_HINT_T1>(gp.wrapping_add(6144).cast());
-                        // SAFETY: the group's header and 32 code bytes are inside `w`.
-                        let (dw, mw, c) = unsafe {
+                        // SAFETY: the group's header and code bytes are inside `w`.
+                        let (dw, mw) = unsafe {
                             (
                                 half8(gp),
                                 if ASYM {
@@ -141,19 +164,33 @@ pub(crate) unsafe fn rows<const ASYM: bool>(
                                 } else {
                                     0.0
                                 },
-                                _mm256_loadu_si256(gp.add(hdr).cast()),
                             )
                         };
-                        let lo = _mm256_and_si256(c, low4);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(c), low4);
+                        // SAFETY: as above (32 code bytes at 4 bits, 16 at 2).
+                        let (lo, hi) = unsafe {
+                            if BITS == 4 {
+                                let c = _mm256_loadu_si256(gp.add(hdr).cast());
+                                (
+                                    _mm256_and_si256(c, low4),
+                                    _mm256_and_si256(_mm256_srli_epi16::<4>(c), low4),
+                                )
+                            } else {
+                                let v = _mm256_cvtepu8_epi16(_mm_loadu_si128(gp.add(hdr).cast()));
+                                let t = _mm256_or_si256(v, _mm256_slli_epi16::<6>(v));
+                                (
+                                    _mm256_and_si256(t, low2),
+                                    _mm256_and_si256(_mm256_srli_epi16::<4>(t), low2),
+                                )
+                            }
+                        };
                         for (k, a) in acc.iter_mut().enumerate() {
                             let t = t0 + k;
                             let rec = &recs[t * ng + g];
                             // SAFETY: the record is 32-byte aligned and whole.
                             let (ev, od, st, da) = unsafe {
                                 (
-                                    _mm256_load_si256(rec.even.as_ptr().cast()),
-                                    _mm256_load_si256(rec.odd.as_ptr().cast()),
+                                    _mm256_load_si256(rec.first.as_ptr().cast()),
+                                    _mm256_load_si256(rec.second.as_ptr().cast()),
                                     _mm256_load_si256(rec.start.as_ptr().cast()),
                                     _mm256_load_ps(rec.da.as_ptr()),
                                 )
