@@ -104,6 +104,153 @@ fn pair_fold(a: __m256) -> __m128 {
     _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s))
 }
 
+/// A group's codes as the two registers of lane pairs (see the module docs), from the code
+/// bytes at `p`.
+///
+/// # Safety
+/// `p` can be read for `8·BITS` bytes; the CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn codes<const BITS: usize>(p: *const u8) -> (__m256i, __m256i) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if BITS == 4 {
+            let low4 = _mm256_set1_epi8(0x0f);
+            let c = _mm256_loadu_si256(p.cast());
+            (
+                _mm256_and_si256(c, low4),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(c), low4),
+            )
+        } else {
+            let low2 = _mm256_set1_epi16(0x0303);
+            let v = _mm256_cvtepu8_epi16(_mm_loadu_si128(p.cast()));
+            let t = _mm256_or_si256(v, _mm256_slli_epi16::<6>(v));
+            (
+                _mm256_and_si256(t, low2),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(t), low2),
+            )
+        }
+    }
+}
+
+/// The group's contribution to one weight row and activation row: its two lane registers
+/// (even, odd lanes) into `acc` by `fma(float(lane), d, acc)`, `d = d_w·d_a`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn lanes<const ASYM: bool>(
+    (lo, hi): (__m256i, __m256i),
+    dw: __m256,
+    (first, second, start, da): (__m256i, __m256i, __m256i, __m256),
+    acc: &mut [__m256; 2],
+) {
+    let p = _mm256_add_epi16(
+        _mm256_maddubs_epi16(lo, first),
+        _mm256_maddubs_epi16(hi, second),
+    );
+    let p = if ASYM { p } else { _mm256_add_epi16(p, start) };
+    // (1, 0) pairs: `vpmaddwd` against them sign-extends the even i16 lanes.
+    let even = _mm256_madd_epi16(p, _mm256_set1_epi32(1));
+    let odd = _mm256_srai_epi32::<16>(p);
+    let d = _mm256_mul_ps(dw, da);
+    acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(even), d, acc[0]);
+    acc[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(odd), d, acc[1]);
+}
+
+/// A record's four registers.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn load(rec: &Rec) -> (__m256i, __m256i, __m256i, __m256) {
+    // SAFETY: the record is 32-byte aligned and whole.
+    unsafe {
+        (
+            _mm256_load_si256(rec.first.as_ptr().cast()),
+            _mm256_load_si256(rec.second.as_ptr().cast()),
+            _mm256_load_si256(rec.start.as_ptr().cast()),
+            _mm256_load_ps(rec.da.as_ptr()),
+        )
+    }
+}
+
+/// The f16 at `p` as f32 (exact).
+///
+/// # Safety
+/// `p` can be read for 2 bytes; the CPU has F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn half1(p: *const u8) -> f32 {
+    // SAFETY: the caller's contract.
+    let h = unsafe { std::ptr::read_unaligned(p.cast::<u16>()) };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// The output of one weight row and activation row: the lanes' fold, plus the minimum's
+/// chain (asymmetric).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn out<const ASYM: bool>(acc: &[__m256; 2], m: __m128) -> f32 {
+    let s = _mm_add_ss(pair_fold(acc[0]), pair_fold(acc[1]));
+    _mm_cvtss_f32(if ASYM { _mm_add_ss(s, m) } else { s })
+}
+
+/// One activation row against weight rows `r0..r1`, two weight rows a pass (their chains
+/// interleaved, each group's record loaded once for both); an odd last row alone.
+///
+/// # Safety
+/// As [`rows`] with `n = 1`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn one_row<const BITS: usize, const ASYM: bool>(
+    w: &[u8],
+    row_bytes: usize,
+    ng: usize,
+    recs: &[Rec],
+    msum: &[f32],
+    y: *mut f32,
+    r0: usize,
+    r1: usize,
+) {
+    let hdr = if ASYM { 4 } else { 2 };
+    let gb = hdr + 8 * BITS;
+    let mut r = r0;
+    while r < r1 {
+        let two = r + 1 < r1;
+        // SAFETY: rows `r` (and `r + 1` when `two`) lie inside `w`; the second pointer is
+        // only read when `two`.
+        let (p0, p1) = unsafe {
+            (
+                w.as_ptr().add(r * row_bytes),
+                w.as_ptr().add(if two { r + 1 } else { r } * row_bytes),
+            )
+        };
+        let mut acc = [[_mm256_setzero_ps(); 2]; 2];
+        let mut m = [_mm_setzero_ps(); 2];
+        for (g, rec) in recs[..ng].iter().enumerate() {
+            let (g0, g1) = (p0.wrapping_add(g * gb), p1.wrapping_add(g * gb));
+            _mm_prefetch::<_MM_HINT_T1>(g0.wrapping_add(6144).cast());
+            _mm_prefetch::<_MM_HINT_T1>(g1.wrapping_add(6144).cast());
+            let a = load(rec);
+            // SAFETY: group `g` of both rows lies inside `w` (header and code bytes).
+            unsafe {
+                lanes::<ASYM>(codes::<BITS>(g0.add(hdr)), half8(g0), a, &mut acc[0]);
+                lanes::<ASYM>(codes::<BITS>(g1.add(hdr)), half8(g1), a, &mut acc[1]);
+                if ASYM {
+                    let s = _mm_set_ss(msum[g]);
+                    m[0] = _mm_fmadd_ss(_mm_set_ss(half1(g0.add(2))), s, m[0]);
+                    m[1] = _mm_fmadd_ss(_mm_set_ss(half1(g1.add(2))), s, m[1]);
+                }
+            }
+        }
+        // SAFETY: the caller's contract on `y`.
+        unsafe {
+            *y.add(r) = out::<ASYM>(&acc[0], m[0]);
+            if two {
+                *y.add(r + 1) = out::<ASYM>(&acc[1], m[1]);
+            }
+        }
+        r += 2;
+    }
+}
+
 /// Output rows `r0..r1` of `W·X` for the `n` activation rows of `recs` (`n·ng` records from
 /// [`records`] for `BITS`; `msum`: [`super::codec_sym::prepare`]'s per-group minimum sums,
 /// asymmetric only), written to `y[t·ystride + r]` — the same bits as
@@ -132,6 +279,11 @@ pub(crate) unsafe fn rows<const BITS: usize, const ASYM: bool>(
     debug_assert!(BITS == 2 || BITS == 4);
     debug_assert!(recs.len() >= n * ng && r1 * row_bytes <= w.len());
     debug_assert_eq!(row_bytes, ng * gb);
+    if n == 1 {
+        // SAFETY: the caller's contract.
+        unsafe { one_row::<BITS, ASYM>(w, row_bytes, ng, recs, msum, y, r0, r1) };
+        return;
+    }
     let low4 = _mm256_set1_epi8(0x0f);
     let low2 = _mm256_set1_epi16(0x0303);
     // (1, 0) pairs: `vpmaddwd` against it sign-extends the even i16 lanes.
