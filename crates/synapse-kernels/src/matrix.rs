@@ -1213,7 +1213,7 @@ impl QuantMatrix {
             });
             return Ok(());
         }
-        // 2- and 4-bit codes on AVX2 (and AVX-512 CPUs without VBMI): each lane's codes in i16
+        // 2-, 3- and 4-bit codes on AVX2 (and AVX-512 CPUs without VBMI): each lane's codes in i16
         // pairs against activations prepared in the same order, the same bits in fewer
         // instructions (`kernels::codec_lanes_avx2`).
         #[cfg(target_arch = "x86_64")]
@@ -1234,6 +1234,8 @@ impl QuantMatrix {
             let run = match (bits, asym) {
                 (4, false) => lane_rows::<4, false>,
                 (4, true) => lane_rows::<4, true>,
+                (3, false) => lane_rows::<3, false>,
+                (3, true) => lane_rows::<3, true>,
                 (_, false) => lane_rows::<2, false>,
                 (_, true) => lane_rows::<2, true>,
             };

@@ -1,12 +1,12 @@
-//! The 2- and 4-bit g64 codecs (`syn.q{2,4}.{symmetric,asymmetric}.g64.v1`, ternary g64) on
+//! The 2-, 3- and 4-bit g64 codecs (`syn.q{2,3,4}.{symmetric,asymmetric}.g64.v1`, ternary g64) on
 //! AVX2 (and the AVX-VNNI CPUs, which run the same code): the float order of
 //! [`super::codec_sym`] — per 64-element group 16 i32 lanes of 4 consecutive products,
 //! `fma(float(lane), d_w·d_a, acc)` per lane, the lanes' fold at the end — in fewer
 //! instructions per group than [`super::codec_sym::rows_avx2`]'s generic unpacking.
 //!
 //! The codes are unpacked into two registers whose i16 pair `i` (bytes `2i`, `2i + 1`) holds
-//! two codes of lane `i` — the first register codes `4i` and `4i + 2` (4 bits) or `4i` and
-//! `4i + 1` (2 bits), the second the lane's other two — and each activation row's group is
+//! two codes of lane `i` — the first register codes `4i` and `4i + 2` (3 and 4 bits) or `4i`
+//! and `4i + 1` (2 bits), the second the lane's other two — and each activation row's group is
 //! prepared once ([`records`]) with its codes in the same two orders. Then
 //! `vpmaddubsw(first, a₁) + vpmaddubsw(second, a₂)` (`vpaddw`) is lane `i`'s four products in
 //! i16 `i` (at most 4·15·127: no overflow, and no pair sum saturates); symmetric lanes add
@@ -22,7 +22,11 @@
 //! masks). 2 bits (byte `j` holds lane `j`'s four codes at bits 0, 2, 4, 6): each byte
 //! zero-extended to i16 `v`, `t = v | v << 6`, then `t & 0x0303` is codes (0, 1) and
 //! `t >> 4 & 0x0303` codes (2, 3) (six instructions for 64 codes; the generic path takes
-//! twelve).
+//! twelve). 3 bits (lane `i`'s twelve bits from bit `12i`): one byte shuffle of the group's
+//! first and last 16 bytes puts each lane's 16-bit window in its i16 (the odd lanes', which
+//! start mid-byte, shifted down by a blend), then codes (0, 2) are the window's bits 0..3 and
+//! 6..9 moved into bytes 0 and 1, and codes (1, 3) the same of the window `>> 3` (thirteen
+//! instructions for 64 codes, against eighteen).
 //!
 //! Asymmetric groups (`x̂ = m + u·d`) take lanes `Σ u·a` (no start) and their minimum's chain
 //! `m = fma(m_w, S, m)` beside them, as [`super::codec_sym`] defines it.
@@ -37,14 +41,14 @@ use super::codec_sym::GROUP;
 
 /// Whether this kernel takes `bits`-bit codes.
 pub(crate) fn supports(bits: u32) -> bool {
-    bits == 2 || bits == 4
+    (2..=4).contains(&bits)
 }
 
 /// One activation row's group, as this kernel reads it.
 #[repr(C, align(32))]
 #[derive(Clone, Copy, Pod, Zeroable)]
 pub(crate) struct Rec {
-    /// The codes against the first code register: pair `i` is `a₄ᵢ, a₄ᵢ₊₂` (4 bits) or
+    /// The codes against the first code register: pair `i` is `a₄ᵢ, a₄ᵢ₊₂` (3, 4 bits) or
     /// `a₄ᵢ, a₄ᵢ₊₁` (2 bits).
     first: [i8; 32],
     /// The lanes' other two codes, against the second register.
@@ -59,10 +63,10 @@ pub(crate) struct Rec {
 /// `bits`-bit codes, row by row, group by group, into `out` (one per group).
 pub(crate) fn records(bits: u32, act: &[BlockQ8x32], asym: bool, out: &mut [Rec]) {
     // Within a lane, the positions of the first register's two codes, then the second's.
-    let (p, q) = if bits == 4 {
-        ([0, 2], [1, 3])
-    } else {
+    let (p, q) = if bits == 2 {
         ([0, 1], [2, 3])
+    } else {
+        ([0, 2], [1, 3])
     };
     let bias = 1i32 << (bits - 1);
     for (blocks, rec) in act.chunks_exact(2).zip(out.iter_mut()) {
@@ -121,6 +125,28 @@ unsafe fn codes<const BITS: usize>(p: *const u8) -> (__m256i, __m256i) {
                 _mm256_and_si256(c, low4),
                 _mm256_and_si256(_mm256_srli_epi16::<4>(c), low4),
             )
+        } else if BITS == 3 {
+            // Lane `i` of a 128-bit half is the 16-bit window at byte ⌊1.5·i⌋ of its 12
+            // bytes (the upper half read from byte 8: its lanes start at 4), its 12 bits at
+            // bit 0 (even `i`) or 4 (odd `i`, shifted down).
+            let x = _mm256_loadu2_m128i(p.add(8).cast(), p.cast());
+            let x = _mm256_shuffle_epi8(
+                x,
+                _mm256_setr_epi8(
+                    0, 1, 1, 2, 3, 4, 4, 5, 6, 7, 7, 8, 9, 10, 10, 11, 4, 5, 5, 6, 7, 8, 8, 9, 10,
+                    11, 11, 12, 13, 14, 14, 15,
+                ),
+            );
+            let y = _mm256_blend_epi16::<0xAA>(x, _mm256_srli_epi16::<4>(x));
+            // Codes (0, 2) and (1, 3): bits 0..3 and 6..9 of the window, then of it >> 3,
+            // into bytes 0 and 1.
+            let pair = |v: __m256i| {
+                _mm256_or_si256(
+                    _mm256_and_si256(v, _mm256_set1_epi16(0x0007)),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(v), _mm256_set1_epi16(0x0700)),
+                )
+            };
+            (pair(y), pair(_mm256_srli_epi16::<3>(y)))
         } else {
             let low2 = _mm256_set1_epi16(0x0303);
             let v = _mm256_cvtepu8_epi16(_mm_loadu_si128(p.cast()));
@@ -276,7 +302,7 @@ pub(crate) unsafe fn rows<const BITS: usize, const ASYM: bool>(
 ) {
     let hdr = if ASYM { 4 } else { 2 };
     let gb = hdr + 8 * BITS;
-    debug_assert!(BITS == 2 || BITS == 4);
+    debug_assert!((2..=4).contains(&BITS));
     debug_assert!(recs.len() >= n * ng && r1 * row_bytes <= w.len());
     debug_assert_eq!(row_bytes, ng * gb);
     if n == 1 {
@@ -284,10 +310,6 @@ pub(crate) unsafe fn rows<const BITS: usize, const ASYM: bool>(
         unsafe { one_row::<BITS, ASYM>(w, row_bytes, ng, recs, msum, y, r0, r1) };
         return;
     }
-    let low4 = _mm256_set1_epi8(0x0f);
-    let low2 = _mm256_set1_epi16(0x0303);
-    // (1, 0) pairs: `vpmaddwd` against it sign-extends the even i16 lanes.
-    let evens = _mm256_set1_epi32(1);
     let mut t0 = 0;
     while t0 < n {
         // Up to four activation rows a pass, their count a constant of the pass (the
@@ -306,57 +328,16 @@ pub(crate) unsafe fn rows<const BITS: usize, const ASYM: bool>(
                         // Decode streams the weights once: ask for them ~6 KB ahead.
                         _mm_prefetch::<_MM_HINT_T1>(gp.wrapping_add(6144).cast());
                         // SAFETY: the group's header and code bytes are inside `w`.
-                        let (dw, mw) = unsafe {
+                        let (dw, mw, c) = unsafe {
                             (
                                 half8(gp),
-                                if ASYM {
-                                    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-                                        std::ptr::read_unaligned(gp.add(2).cast::<u16>()) as i32,
-                                    )))
-                                } else {
-                                    0.0
-                                },
+                                if ASYM { half1(gp.add(2)) } else { 0.0 },
+                                codes::<BITS>(gp.add(hdr)),
                             )
-                        };
-                        // SAFETY: as above (32 code bytes at 4 bits, 16 at 2).
-                        let (lo, hi) = unsafe {
-                            if BITS == 4 {
-                                let c = _mm256_loadu_si256(gp.add(hdr).cast());
-                                (
-                                    _mm256_and_si256(c, low4),
-                                    _mm256_and_si256(_mm256_srli_epi16::<4>(c), low4),
-                                )
-                            } else {
-                                let v = _mm256_cvtepu8_epi16(_mm_loadu_si128(gp.add(hdr).cast()));
-                                let t = _mm256_or_si256(v, _mm256_slli_epi16::<6>(v));
-                                (
-                                    _mm256_and_si256(t, low2),
-                                    _mm256_and_si256(_mm256_srli_epi16::<4>(t), low2),
-                                )
-                            }
                         };
                         for (k, a) in acc.iter_mut().enumerate() {
                             let t = t0 + k;
-                            let rec = &recs[t * ng + g];
-                            // SAFETY: the record is 32-byte aligned and whole.
-                            let (ev, od, st, da) = unsafe {
-                                (
-                                    _mm256_load_si256(rec.first.as_ptr().cast()),
-                                    _mm256_load_si256(rec.second.as_ptr().cast()),
-                                    _mm256_load_si256(rec.start.as_ptr().cast()),
-                                    _mm256_load_ps(rec.da.as_ptr()),
-                                )
-                            };
-                            let p = _mm256_add_epi16(
-                                _mm256_maddubs_epi16(lo, ev),
-                                _mm256_maddubs_epi16(hi, od),
-                            );
-                            let p = if ASYM { p } else { _mm256_add_epi16(p, st) };
-                            let le = _mm256_madd_epi16(p, evens);
-                            let lodd = _mm256_srai_epi32::<16>(p);
-                            let d = _mm256_mul_ps(dw, da);
-                            a[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(le), d, a[0]);
-                            a[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lodd), d, a[1]);
+                            lanes::<ASYM>(c, dw, load(&recs[t * ng + g]), a);
                             if ASYM {
                                 m[k] = _mm_fmadd_ss(
                                     _mm_set_ss(mw),
@@ -367,10 +348,8 @@ pub(crate) unsafe fn rows<const BITS: usize, const ASYM: bool>(
                         }
                     }
                     for (k, a) in acc.iter().enumerate() {
-                        let s = _mm_add_ss(pair_fold(a[0]), pair_fold(a[1]));
-                        let s = if ASYM { _mm_add_ss(s, m[k]) } else { s };
                         // SAFETY: the caller's contract on `y`.
-                        unsafe { *y.add((t0 + k) * ystride + r) = _mm_cvtss_f32(s) };
+                        unsafe { *y.add((t0 + k) * ystride + r) = out::<ASYM>(a, m[k]) };
                     }
                 }
             };
