@@ -37,7 +37,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::act::BlockQ8x32;
 
-use super::codec_sym::GROUP;
+use super::codec_sym::{GROUP, half_at};
 
 /// Whether this kernel takes `bits`-bit codes.
 pub(crate) fn supports(bits: u32) -> bool {
@@ -95,8 +95,7 @@ pub(crate) fn records(bits: u32, act: &[BlockQ8x32], asym: bool, out: &mut [Rec]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn half8(p: *const u8) -> __m256 {
     // SAFETY: the caller's contract.
-    let h = unsafe { std::ptr::read_unaligned(p.cast::<u16>()) };
-    _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    _mm256_broadcastss_ps(unsafe { half_at(p) })
 }
 
 /// `(E₀ + E₂) + (E₁ + E₃)` of the 128-bit sum of `a`'s halves.
@@ -205,8 +204,7 @@ fn load(rec: &Rec) -> (__m256i, __m256i, __m256i, __m256) {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn half1(p: *const u8) -> f32 {
     // SAFETY: the caller's contract.
-    let h = unsafe { std::ptr::read_unaligned(p.cast::<u16>()) };
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    _mm_cvtss_f32(unsafe { half_at(p) })
 }
 
 /// The output of one weight row and activation row: the lanes' fold, plus the minimum's

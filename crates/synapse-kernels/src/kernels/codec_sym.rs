@@ -172,7 +172,7 @@ pub(crate) unsafe fn rows_scalar<const ASYM: bool>(
 /// `p` is valid for reading 2 bytes; the CPU has F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "f16c")]
-unsafe fn half_at(p: *const u8) -> std::arch::x86_64::__m128 {
+pub(crate) unsafe fn half_at(p: *const u8) -> std::arch::x86_64::__m128 {
     use std::arch::x86_64::*;
     // SAFETY: the caller's contract.
     let h = unsafe { std::ptr::read_unaligned(p.cast::<u16>()) };
