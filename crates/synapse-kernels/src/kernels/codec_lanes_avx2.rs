@@ -238,8 +238,8 @@ unsafe fn one_row<const BITS: usize, const ASYM: bool>(
     let mut r = r0;
     while r < r1 {
         let two = r + 1 < r1;
-        // SAFETY: rows `r` (and `r + 1` when `two`) lie inside `w`; the second pointer is
-        // only read when `two`.
+        // SAFETY: rows `r` (and `r + 1` when `two`) lie inside `w`; an odd last row takes
+        // both chains (its second result is not stored).
         let (p0, p1) = unsafe {
             (
                 w.as_ptr().add(r * row_bytes),
