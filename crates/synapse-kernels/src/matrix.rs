@@ -1139,6 +1139,16 @@ impl QuantMatrix {
         let ng = cols / codec_sym::GROUP;
         // By the context's path (the forced reference path runs the scalar kernel; every path
         // computes the same bits).
+        // AVX2 (and AVX-VNNI, and AVX-512 without VBMI) run `rows_avx2`, or for 2- to 4-bit
+        // codes `codec_lanes_avx2` (below).
+        #[cfg(target_arch = "x86_64")]
+        let on_avx2 = {
+            use crate::dispatch::KernelPath;
+            match ctx.path() {
+                KernelPath::Avx512Vnni => !codec_sym::has_avx512(),
+                p => matches!(p, KernelPath::AvxVnni | KernelPath::Avx2),
+            }
+        };
         #[cfg(target_arch = "x86_64")]
         let kernel: codec_sym::RowsFn = {
             use crate::dispatch::KernelPath;
@@ -1149,12 +1159,8 @@ impl QuantMatrix {
                 (KernelPath::Avx512Vnni, true) if codec_sym::has_avx512() => {
                     codec_sym::rows_avx512::<true>
                 }
-                (KernelPath::Avx512Vnni | KernelPath::AvxVnni | KernelPath::Avx2, false) => {
-                    codec_sym::rows_avx2::<false>
-                }
-                (KernelPath::Avx512Vnni | KernelPath::AvxVnni | KernelPath::Avx2, true) => {
-                    codec_sym::rows_avx2::<true>
-                }
+                (_, false) if on_avx2 => codec_sym::rows_avx2::<false>,
+                (_, true) if on_avx2 => codec_sym::rows_avx2::<true>,
                 (_, false) => codec_sym::rows_scalar::<false>,
                 (_, true) => codec_sym::rows_scalar::<true>,
             }
@@ -1179,6 +1185,40 @@ impl QuantMatrix {
         act_scratch.set_len(n * ActKind::Q8x32.row_bytes(cols));
         quantize_rows(ActKind::Q8x32, x, cols, act_scratch.as_bytes_mut());
         let act: &[BlockQ8x32] = bytemuck::cast_slice(act_scratch.as_bytes());
+        // 2-, 3- and 4-bit codes on AVX2 (and AVX-512 CPUs without VBMI): each lane's codes in i16
+        // pairs against activations prepared in the same order, the same bits in fewer
+        // instructions (`kernels::codec_lanes_avx2`).
+        #[cfg(target_arch = "x86_64")]
+        if on_avx2 && kernels::codec_lanes_avx2::supports(bits) {
+            use kernels::codec_lanes_avx2::{Rec, records, rows as lane_rows};
+            recs_buf.set_len(n * ng * std::mem::size_of::<Rec>());
+            let recs: &mut [Rec] = bytemuck::cast_slice_mut(recs_buf.as_bytes_mut());
+            records(bits, act, asym, recs);
+            let recs: &[Rec] = recs;
+            // The records hold the lane starts and scales; the asymmetric codes' minimum
+            // sums apart.
+            pack.set_len(if asym { n * ng * 4 } else { 0 });
+            let msum: &mut [f32] = bytemuck::cast_slice_mut(pack.as_bytes_mut());
+            codec_sym::minimum_sums(act, msum);
+            let msum: &[f32] = msum;
+            let (w, rb) = (self.data.as_bytes(), self.row_bytes);
+            let yp = SyncPtr(y.as_mut_ptr());
+            let run = match (bits, asym) {
+                (4, false) => lane_rows::<4, false>,
+                (4, true) => lane_rows::<4, true>,
+                (3, false) => lane_rows::<3, false>,
+                (3, true) => lane_rows::<3, true>,
+                (_, false) => lane_rows::<2, false>,
+                (_, true) => lane_rows::<2, true>,
+            };
+            pool.run_rows(rows, 8, 2 * rows * cols * n, &|r0, r1| {
+                // SAFETY: rows were validated as `ng` groups of this codec at construction;
+                // the records cover the n rows; chunks write disjoint rows; AVX2, FMA and
+                // F16C are there (the AVX2 path was chosen for this CPU).
+                unsafe { run(w, rb, ng, recs, msum, n, yp.get(), rows, r0, r1) };
+            });
+            return Ok(());
+        }
         let lanes = n * ng * 16;
         let msums = if asym { n * ng } else { 0 };
         pack.set_len((2 * lanes + msums) * 4);
@@ -1210,40 +1250,6 @@ impl QuantMatrix {
             pool.run_rows(rows, 8, 2 * rows * cols * n, &|r0, r1| {
                 // SAFETY: as below; the records (and sums) cover the n rows.
                 unsafe { run(bits, w, rb, ng, recs, msum, n, yp.get(), rows, r0, r1) };
-            });
-            return Ok(());
-        }
-        // 2-, 3- and 4-bit codes on AVX2 (and AVX-512 CPUs without VBMI): each lane's codes in i16
-        // pairs against activations prepared in the same order, the same bits in fewer
-        // instructions (`kernels::codec_lanes_avx2`).
-        #[cfg(target_arch = "x86_64")]
-        if kernels::codec_lanes_avx2::supports(bits)
-            && match path {
-                crate::dispatch::KernelPath::Avx512Vnni => !codec_sym::has_avx512(),
-                p => matches!(
-                    p,
-                    crate::dispatch::KernelPath::AvxVnni | crate::dispatch::KernelPath::Avx2
-                ),
-            }
-        {
-            use kernels::codec_lanes_avx2::{Rec, records, rows as lane_rows};
-            recs_buf.set_len(n * ng * std::mem::size_of::<Rec>());
-            let recs: &mut [Rec] = bytemuck::cast_slice_mut(recs_buf.as_bytes_mut());
-            records(bits, act, asym, recs);
-            let recs: &[Rec] = recs;
-            let run = match (bits, asym) {
-                (4, false) => lane_rows::<4, false>,
-                (4, true) => lane_rows::<4, true>,
-                (3, false) => lane_rows::<3, false>,
-                (3, true) => lane_rows::<3, true>,
-                (_, false) => lane_rows::<2, false>,
-                (_, true) => lane_rows::<2, true>,
-            };
-            pool.run_rows(rows, 8, 2 * rows * cols * n, &|r0, r1| {
-                // SAFETY: rows were validated as `ng` groups of this codec at construction;
-                // the records cover the n rows; chunks write disjoint rows; AVX2, FMA and
-                // F16C are there (the AVX2 path was chosen for this CPU).
-                unsafe { run(w, rb, ng, recs, msum, n, yp.get(), rows, r0, r1) };
             });
             return Ok(());
         }

@@ -276,7 +276,7 @@ unsafe fn one_row<const BITS: usize, const ASYM: bool>(
 }
 
 /// Output rows `r0..r1` of `W·X` for the `n` activation rows of `recs` (`n·ng` records from
-/// [`records`] for `BITS`; `msum`: [`super::codec_sym::prepare`]'s per-group minimum sums,
+/// [`records`] for `BITS`; `msum`: [`super::codec_sym::minimum_sums`],
 /// asymmetric only), written to `y[t·ystride + r]` — the same bits as
 /// [`super::codec_sym::rows_scalar`].
 ///

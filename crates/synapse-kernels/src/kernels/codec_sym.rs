@@ -67,10 +67,16 @@ pub(crate) fn prepare(
         }
     }
     if asym {
-        for (blocks, m) in act.chunks_exact(2).zip(msum.iter_mut()) {
-            let sum = |b: &BlockQ8x32| b.qs.iter().map(|&q| q as i32).sum::<i32>() as f32;
-            *m = blocks[0].d * sum(&blocks[0]) + blocks[1].d * sum(&blocks[1]);
-        }
+        minimum_sums(act, msum);
+    }
+}
+
+/// Each group's `S = d₀·Σ₀ + d₁·Σ₁` (the asymmetric codes' minimum term, see the module docs)
+/// into `msum`, one per group of `act`.
+pub(crate) fn minimum_sums(act: &[BlockQ8x32], msum: &mut [f32]) {
+    for (blocks, m) in act.chunks_exact(2).zip(msum.iter_mut()) {
+        let sum = |b: &BlockQ8x32| b.qs.iter().map(|&q| q as i32).sum::<i32>() as f32;
+        *m = blocks[0].d * sum(&blocks[0]) + blocks[1].d * sum(&blocks[1]);
     }
 }
 
