@@ -51,7 +51,8 @@ pub(crate) struct ActRec {
     pub(crate) av: [i8; 64],
     /// The lanes' starting values, twice.
     pub(crate) iv: [i32; 16],
-    /// The block's scale `d`, 16 times.
+    /// The block's scale `d`, 16 times; in [`prepare`]'s records of an even row `t`,
+    /// `[d_t, d_t, d_{t+1}, d_{t+1}]` in every 128-bit lane ([`block_x2q`]).
     pub(crate) da: [f32; 16],
 }
 
@@ -113,7 +114,19 @@ pub(crate) fn prepare(
                 o.av[32..].copy_from_slice(&act[i].qs);
                 o.iv[..8].copy_from_slice(&init[8 * i..8 * i + 8]);
                 o.iv[8..].copy_from_slice(&init[8 * i..8 * i + 8]);
-                o.da = [act[i].d; 16];
+                // An even row's record carries its scale and the next row's (0 past the
+                // group) as `[d_t, d_t, d_t+1, d_t+1]` in every 128-bit lane: one multiply
+                // by `spread_w4` gives both rows' `d_w·d_a` for both weight-row pairs
+                // (`block_x2q`).
+                o.da = if t % 2 == 0 {
+                    let d1 = if t + 1 < k { act[i + nb].d } else { 0.0 };
+                    let d0 = act[i].d;
+                    [
+                        d0, d0, d1, d1, d0, d0, d1, d1, d0, d0, d1, d1, d0, d0, d1, d1,
+                    ]
+                } else {
+                    [act[i].d; 16]
+                };
                 sv[g0 * nb + 8 * b + t] = act[i].s;
             }
         }
@@ -277,11 +290,95 @@ fn spread_w(dw: __m128) -> __m512 {
     _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(dw))
 }
 
+/// Two weight-row pairs' block scales (`d0 = [d_a0, d_b0, ..]`, `d1 = [d_a1, d_b1, ..]`) as
+/// [`block_x2q`] multiplies them: `[d_a0, d_a1, d_a0, d_a1]` in the two low 128-bit lanes,
+/// `[d_b0, d_b1, d_b0, d_b1]` in the two high ones.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn spread_w4(d0: __m128, d1: __m128) -> __m512 {
+    // [d_a0, d_a1, d_b0, d_b1]
+    let x = _mm_unpacklo_ps(d0, d1);
+    let idx = _mm512_set_epi32(3, 2, 3, 2, 3, 2, 3, 2, 1, 0, 1, 0, 1, 0, 1, 0);
+    _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(x))
+}
+
+/// [`block_x2`] with fewer multiplies: for each two activation rows `t`, `t + 1` one
+/// multiply of [`spread_w4`]'s scales by record `t`'s `[d_t, d_t, d_{t+1}, d_{t+1}]` gives
+/// `q`, whose 128-bit lanes hold `d_w·d_a` of both rows and both pairs (row `a` of each pair
+/// in the low 256 bits, row `b` in the high); each FMA's scale is then one in-lane
+/// `vpermilps` of `q` by an immediate (`[d_a·d_t ×8, d_b·d_t ×8]`, the same products as
+/// [`block_x2`]'s, so the same bits). A 512-bit multiply per activation row and pair took
+/// the multiply slot `vpdpbusd` and FMA also need; a shuffle does not (kbench, 2048 × 640
+/// Q8_0, 8 rows, the multiplies replaced by moves: 157 → 125–136 µs).
+///
+/// # Safety
+/// `p` points at `N` consecutive [`ActRec`]s ([`prepare`]'s); the CPU has AVX-512 F and VNNI.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn block_x2q<const N: usize, const P: usize>(
+    p: *const ActRec,
+    c: &[__m512i; P],
+    w4: __m512,
+    acc: &mut [[__m512; P]; N],
+) {
+    debug_assert!(P == 2);
+    let mut q = _mm512_setzero_ps();
+    for (t, at) in acc.iter_mut().enumerate() {
+        // SAFETY: record t is readable (caller); its scales at +128.
+        unsafe {
+            if t % 2 == 0 {
+                q = _mm512_mul_ps(w4, _mm512_load_ps((*p.add(t)).da.as_ptr()));
+            }
+        }
+        let (_l0, _l1, _p0, _p1, _av): (__m512i, __m512i, __m512, __m512, __m512i);
+        // SAFETY: record t is readable (caller); registers otherwise. Its fields: codes at
+        // +0, lane starts at +64. Row t's products sit at elements 2·(t % 2) (pair 0) and
+        // 2·(t % 2) + 1 (pair 1) of every 128-bit lane of `q`.
+        unsafe {
+            macro_rules! body {
+                ($s0:literal, $s1:literal) => {
+                    std::arch::asm!(
+                        "vmovdqa64 {av}, zmmword ptr [{p}]",
+                        "vmovdqa64 {l0}, zmmword ptr [{p} + 64]",
+                        "vmovdqa64 {l1}, {l0}",
+                        "vpdpbusd {l0}, {c0}, {av}",
+                        "vpdpbusd {l1}, {c1}, {av}",
+                        concat!("vpermilps {p0}, {q}, ", $s0),
+                        concat!("vpermilps {p1}, {q}, ", $s1),
+                        "vcvtdq2ps {l0}, {l0}",
+                        "vcvtdq2ps {l1}, {l1}",
+                        "vfmadd231ps {a0}, {p0}, {l0}",
+                        "vfmadd231ps {a1}, {p1}, {l1}",
+                        p = in(reg) p.add(t),
+                        c0 = in(zmm_reg) c[0],
+                        c1 = in(zmm_reg) c[1],
+                        q = in(zmm_reg) q,
+                        a0 = inout(zmm_reg) at[0],
+                        a1 = inout(zmm_reg) at[1],
+                        l0 = out(zmm_reg) _l0,
+                        l1 = out(zmm_reg) _l1,
+                        p0 = out(zmm_reg) _p0,
+                        p1 = out(zmm_reg) _p1,
+                        av = out(zmm_reg) _av,
+                        options(nostack, preserves_flags, readonly),
+                    )
+                };
+            }
+            if t % 2 == 0 {
+                body!("0x00", "0x55");
+            } else {
+                body!("0xaa", "0xff");
+            }
+        }
+    }
+}
+
 /// One block of `N` (4..=8) activation rows (records at `p`, consecutive) against two
 /// weight-row pairs: `acc[t][k] = fma(dw[k]·d_t, cvt(dpbusd(iv_t, c[k], av_t)), acc[t][k])` —
 /// the intrinsics loop of [`rows_impl`] with each activation row's body in assembly (LLVM
 /// spilled accumulators and hoisted the loads). Each row's three fields are loaded once
-/// (a 512-bit load takes both load ports for a cycle).
+/// (a 512-bit load takes both load ports for a cycle). The codecs' records
+/// (`codec_sym::records`) take it; this module's own take [`block_x2q`].
 ///
 /// # Safety
 /// `p` points at `N` consecutive [`ActRec`]s; the CPU has AVX-512 F and VNNI.
@@ -398,6 +495,7 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
                 let mut c = [_mm512_setzero_si512(); P];
                 let mut dw = [_mm512_setzero_ps(); P];
                 let mut mw = [_mm_setzero_ps(); P];
+                let mut dp = [_mm_setzero_ps(); P];
                 for k in 0..P {
                     let (_, _, pa, pb) = pr[k];
                     let (wa, wb) = (pa.add(b * ts), pb.add(b * ts));
@@ -407,7 +505,11 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
                     if last_odd {
                         tail_dw[k] = dpair(wa, wb);
                     }
-                    dw[k] = spread_w(dpair(wa, wb));
+                    if asm {
+                        dp[k] = dpair(wa, wb);
+                    } else {
+                        dw[k] = spread_w(dpair(wa, wb));
+                    }
                     if mins && !asm {
                         mw[k] = dpair(wa.add(2), wb.add(2));
                     }
@@ -415,7 +517,8 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
                 if asm {
                     // The body below in assembly over the records (the minimums' terms
                     // after the blocks).
-                    block_x2(rec.as_ptr().add(b * N), &c, &dw, &mut acc);
+                    let w4 = spread_w4(dp[0], dp[P - 1]);
+                    block_x2q(rec.as_ptr().add(b * N), &c, w4, &mut acc);
                     continue;
                 }
                 for (t, at) in acc.iter_mut().enumerate() {
