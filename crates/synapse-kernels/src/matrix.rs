@@ -655,7 +655,9 @@ impl QuantMatrix {
                     bytemuck::cast_slice_mut(sv),
                     bytemuck::cast_slice_mut(i),
                 );
-                gemv32::prepare(act32, nb32, r, sv, i);
+                // SAFETY: the plan takes Gemv32 only on AVX-512 VNNI (see below); the
+                // slices as prepared_len says.
+                unsafe { gemv32::prepare(act32, nb32, r, sv, i) };
                 (r, sv, i)
             } else if plan.kinds[..ms.len()].contains(&FewRowKernel::Gemv32Avx2) {
                 // The lane starts of the biased types (Q5_0, Q4_0) among the matrices.

@@ -86,7 +86,67 @@ fn recorded_rows(n: usize) -> usize {
 /// `g0` has block `b` at record `g0·nb + k·b + t` (a block's records side by side, at constant
 /// offsets from one pointer), and those groups' `s` (ggml's `block_q8_1::s`, for Q4_1 and
 /// Q5_1) eight to a block: group `g0`'s row `t`, block `b` at `sv[g0·nb + 8b + t]`.
-pub(crate) fn prepare(
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL and VNNI (the plans that take this kernel run there); the
+/// slices as [`prepared_len`] says.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn prepare(
+    act: &[BlockQ8x32],
+    nb: usize,
+    rec: &mut [ActRec],
+    sv: &mut [f32],
+    init: &mut [i32],
+) {
+    let n = act.len() / nb.max(1);
+    // `vpdpbusd` of the bytes 128 (unsigned) and the codes: 128·Σ(4 codes) per lane, exact.
+    let bias = _mm256_set1_epi8(-128);
+    for (a, o) in act.iter().zip(init.chunks_exact_mut(8)) {
+        // SAFETY: 32 codes in; 8 lanes out.
+        unsafe {
+            let q = _mm256_loadu_si256(a.qs.as_ptr().cast());
+            let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, q);
+            _mm256_storeu_si256(
+                o.as_mut_ptr().cast(),
+                _mm256_sub_epi32(_mm256_setzero_si256(), s),
+            );
+        }
+    }
+    let nr = recorded_rows(n);
+    for g0 in (0..nr).step_by(GROUP) {
+        let k = (nr - g0).min(GROUP);
+        for t in 0..k {
+            for b in 0..nb {
+                let i = (g0 + t) * nb + b;
+                let o = &mut rec[g0 * nb + b * k + t];
+                // An even row's record carries its scale and the next row's (0 past the
+                // group) as `[d_t, d_t, d_t+1, d_t+1]` in every 128-bit lane: one multiply
+                // by `spread_w4` gives both rows' `d_w·d_a` for both weight-row pairs
+                // (`block_x2q`).
+                let d0 = act[i].d;
+                let d1 = match t % 2 {
+                    0 if t + 1 < k => act[i + nb].d,
+                    0 => 0.0,
+                    _ => d0,
+                };
+                // SAFETY: the record is 64-byte aligned; 32 codes and 8 lane starts in.
+                unsafe {
+                    let q = _mm256_loadu_si256(act[i].qs.as_ptr().cast());
+                    _mm512_store_si512(o.av.as_mut_ptr().cast(), _mm512_broadcast_i64x4(q));
+                    let iv = _mm256_loadu_si256(init.as_ptr().add(8 * i).cast());
+                    _mm512_store_si512(o.iv.as_mut_ptr().cast(), _mm512_broadcast_i64x4(iv));
+                    let da = _mm512_broadcast_f32x4(_mm_set_ps(d1, d1, d0, d0));
+                    _mm512_store_ps(o.da.as_mut_ptr(), da);
+                }
+                sv[g0 * nb + 8 * b + t] = act[i].s;
+            }
+        }
+    }
+}
+
+/// [`prepare`] in plain code: the reference its test compares with.
+#[cfg(test)]
+fn prepare_scalar(
     act: &[BlockQ8x32],
     nb: usize,
     rec: &mut [ActRec],
@@ -686,5 +746,55 @@ pub(crate) unsafe fn rows(
             }
         }
         t0 += k;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`prepare`] writes what the plain code does, for every row count a call takes.
+    #[test]
+    fn prepare_equals_the_plain_code() {
+        if !(is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni"))
+        {
+            return;
+        }
+        let nb = 5;
+        let mut st = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            st
+        };
+        for n in 1..=17 {
+            let act: Vec<BlockQ8x32> = (0..n * nb)
+                .map(|_| {
+                    let mut b: BlockQ8x32 = bytemuck::Zeroable::zeroed();
+                    b.qs = std::array::from_fn(|_| next() as i8);
+                    b.d = (next() % 1000) as f32 / 997.0 - 0.4;
+                    b.s = (next() % 1000) as f32 / 13.0;
+                    b
+                })
+                .collect();
+            let (nr, ns, ni) = prepared_len(n, nb);
+            let zero: ActRec = bytemuck::Zeroable::zeroed();
+            let (mut r1, mut s1, mut i1) = (vec![zero; nr], vec![0f32; ns], vec![0i32; ni]);
+            let (mut r2, mut s2, mut i2) = (r1.clone(), s1.clone(), i1.clone());
+            // SAFETY: checked above; lengths from prepared_len.
+            unsafe { prepare(&act, nb, &mut r1, &mut s1, &mut i1) };
+            prepare_scalar(&act, nb, &mut r2, &mut s2, &mut i2);
+            assert_eq!(i1, i2, "n={n}");
+            assert_eq!(s1, s2, "n={n}");
+            assert_eq!(
+                bytemuck::cast_slice::<ActRec, u8>(&r1),
+                bytemuck::cast_slice::<ActRec, u8>(&r2),
+                "n={n}"
+            );
+        }
     }
 }
