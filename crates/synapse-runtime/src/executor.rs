@@ -646,9 +646,7 @@ impl Executor {
             )?;
             tap(&mut self.tap, Stage::AttnOut, Some(il), n, &s.tmp[..n * hd]);
             if let Some(pn) = &l.attn_post_norm {
-                for t in s.tmp[..n * hd].chunks_exact_mut(hd) {
-                    ops::rms_norm_inplace(t, &pn.w, pn.eps);
-                }
+                ops::rms_norm_rows_inplace(&mut s.tmp[..n * hd], hd, &pn.w, pn.eps);
             }
             if let Some(rs) = m.residual_scale {
                 for t in &mut s.tmp[..n * hd] {
@@ -743,9 +741,7 @@ impl Executor {
             }
             tap(&mut self.tap, Stage::FfnOut, Some(il), n, &s.tmp[..n * hd]);
             if let Some(pn) = &l.ffn_post_norm {
-                for t in s.tmp[..n * hd].chunks_exact_mut(hd) {
-                    ops::rms_norm_inplace(t, &pn.w, pn.eps);
-                }
+                ops::rms_norm_rows_inplace(&mut s.tmp[..n * hd], hd, &pn.w, pn.eps);
             }
             if let Some(rs) = m.residual_scale {
                 for t in &mut s.tmp[..n * hd] {
@@ -1034,12 +1030,7 @@ fn norm_rows(x: &[f32], hd: usize, n: &NormW, y: &mut [f32], ctx: &mut KernelCtx
     ctx.parallel_for(rows, 8 * x.len(), &|r0, r1| {
         // SAFETY: rows r0..r1 of y belong to this chunk alone (y holds rows·hd values).
         let y = unsafe { std::slice::from_raw_parts_mut(yp.get().add(r0 * hd), (r1 - r0) * hd) };
-        for (xr, yr) in x[r0 * hd..r1 * hd]
-            .chunks_exact(hd)
-            .zip(y.chunks_exact_mut(hd))
-        {
-            ops::rms_norm(xr, &n.w, n.eps, yr);
-        }
+        ops::rms_norm_rows(&x[r0 * hd..r1 * hd], hd, &n.w, n.eps, y);
     });
 }
 
@@ -1054,14 +1045,12 @@ fn rope_row(
 ) {
     // Per head (a `head_dim` weight), or over the whole projection (OLMoE).
     if let Some(nq) = &l.q_norm {
-        for h in q.chunks_exact_mut(nq.w.len()) {
-            ops::rms_norm_inplace(h, &nq.w, nq.eps);
-        }
+        let (hd, len) = (nq.w.len(), q.len());
+        ops::rms_norm_rows_inplace(&mut q[..len / hd * hd], hd, &nq.w, nq.eps);
     }
     if let Some(nk) = &l.k_norm {
-        for h in k.chunks_exact_mut(nk.w.len()) {
-            ops::rms_norm_inplace(h, &nk.w, nk.eps);
-        }
+        let (hd, len) = (nk.w.len(), k.len());
+        ops::rms_norm_rows_inplace(&mut k[..len / hd * hd], hd, &nk.w, nk.eps);
     }
     if let Some(c) = l.clip_qkv {
         for x in q.iter_mut().chain(k.iter_mut()) {
