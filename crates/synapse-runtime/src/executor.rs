@@ -582,6 +582,20 @@ impl Executor {
                             cs.resize(l.rope.n_rot / 2, (0.0, 0.0));
                         }
                         let cs = &mut cs[..l.rope.n_rot / 2];
+                        // SAFETY: rows r0..r1 of q and k belong to this chunk alone.
+                        let (qs, ks) = unsafe {
+                            (
+                                std::slice::from_raw_parts_mut(
+                                    qp.get().add(r0 * qd),
+                                    (r1 - r0) * qd,
+                                ),
+                                std::slice::from_raw_parts_mut(
+                                    kp.get().add(r0 * kvd),
+                                    (r1 - r0) * kvd,
+                                ),
+                            )
+                        };
+                        norm_heads(l, qs, qd, ks, kvd);
                         for (r, row) in rows.iter().enumerate().take(r1).skip(r0) {
                             // SAFETY: row r's q and k slices belong to this chunk alone
                             // (q holds n·qd values, k n·kvd).
@@ -1034,8 +1048,34 @@ fn norm_rows(x: &[f32], hd: usize, n: &NormW, y: &mut [f32], ctx: &mut KernelCtx
     });
 }
 
-/// Row `pos`'s per-head q/k norms, clamp (`clip_qkv`) and RoPE (`cs`: scratch of `n_rot / 2`
-/// pairs).
+/// The per-head q/k norms of consecutive rows (`q`: rows of `qd` values, `k`: of `kvd`), all
+/// heads of all rows in one call each, so that their sums advance together
+/// ([`ops::rms_norm_rows_inplace`]).
+fn norm_heads(l: &crate::load::LayerW, q: &mut [f32], qd: usize, k: &mut [f32], kvd: usize) {
+    // Per head (a `head_dim` weight), or over the whole projection (OLMoE).
+    fn slab(x: &mut [f32], width: usize, n: &NormW) {
+        let hd = n.w.len();
+        if hd == 0 || width == 0 {
+            return;
+        }
+        if width % hd == 0 {
+            ops::rms_norm_rows_inplace(x, hd, &n.w, n.eps);
+        } else {
+            for row in x.chunks_exact_mut(width) {
+                ops::rms_norm_rows_inplace(&mut row[..width / hd * hd], hd, &n.w, n.eps);
+            }
+        }
+    }
+    if let Some(nq) = &l.q_norm {
+        slab(q, qd, nq);
+    }
+    if let Some(nk) = &l.k_norm {
+        slab(k, kvd, nk);
+    }
+}
+
+/// Row `pos`'s clamp (`clip_qkv`) and RoPE (`cs`: scratch of `n_rot / 2` pairs), after its
+/// per-head norms ([`norm_heads`]).
 fn rope_row(
     l: &crate::load::LayerW,
     pos: u32,
@@ -1043,15 +1083,6 @@ fn rope_row(
     k: &mut [f32],
     cs: &mut [(f32, f32)],
 ) {
-    // Per head (a `head_dim` weight), or over the whole projection (OLMoE).
-    if let Some(nq) = &l.q_norm {
-        let (hd, len) = (nq.w.len(), q.len());
-        ops::rms_norm_rows_inplace(&mut q[..len / hd * hd], hd, &nq.w, nq.eps);
-    }
-    if let Some(nk) = &l.k_norm {
-        let (hd, len) = (nk.w.len(), k.len());
-        ops::rms_norm_rows_inplace(&mut k[..len / hd * hd], hd, &nk.w, nk.eps);
-    }
     if let Some(c) = l.clip_qkv {
         for x in q.iter_mut().chain(k.iter_mut()) {
             *x = x.clamp(-c, c);
