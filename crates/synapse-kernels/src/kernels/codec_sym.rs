@@ -382,7 +382,23 @@ pub(crate) fn records(
                 } else {
                     o.iv.copy_from_slice(&init[16 * i..16 * i + 16]);
                 }
-                o.da.copy_from_slice(&da[16 * i..16 * i + 16]);
+                // `gemv32::block_x2q`'s scales: an even row's record carries its two
+                // blocks' scales and the next row's (0 past the group), `[d₀ₜ, d₀ₜ, d₀ₜ₊₁,
+                // d₀ₜ₊₁]` in the low two 128-bit lanes and the same of `d₁` in the high two.
+                if t % 2 == 0 {
+                    let (d0, d1) = (da[16 * i], da[16 * i + 8]);
+                    let (e0, e1) = if t + 1 < k {
+                        (da[16 * (i + ng)], da[16 * (i + ng) + 8])
+                    } else {
+                        (0.0, 0.0)
+                    };
+                    for l in 0..4 {
+                        let (x, y) = if l < 2 { (d0, e0) } else { (d1, e1) };
+                        o.da[4 * l..4 * l + 4].copy_from_slice(&[x, x, y, y]);
+                    }
+                } else {
+                    o.da.copy_from_slice(&da[16 * i..16 * i + 16]);
+                }
             }
         }
     }
@@ -486,11 +502,10 @@ unsafe fn records_n<const N: usize, const ASYM: bool>(
                     codes_of(ga.add(hdr), b, load_mask, idx, ctl, cmask),
                     codes_of(gbp.add(hdr), b, load_mask, idx, ctl, cmask),
                 ];
-                let dw = [
-                    _mm512_broadcastss_ps(half_at(ga)),
-                    _mm512_broadcastss_ps(half_at(gbp)),
-                ];
-                super::gemv32::block_x2(recs.as_ptr().add(j * N), &c, &dw, &mut acc);
+                // `[d_a, d_b, d_a, d_b]` in every 128-bit lane (`block_x2q`'s weight scales).
+                let dw = _mm_unpacklo_ps(half_at(ga), half_at(gbp));
+                let w4 = _mm512_broadcast_f32x4(_mm_movelh_ps(dw, dw));
+                super::gemv32::block_x2q(recs.as_ptr().add(j * N), &c, w4, &mut acc);
                 if ASYM {
                     let sv = _mm256_maskz_loadu_ps(lanes, msum.as_ptr().add(j * N));
                     m[0] = _mm256_fmadd_ps(_mm256_broadcastss_ps(half_at(ga.add(2))), sv, m[0]);

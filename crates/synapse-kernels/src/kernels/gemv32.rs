@@ -38,9 +38,9 @@ pub(crate) fn supports(ty: GgmlType) -> bool {
     super::tiled::supports32(ty)
 }
 
-/// One activation block as [`block_x2`] (from 4 activation rows) reads it, every field a plain 64-byte
-/// load: its codes in both 256-bit halves, its lanes' starting values ([`prepare`]) twice
-/// and its scale in all 16 lanes. A broadcast from memory costs this Zen 4 a third of the
+/// One activation block as [`block_x2q`] reads it, every field a plain 64-byte load: its
+/// codes in both 256-bit halves, its lanes' starting values ([`prepare`]) twice and its
+/// scales (see `da`). A broadcast from memory costs this Zen 4 a third of the
 /// multiply slot that `vpdpbusd`, `vmulps` and FMA share (a micro-benchmark: 0.36 against
 /// 0.27 ns per `vpdpbusd`), a plain load nothing; a 512-bit load takes both load ports for a
 /// cycle, so each field is loaded once per activation row and block.
@@ -51,8 +51,10 @@ pub(crate) struct ActRec {
     pub(crate) av: [i8; 64],
     /// The lanes' starting values, twice.
     pub(crate) iv: [i32; 16],
-    /// The block's scale `d`, 16 times; in [`prepare`]'s records of an even row `t`,
-    /// `[d_t, d_t, d_{t+1}, d_{t+1}]` in every 128-bit lane ([`block_x2q`]).
+    /// An even row `t`'s record: its scale and row `t + 1`'s as [`block_x2q`] multiplies
+    /// them — [`prepare`]: `[d_t, d_t, d_{t+1}, d_{t+1}]` in every 128-bit lane; the codecs'
+    /// records: the same of the group's first block in the low two lanes, of its second
+    /// block in the high two. An odd row's: its scale(s), unused.
     pub(crate) da: [f32; 16],
 }
 
@@ -66,7 +68,7 @@ pub(crate) fn prepared_len(n: usize, nb: usize) -> (usize, usize, usize) {
     (r * nb, r.div_ceil(GROUP) * GROUP * nb, 8 * n * nb)
 }
 
-/// Fewest activation rows of a group that the assembly kernel ([`block_x2`]) runs.
+/// Fewest activation rows of a group that the assembly kernel ([`block_x2q`]) runs.
 const ASM_ROWS: usize = 4;
 
 /// The activation rows of `n` that get [`ActRec`]s: every group of at least [`ASM_ROWS`] (the
@@ -362,20 +364,24 @@ fn spread_w4(d0: __m128, d1: __m128) -> __m512 {
     _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(x))
 }
 
-/// [`block_x2`] with fewer multiplies: for each two activation rows `t`, `t + 1` one
-/// multiply of [`spread_w4`]'s scales by record `t`'s `[d_t, d_t, d_{t+1}, d_{t+1}]` gives
-/// `q`, whose 128-bit lanes hold `d_w·d_a` of both rows and both pairs (row `a` of each pair
-/// in the low 256 bits, row `b` in the high); each FMA's scale is then one in-lane
-/// `vpermilps` of `q` by an immediate (`[d_a·d_t ×8, d_b·d_t ×8]`, the same products as
-/// [`block_x2`]'s, so the same bits). A 512-bit multiply per activation row and pair took
-/// the multiply slot `vpdpbusd` and FMA also need; a shuffle does not (kbench, 2048 × 640
-/// Q8_0, 8 rows, the multiplies replaced by moves: 157 → 125–136 µs).
+/// One block of `N` (1..=8) activation rows (records at `p`, consecutive) against two
+/// weight-register operands `c` (here two weight-row pairs, one row per 256-bit half; the
+/// codecs: two weight rows, a group's two blocks per half): `acc[t][k] = fma(d_w·d_a,
+/// cvt(dpbusd(iv_t, c[k], av_t)), acc[t][k])`, each activation row's body in assembly
+/// (LLVM spilled accumulators and hoisted the loads of the intrinsics loop). For each two
+/// activation rows `t`, `t + 1` one multiply of the weight scales `w4` ([`spread_w4`];
+/// the codecs: `[d_a, d_b, d_a, d_b]` everywhere) by record `t`'s scales (see
+/// [`ActRec::da`]) gives `q`, whose 128-bit lanes hold every `d_w·d_a` of both rows; each
+/// FMA's scale is then one in-lane `vpermilps` of `q` by an immediate — the same products,
+/// so the same bits, as a multiply per activation row and operand, which took the multiply
+/// slot `vpdpbusd` and FMA also need (kbench, 2048 × 640 Q8_0, 8 rows, one thread: 156–160
+/// → 143–148 µs).
 ///
 /// # Safety
 /// `p` points at `N` consecutive [`ActRec`]s ([`prepare`]'s); the CPU has AVX-512 F and VNNI.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn block_x2q<const N: usize, const P: usize>(
+pub(crate) unsafe fn block_x2q<const N: usize, const P: usize>(
     p: *const ActRec,
     c: &[__m512i; P],
     w4: __m512,
@@ -429,62 +435,6 @@ unsafe fn block_x2q<const N: usize, const P: usize>(
             } else {
                 body!("0xaa", "0xff");
             }
-        }
-    }
-}
-
-/// One block of `N` (4..=8) activation rows (records at `p`, consecutive) against two
-/// weight-row pairs: `acc[t][k] = fma(dw[k]·d_t, cvt(dpbusd(iv_t, c[k], av_t)), acc[t][k])` —
-/// the intrinsics loop of [`rows_impl`] with each activation row's body in assembly (LLVM
-/// spilled accumulators and hoisted the loads). Each row's three fields are loaded once
-/// (a 512-bit load takes both load ports for a cycle). The codecs' records
-/// (`codec_sym::records`) take it; this module's own take [`block_x2q`].
-///
-/// # Safety
-/// `p` points at `N` consecutive [`ActRec`]s; the CPU has AVX-512 F and VNNI.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn block_x2<const N: usize, const P: usize>(
-    p: *const ActRec,
-    c: &[__m512i; P],
-    dw: &[__m512; P],
-    acc: &mut [[__m512; P]; N],
-) {
-    const _: () = assert!(std::mem::size_of::<ActRec>() == 192);
-    debug_assert!(P == 2);
-    for (t, at) in acc.iter_mut().enumerate() {
-        let (_l0, _l1, _p0, _p1, _av, _da): (__m512i, __m512i, __m512, __m512, __m512i, __m512);
-        // SAFETY: record t is readable (caller); registers otherwise. Its fields: codes at
-        // +0, lane starts at +64, scale at +128.
-        unsafe {
-            std::arch::asm!(
-                "vmovdqa64 {av}, zmmword ptr [{p}]",
-                "vmovdqa64 {l0}, zmmword ptr [{p} + 64]",
-                "vmovaps {da}, zmmword ptr [{p} + 128]",
-                "vmovdqa64 {l1}, {l0}",
-                "vpdpbusd {l0}, {c0}, {av}",
-                "vpdpbusd {l1}, {c1}, {av}",
-                "vmulps {p0}, {w0}, {da}",
-                "vmulps {p1}, {w1}, {da}",
-                "vcvtdq2ps {l0}, {l0}",
-                "vcvtdq2ps {l1}, {l1}",
-                "vfmadd231ps {a0}, {p0}, {l0}",
-                "vfmadd231ps {a1}, {p1}, {l1}",
-                p = in(reg) p.add(t),
-                c0 = in(zmm_reg) c[0],
-                c1 = in(zmm_reg) c[1],
-                w0 = in(zmm_reg) dw[0],
-                w1 = in(zmm_reg) dw[1],
-                a0 = inout(zmm_reg) at[0],
-                a1 = inout(zmm_reg) at[1],
-                l0 = out(zmm_reg) _l0,
-                l1 = out(zmm_reg) _l1,
-                p0 = out(zmm_reg) _p0,
-                p1 = out(zmm_reg) _p1,
-                av = out(zmm_reg) _av,
-                da = out(zmm_reg) _da,
-                options(nostack, preserves_flags, readonly),
-            );
         }
     }
 }
