@@ -368,8 +368,9 @@ pub(crate) fn records(
     let n = act.len() / (2 * ng).max(1);
     for g0 in (0..n).step_by(8) {
         let k = (n - g0).min(8);
-        for t in 0..k {
-            for j in 0..ng {
+        // Group-major, as the records lie: the stores run through memory in order.
+        for j in 0..ng {
+            for t in 0..k {
                 let i = (g0 + t) * ng + j;
                 if asym {
                     sums[g0 * ng + j * k + t] = msum[i];

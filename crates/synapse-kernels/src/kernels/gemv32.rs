@@ -117,8 +117,9 @@ pub(crate) unsafe fn prepare(
     let nr = recorded_rows(n);
     for g0 in (0..nr).step_by(GROUP) {
         let k = (nr - g0).min(GROUP);
-        for t in 0..k {
-            for b in 0..nb {
+        // Block-major, as the records lie: the stores run through memory in order.
+        for b in 0..nb {
+            for t in 0..k {
                 let i = (g0 + t) * nb + b;
                 let o = &mut rec[g0 * nb + b * k + t];
                 // An even row's record carries its scale and the next row's (0 past the
