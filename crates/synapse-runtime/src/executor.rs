@@ -1058,7 +1058,7 @@ fn norm_heads(l: &crate::load::LayerW, q: &mut [f32], qd: usize, k: &mut [f32], 
         if hd == 0 || width == 0 {
             return;
         }
-        if width % hd == 0 {
+        if width.is_multiple_of(hd) {
             ops::rms_norm_rows_inplace(x, hd, &n.w, n.eps);
         } else {
             for row in x.chunks_exact_mut(width) {
