@@ -388,6 +388,8 @@ pub(crate) unsafe fn block_x2q<const N: usize, const P: usize>(
     w4: __m512,
     acc: &mut [[__m512; P]; N],
 ) {
+    // The assembly reads the fields at fixed offsets.
+    const _: () = assert!(std::mem::size_of::<ActRec>() == 192);
     debug_assert!(P == 2);
     let mut q = _mm512_setzero_ps();
     for (t, at) in acc.iter_mut().enumerate() {
