@@ -10,30 +10,16 @@ use std::sync::OnceLock;
 
 use half::f16;
 
-/// `y = x / sqrt(mean(x²) + eps) * w`, the sum of squares accumulated in f64 as ggml does.
+/// `y = x / sqrt(mean(x²) + eps) * w`, the sum of squares accumulated in f64 as ggml does
+/// (one row of [`rms_norm_rows`]).
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
-    let mut sum = 0.0f64;
-    for &v in x {
-        sum += (v * v) as f64;
-    }
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
-    for ((y, &x), &w) in y.iter_mut().zip(x).zip(w) {
-        *y = (x * scale) * w;
-    }
+    rms_norm_rows(x, x.len(), w, eps, y)
 }
 
 /// In-place variant of [`rms_norm`].
 pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
-    let mut sum = 0.0f64;
-    for &v in x.iter() {
-        sum += (v * v) as f64;
-    }
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
-    for (x, &w) in x.iter_mut().zip(w) {
-        *x = (*x * scale) * w;
-    }
+    let cols = x.len();
+    rms_norm_rows_inplace(x, cols, w, eps)
 }
 
 /// [`rms_norm_inplace`] of every `cols`-element row of `x` (a prompt's rows, or a row's
@@ -82,7 +68,7 @@ pub fn rms_norm_rows(x: &[f32], cols: usize, w: &[f32], eps: f32, y: &mut [f32])
 pub const ROWS_AT_ONCE: usize = 8;
 
 /// `1 / sqrt(mean(x²) + eps)` of each of the (at most [`ROWS_AT_ONCE`]) `cols`-element rows
-/// of `g`, each sum in element order as [`rms_norm`] takes it.
+/// of `g`, each an f64 chain in element order (ggml's `rms_norm`).
 fn row_scales(g: &[f32], cols: usize, eps: f32) -> [f32; ROWS_AT_ONCE] {
     let k = g.len() / cols;
     let mut sums = [0.0f64; ROWS_AT_ONCE];
