@@ -363,6 +363,97 @@ fn an_engine_pages_blocks_under_its_memory_budget_with_the_same_tokens() {
     );
 }
 
+/// The warm-up pass (`Scheduler::warm_up`, run by `Engine::start` with `warmup`, as `serve`
+/// does): without a budget it faults the blocks' projections in from the mapping; under a
+/// budget it pages them through the block pager and holds no more than the budget; either
+/// way it leaves no trace — no request, token, step or open slot counted — and the sessions
+/// after it get the tokens they get without it.
+#[test]
+fn a_warm_up_pass_faults_weights_in_within_the_budget_and_leaves_no_trace() {
+    use synapse_runtime::engine::{Engine, EngineConfig, Scheduler};
+    let Some((m, path)) = smollm() else { return };
+    let (want, _) = common::engine_greedy(&m, None, 2, &PROMPT, 8);
+    let projections = LayerPager::pageable_bytes(&m, 0..m.layers.len());
+    let no_trace = |st: &synapse_runtime::engine::EngineStats| {
+        assert_eq!(
+            (st.requests, st.prompt_tokens, st.generated_tokens, st.steps),
+            (0, 0, 0, 0),
+            "{st:?}"
+        );
+        assert_eq!((st.active, st.queued, st.kv_bytes), (0, 0, 0), "{st:?}");
+    };
+
+    // No budget: a fresh model's projections are not mapped in until the warm-up reads them.
+    let fresh = Arc::new(Model::load(&path).unwrap());
+    let before = common::mapped_rss(&path);
+    let cfg = EngineConfig {
+        slots: 2,
+        ctx: 128,
+        ubatch: 32,
+        step_tokens: 64,
+        warmup: true,
+        ..EngineConfig::default()
+    };
+    let engine = Engine::start(fresh.clone(), Arc::new(common::Ids), cfg.clone()).unwrap();
+    let after = common::mapped_rss(&path);
+    eprintln!(
+        "no budget: the model file's mappings (the fresh model's and the first's) held {:.1} \
+         MB before the warm-up, {:.1} MB after ({:.1} MB of projections)",
+        before as f64 / 1e6,
+        after as f64 / 1e6,
+        projections as f64 / 1e6
+    );
+    assert!(
+        after >= before + projections * 9 / 10,
+        "the warm-up mapped {after} B (from {before} B); the projections are {projections} B"
+    );
+    no_trace(&engine.stats());
+    engine.shutdown();
+    drop(engine);
+
+    // Under a budget that holds about a third of the blocks: paged, within the budget.
+    let whole = m.weight_bytes() as u64;
+    let kv = KvCache::new(&m, KvDtype::F32, 2, 128, 32)
+        .unwrap()
+        .slot_bytes() as u64
+        * 2;
+    let scratch = m.pass_scratch_bytes(64, 4, 128, cfg.threads);
+    let cfg = EngineConfig {
+        memory: Some(whole + kv + scratch - projections * 2 / 3),
+        warmup: false,
+        ..cfg
+    };
+    let mut s = Scheduler::new(m.clone(), Arc::new(common::Ids), cfg).unwrap();
+    let budget = s.ledger().unwrap().layers_budget.unwrap();
+    let took = s.warm_up().unwrap().expect("a local engine warms up");
+    let st = s.stats();
+    let held = s.executor().layer_pager().unwrap().held_bytes();
+    eprintln!(
+        "budget {:.1} MB for {:.1} MB of blocks: the warm-up took {:.1} ms, paged {} blocks \
+         in ({} evictions), holds {:.1} MB",
+        budget as f64 / 1e6,
+        projections as f64 / 1e6,
+        took.as_secs_f64() * 1e3,
+        st.block_misses,
+        st.block_evictions,
+        held as f64 / 1e6
+    );
+    assert!(st.block_misses > 0 && st.block_evictions > 0, "{st:?}");
+    assert!(
+        held <= budget,
+        "the pager holds {held} B of a {budget} B budget"
+    );
+    no_trace(&st);
+    // Not once a session is in (it would take the session's slot).
+    let pending = s
+        .submit(synapse_runtime::engine::Request::greedy(PROMPT.to_vec(), 1))
+        .unwrap();
+    assert!(s.warm_up().is_err());
+    drop(pending);
+    let got = common::engine_greedy_on(&mut s, 2, &PROMPT, 8);
+    assert_eq!(got, want, "the sessions after a warm-up got other tokens");
+}
+
 /// A safetensors checkpoint loads lazily too: its projections borrow the file's mapping (not
 /// copied at load), a dense model's blocks page under a budget and a mixture of experts'
 /// routed experts page, each with the logits of the whole model run from its mapping, bit

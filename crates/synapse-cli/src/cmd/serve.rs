@@ -64,6 +64,12 @@ pub struct Args {
     /// Allow cross-origin requests from any origin.
     #[arg(long)]
     cors: bool,
+    /// Skip the warm-up pass at start (by default a two-token prompt and one decode step run
+    /// before the server listens, so that the first request does not pay for faulting in
+    /// the weights; under `--memory` the pass pages blocks or experts within the budget as
+    /// any request does).
+    #[arg(long)]
+    no_warmup: bool,
     #[command(flatten)]
     precision: super::load::PrecisionArgs,
     /// A draft for requests that ask for exact escalation (`"escalation": "exact"`): with
@@ -420,12 +426,20 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         head_draft,
         draft_k: args.draft.draft_k,
         draft_adaptive: !args.draft.fixed_k,
+        warmup: !args.no_warmup,
         ..EngineConfig::default()
     };
+    let t0 = std::time::Instant::now();
     let engine = Arc::new(
         Engine::start(model, Arc::new(TokenizerPieces(tok.clone())), cfg)
             .context("starting the engine")?,
     );
+    if !args.no_warmup {
+        eprintln!(
+            "engine started with a warm-up pass in {:.0} ms",
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+    }
     if let Some(l) = engine.info().memory {
         let pages = match (l.experts_budget, l.layers_budget) {
             (Some(b), _) => format!("experts page within {b} B"),

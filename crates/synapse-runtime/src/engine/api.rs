@@ -48,6 +48,10 @@ pub struct EngineConfig {
     /// Choose each step's `k` (0: no drafting that step) by the cost model from measured
     /// acceptance and pass times; `false`: always `draft_k`.
     pub draft_adaptive: bool,
+    /// Run [`Scheduler::warm_up`](super::Scheduler::warm_up) before the engine takes
+    /// requests (`Engine::start` returns after it): the first request then does not pay
+    /// for faulting in the weights. Off by default; `synapse-cli serve` turns it on.
+    pub warmup: bool,
 }
 
 impl Default for EngineConfig {
@@ -65,6 +69,7 @@ impl Default for EngineConfig {
             head_draft: None,
             draft_k: 8,
             draft_adaptive: true,
+            warmup: false,
         }
     }
 }

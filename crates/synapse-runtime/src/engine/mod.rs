@@ -87,7 +87,10 @@ impl Engine {
         Self::spawn(model, sched, cfg)
     }
 
-    fn spawn(model: Arc<Model>, sched: Scheduler, cfg: EngineConfig) -> Result<Engine> {
+    fn spawn(model: Arc<Model>, mut sched: Scheduler, cfg: EngineConfig) -> Result<Engine> {
+        if cfg.warmup {
+            sched.warm_up()?;
+        }
         let stats = sched.stats.clone();
         let info = EngineInfo {
             slots: cfg.slots,

@@ -553,6 +553,63 @@ impl Scheduler {
         self.publish();
     }
 
+    /// One pass over a two-token prompt (BOS and EOS, as llama-server's warm-up) and one
+    /// decode row, on slot 0, then forgotten: the weights those passes read are faulted in
+    /// from the model's mapping — or paged in within the memory budget, through the same
+    /// pagers as any pass — and the executor's scratch and kernel setup exist before the
+    /// first request, which would otherwise pay for them in its time to first token.
+    ///
+    /// Leaves no trace a session can see: call it before anything is submitted; slot 0 is
+    /// closed again and no request, token or step is counted (the pagers' counters do count
+    /// what it paged). A pipeline's first stage does not warm up (its rows would go
+    /// downstream); it answers `Ok(None)`. Returns how long the passes took.
+    pub fn warm_up(&mut self) -> Result<Option<std::time::Duration>> {
+        if self.pipelined {
+            return Ok(None);
+        }
+        if !self.is_idle() || self.slot_busy.iter().any(|&b| b) {
+            return Err(RuntimeError::InvalidParam {
+                name: "warm-up",
+                reason: "the engine already has sessions".into(),
+            });
+        }
+        let Some(exec) = self.execs[self.current].as_mut() else {
+            return Ok(None);
+        };
+        let t0 = Instant::now();
+        let special = &exec.model().ir.special;
+        let vocab = self.vocab as u32;
+        let valid = |t: Option<u32>| t.filter(|&t| t < vocab).unwrap_or(0);
+        let prompt = [valid(special.bos), valid(special.eos.first().copied())];
+        let chunk = self.kv.max_chunk().max(1);
+        let mut rows: Vec<Row> = prompt
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| Row {
+                slot: 0,
+                pos: i as u32,
+                token,
+                logits: i + 1 == prompt.len(),
+                order: prompt_order(i, prompt.len(), self.cfg.ubatch.min(chunk)),
+            })
+            .collect();
+        let mut result = self.kv.open(0).and_then(|_| {
+            self.kv.set_profile(0, &self.current_profile)?;
+            exec.forward(&mut self.kv, &rows).map(|_| ())
+        });
+        if result.is_ok() && self.cfg.ctx > prompt.len() {
+            rows.clear();
+            rows.push(Row::decode(0, prompt.len() as u32, prompt[1]));
+            result = exec.forward(&mut self.kv, &rows).map(|_| ());
+        }
+        self.kv.close(0);
+        result?;
+        let dt = t0.elapsed();
+        tracing::info!(ms = dt.as_secs_f64() * 1e3, "warm-up pass");
+        self.publish();
+        Ok(Some(dt))
+    }
+
     /// Whether nothing is queued or running.
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.active.is_empty()
