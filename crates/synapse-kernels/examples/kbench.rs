@@ -3,7 +3,8 @@
 //! beside it; with one thread, the on-CPU time of the calling thread (`CLOCK_THREAD_CPUTIME_ID`)
 //! is reported too, which stays meaningful for calls longer than a scheduler time slice. `cargo run --release -p synapse-kernels --example kbench -- [path] [threads] [filter]`.
 //! Reports weight GB/s and GFLOP/s at Gemma 3 270M's shapes (rows × K), for the activation-row
-//! counts in `KBENCH_NS` (default `1,4,8,128`).
+//! counts in `KBENCH_NS` (default `1,4,8,128`). `KBENCH_COLD=MB` times each call on the next
+//! of enough copies of the matrix to fill MB megabytes (weights from memory, not cache).
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -177,12 +178,34 @@ fn main() {
                     .collect();
                 let mut y = vec![0f32; n * rows];
                 let trials = (2_000_000_000 / (rows * k * n)).clamp(5, 3000);
+                // `KBENCH_COLD=MB`: copies of the matrix that fill MB megabytes, each call on
+                // the next, so the weights come from memory as in a decode step (whose
+                // hundreds of small matrices do not stay in cache between tokens).
+                let copies: Vec<QuantMatrix> = std::env::var("KBENCH_COLD")
+                    .ok()
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .map(|mb| {
+                        (0..(mb << 20).div_ceil(m.weight_bytes()).max(2))
+                            .map(|_| m.clone())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let mut next = 0usize;
+                let mut pick = || {
+                    if copies.is_empty() {
+                        m
+                    } else {
+                        next = (next + 1) % copies.len();
+                        &copies[next]
+                    }
+                };
                 let order_rows = if one_order { 1 } else { n };
                 m.matmul_as(&x, n, &mut y, order_rows, &mut ctx)
                     .expect("warm");
                 let c0 = thread_cpu_ns();
                 let mut ts: Vec<f64> = (0..trials)
                     .map(|_| {
+                        let m = pick();
                         let t0 = Instant::now();
                         m.matmul_as(&x, n, &mut y, order_rows, &mut ctx)
                             .expect("matmul");
