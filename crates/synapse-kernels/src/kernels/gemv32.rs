@@ -638,7 +638,7 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
 /// types lanes 1 and 3 are code bytes read as f16, never used). Two loads and one conversion.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scales4(a: *const u8, b: *const u8) -> __m128 {
+pub(crate) unsafe fn scales4(a: *const u8, b: *const u8) -> __m128 {
     // SAFETY: both point at a whole block (≥ 18 bytes).
     unsafe {
         let x = _mm_cvtsi32_si128(std::ptr::read_unaligned(a.cast::<i32>()));
