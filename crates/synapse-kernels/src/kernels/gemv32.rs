@@ -234,6 +234,38 @@ pub(crate) fn row_pair(
     )
 }
 
+/// `P` weight-row pairs from `r` (of `r0..r1`), each `(row a, row b, a's bytes, b's bytes)`
+/// ([`row_pair`]; the last pair of the range may be one row twice), how many there are, and
+/// the row after them. Fewer rows left than `P` pairs: the last pair fills the rest again
+/// (computed twice, its results stored once).
+type Pair = (usize, usize, *const u8, *const u8);
+#[inline]
+fn pairs<const P: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    r: usize,
+    r1: usize,
+) -> ([Pair; P], usize, usize) {
+    let mut pr = [(
+        0usize,
+        0usize,
+        std::ptr::null::<u8>(),
+        std::ptr::null::<u8>(),
+    ); P];
+    let mut np = 0;
+    let mut rr = r;
+    while np < P && rr < r1 {
+        let (rb, pa, pb) = row_pair(w, row_bytes, rr, r1);
+        pr[np] = (rr, rb, pa, pb);
+        np += 1;
+        rr += 2;
+    }
+    for k in np..P {
+        pr[k] = pr[np - 1];
+    }
+    (pr, np, rr)
+}
+
 /// Two blocks' codes (rows `a` and `b`) as unsigned bytes, each weight's integer value + 128
 /// (Q4_1 and Q5_1: their unsigned code + 128), block `a` in the low half.
 #[inline]
@@ -478,27 +510,7 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
     let asm = !SPLIT && N >= ASM_ROWS && P == 2;
     let mut r = r0;
     while r < r1 {
-        // P pairs from r (the last pair of the range may be a single row twice).
-        let mut pr = [(
-            0usize,
-            0usize,
-            std::ptr::null::<u8>(),
-            std::ptr::null::<u8>(),
-        ); P];
-        let mut np = 0;
-        let mut rr = r;
-        while np < P && rr < r1 {
-            let (rb, pa, pb) = row_pair(w, row_bytes, rr, r1);
-            pr[np] = (rr, rb, pa, pb);
-            np += 1;
-            rr += 2;
-        }
-        if np < P {
-            // Fewer rows left than P pairs: the last pair again (its results stored once).
-            for k in np..P {
-                pr[k] = pr[np - 1];
-            }
-        }
+        let (pr, np, rr) = pairs::<P>(w, row_bytes, r, r1);
         // SAFETY: every pair's rows are < rows; N rows of nb blocks of activations and lane
         // starts (caller); the outputs t·ystride + row are this call's.
         unsafe {
@@ -622,14 +634,27 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
                         ya += m[0];
                         yb += m[1];
                     }
-                    *y.add(t * ystride + ra) = ya;
-                    if rb != ra {
-                        *y.add(t * ystride + rb) = yb;
-                    }
+                    store_pair(y.add(t * ystride), ra, rb, ya, yb);
                 }
             }
         }
         r = rr;
+    }
+}
+
+/// A weight-row pair's two results: `y[ra]`, and `y[rb]` when it is another row (an odd
+/// last row is computed as a pair with itself).
+///
+/// # Safety
+/// `y` is valid for writes at `ra` and `rb`.
+#[inline]
+unsafe fn store_pair(y: *mut f32, ra: usize, rb: usize, ya: f32, yb: f32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        *y.add(ra) = ya;
+        if rb != ra {
+            *y.add(rb) = yb;
+        }
     }
 }
 
@@ -675,23 +700,7 @@ unsafe fn rows_few<const T: u8, const N: usize, const P: usize>(
     let idx = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
     let mut r = r0;
     while r < r1 {
-        let mut pr = [(
-            0usize,
-            0usize,
-            std::ptr::null::<u8>(),
-            std::ptr::null::<u8>(),
-        ); P];
-        let mut np = 0;
-        let mut rr = r;
-        while np < P && rr < r1 {
-            let (rb, pa, pb) = row_pair(w, row_bytes, rr, r1);
-            pr[np] = (rr, rb, pa, pb);
-            np += 1;
-            rr += 2;
-        }
-        for k in np..P {
-            pr[k] = pr[np - 1];
-        }
+        let (pr, np, rr) = pairs::<P>(w, row_bytes, r, r1);
         // SAFETY: every pair's rows are < rows; N rows of nb blocks of activations and lane
         // starts (caller); the outputs t·ystride + row are this call's.
         unsafe {
@@ -738,10 +747,7 @@ unsafe fn rows_few<const T: u8, const N: usize, const P: usize>(
                         ya += m[1];
                         yb += m[3];
                     }
-                    *y.add(t * ystride + ra) = ya;
-                    if rb != ra {
-                        *y.add(t * ystride + rb) = yb;
-                    }
+                    store_pair(y.add(t * ystride), ra, rb, ya, yb);
                 }
             }
         }
