@@ -486,7 +486,9 @@ pub(crate) unsafe fn block_x2q<const N: usize, const P: usize>(
 /// for the assembly kernel, block `b` of row `t` at `N·b + t`) against weight rows
 /// `r0..r1`, `P` pairs of weight rows (2·P rows) at a time: each pair's codes are unpacked
 /// once for all `N` activation rows, and each activation block is loaded once for all `P`
-/// pairs.
+/// pairs. Two uses: four to eight rows through the assembly body ([`block_x2q`]), and
+/// IQ4_NL's one-row order (`SPLIT`) at any row count; one to three rows of every other call
+/// run [`rows_few`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
@@ -504,10 +506,13 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
     r0: usize,
     r1: usize,
 ) {
+    // Either the assembly body (from four rows, two pairs a pass) or IQ4_NL's one-row order
+    // (its own accumulators; no minimums). One to three rows otherwise run `rows_few`.
+    const { assert!(SPLIT || (N >= ASM_ROWS && P == 2)) };
+    const { assert!(!SPLIT || T == IQ) };
     let dist = prefetch_dist(row_bytes);
     let mins = T == Q41 || T == Q51;
-    // The assembly body (IQ4_NL's one-row order has its own accumulators).
-    let asm = !SPLIT && N >= ASM_ROWS && P == 2;
+    let asm = !SPLIT;
     let mut r = r0;
     while r < r1 {
         let (pr, np, rr) = pairs::<P>(w, row_bytes, r, r1);
@@ -521,13 +526,10 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
             let mut acc_odd = [[_mm512_setzero_ps(); P]; N];
             let mut tail = [[(0i32, 0i32); P]; N];
             let mut tail_dw = [_mm_setzero_ps(); P];
-            // Q4_1/Q5_1: each row's `Σ m·s`, rows a and b of pair k in lanes 0 and 1.
-            let mut sm = [[_mm_setzero_ps(); P]; N];
             for b in 0..nb {
                 let last_odd = SPLIT && nb % 2 == 1 && b == nb - 1;
                 let mut c = [_mm512_setzero_si512(); P];
                 let mut dw = [_mm512_setzero_ps(); P];
-                let mut mw = [_mm_setzero_ps(); P];
                 let mut dp = [_mm_setzero_ps(); P];
                 for k in 0..P {
                     let (_, _, pa, pb) = pr[k];
@@ -542,9 +544,6 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
                         dp[k] = dpair(wa, wb);
                     } else {
                         dw[k] = spread_w(dpair(wa, wb));
-                    }
-                    if mins && !asm {
-                        mw[k] = dpair(wa.add(2), wb.add(2));
                     }
                 }
                 if asm {
@@ -562,9 +561,6 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
                     ));
                     let da = _mm512_set1_ps(ab.d);
                     for k in 0..P {
-                        if mins {
-                            sm[t][k] = _mm_add_ps(sm[t][k], _mm_mul_ps(mw[k], _mm_set1_ps(ab.s)));
-                        }
                         let lane = _mm512_dpbusd_epi32(iv, c[k], av);
                         if last_odd {
                             let lo = _mm512_reduce_add_epi32(_mm512_maskz_mov_epi32(0x00ff, lane));
@@ -588,7 +584,7 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
             // Q4_1/Q5_1 beside the assembly: each row's `Σ m·s` for all N rows at once
             // (rows a and b of pair k; each product rounded, then added in block order).
             let mut smo = [[[0f32; 8]; 2]; P];
-            if asm && mins {
+            if mins {
                 let mut smv = [[_mm256_setzero_ps(); 2]; P];
                 for b in 0..nb {
                     let s8 = _mm256_loadu_ps(sv.as_ptr().add(8 * b));
@@ -625,14 +621,9 @@ unsafe fn rows_impl<const T: u8, const N: usize, const P: usize, const SPLIT: bo
                         ya = (da * dwp[0]).mul_add(sa as f32, ya);
                         yb = (da * dwp[1]).mul_add(sb as f32, yb);
                     }
-                    if mins && asm {
+                    if mins {
                         ya += smo[k][0][t];
                         yb += smo[k][1][t];
-                    } else if mins {
-                        let mut m = [0f32; 4];
-                        _mm_storeu_ps(m.as_mut_ptr(), sm[t][k]);
-                        ya += m[0];
-                        yb += m[1];
                     }
                     store_pair(y.add(t * ystride), ra, rb, ya, yb);
                 }
@@ -802,33 +793,56 @@ pub(crate) unsafe fn rows(
         // SAFETY: forwarded contract, for activation rows t0..t0 + k.
         unsafe {
             let yt = y.add(t0 * ystride);
-            // Two pairs per pass from 4 activation rows (the activation loads then serve
-            // four weight rows), one below.
+            // One to three rows: `rows_few`; from four, the assembly body two pairs a pass.
+            // IQ4_NL's one-row order (`split`): `rows_impl`'s own accumulators, one pair a
+            // pass below four rows.
+            macro_rules! imp {
+                ($t:ident, $n:literal, $p:literal, $s:literal) => {
+                    rows_impl::<$t, $n, $p, $s>(
+                        ts, w, row_bytes, nb, a, i, rc, sc, yt, ystride, r0, r1,
+                    )
+                };
+            }
             macro_rules! go {
-                ($t:ident, $($k:literal)*) => { go!($t, false, $($k)*) };
-                ($t:ident, $s:literal, $($k:literal)*) => {
+                ($t:ident) => {
                     match k {
-                        1 if !$s => rows_few::<$t, 1, FEW_P>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),
-                        2 if !$s => rows_few::<$t, 2, 2>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),
-                        3 if !$s => rows_few::<$t, 3, 2>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),
-                        1 => rows_impl::<$t, 1, 1, $s>(ts, w, row_bytes, nb, a, i, rc, sc, yt, ystride, r0, r1),
-                        2 => rows_impl::<$t, 2, 1, $s>(ts, w, row_bytes, nb, a, i, rc, sc, yt, ystride, r0, r1),
-                        3 => rows_impl::<$t, 3, 1, $s>(ts, w, row_bytes, nb, a, i, rc, sc, yt, ystride, r0, r1),
-                        $($k => rows_impl::<$t, $k, 2, $s>(ts, w, row_bytes, nb, a, i, rc, sc, yt, ystride, r0, r1),)*
+                        1 => rows_few::<$t, 1, FEW_P>(
+                            ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1,
+                        ),
+                        2 => rows_few::<$t, 2, 2>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),
+                        3 => rows_few::<$t, 3, 2>(ts, w, row_bytes, nb, a, i, yt, ystride, r0, r1),
+                        4 => imp!($t, 4, 2, false),
+                        5 => imp!($t, 5, 2, false),
+                        6 => imp!($t, 6, 2, false),
+                        7 => imp!($t, 7, 2, false),
+                        8 => imp!($t, 8, 2, false),
+                        _ => unreachable!("1..=8 rows"),
+                    }
+                };
+                ($t:ident, split) => {
+                    match k {
+                        1 => imp!($t, 1, 1, true),
+                        2 => imp!($t, 2, 1, true),
+                        3 => imp!($t, 3, 1, true),
+                        4 => imp!($t, 4, 2, true),
+                        5 => imp!($t, 5, 2, true),
+                        6 => imp!($t, 6, 2, true),
+                        7 => imp!($t, 7, 2, true),
+                        8 => imp!($t, 8, 2, true),
                         _ => unreachable!("1..=8 rows"),
                     }
                 };
             }
             match ty {
-                GgmlType::Q8_0 => go!(Q8, 4 5 6 7 8),
-                GgmlType::Q5_0 => go!(Q5, 4 5 6 7 8),
-                GgmlType::Q4_1 => go!(Q41, 4 5 6 7 8),
-                GgmlType::Q5_1 => go!(Q51, 4 5 6 7 8),
+                GgmlType::Q8_0 => go!(Q8),
+                GgmlType::Q5_0 => go!(Q5),
+                GgmlType::Q4_1 => go!(Q41),
+                GgmlType::Q5_1 => go!(Q51),
                 // IQ4_NL: ggml's `vec_dot` (even and odd blocks apart) for one-row calls,
                 // tinyBLAS's one accumulator from two rows.
-                GgmlType::IQ4_NL if one_row_order => go!(IQ, true, 4 5 6 7 8),
-                GgmlType::IQ4_NL => go!(IQ, false, 4 5 6 7 8),
-                _ => go!(Q4, 4 5 6 7 8),
+                GgmlType::IQ4_NL if one_row_order => go!(IQ, split),
+                GgmlType::IQ4_NL => go!(IQ),
+                _ => go!(Q4),
             }
         }
         t0 += k;

@@ -581,7 +581,7 @@ impl Scheduler {
         let vocab = self.vocab as u32;
         let valid = |t: Option<u32>| t.filter(|&t| t < vocab).unwrap_or(0);
         let prompt = [valid(special.bos), valid(special.eos.first().copied())];
-        let chunk = self.kv.max_chunk().max(1);
+        let chunk = self.kv.max_chunk();
         let mut rows: Vec<Row> = prompt
             .iter()
             .enumerate()
@@ -590,7 +590,7 @@ impl Scheduler {
                 pos: i as u32,
                 token,
                 logits: i + 1 == prompt.len(),
-                order: prompt_order(i, prompt.len(), self.cfg.ubatch.min(chunk)),
+                order: prompt_order(i, prompt.len(), chunk),
             })
             .collect();
         let mut result = self.kv.open(0).and_then(|_| {
