@@ -175,26 +175,33 @@ fn etcd_healthy(port: u16) -> bool {
     body.contains("\"health\":\"true\"")
 }
 
-/// The address the worker `id` of `cluster` bound, from its `worker listening` log line.
-fn bound_address(cluster: &str, id: &str) -> std::net::SocketAddr {
+/// The first line of worker `id`'s log (colours stripped) that contains `needle`, waiting up
+/// to a minute for it.
+fn log_line(cluster: &str, id: &str, needle: &str) -> String {
     let log = std::env::temp_dir().join(format!("synapse-{cluster}-{id}.log"));
     let t0 = Instant::now();
     loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let plain = strip_ansi(&text);
-        if let Some(line) = plain.lines().find(|l| l.contains("worker listening")) {
-            let local = line
-                .split_whitespace()
-                .find_map(|w| w.strip_prefix("local="))
-                .unwrap_or_else(|| panic!("no local= in {line:?}"));
-            return local.parse().unwrap();
+        if let Some(line) = plain.lines().find(|l| l.contains(needle)) {
+            return line.to_string();
         }
         assert!(
             t0.elapsed() < Duration::from_secs(60),
-            "{id} did not listen: {plain}"
+            "{id} logged no {needle:?}: {plain}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The address the worker `id` of `cluster` bound, from its `worker listening` log line.
+fn bound_address(cluster: &str, id: &str) -> std::net::SocketAddr {
+    let line = log_line(cluster, id, "worker listening");
+    let local = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("local="))
+        .unwrap_or_else(|| panic!("no local= in {line:?}"));
+    local.parse().unwrap()
 }
 
 /// `s` without ANSI colour sequences.
@@ -588,6 +595,17 @@ fn replicas_answer_as_one_machine_and_survive_etcd_and_replica_loss() {
             .iter()
             .all(|x| x.stages.len() == 1 && x.stages[0].layers == (0..30))
     );
+    // Each replica ran its warm-up pass when it took its role, before any request.
+    for id in ["r1", "r2"] {
+        let line = log_line("replicas", id, "warm-up pass");
+        let ms: f64 = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("ms="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no ms= in {line:?}"));
+        assert!(ms > 0.0, "{line}");
+        eprintln!("replicas: {id} warmed up in {ms:.1} ms");
+    }
     let (_fe, fe) = front_end(&etcd.url, &m, "replicas");
     let (_one, one) = one_machine(&m);
     compare(&fe, &one, 24);

@@ -76,6 +76,10 @@ pub struct WorkerConfig {
     /// Builds structured-output constraints from their specs (requests routed here with
     /// one); `None`: such requests are refused.
     pub constraints: Option<Constraints>,
+    /// A replica runs one warm-up pass ([`Scheduler::warm_up`](synapse_runtime::engine::Scheduler::warm_up))
+    /// when it takes its role, before the router sends it requests: the weights its first
+    /// request would fault in (or page in within its budget) are read then.
+    pub warmup: bool,
 }
 
 /// The model a worker serves.
@@ -131,6 +135,8 @@ struct Serving {
     constraints: Option<Constraints>,
     /// etcd endpoints and cluster name (where a staged model's tensors come from).
     cluster: Option<(String, String)>,
+    /// Replicas warm up when they take their role ([`WorkerConfig::warmup`]).
+    warmup: bool,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -192,6 +198,8 @@ struct Node {
     pieces: Arc<dyn TokenPieces>,
     threads: usize,
     step_timeout: Duration,
+    /// Replicas warm up when they take their role.
+    warmup: bool,
     cur: Mutex<Current>,
     /// Bumped whenever the role changes.
     role_changes: watch::Sender<u64>,
@@ -864,7 +872,19 @@ impl Node {
         let cfg = engine_config(plan.shape, self.threads);
         let model = self.model_for(stage.layers.clone()).await?;
         let role = if pipeline.stages.len() == 1 {
-            let e = Engine::start(model, self.pieces.clone(), cfg)?;
+            // A replica answers whole requests: its first one should not pay for reading
+            // the weights in. (A pipeline's head does not warm up: its rows go downstream.)
+            let cfg = EngineConfig {
+                warmup: self.warmup,
+                ..cfg
+            };
+            let pieces = self.pieces.clone();
+            let e = tokio::task::spawn_blocking(move || Engine::start(model, pieces, cfg))
+                .await
+                .map_err(|e| ClusterError::Invalid {
+                    what: "starting a replica",
+                    reason: e.to_string(),
+                })??;
             Role::Replica {
                 engine: Arc::new(e),
             }
@@ -1019,6 +1039,7 @@ fn start_node(
         pieces,
         threads,
         step_timeout,
+        warmup: serving.warmup,
         cur: Mutex::new(Current {
             role: Role::Idle,
             pipeline: None,
@@ -1066,6 +1087,7 @@ pub async fn run(cfg: WorkerConfig, shutdown: impl std::future::Future<Output = 
             store: cfg.store.clone(),
             constraints: cfg.constraints.clone(),
             cluster: Some((cfg.etcd.clone(), cfg.cluster.clone())),
+            warmup: cfg.warmup,
         },
     );
     tracing::info!(id = %cfg.id, %addr, %local, "worker listening; measuring");

@@ -67,6 +67,11 @@ pub struct Args {
     /// Lease TTL in seconds: a worker silent this long is considered gone.
     #[arg(long, default_value_t = 3)]
     lease_ttl: i64,
+    /// Skip the warm-up pass a replica runs when it takes its role (by default a two-token
+    /// prompt and one decode step, so that its first request does not pay for faulting in
+    /// the weights, as `serve` does at start).
+    #[arg(long)]
+    no_warmup: bool,
     /// Seconds a pipeline step may take before the next stage counts as lost.
     #[arg(long, default_value_t = 10)]
     step_timeout: u64,
@@ -256,6 +261,7 @@ fn serve(
         placement: args.placement.parse()?,
         store: Some(store),
         constraints: Some(constraints(tok_arc.clone())),
+        warmup: !args.no_warmup,
     };
     rt.block_on(async move {
         run_worker(cfg, synapse_server::shutdown_signal())
