@@ -1575,6 +1575,12 @@ fn has_avx512() -> bool {
 pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
+    /// [`scores_multi`] takes three or four queries one after another over each block of
+    /// sixteen keys ([`block_rows`]) at head width 64. Zen 4, one thread, 512 keys in L2
+    /// (`attn_bench`, median of 2,000 passes, alternated with [`block_keys`]): 3 queries
+    /// 22.1–22.5 → 29.2–30.0 GB/s of keys, 4 queries 22.3–23.0 → 24.7–24.8; one or two
+    /// queries, and head widths 128 and 256, were as fast or faster key after key.
+    const ROWS_QUERIES: std::ops::RangeInclusive<usize> = 3..=4;
     /// [`scores_multi`] tiles keys × queries ([`block_tiles`]) from this head width …
     const TILE_MIN_HD: usize = 128;
     /// … and this many queries (fewer stream key after key, [`block_keys`]).
@@ -1934,6 +1940,61 @@ pub(crate) mod avx512 {
         }
     }
 
+    /// Sixteen keys (`offs`) against each query in turn at head width `64·S`: the query's
+    /// `4·S` registers loaded once, every key's `S` steps into ggml's four accumulators from
+    /// `+0.0`, folded, each quad's four folds reduced to the register [`last_levels`] takes,
+    /// and the sixteen scores stored (the operations of [`block_keys`], so the same bits).
+    /// The first query reads the sixteen rows from memory, the others from L1; nothing is
+    /// kept across queries, so no register spills (`block_keys` with a runtime width kept
+    /// its quads' folds of all queries on the stack).
+    ///
+    /// # Safety
+    /// AVX-512F; `offs.len() == 16`, every key row `64·S` floats in range; every query
+    /// `64·S` floats; `outs.len() >= qs.len()`, each row at least `j + 16` floats.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn block_rows<const S: usize>(
+        kp: *const f32,
+        offs: &[usize],
+        qs: &[&[f32]],
+        sv: __m512,
+        outs: &mut [&mut [f32]],
+        j: usize,
+    ) {
+        let z = _mm512_setzero_ps();
+        let rows: [*const f32; 16] = std::array::from_fn(|m| kp.wrapping_add(offs[m]));
+        // Plain loops, no closures: a closure does not inherit the target feature, and
+        // LLVM called the larger ones out of line, with the registers through the stack.
+        for (q, o) in qs.iter().zip(outs.iter_mut()) {
+            let qp = q.as_ptr();
+            let mut qv = [[z; 4]; S];
+            for (s, qs) in qv.iter_mut().enumerate() {
+                for (c, x) in qs.iter_mut().enumerate() {
+                    // SAFETY: the query holds 64·S floats (caller).
+                    *x = unsafe { _mm512_loadu_ps(qp.add(64 * s + 16 * c)) };
+                }
+            }
+            let mut u = [z; 4];
+            for (g, ug) in u.iter_mut().enumerate() {
+                let mut f = [z; 4];
+                for (m, fm) in f.iter_mut().enumerate() {
+                    let r = rows[4 * g + m];
+                    let mut a = [z; 4];
+                    for (s, qs) in qv.iter().enumerate() {
+                        for c in 0..4 {
+                            // SAFETY: the key row holds 64·S floats (caller).
+                            let k = unsafe { _mm512_loadu_ps(r.add(64 * s + 16 * c)) };
+                            a[c] = _mm512_fmadd_ps(k, qs[c], a[c]);
+                        }
+                    }
+                    *fm = fold(a);
+                }
+                *ug = quarters4(halves2(f[0], f[1]), halves2(f[2], f[3]));
+            }
+            store16(&u, sv, o, j);
+        }
+    }
+
     /// [`super::scores_f32_multi`] for queries of one width `hd`, a multiple of 64: sixteen
     /// keys at a time, every query scoring them while they are in L1, the sixteen sums
     /// reduced into one register (no lane extracted), scaled and stored as one vector. The
@@ -1958,9 +2019,10 @@ pub(crate) mod avx512 {
         let kp = keys.as_ptr();
         let sv = _mm512_set1_ps(scale);
         let mut j = 0;
-        // Head dim 64: up to four queries key after key as wider heads (attn_bench 8,000 keys
+        // Head dim 64: one or two queries key after key as wider heads (attn_bench 8,000 keys
         // × 64 heads out of cache, one core: 3 queries 10.8–12.6 → 14.4 GB/s, 1 query
-        // 10.3–12.5 → 15.0–17.0); more queries share each quad of keys.
+        // 10.3–12.5 → 15.0–17.0), three or four query after query over sixteen keys
+        // ([`ROWS_QUERIES`]); more queries share each quad of keys.
         if hd == 64 && qs.len() > 4 {
             // SAFETY: forwarded contract.
             unsafe { scores_multi64(keys, offs, qs, scale, outs) };
@@ -1969,6 +2031,12 @@ pub(crate) mod avx512 {
             while j < full {
                 // SAFETY: forwarded contract; keys j..j + 16 exist.
                 unsafe { block_tiles(kp, &offs[j..j + 16], qs, hd, sv, outs, j) };
+                j += 16;
+            }
+        } else if hd == 64 && ROWS_QUERIES.contains(&qs.len()) {
+            while j < full {
+                // SAFETY: forwarded contract; keys j..j + 16 exist, hd = 64.
+                unsafe { block_rows::<1>(kp, &offs[j..j + 16], qs, sv, outs, j) };
                 j += 16;
             }
         } else {
@@ -2361,6 +2429,8 @@ mod tests {
         for (hd, n, nq) in [
             (64, 300, 5),
             (64, 45, 20),
+            // Three or four queries at head width 64: query after query over each sixteen
+            // keys (AVX-512), a tail of keys after whole blocks.
             (64, 300, 3),
             (64, 40, 4),
             (64, 33, 1),
