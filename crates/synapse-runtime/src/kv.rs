@@ -20,6 +20,7 @@ use half::f16;
 use synapse_kernels::OrderClass;
 
 use crate::error::{Result, RuntimeError};
+use crate::kv_pages::Pages;
 use crate::load::Model;
 
 /// KV element type.
@@ -69,15 +70,15 @@ pub type SlotId = u32;
 
 #[derive(Debug)]
 pub(crate) enum Buf {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
+    F32(Pages<f32>),
+    F16(Pages<f16>),
 }
 
 impl Buf {
     fn new(dtype: KvDtype, n: usize) -> Self {
         match dtype {
-            KvDtype::F32 => Buf::F32(vec![0.0; n]),
-            KvDtype::F16 => Buf::F16(vec![f16::ZERO; n]),
+            KvDtype::F32 => Buf::F32(Pages::zeroed(n)),
+            KvDtype::F16 => Buf::F16(Pages::zeroed(n)),
         }
     }
 

@@ -39,6 +39,7 @@ pub mod generate;
 pub mod head_draft;
 pub mod importance;
 pub mod kv;
+mod kv_pages;
 pub mod load;
 mod moe;
 pub mod perplexity;
