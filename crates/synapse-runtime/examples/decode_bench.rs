@@ -1,6 +1,7 @@
 //! Times prefill and greedy decode on token ids (no tokenizer): `decode_bench MODEL [PROMPT_LEN]
 //! [N_DECODE] [THREADS]`. Prints wall-clock rates and the process CPU time per token, which
-//! stays meaningful on a shared machine.
+//! stays meaningful on a shared machine. The weights are read into memory as `generate` reads
+//! them (`Model::load_resident`); `SYNAPSE_MMAP=1` borrows them from the file's mapping.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -23,7 +24,11 @@ fn main() -> anyhow::Result<()> {
     let ndec: usize = a.get(3).and_then(|s| s.parse().ok()).unwrap_or(64);
     let threads: usize = a.get(4).and_then(|s| s.parse().ok()).unwrap_or(2);
     let t0 = Instant::now();
-    let model = Arc::new(Model::load(&path)?);
+    let model = Arc::new(if std::env::var("SYNAPSE_MMAP").is_ok_and(|v| v == "1") {
+        Model::load(&path)?
+    } else {
+        Model::load_resident(&path)?
+    });
     let load_s = t0.elapsed().as_secs_f64();
     let mut kv = KvCache::new(&model, KvDtype::F32, 1, plen + ndec + 1, 512)?;
     kv.open(0)?;

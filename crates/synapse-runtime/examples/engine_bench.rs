@@ -13,6 +13,8 @@
 //! `ENGINE_BENCH_DRAFT=head:N`: a head-only draft instead (`EngineConfig::head_draft`: the
 //! `N` lowest ids and the vocabulary's pieces of at most two ASCII bytes).
 //! `ENGINE_BENCH_DRAFT_K` (default 8) and `ENGINE_BENCH_FIXED_K=1` set the drafting.
+//! The weights are read into memory as `serve` reads them (`Model::load_resident`);
+//! `SYNAPSE_MMAP=1` borrows them from the file's mapping instead.
 //! Each line carries `tokens_fnv`, a hash of every session's tokens in order, so runs with
 //! and without a draft can be checked for identical output.
 
@@ -42,7 +44,12 @@ fn main() -> anyhow::Result<()> {
     let n_gen: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(128);
     let threads: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(2);
     let prompt_len: usize = args.get(5).and_then(|s| s.parse().ok()).unwrap_or(16);
-    let model = Arc::new(Model::load(std::path::Path::new(model_path))?);
+    let path = std::path::Path::new(model_path);
+    let model = Arc::new(if std::env::var("SYNAPSE_MMAP").is_ok_and(|v| v == "1") {
+        Model::load(path)?
+    } else {
+        Model::load_resident(path)?
+    });
     let vocab = model.vocab() as u32;
     let draft_spec = std::env::var("ENGINE_BENCH_DRAFT").ok();
     let head_n: Option<usize> = draft_spec

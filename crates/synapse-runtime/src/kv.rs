@@ -20,8 +20,8 @@ use half::f16;
 use synapse_kernels::OrderClass;
 
 use crate::error::{Result, RuntimeError};
-use crate::kv_pages::Pages;
 use crate::load::Model;
+use crate::pages::Pages;
 
 /// KV element type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

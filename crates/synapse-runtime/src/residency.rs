@@ -375,6 +375,14 @@ impl ExpertPager {
     /// experts, an expert is not a borrowed range of a mapping (a copied model holds its
     /// experts anyway), or the budget holds less than the largest expert.
     pub fn new(model: &Model, budget: u64) -> Result<Self> {
+        if model.resident {
+            return Err(RuntimeError::InvalidParam {
+                name: "memory",
+                reason: "the model's weights were read into memory at load (resident); routed \
+                         experts page only from a memory-mapped file"
+                    .into(),
+            });
+        }
         let page = page_size();
         let mut units = Vec::new();
         let mut n_expert = 0;

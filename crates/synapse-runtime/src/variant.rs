@@ -249,6 +249,7 @@ impl Model {
             residual_scale: self.residual_scale,
             logit_scale: self.logit_scale,
             present: self.present.clone(),
+            resident: self.resident,
         };
         Ok((model, stats))
     }

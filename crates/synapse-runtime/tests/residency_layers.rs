@@ -497,3 +497,41 @@ fn a_safetensors_checkpoint_loads_lazily_and_pages() {
         eprintln!("{family} safetensors paged: {st:?}");
     }
 }
+
+/// `Model::load_resident` reads the GGUF's tensors into the process's own memory: every
+/// logit of a prompt pass equals the mapped model's bit for bit, the file's mapping gains no
+/// page while it runs (only the metadata the parser read), and a budget that would page its
+/// blocks is refused with a typed error (the pagers need the mapping).
+#[test]
+fn a_resident_model_runs_without_its_mapping_and_gives_the_same_logits() {
+    let Some((m, path)) = smollm() else { return };
+    let want = common::alone_logits(&m, &PROMPT);
+    let projections = LayerPager::pageable_bytes(&m, 0..m.layers.len());
+    let before = common::mapped_rss(&path);
+    let r = Arc::new(Model::load_resident(&path).unwrap());
+    let got = common::alone_logits(&r, &PROMPT);
+    let after = common::mapped_rss(&path);
+    eprintln!(
+        "resident: the file's mappings held {:.1} MB before the resident model was loaded and \
+         run, {:.1} MB after ({:.1} MB of projections)",
+        before as f64 / 1e6,
+        after as f64 / 1e6,
+        projections as f64 / 1e6
+    );
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.to_bits(), w.to_bits(), "logit {i}: {g} vs {w}");
+    }
+    assert!(
+        after < before + projections / 10,
+        "running the resident model mapped {} B of the file",
+        after.saturating_sub(before)
+    );
+    let mut exec = Executor::new(r.clone(), 1).unwrap();
+    let err = exec.page_layers(Some(projections / 3)).unwrap_err();
+    assert!(
+        matches!(err, RuntimeError::InvalidParam { name: "memory", .. }),
+        "{err}"
+    );
+    eprintln!("resident: a paging budget is refused: {err}");
+}

@@ -120,6 +120,13 @@ pub struct Args {
     /// budget that cannot run the model is an error before generation.
     #[arg(long)]
     memory: Option<String>,
+    /// Borrow the weights from the model file's mapping (pages read in as they are first
+    /// used) instead of reading them into memory at load. Without `--memory` and in the
+    /// source precision a GGUF's weights are read into the process's memory, on huge pages
+    /// where the system allows; with `--memory`, `--budget` or `--profile` they are always
+    /// borrowed.
+    #[arg(long)]
+    mmap: bool,
 }
 
 /// Precision escalation modes.
@@ -162,7 +169,10 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     }
     let baseline_rss = proc_status_bytes("VmRSS:");
     let t_load = Instant::now();
-    let (model, tok) = load_model(args.model.as_deref(), args.store.as_deref())?;
+    // Without a memory budget, in the source precision, the weights are read into memory
+    // (`--mmap` borrows them from the file's mapping instead).
+    let resident = memory.is_none() && args.precision.is_source() && !args.mmap;
+    let (model, tok) = load_model(args.model.as_deref(), args.store.as_deref(), resident)?;
     let source = Arc::new(model);
     let source_bytes = source.weight_bytes();
     // `--budget fit`: the KV cache and scratch do not depend on the precision (the source's

@@ -124,9 +124,13 @@ fn model_ref(arg: &Path) -> anyhow::Result<ModelRef> {
 }
 
 /// Loads the model `--model` names (default: the default model) and its tokenizer.
+///
+/// With `resident`, a GGUF's tensors are read into the process's own memory
+/// ([`Model::load_resident`]) instead of borrowed from the file's mapping.
 pub fn load_model(
     model: Option<&Path>,
     store: Option<&Path>,
+    resident: bool,
 ) -> anyhow::Result<(Model, Tokenizer)> {
     let model_path = match model {
         Some(p) => p.to_path_buf(),
@@ -139,8 +143,12 @@ pub fn load_model(
             // instead of adding to the peak.
             let tok =
                 load_tokenizer(&path).with_context(|| format!("loading {}", path.display()))?;
-            let model =
-                Model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+            let model = if resident {
+                Model::load_resident(&path)
+            } else {
+                Model::load(&path)
+            }
+            .with_context(|| format!("loading {}", path.display()))?;
             (model, tok)
         }
         ModelRef::Package(query) => {
@@ -174,7 +182,7 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// The model and its tokenizer.
     pub fn load(&self) -> anyhow::Result<(synapse_runtime::Model, synapse_tokenizer::Tokenizer)> {
-        load_model(self.model.as_deref(), self.store.as_deref())
+        load_model(self.model.as_deref(), self.store.as_deref(), false)
     }
 
     /// The package `--model` names, when it names one.
@@ -330,6 +338,14 @@ pub struct PrecisionArgs {
     /// the store's variant cache.
     #[arg(long)]
     pub no_variant_cache: bool,
+}
+
+impl PrecisionArgs {
+    /// Whether the model runs in its source precision (no `--budget`, `--profile` absent or
+    /// `source`).
+    pub fn is_source(&self) -> bool {
+        self.budget.is_none() && self.profile.as_deref().is_none_or(|p| p == "source")
+    }
 }
 
 /// `--profile`'s value: `source`, `uniform:ENCODING`, or the path of a saved profile.

@@ -62,7 +62,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let applied = &prepared.applied;
     let run_model = applied.model.clone();
     let mut reference = if let Some(r) = &a.reference {
-        let (rm, rtok) = super::load::load_model(Some(r), a.model.store.as_deref())?;
+        let (rm, rtok) = super::load::load_model(Some(r), a.model.store.as_deref(), false)?;
         let head = &text[..text.char_indices().nth(4096).map_or(text.len(), |(i, _)| i)];
         if rtok.encode(head, true, false)? != tok.encode(head, true, false)? {
             bail!("--reference tokenizes the text differently: not the same model");

@@ -161,7 +161,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             rep.seconds
         );
     }
-    let (model, tok) = load_model(args.model.as_deref(), Some(&store))?;
+    let (model, tok) = load_model(args.model.as_deref(), Some(&store), false)?;
     serve(
         args,
         WorkerModel::Loaded(Arc::new(model)),

@@ -173,6 +173,12 @@ impl LayerPager {
                 layers.start, layers.end, model.present.start, model.present.end
             )));
         }
+        if model.resident {
+            return Err(refuse(
+                "the model's weights were read into memory at load (resident); dense blocks \
+                 page only from a memory-mapped file",
+            ));
+        }
         let page = page_size();
         let mut units = Vec::with_capacity(layers.len());
         for il in layers.clone() {

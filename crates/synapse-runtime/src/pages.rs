@@ -1,5 +1,5 @@
-//! Zeroed element buffers for the KV cache, on transparent huge pages where the buffer is
-//! large enough to hold one.
+//! Zeroed element buffers on transparent huge pages where the buffer is large enough to hold
+//! one: the KV cache's buffers and a model's resident weight image ([`crate::Model::load_resident`]).
 //!
 //! A decode step at long context streams every key and value of its session once: SmolLM2 at
 //! 8,000 cells reads 372 MB of f32 cache per token, four times its weights. On 4 KiB pages
