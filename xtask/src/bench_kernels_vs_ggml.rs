@@ -196,7 +196,8 @@ fn last_json(stdout: &str) -> Result<Value> {
     serde_json::from_str(line).with_context(|| format!("parsing {line:.200}"))
 }
 
-/// `(pass GB/s, segment p90 GB/s)` with `threads` threads, from this binary's `membw`.
+/// `(pass GB/s, segment p90 GB/s)` with `threads` threads, from this binary's `membw`: its
+/// first section, on 4 KiB pages, as the weights this bench times are (plain vectors).
 fn membw(mib: usize, threads: usize) -> Result<(f64, f64)> {
     let exe = std::env::current_exe().context("locating the xtask binary")?;
     let out = output(

@@ -782,7 +782,7 @@ pub fn run(args: Args) -> Result<()> {
     let stream = rate0.max(crate::membw::stream_rate(512, 5, ctx.threads));
     println!(
         "\ndecode traffic (medians) against the streaming read pass ({:.2} GB/s, {} threads, \
-         best of before/after the runs; weights = every linear + the LM head; KV = f32 keys and \
+         2 MiB pages, best of before/after the runs; weights = every linear + the LM head; KV = f32 keys and \
          values at the generation's midpoint):",
         stream / 1e9,
         ctx.threads
