@@ -330,7 +330,7 @@ fn split(
                             out,
                         }
                     });
-                    ggml_f32::pv_t_f32(order, rows_v, g.rows, &runs[..nr], lo, &mut qs[..m], pvt);
+                    ggml_f32::pv_t_f32(order, rows_v, g.stride, &runs[..nr], lo, &mut qs[..m], pvt);
                     i += m;
                 }
             }
@@ -456,7 +456,7 @@ fn attend_group(
                 out,
             }
         });
-        ggml_f32::pv_t_f32(order, head, g.rows, &runs[..nr], lo, &mut qs[..m], pvt);
+        ggml_f32::pv_t_f32(order, head, g.stride, &runs[..nr], lo, &mut qs[..m], pvt);
         i += m;
     }
 }
@@ -574,12 +574,12 @@ fn attend_one(
         match vb {
             Buf::F32(v) => {
                 for (d, x) in vv.iter_mut().enumerate() {
-                    *x = v[at + d * g.rows];
+                    *x = v[at + d * g.stride];
                 }
             }
             Buf::F16(v) => {
                 for (d, x) in vv.iter_mut().enumerate() {
-                    *x = v[at + d * g.rows].to_f32();
+                    *x = v[at + d * g.stride].to_f32();
                 }
             }
         }

@@ -623,7 +623,7 @@ impl Executor {
                 for (kvh, k) in kr.chunks_exact(l.head_dim).enumerate() {
                     slot.k[il].write(g.k_at(kvh, at), k);
                 }
-                slot.v[il].write_strided(g.v_row(0) + at, g.rows, &s.v[r * kvd..(r + 1) * kvd]);
+                slot.v[il].write_strided(g.v_row(0) + at, g.stride, &s.v[r * kvd..(r + 1) * kvd]);
             }
             // Attention.
             attention(

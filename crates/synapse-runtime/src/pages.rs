@@ -74,6 +74,18 @@ impl<T: Pod> Pages<T> {
         }
     }
 
+    /// Commits every page now (one zero written per 4 KiB: a huge page is committed whole
+    /// by its first write), so that the first writes of real data fault nothing.
+    pub(crate) fn commit(&mut self) {
+        let step = (4096 / std::mem::size_of::<T>().max(1)).max(1);
+        let p = self.as_mut_ptr();
+        for i in (0..self.len()).step_by(step) {
+            // SAFETY: `i < len`, inside the buffer; volatile so the store of a zero into
+            // memory the compiler may know to be zero (a fresh `calloc`) is not elided.
+            unsafe { std::ptr::write_volatile(p.add(i), T::zeroed()) };
+        }
+    }
+
     /// Whether the buffer is a mapping advised onto huge pages.
     #[cfg(test)]
     pub(crate) fn is_mapped(&self) -> bool {

@@ -397,3 +397,45 @@ fn long_context_decode_is_the_same_alone_and_beside_other_sessions() {
         .count();
     assert_eq!(diff, 0, "{diff} of {vocab} logits differ");
 }
+
+/// A closed slot's buffers go to the next session opened (committed up front by
+/// `KvCache::commit_slots`, as the engine does): the second session reads none of the first's
+/// rows — its logits equal a fresh cache's bit for bit, on the sliding-window ring layers too,
+/// whether it is shorter or longer than the first.
+#[test]
+fn a_reused_slot_reads_nothing_of_its_last_session() {
+    let Some((model, seqs)) = fixture("gemma3") else {
+        return;
+    };
+    let (a, b) = (&seqs[0], &seqs[1]);
+    for (first, second) in [(a, b), (b, a)] {
+        let want = common::alone_logits(&model, second);
+        // Passes of at most 8 rows, so the window-4 layers keep rings of 12 rows (which the
+        // sequences wrap) instead of the whole capacity.
+        let mut kv = KvCache::new(&model, KvDtype::F32, 1, 64, 8).unwrap();
+        kv.commit_slots();
+        let mut exec = Executor::new(model.clone(), 2).unwrap();
+        let mut run = |kv: &mut KvCache, seq: &[u32]| {
+            let rows = common::all_logit_rows(seq);
+            let mut out = Vec::new();
+            for c in rows.chunks(8) {
+                out.extend_from_slice(exec.forward(kv, c).unwrap());
+            }
+            out
+        };
+        kv.open(0).unwrap();
+        run(&mut kv, first);
+        kv.close(0);
+        kv.open(0).unwrap();
+        let got = run(&mut kv, second);
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "logit {i} after a session of {} tokens",
+                first.len()
+            );
+        }
+    }
+}

@@ -318,6 +318,7 @@ impl Scheduler {
         };
         let mut kv =
             KvCache::for_layers(&model, cfg.kv_dtype, kv_slots, cfg.ctx, chunk, 0..layers)?;
+        kv.commit_slots();
         kv.set_prefix_batches(whole_batches);
         // Weights counted once; a draft's are counted whole (conservative: it shares the
         // tensors it does not re-encode). A pipeline's first stage counts its own layers.
