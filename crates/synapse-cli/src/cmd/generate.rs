@@ -273,11 +273,6 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
     let chunk = 512.min(args.ctx);
     let slots = if draft.is_some() { 2 } else { 1 };
     let mut kv = KvCache::new(&model, kv_dtype, slots, args.ctx, chunk)?;
-    // The cache committed before the prompt (as the engine does at start), counted in the
-    // load time, not in the prefill's.
-    let t_kv = Instant::now();
-    kv.commit_slots();
-    load_s += t_kv.elapsed().as_secs_f64();
     // A head-only draft's shortlist, gathered before the budget is checked (it counts).
     let mut shortlist = match head {
         Some(size) => {
@@ -302,6 +297,12 @@ pub fn run(mut args: Args) -> anyhow::Result<()> {
         )?),
         None => None,
     };
+    // The cache committed before the prompt (as the engine does at start), after the
+    // ledger read the process's memory (which counts the cache by its size), and counted in
+    // the load time, not in the prefill's.
+    let t_kv = Instant::now();
+    kv.commit_slots();
+    load_s += t_kv.elapsed().as_secs_f64();
     // `SYNAPSE_PREFETCH=off`: a pager reads each miss only when it is needed (no router
     // lookahead, no reads advised ahead; for `bench-moe-paging --prefetch off`).
     if std::env::var("SYNAPSE_PREFETCH").is_ok_and(|v| v == "off") {
