@@ -90,6 +90,14 @@ impl Buf {
         }
     }
 
+    /// Commits every page now ([`Pages::commit`]).
+    fn commit(&mut self) {
+        match self {
+            Buf::F32(p) => p.commit(),
+            Buf::F16(p) => p.commit(),
+        }
+    }
+
     #[inline]
     pub(crate) fn write(&mut self, at: usize, src: &[f32]) {
         match self {
@@ -156,6 +164,14 @@ pub(crate) struct LayerGeom {
 pub(crate) fn pitch(rows: usize) -> usize {
     let groups = rows.div_ceil(16);
     16 * (groups + 1 - groups % 2)
+}
+
+/// One zeroed buffer per layer, each `stride × width` elements (a slot's keys, or its
+/// values).
+fn layer_bufs(geom: &[LayerGeom], dtype: KvDtype) -> Vec<Buf> {
+    geom.iter()
+        .map(|g| Buf::new(dtype, g.stride * g.width))
+        .collect()
 }
 
 impl LayerGeom {
@@ -461,13 +477,7 @@ impl KvCache {
                 // read: attention reads only the positions a session holds, each written by
                 // it first), else new ones.
                 let (k, v) = self.spare.pop().unwrap_or_else(|| {
-                    let bufs = || {
-                        self.geom
-                            .iter()
-                            .map(|g| Buf::new(dtype, g.stride * g.width))
-                            .collect::<Vec<_>>()
-                    };
-                    (bufs(), bufs())
+                    (layer_bufs(&self.geom, dtype), layer_bufs(&self.geom, dtype))
                 });
                 *s = Some(Slot {
                     k,
@@ -513,20 +523,8 @@ impl KvCache {
         let dtype = self.identity.dtype;
         let open = self.slots.iter().filter(|s| s.is_some()).count();
         while open + self.spare.len() < self.slots.len() {
-            let bufs = || {
-                self.geom
-                    .iter()
-                    .map(|g| {
-                        let mut b = Buf::new(dtype, g.stride * g.width);
-                        match &mut b {
-                            Buf::F32(p) => p.commit(),
-                            Buf::F16(p) => p.commit(),
-                        }
-                        b
-                    })
-                    .collect::<Vec<_>>()
-            };
-            let set = (bufs(), bufs());
+            let mut set = (layer_bufs(&self.geom, dtype), layer_bufs(&self.geom, dtype));
+            set.0.iter_mut().chain(&mut set.1).for_each(Buf::commit);
             self.spare.push(set);
         }
     }

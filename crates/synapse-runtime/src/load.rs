@@ -647,13 +647,7 @@ impl Model {
     /// A directory holding a `manifest.toml` is opened as a self-contained Synapse package
     /// ([`Model::load_package`]).
     pub fn load(path: &Path) -> Result<Self> {
-        if synapse_import::is_package_dir(path) {
-            return Self::load_package(&PackageModel::open_dir(path)?);
-        }
-        let (source, desc) = open_source(path)?;
-        let ir = synapse_model::build_ir(&desc)?;
-        let profile = PrecisionProfile::source(&ir);
-        Self::from_source(&source, ir, profile)
+        Self::load_from(path, false)
     }
 
     /// [`Model::load`], with a GGUF's tensors read into this process's own memory (on
@@ -661,18 +655,23 @@ impl Model {
     /// file's mapping: every weight is resident from the start and read without a page fault,
     /// a TLB miss every 4 KiB or a prefetcher stop at every page boundary. Decode streams the
     /// weights once per token; on Zen 4 with 2 threads (`decode_bench`, 16-token prompt, 128
-    /// tokens, 5–6 alternated runs) SmolLM2-135M went 211.7 → 226 tok/s, Gemma 3 270M
-    /// 119.4 → 128.6, Qwen2.5-Coder-0.5B 75.3 → 78.4. The memory is the file's size, held for
-    /// the model's life, so this is for running without a memory budget: the budgeted pagers
-    /// need the mapping and refuse a model without one. Other sources load as
-    /// [`Model::load`] does.
+    /// tokens, median step of 4–6 runs alternated with the mapped model) SmolLM2-135M went
+    /// 208.9 → 235.7 tok/s, Gemma 3 270M 115.2 → 131, Qwen2.5-Coder-0.5B 71.0 → 78.7. The
+    /// memory is the file's size, held for the model's life, so this is for running without
+    /// a memory budget: the budgeted pagers need the mapping and refuse a model without one.
+    /// Other sources load as [`Model::load`] does.
     pub fn load_resident(path: &Path) -> Result<Self> {
+        Self::load_from(path, true)
+    }
+
+    /// [`Model::load`], or [`Model::load_resident`] with `resident`.
+    fn load_from(path: &Path, resident: bool) -> Result<Self> {
         if synapse_import::is_package_dir(path) {
-            return Self::load(path);
+            return Self::load_package(&PackageModel::open_dir(path)?);
         }
         let (source, desc) = open_source(path)?;
         let source = match source {
-            Source::Gguf(f, _) => {
+            Source::Gguf(f, _) if resident => {
                 let image = Arc::new(gguf_image(&f)?);
                 Source::Gguf(f, Some(image))
             }
